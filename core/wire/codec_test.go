@@ -1,0 +1,87 @@
+package wire
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	cohortv1 "github.com/cohortdl/cohort/shared/proto/cohort/v1"
+	"google.golang.org/protobuf/proto"
+)
+
+// Every FrameKind in wire.proto has a message type, both ways, and
+// sampleMessages holds one of each (so the round-trip tests cover them all).
+func TestCodecCoversEveryKind(t *testing.T) {
+	samples := map[cohortv1.FrameKind]proto.Message{}
+	for _, m := range sampleMessages() {
+		k := kindOf(m)
+		if _, dup := samples[k]; dup {
+			t.Errorf("two samples of kind %s", k)
+		}
+		samples[k] = m
+	}
+	values := cohortv1.FrameKind(0).Descriptor().Values()
+	for i := 0; i < values.Len(); i++ {
+		kind := cohortv1.FrameKind(values.Get(i).Number())
+		msg := newMessage(kind)
+		if kind == cohortv1.FrameKind_FRAME_KIND_UNSPECIFIED {
+			if msg != nil {
+				t.Errorf("UNSPECIFIED maps to %T", msg)
+			}
+			continue
+		}
+		if msg == nil {
+			t.Errorf("%s has no message type", kind)
+			continue
+		}
+		if got := kindOf(msg); got != kind {
+			t.Errorf("%s -> %T -> %s", kind, msg, got)
+		}
+		sample, ok := samples[kind]
+		if !ok {
+			t.Errorf("no sample message of kind %s", kind)
+			continue
+		}
+		gotKind, payload, err := Encode(sample)
+		if err != nil || gotKind != kind {
+			t.Errorf("Encode(%T) = %s, %v; want %s", sample, gotKind, err, kind)
+			continue
+		}
+		back, err := Decode(kind, payload)
+		if err != nil || !proto.Equal(back, sample) {
+			t.Errorf("Decode(%s): %v, equal=%v", kind, err, proto.Equal(back, sample))
+		}
+	}
+	if len(samples) != values.Len()-1 {
+		t.Errorf("%d samples for %d kinds", len(samples), values.Len()-1)
+	}
+}
+
+func TestEncodeRefuses(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		msg  proto.Message
+	}{
+		{"nil", nil},
+		{"typed nil", (*cohortv1.Heartbeat)(nil)},
+		{"not a frame message", &cohortv1.EpochPlan{Epoch: 1}},
+		{"nested message", &cohortv1.GpuSample{}},
+	} {
+		if _, _, err := Encode(tc.msg); err == nil {
+			t.Errorf("%s: Encode accepted", tc.name)
+		}
+	}
+}
+
+func TestDecodeRefuses(t *testing.T) {
+	for _, kind := range []cohortv1.FrameKind{0, 63, 76, 999, -1} {
+		if _, err := Decode(kind, nil); !errors.Is(err, ErrUnknownKind) {
+			t.Errorf("Decode(kind %d): %v, want ErrUnknownKind", kind, err)
+		}
+	}
+	// A truncated varint does not parse; the error names the kind.
+	_, err := Decode(cohortv1.FrameKind_FRAME_KIND_START_EPOCH, []byte{0x0a, 0x05, 0x08})
+	if err == nil || !strings.Contains(err.Error(), "FRAME_KIND_START_EPOCH") {
+		t.Errorf("Decode(garbage) = %v, want an error naming FRAME_KIND_START_EPOCH", err)
+	}
+}

@@ -1,0 +1,87 @@
+// Package wire owns the control protocol's bytes: handshake, authenticated
+// frames, message codec.
+//
+// A rank dials the coordinator over TCP and the two exchange a fixed-size
+// handshake (a 24-byte hello, a 16-byte ack). After it, every message travels
+// as one frame: a 24-byte header followed by a protobuf payload from
+// shared/proto/cohort/v1/wire.proto. All integers are little-endian.
+//
+//	hello  magic u32 | version u32 | rank u32 | world u32 | tag [8]
+//	ack    magic u32 | version u32 | tag [8]
+//	frame  magic u32 | version u32 | tag [8] | kind u32 | length u32 | payload
+//
+// Every tag is the first 8 bytes of an HMAC-SHA256 under a key derived from
+// the run's secret (see [DeriveKeys]):
+//
+//   - hello: over the hello's bytes [0:16], under the handshake key;
+//   - ack: over the ack's bytes [0:8] followed by the 24 bytes of the hello it
+//     answers, under the handshake key, so a recorded ack answers no other
+//     hello;
+//   - frame: over an implicit sequence number (u64, 0 for a direction's first
+//     frame after the handshake, +1 per frame, never sent) followed by kind,
+//     length and payload, under the connection's key for that direction. The
+//     connection's key for a direction is HMAC-SHA256(direction key, hello's
+//     24 bytes), which binds every frame to the hello that opened its
+//     connection. A replayed, dropped, reordered, reflected or spliced frame
+//     therefore fails verification.
+//
+// A reader checks a frame's magic, version, kind (known, and flowing in the
+// reader's direction: kinds below 64 flow coordinator to rank, the others
+// rank to coordinator), and length (at most [MaxControlPayload]) before it
+// allocates anything, then reads the payload and verifies the tag; only a
+// verified payload is decoded. Each refusal wraps one of the exported
+// sentinel errors, so callers can test for it with errors.Is.
+package wire
+
+import "errors"
+
+// Protocol constants. The magic values are cohort's own, so a floDl peer (or
+// anything else) fails at the first four bytes instead of being misread.
+const (
+	// Version is the protocol version carried by every hello, ack and frame.
+	Version uint32 = 1
+
+	// HelloMagic opens a hello, AckMagic an ack, FrameMagic a frame.
+	HelloMagic uint32 = 0xC04E7001
+	AckMagic   uint32 = 0xC04E7002
+	FrameMagic uint32 = 0xC04E7003
+
+	// MaxControlPayload is the largest payload a frame may carry, and the
+	// default limit of every reader.
+	MaxControlPayload = 16 << 20
+
+	// MinSecretLen is the shortest secret DeriveKeys accepts.
+	MinSecretLen = 16
+)
+
+const (
+	helloSize  = 24
+	ackSize    = 16
+	headerSize = 24
+	tagSize    = 8
+
+	// Kinds below kindRankBase flow coordinator -> rank; the others rank ->
+	// coordinator.
+	kindRankBase = 64
+)
+
+// Sentinel errors. Every refusal of bytes read from a peer wraps exactly one
+// of them; the message around it says what was seen.
+var (
+	// ErrBadMagic: the first four bytes are not the expected magic.
+	ErrBadMagic = errors.New("wire: bad magic")
+	// ErrBadVersion: the peer speaks another protocol version.
+	ErrBadVersion = errors.New("wire: unsupported version")
+	// ErrUnknownKind: a frame kind that is not in wire.proto, or that flows
+	// the other way.
+	ErrUnknownKind = errors.New("wire: unknown frame kind")
+	// ErrTooLarge: a declared payload length over the reader's limit.
+	ErrTooLarge = errors.New("wire: payload too large")
+	// ErrTruncated: the stream ended or stalled inside a hello, ack or frame.
+	ErrTruncated = errors.New("wire: truncated")
+	// ErrBadTag: an authentication tag that does not verify (wrong secret,
+	// tampered bytes, or a replayed, dropped or reordered frame).
+	ErrBadTag = errors.New("wire: authentication failed")
+	// ErrRefused: the coordinator refused a rank's hello.
+	ErrRefused = errors.New("wire: handshake refused")
+)

@@ -1,0 +1,207 @@
+package wire
+
+import (
+	"context"
+	"crypto/hmac"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"time"
+)
+
+// Hello is what a rank says about itself when it connects: its global rank
+// and the world size it was started with.
+type Hello struct {
+	Rank  uint32
+	World uint32
+}
+
+// encodeHello returns the 24 bytes of h, tagged under the handshake key hk.
+func encodeHello(h Hello, hk []byte) [helloSize]byte {
+	var b [helloSize]byte
+	le.PutUint32(b[0:4], HelloMagic)
+	le.PutUint32(b[4:8], Version)
+	le.PutUint32(b[8:12], h.Rank)
+	le.PutUint32(b[12:16], h.World)
+	copy(b[16:24], hmacSum(hk, b[0:16]))
+	return b
+}
+
+// decodeHello checks and decodes a hello: length, magic, version, tag.
+func decodeHello(b []byte, hk []byte) (Hello, error) {
+	if len(b) != helloSize {
+		return Hello{}, fmt.Errorf("%w: hello is %d bytes, want %d", ErrTruncated, len(b), helloSize)
+	}
+	if m := le.Uint32(b[0:4]); m != HelloMagic {
+		return Hello{}, fmt.Errorf("%w: hello magic 0x%08x, want 0x%08x", ErrBadMagic, m, HelloMagic)
+	}
+	if v := le.Uint32(b[4:8]); v != Version {
+		return Hello{}, fmt.Errorf("%w: hello version %d, want %d", ErrBadVersion, v, Version)
+	}
+	if !hmac.Equal(hmacSum(hk, b[0:16])[:tagSize], b[16:24]) {
+		return Hello{}, fmt.Errorf("%w: hello tag does not verify (the rank holds another secret)", ErrBadTag)
+	}
+	return Hello{Rank: le.Uint32(b[8:12]), World: le.Uint32(b[12:16])}, nil
+}
+
+// encodeAck returns the 16-byte ack answering the 24-byte hello.
+func encodeAck(hello []byte, hk []byte) [ackSize]byte {
+	var b [ackSize]byte
+	le.PutUint32(b[0:4], AckMagic)
+	le.PutUint32(b[4:8], Version)
+	copy(b[8:16], hmacSum(hk, b[0:8], hello))
+	return b
+}
+
+// verifyAck checks that ack is the coordinator's answer to hello: length,
+// magic, version, tag.
+func verifyAck(ack, hello []byte, hk []byte) error {
+	if len(ack) != ackSize {
+		return fmt.Errorf("%w: ack is %d bytes, want %d", ErrTruncated, len(ack), ackSize)
+	}
+	if m := le.Uint32(ack[0:4]); m != AckMagic {
+		return fmt.Errorf("%w: ack magic 0x%08x, want 0x%08x", ErrBadMagic, m, AckMagic)
+	}
+	if v := le.Uint32(ack[4:8]); v != Version {
+		return fmt.Errorf("%w: ack version %d, want %d", ErrBadVersion, v, Version)
+	}
+	if !hmac.Equal(hmacSum(hk, ack[0:8], hello)[:tagSize], ack[8:16]) {
+		return fmt.Errorf("%w: ack tag does not verify (the coordinator holds another secret, or the ack answers another hello)", ErrBadTag)
+	}
+	return nil
+}
+
+// checkHello refuses a hello that names no valid rank.
+func checkHello(h Hello) error {
+	if h.World == 0 || h.Rank >= h.World {
+		return fmt.Errorf("rank %d out of range for world size %d", h.Rank, h.World)
+	}
+	return nil
+}
+
+// ClientHandshake runs the rank's side of the handshake on nc: it sends
+// hello, waits for the coordinator's ack and verifies it. The handshake must
+// finish within the handshake timeout (10 s by default), or by ctx's
+// deadline if that is sooner; ctx's end aborts it. On success the returned
+// Conn owns nc; on failure nc is closed. A coordinator that refuses the hello
+// closes the connection without an ack, which reads as ErrTruncated here.
+func ClientHandshake(ctx context.Context, nc net.Conn, keys Keys, hello Hello, opts ...Option) (_ *Conn, err error) {
+	o := buildOptions(opts)
+	defer func() {
+		if err != nil {
+			nc.Close()
+		}
+	}()
+	if !keys.valid() {
+		return nil, errZeroKeys
+	}
+	if err := checkHello(hello); err != nil {
+		return nil, fmt.Errorf("wire: refusing to send hello: %s", err)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("wire: handshake with %s: %w", nc.RemoteAddr(), err)
+	}
+	hb := encodeHello(hello, keys.handshake)
+	var ab [ackSize]byte
+	err = withDeadline(ctx, nc, o.handshakeTimeout, func() error {
+		if _, err := nc.Write(hb[:]); err != nil {
+			return fmt.Errorf("wire: send hello to %s: %w", nc.RemoteAddr(), ioErr(ctx, err))
+		}
+		if n, err := io.ReadFull(nc, ab[:]); err != nil {
+			if isEOF(err) {
+				return fmt.Errorf("%w: ack from %s: got %d of %d bytes (the coordinator may have refused the hello): %w",
+					ErrTruncated, nc.RemoteAddr(), n, ackSize, err)
+			}
+			return fmt.Errorf("wire: read ack from %s: got %d of %d bytes: %w", nc.RemoteAddr(), n, ackSize, ioErr(ctx, err))
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if err := verifyAck(ab[:], hb[:], keys.handshake); err != nil {
+		return nil, fmt.Errorf("wire: handshake with %s: %w", nc.RemoteAddr(), err)
+	}
+	return newConn(nc, keys, hello, hb[:], dirToCoord, o), nil
+}
+
+// ServerHandshake runs the coordinator's side of the handshake on nc: it
+// reads and verifies a rank's hello, asks accept (which may refuse a
+// duplicate or out-of-range rank, or a wrong world size; nil accepts any
+// rank below its world size), and answers with an ack. The hello must arrive
+// within the handshake timeout (10 s by default), or by ctx's deadline if
+// that is sooner. On refusal no ack is sent, the error wraps ErrRefused and
+// accept's error, and the Hello is returned for the log. On success the
+// returned Conn owns nc; on failure nc is closed.
+func ServerHandshake(ctx context.Context, nc net.Conn, keys Keys, accept func(Hello) error, opts ...Option) (_ *Conn, _ Hello, err error) {
+	o := buildOptions(opts)
+	defer func() {
+		if err != nil {
+			nc.Close()
+		}
+	}()
+	if !keys.valid() {
+		return nil, Hello{}, errZeroKeys
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, Hello{}, fmt.Errorf("wire: handshake with %s: %w", nc.RemoteAddr(), err)
+	}
+	var hb [helloSize]byte
+	var hello Hello
+	err = withDeadline(ctx, nc, o.handshakeTimeout, func() error {
+		if n, err := io.ReadFull(nc, hb[:]); err != nil {
+			if isEOF(err) {
+				return fmt.Errorf("%w: hello from %s: got %d of %d bytes: %w", ErrTruncated, nc.RemoteAddr(), n, helloSize, err)
+			}
+			return fmt.Errorf("wire: read hello from %s: got %d of %d bytes: %w", nc.RemoteAddr(), n, helloSize, ioErr(ctx, err))
+		}
+		var err error
+		if hello, err = decodeHello(hb[:], keys.handshake); err != nil {
+			return fmt.Errorf("wire: handshake with %s: %w", nc.RemoteAddr(), err)
+		}
+		if err := checkHello(hello); err != nil {
+			return fmt.Errorf("%w: hello from %s: %s", ErrRefused, nc.RemoteAddr(), err)
+		}
+		if accept != nil {
+			if err := accept(hello); err != nil {
+				return fmt.Errorf("%w: hello from %s (rank %d, world %d): %w", ErrRefused, nc.RemoteAddr(), hello.Rank, hello.World, err)
+			}
+		}
+		ab := encodeAck(hb[:], keys.handshake)
+		if _, err := nc.Write(ab[:]); err != nil {
+			return fmt.Errorf("wire: send ack to %s: %w", nc.RemoteAddr(), ioErr(ctx, err))
+		}
+		return nil
+	})
+	if err != nil {
+		if errors.Is(err, ErrRefused) {
+			return nil, hello, err
+		}
+		return nil, Hello{}, err
+	}
+	return newConn(nc, keys, hello, hb[:], dirToRank, o), hello, nil
+}
+
+// withDeadline runs f with nc's deadline set to timeout from now (or ctx's
+// deadline if sooner) and ctx's end interrupting it, then clears the
+// deadline.
+func withDeadline(ctx context.Context, nc net.Conn, timeout time.Duration, f func() error) error {
+	dl := sooner(time.Now(), timeout, ctx)
+	if err := nc.SetDeadline(dl); err != nil {
+		return fmt.Errorf("wire: set deadline on %s: %w", nc.RemoteAddr(), err)
+	}
+	stop := interruptOn(ctx, nc.SetDeadline)
+	err := f()
+	stop()
+	if err == nil {
+		if err = nc.SetDeadline(time.Time{}); err != nil {
+			err = fmt.Errorf("wire: clear deadline on %s: %w", nc.RemoteAddr(), err)
+		}
+	}
+	return err
+}
+
+func isEOF(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
+}

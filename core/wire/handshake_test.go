@@ -1,0 +1,298 @@
+package wire
+
+import (
+	"bytes"
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"testing"
+	"time"
+
+	cohortv1 "github.com/cohortdl/cohort/shared/proto/cohort/v1"
+)
+
+// The bytes a real rank puts on the wire, computed here from the
+// specification: hello, ack, and the first two frames.
+func TestWireBytesFollowTheSpec(t *testing.T) {
+	sum := func(key []byte, parts ...[]byte) []byte {
+		m := hmac.New(sha256.New, key)
+		for _, p := range parts {
+			m.Write(p)
+		}
+		return m.Sum(nil)
+	}
+	le := binary.LittleEndian
+	hk := sum(testSecret, []byte("cohort/wire/v1/handshake"))
+	hello := le.AppendUint32(nil, 0xC04E7001)
+	hello = le.AppendUint32(hello, 1)
+	hello = le.AppendUint32(hello, 2) // rank
+	hello = le.AppendUint32(hello, 4) // world
+	hello = append(hello, sum(hk, hello)[:8]...)
+	ack := le.AppendUint32(nil, 0xC04E7002)
+	ack = le.AppendUint32(ack, 1)
+	ack = append(ack, sum(hk, ack, hello)[:8]...)
+	frameKey := sum(sum(testSecret, []byte("cohort/wire/v1/rank-to-coordinator")), hello)
+
+	cn, sn := rawPair(t, "pipe")
+	done := make(chan error, 1)
+	var rank *Conn
+	go func() {
+		var err error
+		rank, err = ClientHandshake(context.Background(), cn, mustKeys(t, testSecret), Hello{Rank: 2, World: 4})
+		done <- err
+	}()
+	got := make([]byte, helloSize)
+	if _, err := readFullTimeout(sn, got); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, hello) {
+		t.Fatalf("hello % x, want % x", got, hello)
+	}
+	if _, err := sn.Write(ack); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("the rank refused the ack computed from the spec: %v", err)
+	}
+	defer rank.Close()
+	msg := &cohortv1.Exiting{Rank: 2}
+	_, payload, _ := Encode(msg)
+	for seq := uint64(0); seq < 2; seq++ {
+		go rank.Send(context.Background(), msg)
+		frame := make([]byte, headerSize+len(payload))
+		if _, err := readFullTimeout(sn, frame); err != nil {
+			t.Fatal(err)
+		}
+		want := le.AppendUint32(nil, 0xC04E7003)
+		want = le.AppendUint32(want, 1)
+		tail := le.AppendUint32(nil, uint32(cohortv1.FrameKind_FRAME_KIND_EXITING))
+		tail = le.AppendUint32(tail, uint32(len(payload)))
+		want = append(want, sum(frameKey, le.AppendUint64(nil, seq), tail, payload)[:8]...)
+		want = append(append(want, tail...), payload...)
+		if !bytes.Equal(frame, want) {
+			t.Fatalf("frame %d\n got % x\nwant % x", seq, frame, want)
+		}
+	}
+}
+
+func TestHandshakeRejections(t *testing.T) {
+	keys := mustKeys(t, testSecret)
+	otherKeys := mustKeys(t, otherSecret)
+	hello := Hello{Rank: 1, World: 2}
+	hb := encodeHello(hello, keys.handshake)
+	setU32 := func(b []byte, off int, v uint32) []byte {
+		c := append([]byte(nil), b...)
+		binary.LittleEndian.PutUint32(c[off:], v)
+		return c
+	}
+	goodAck := encodeAck(hb[:], keys.handshake)
+	otherHello := encodeHello(Hello{Rank: 0, World: 2}, keys.handshake)
+	forged := func(h Hello) []byte { b := encodeHello(h, keys.handshake); return b[:] }
+
+	// The coordinator's side, facing hand-made hellos.
+	serverCases := []struct {
+		name     string
+		hello    []byte
+		accept   func(Hello) error
+		want     error
+		wantSeen Hello // the Hello returned with a refusal
+	}{
+		{name: "wrong magic", hello: setU32(hb[:], 0, 0xF10D17C2), want: ErrBadMagic},
+		{name: "wrong version", hello: setU32(hb[:], 4, 2), want: ErrBadVersion},
+		{name: "wrong secret", hello: func() []byte { b := encodeHello(hello, otherKeys.handshake); return b[:] }(), want: ErrBadTag},
+		{name: "forged rank", hello: setU32(hb[:], 8, 0), want: ErrBadTag},
+		{name: "flipped tag bit", hello: func() []byte { c := append([]byte(nil), hb[:]...); c[20] ^= 1; return c }(), want: ErrBadTag},
+		{name: "truncated", hello: hb[:10], want: ErrTruncated},
+		{name: "empty", hello: nil, want: ErrTruncated},
+		{name: "rank out of range", hello: forged(Hello{Rank: 2, World: 2}), want: ErrRefused, wantSeen: Hello{Rank: 2, World: 2},
+			accept: func(Hello) error { t.Error("accept consulted for an out-of-range rank"); return nil }},
+		{name: "zero world", hello: forged(Hello{Rank: 0, World: 0}), want: ErrRefused},
+		{name: "refused by accept", hello: hb[:], want: ErrRefused, wantSeen: hello,
+			accept: func(h Hello) error { return errors.New("rank 1 already connected") }},
+	}
+	for _, tc := range serverCases {
+		t.Run("server/"+tc.name, func(t *testing.T) {
+			cn, sn := rawPair(t, "pipe")
+			go func() {
+				cn.Write(tc.hello)
+				if len(tc.hello) < helloSize {
+					cn.Close()
+				}
+			}()
+			c, seen, err := ServerHandshake(context.Background(), sn, keys, tc.accept)
+			if c != nil || !errors.Is(err, tc.want) {
+				t.Fatalf("got %v, %v; want %v", c, err, tc.want)
+			}
+			if seen != tc.wantSeen {
+				t.Errorf("returned hello %+v, want %+v", seen, tc.wantSeen)
+			}
+			if len(tc.hello) == helloSize {
+				// No ack, and the connection is closed.
+				cn.SetReadDeadline(time.Now().Add(2 * time.Second))
+				if n, rerr := cn.Read(make([]byte, ackSize)); n != 0 || rerr != io.EOF {
+					t.Errorf("after a refused hello the rank read %d bytes, %v; want 0, EOF", n, rerr)
+				}
+			}
+		})
+	}
+
+	// The rank's side, facing hand-made acks.
+	clientCases := []struct {
+		name string
+		ack  []byte
+		want error
+	}{
+		{name: "wrong magic", ack: setU32(goodAck[:], 0, 0xF10D17C3), want: ErrBadMagic},
+		{name: "wrong version", ack: setU32(goodAck[:], 4, 6), want: ErrBadVersion},
+		{name: "wrong secret", ack: func() []byte { b := encodeAck(hb[:], otherKeys.handshake); return b[:] }(), want: ErrBadTag},
+		{name: "bound to another hello", ack: func() []byte { b := encodeAck(otherHello[:], keys.handshake); return b[:] }(), want: ErrBadTag},
+		{name: "truncated", ack: goodAck[:15], want: ErrTruncated},
+		{name: "no ack", ack: nil, want: ErrTruncated},
+	}
+	for _, tc := range clientCases {
+		t.Run("client/"+tc.name, func(t *testing.T) {
+			cn, sn := rawPair(t, "pipe")
+			go func() {
+				b := make([]byte, helloSize)
+				if _, err := io.ReadFull(sn, b); err == nil {
+					sn.Write(tc.ack)
+				}
+				sn.Close()
+			}()
+			c, err := ClientHandshake(context.Background(), cn, keys, hello)
+			if c != nil || !errors.Is(err, tc.want) {
+				t.Fatalf("got %v, %v; want %v", c, err, tc.want)
+			}
+		})
+	}
+
+	// Both sides real.
+	t.Run("both/secrets differ", func(t *testing.T) {
+		cerr, serr := realHandshake(t, keys, otherKeys, hello, nil)
+		if !errors.Is(serr, ErrBadTag) || !errors.Is(cerr, ErrTruncated) {
+			t.Fatalf("client %v, server %v; want ErrTruncated, ErrBadTag", cerr, serr)
+		}
+	})
+	t.Run("both/refused by accept", func(t *testing.T) {
+		errWorld := errors.New("world size 2, coordinator runs 4")
+		cerr, serr := realHandshake(t, keys, keys, hello, func(Hello) error { return errWorld })
+		if !errors.Is(serr, ErrRefused) || !errors.Is(serr, errWorld) {
+			t.Fatalf("server %v; want ErrRefused wrapping accept's error", serr)
+		}
+		if !errors.Is(cerr, ErrTruncated) {
+			t.Fatalf("client %v; want ErrTruncated (no ack)", cerr)
+		}
+	})
+	t.Run("client refuses an out-of-range hello", func(t *testing.T) {
+		cn, _ := rawPair(t, "pipe")
+		if _, err := ClientHandshake(context.Background(), cn, keys, Hello{Rank: 4, World: 4}); err == nil {
+			t.Fatal("accepted rank 4 of 4")
+		}
+	})
+}
+
+func realHandshake(t *testing.T, ck, sk Keys, hello Hello, accept func(Hello) error) (cerr, serr error) {
+	t.Helper()
+	cn, sn := rawPair(t, "tcp")
+	ch := make(chan error, 1)
+	go func() {
+		c, _, err := ServerHandshake(context.Background(), sn, sk, accept, WithHandshakeTimeout(5*time.Second))
+		if c != nil {
+			c.Close()
+		}
+		ch <- err
+	}()
+	c, cerr := ClientHandshake(context.Background(), cn, ck, hello, WithHandshakeTimeout(5*time.Second))
+	if c != nil {
+		c.Close()
+	}
+	return cerr, <-ch
+}
+
+// A peer that never speaks cannot hold a handshake past its deadline.
+func TestHandshakeDeadline(t *testing.T) {
+	keys := mustKeys(t, testSecret)
+	const limit = 150 * time.Millisecond
+	type result struct {
+		err     error
+		elapsed time.Duration
+	}
+	cases := []struct {
+		name string
+		run  func(ctx context.Context, cn, sn net.Conn) error
+		ctx  func() (context.Context, context.CancelFunc)
+		want error
+	}{
+		{
+			name: "server, silent client, handshake timeout",
+			run: func(ctx context.Context, _, sn net.Conn) error {
+				_, _, err := ServerHandshake(ctx, sn, keys, nil, WithHandshakeTimeout(limit))
+				return err
+			},
+			want: os.ErrDeadlineExceeded,
+		},
+		{
+			name: "server, silent client, ctx deadline sooner than the default",
+			run: func(ctx context.Context, _, sn net.Conn) error {
+				_, _, err := ServerHandshake(ctx, sn, keys, nil)
+				return err
+			},
+			ctx:  func() (context.Context, context.CancelFunc) { return context.WithTimeout(context.Background(), limit) },
+			want: context.DeadlineExceeded,
+		},
+		{
+			name: "server, silent client, ctx cancelled",
+			run: func(ctx context.Context, _, sn net.Conn) error {
+				_, _, err := ServerHandshake(ctx, sn, keys, nil)
+				return err
+			},
+			ctx: func() (context.Context, context.CancelFunc) {
+				ctx, cancel := context.WithCancel(context.Background())
+				time.AfterFunc(limit, cancel)
+				return ctx, cancel
+			},
+			want: context.Canceled,
+		},
+		{
+			name: "client, server reads the hello and never acks",
+			run: func(ctx context.Context, cn, sn net.Conn) error {
+				go io.Copy(io.Discard, sn)
+				_, err := ClientHandshake(ctx, cn, keys, Hello{Rank: 0, World: 1}, WithHandshakeTimeout(limit))
+				return err
+			},
+			want: os.ErrDeadlineExceeded,
+		},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			cn, sn := rawPair(t, "pipe")
+			ctx, cancel := context.Background(), context.CancelFunc(func() {})
+			if tc.ctx != nil {
+				ctx, cancel = tc.ctx()
+			}
+			defer cancel()
+			ch := make(chan result, 1)
+			start := time.Now()
+			go func() {
+				err := tc.run(ctx, cn, sn)
+				ch <- result{err, time.Since(start)}
+			}()
+			select {
+			case r := <-ch:
+				if !errors.Is(r.err, tc.want) {
+					t.Fatalf("got %v, want %v", r.err, tc.want)
+				}
+				if r.elapsed < limit-10*time.Millisecond {
+					t.Fatalf("gave up after %v, before the %v deadline", r.elapsed, limit)
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatal("handshake still blocked 5 s after a 150 ms deadline")
+			}
+		})
+	}
+}
