@@ -1,0 +1,325 @@
+// Package pluginhost finds, verifies, launches and stops a rank's plugins.
+//
+// A plugin is chosen by kind and name only (the config file's
+// `trainer "NAME"` and `averager "NAME"` blocks): the binary
+// cohort-trainer-NAME or cohort-averaging-NAME is looked up in the plugin
+// directories, then on PATH; when the directory holding it has a SHA256SUMS
+// file the binary must be listed there and match, and go-plugin checks it
+// again before it runs. Stopping asks the plugin to shut down through its
+// own Shutdown RPC first and kills it only after a grace period.
+package pluginhost
+
+import (
+	"bufio"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	goplugin "github.com/hashicorp/go-plugin"
+
+	"github.com/cohortdl/cohort/shared/plugin"
+)
+
+// Kind is a plugin contract.
+type Kind string
+
+// The two kinds a rank runs.
+const (
+	Trainer  Kind = plugin.KindTrainer
+	Averager Kind = plugin.KindAverager
+)
+
+// SumsFile is the checksum list a plugin directory may hold, in the format
+// sha256sum writes.
+const SumsFile = "SHA256SUMS"
+
+// BinaryName is the executable that serves plugin name of kind.
+func BinaryName(kind Kind, name string) string {
+	if kind == Averager {
+		return "cohort-averaging-" + name
+	}
+	return "cohort-trainer-" + name
+}
+
+// Located is a plugin binary found on disk.
+type Located struct {
+	Kind Kind
+	Name string
+	Path string
+	// Checksum is the SHA-256 the SHA256SUMS file beside it lists; nil when
+	// the directory has no such file.
+	Checksum []byte
+}
+
+// Find looks for the plugin in dirs, in order, then on PATH, and reads the
+// checksum that the directory's SHA256SUMS lists for it.
+func Find(dirs []string, kind Kind, name string) (Located, error) {
+	if name == "" || strings.ContainsAny(name, `/\`) {
+		return Located{}, fmt.Errorf("find %s plugin: invalid name %q", kind, name)
+	}
+	bin := BinaryName(kind, name)
+	var path string
+	for _, d := range dirs {
+		if d == "" {
+			continue
+		}
+		p := filepath.Join(d, bin)
+		if st, err := os.Stat(p); err == nil && st.Mode().IsRegular() && st.Mode().Perm()&0o111 != 0 {
+			path = p
+			break
+		}
+	}
+	if path == "" {
+		p, err := exec.LookPath(bin)
+		if err != nil {
+			return Located{}, fmt.Errorf("find %s plugin %q: no executable %s in %s or on PATH", kind, name, bin, strings.Join(dirs, ", "))
+		}
+		path = p
+	}
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return Located{}, fmt.Errorf("find %s plugin %q: %w", kind, name, err)
+	}
+	loc := Located{Kind: kind, Name: name, Path: abs}
+	sum, err := listedChecksum(filepath.Join(filepath.Dir(abs), SumsFile), bin)
+	if err != nil {
+		return Located{}, fmt.Errorf("find %s plugin %q: %w", kind, name, err)
+	}
+	loc.Checksum = sum
+	return loc, nil
+}
+
+// listedChecksum returns bin's checksum from a SHA256SUMS file, nil when the
+// file does not exist, and an error when it exists but does not list bin or
+// is malformed.
+func listedChecksum(sums, bin string) ([]byte, error) {
+	f, err := os.Open(sums)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for line := 1; sc.Scan(); line++ {
+		text := strings.TrimSpace(sc.Text())
+		if text == "" || strings.HasPrefix(text, "#") {
+			continue
+		}
+		hexsum, file, ok := strings.Cut(text, " ")
+		if !ok {
+			return nil, fmt.Errorf("%s:%d: want \"<sha256> <file>\"", sums, line)
+		}
+		file = strings.TrimPrefix(strings.TrimSpace(file), "*")
+		if filepath.Base(file) != bin {
+			continue
+		}
+		sum, err := hex.DecodeString(hexsum)
+		if err != nil || len(sum) != sha256.Size {
+			return nil, fmt.Errorf("%s:%d: %q is not a SHA-256", sums, line, hexsum)
+		}
+		return sum, nil
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("read %s: %w", sums, err)
+	}
+	return nil, fmt.Errorf("%s does not list %s: refusing to run an unlisted plugin", sums, bin)
+}
+
+// Options configure a Host.
+type Options struct {
+	// Dirs are searched before PATH.
+	Dirs   []string
+	Logger hclog.Logger
+	// Grace is how long Stop waits for the plugin's Shutdown RPC before it
+	// kills the process.
+	Grace time.Duration
+	// StartTimeout bounds the go-plugin handshake.
+	StartTimeout time.Duration
+	// Env is added to the plugin's environment. The host's own environment
+	// is passed on without variables named in Withhold.
+	Env []string
+	// Withhold names environment variables plugins must not see (the run
+	// secret's, for one).
+	Withhold []string
+}
+
+// Host launches plugins and stops every one of them.
+type Host struct {
+	opts Options
+
+	mu      sync.Mutex
+	running []*Process
+}
+
+// New makes a Host; zero options get defaults.
+func New(o Options) *Host {
+	if o.Logger == nil {
+		o.Logger = hclog.NewNullLogger()
+	}
+	if o.Grace <= 0 {
+		o.Grace = 5 * time.Second
+	}
+	if o.StartTimeout <= 0 {
+		o.StartTimeout = 30 * time.Second
+	}
+	return &Host{opts: o}
+}
+
+// Process is one running plugin.
+type Process struct {
+	Located
+	client *goplugin.Client
+	stopMu sync.Mutex
+	stop   func(context.Context) error
+	done   bool
+}
+
+// Pid is the plugin's process id, or 0 once it has exited.
+func (p *Process) Pid() int {
+	if rc := p.client.ReattachConfig(); rc != nil {
+		return rc.Pid
+	}
+	return 0
+}
+
+// Exited reports whether the plugin process has ended.
+func (p *Process) Exited() bool { return p.client.Exited() }
+
+// StartTrainer finds and launches the trainer plugin name.
+func (h *Host) StartTrainer(ctx context.Context, name string) (plugin.Trainer, *Process, error) {
+	p, err := h.launch(ctx, Trainer, name)
+	if err != nil {
+		return nil, nil, err
+	}
+	t, err := plugin.DispenseTrainer(p.client)
+	if err != nil {
+		p.client.Kill()
+		return nil, nil, fmt.Errorf("trainer plugin %q (%s): %w", name, p.Path, err)
+	}
+	p.stop = t.Shutdown
+	h.track(p)
+	return t, p, nil
+}
+
+// StartAverager finds and launches the averaging plugin name.
+func (h *Host) StartAverager(ctx context.Context, name string) (plugin.Averager, *Process, error) {
+	p, err := h.launch(ctx, Averager, name)
+	if err != nil {
+		return nil, nil, err
+	}
+	a, err := plugin.DispenseAverager(p.client)
+	if err != nil {
+		p.client.Kill()
+		return nil, nil, fmt.Errorf("averaging plugin %q (%s): %w", name, p.Path, err)
+	}
+	p.stop = a.Shutdown
+	h.track(p)
+	return a, p, nil
+}
+
+func (h *Host) track(p *Process) {
+	h.mu.Lock()
+	h.running = append(h.running, p)
+	h.mu.Unlock()
+}
+
+func (h *Host) launch(ctx context.Context, kind Kind, name string) (*Process, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	loc, err := Find(h.opts.Dirs, kind, name)
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(loc.Path)
+	cmd.Env = h.env()
+	// The kernel kills the plugin with the host where it can; the plugin
+	// also watches its parent, as this tracks only the spawning thread.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	var secure *goplugin.SecureConfig
+	if loc.Checksum != nil {
+		secure = &goplugin.SecureConfig{Checksum: loc.Checksum, Hash: sha256.New()}
+	}
+	cfg := plugin.ClientConfig(plugin.ClientOptions{
+		Cmd:          cmd,
+		Logger:       h.opts.Logger.Named(string(kind) + "." + name),
+		SecureConfig: secure,
+		StartTimeout: h.opts.StartTimeout,
+	})
+	cfg.SkipHostEnv = true
+	client := goplugin.NewClient(cfg)
+	if _, err := client.Start(); err != nil {
+		client.Kill()
+		if errors.Is(err, goplugin.ErrChecksumsDoNotMatch) {
+			return nil, fmt.Errorf("%s plugin %q: %s does not match its SHA256SUMS entry: %w", kind, name, loc.Path, err)
+		}
+		return nil, fmt.Errorf("start %s plugin %q (%s): %w", kind, name, loc.Path, err)
+	}
+	return &Process{Located: loc, client: client}, nil
+}
+
+func (h *Host) env() []string {
+	out := make([]string, 0, len(os.Environ())+len(h.opts.Env))
+	for _, kv := range os.Environ() {
+		k, _, _ := strings.Cut(kv, "=")
+		withheld := false
+		for _, w := range h.opts.Withhold {
+			if k == w {
+				withheld = true
+				break
+			}
+		}
+		if !withheld {
+			out = append(out, kv)
+		}
+	}
+	return append(out, h.opts.Env...)
+}
+
+// Stop asks p to shut down through its Shutdown RPC, waits up to the grace
+// period, then kills it. It is idempotent.
+func (h *Host) Stop(ctx context.Context, p *Process) error {
+	p.stopMu.Lock()
+	defer p.stopMu.Unlock()
+	if p.done {
+		return nil
+	}
+	p.done = true
+	var err error
+	if p.stop != nil && !p.client.Exited() {
+		sctx, cancel := context.WithTimeout(ctx, h.opts.Grace)
+		err = p.stop(sctx)
+		cancel()
+		if err != nil {
+			err = fmt.Errorf("shut down %s plugin %q: %w", p.Kind, p.Name, err)
+		}
+	}
+	p.client.Kill()
+	return err
+}
+
+// StopAll stops every plugin this host started, in reverse start order, and
+// returns every error.
+func (h *Host) StopAll(ctx context.Context) error {
+	h.mu.Lock()
+	procs := h.running
+	h.running = nil
+	h.mu.Unlock()
+	var errs []error
+	for i := len(procs) - 1; i >= 0; i-- {
+		errs = append(errs, h.Stop(ctx, procs[i]))
+	}
+	return errors.Join(errs...)
+}

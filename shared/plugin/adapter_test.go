@@ -1,0 +1,539 @@
+package plugin
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"math"
+	"reflect"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cohortdl/cohort/shared/arena"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// rpcCase is one call through the adapters: invoke calls the host-side
+// interface with in; the fake plugin must receive exactly in (as method)
+// and the host must get back exactly out.
+type rpcCase[C any] struct {
+	name   string
+	op     string // Service.Method, as errors name it
+	method string // the contract method the fake sees
+	in     any
+	out    any
+	invoke func(ctx context.Context, c C, in any) (any, error)
+}
+
+func runRPCCases[C any](t *testing.T, cases []rpcCase[C], client func(t *testing.T, rec *recorder) C) {
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			rec := &recorder{out: tc.out}
+			c := client(t, rec)
+			out, err := tc.invoke(context.Background(), c, tc.in)
+			if err != nil {
+				t.Fatalf("%s: %v", tc.op, err)
+			}
+			calls, method, in := rec.got()
+			if calls != 1 || method != tc.method {
+				t.Fatalf("plugin saw %d calls, last %q; want one %q", calls, method, tc.method)
+			}
+			if !reflect.DeepEqual(in, tc.in) {
+				t.Errorf("plugin received\n%#v\nwant\n%#v", in, tc.in)
+			}
+			if !reflect.DeepEqual(out, tc.out) {
+				t.Errorf("host received\n%#v\nwant\n%#v", out, tc.out)
+			}
+		})
+		t.Run(tc.name+"/error", func(t *testing.T) {
+			msg := `plugin says: "` + tc.method + `" failed; details: ünïcode, 100%`
+			rec := &recorder{out: tc.out, err: errors.New(msg)}
+			c := client(t, rec)
+			_, err := tc.invoke(context.Background(), c, tc.in)
+			if err == nil {
+				t.Fatalf("%s: no error; the plugin failed", tc.op)
+			}
+			if want := tc.op + ": " + msg; err.Error() != want {
+				t.Errorf("error %q, want %q", err, want)
+			}
+			if code := status.Code(err); code != codes.Unknown {
+				t.Errorf("status code %v, want %v", code, codes.Unknown)
+			}
+		})
+	}
+}
+
+func TestTrainerRoundTrip(t *testing.T) {
+	layout := testLayout(t)
+	cases := []rpcCase[Trainer]{
+		{
+			name: "Describe", op: "Trainer.Describe", method: "Describe",
+			out:    Description{Name: "libtorch", Version: "0.3.1+cu124", Capabilities: []string{"cuda", "torchscript"}},
+			invoke: func(ctx context.Context, c Trainer, _ any) (any, error) { return c.Describe(ctx) },
+		},
+		{
+			name: "Describe/zero", op: "Trainer.Describe", method: "Describe",
+			out:    Description{},
+			invoke: func(ctx context.Context, c Trainer, _ any) (any, error) { return c.Describe(ctx) },
+		},
+		{
+			name: "Configure", op: "Trainer.Configure", method: "Configure",
+			in: TrainerConfig{Rank: 3, WorldSize: 8, LocalRanks: 2, Seed: math.MaxUint64,
+				Settings: json.RawMessage(`{"model":"mlp","lr":0.05,"layers":[784,128,10]}`)},
+			out:    TrainerSetup{Layout: layout, Samples: 60000, EvalSamples: 10000, BatchSize: 64},
+			invoke: func(ctx context.Context, c Trainer, in any) (any, error) { return c.Configure(ctx, in.(TrainerConfig)) },
+		},
+		{
+			name: "Configure/no settings, empty layout", op: "Trainer.Configure", method: "Configure",
+			in:     TrainerConfig{WorldSize: 1},
+			out:    TrainerSetup{},
+			invoke: func(ctx context.Context, c Trainer, in any) (any, error) { return c.Configure(ctx, in.(TrainerConfig)) },
+		},
+		{
+			name: "Attach/zero copy", op: "Trainer.Attach", method: "Attach",
+			in:     arena.Descriptor{Path: "/dev/shm/cohort-run1-rank3", Layout: layout},
+			out:    true,
+			invoke: func(ctx context.Context, c Trainer, in any) (any, error) { return c.Attach(ctx, in.(arena.Descriptor)) },
+		},
+		{
+			name: "Attach/copy", op: "Trainer.Attach", method: "Attach",
+			in:     arena.Descriptor{Path: "/dev/shm/x", Layout: arena.Layout{Size: 4096}},
+			out:    false,
+			invoke: func(ctx context.Context, c Trainer, in any) (any, error) { return c.Attach(ctx, in.(arena.Descriptor)) },
+		},
+		{
+			name: "Publish", op: "Trainer.Publish", method: "Publish",
+			out:    PublishResult{Steps: 50, StepCount: math.MaxUint64, ParamNorm: 123.456},
+			invoke: func(ctx context.Context, c Trainer, _ any) (any, error) { return c.Publish(ctx) },
+		},
+		{
+			name: "Adopt/blend", op: "Trainer.Adopt", method: "Adopt",
+			in: 0.25, out: -0.0078125,
+			invoke: func(ctx context.Context, c Trainer, in any) (any, error) { return c.Adopt(ctx, in.(float64)) },
+		},
+		{
+			name: "Adopt/overwrite", op: "Trainer.Adopt", method: "Adopt",
+			in: 0.0, out: math.MaxFloat64,
+			invoke: func(ctx context.Context, c Trainer, in any) (any, error) { return c.Adopt(ctx, in.(float64)) },
+		},
+		{
+			name: "Evaluate/accuracy", op: "Trainer.Evaluate", method: "Evaluate",
+			out:    EvalResult{Loss: 0.3125, Accuracy: ptr(0.875), Samples: 10000},
+			invoke: func(ctx context.Context, c Trainer, _ any) (any, error) { return c.Evaluate(ctx) },
+		},
+		{
+			name: "Evaluate/accuracy zero is set", op: "Trainer.Evaluate", method: "Evaluate",
+			out:    EvalResult{Loss: 2.3, Accuracy: ptr(0), Samples: 1},
+			invoke: func(ctx context.Context, c Trainer, _ any) (any, error) { return c.Evaluate(ctx) },
+		},
+		{
+			name: "Evaluate/no accuracy", op: "Trainer.Evaluate", method: "Evaluate",
+			out:    EvalResult{Loss: 1.5, Samples: 10000},
+			invoke: func(ctx context.Context, c Trainer, _ any) (any, error) { return c.Evaluate(ctx) },
+		},
+		{
+			name: "SaveCheckpoint", op: "Trainer.SaveCheckpoint", method: "SaveCheckpoint",
+			in:     "/ckpt/epoch-3",
+			out:    []string{"/ckpt/epoch-3/model.pt", "/ckpt/epoch-3/optim.pt"},
+			invoke: func(ctx context.Context, c Trainer, in any) (any, error) { return c.SaveCheckpoint(ctx, in.(string)) },
+		},
+		{
+			name: "SaveCheckpoint/no files", op: "Trainer.SaveCheckpoint", method: "SaveCheckpoint",
+			in:     "",
+			out:    []string(nil),
+			invoke: func(ctx context.Context, c Trainer, in any) (any, error) { return c.SaveCheckpoint(ctx, in.(string)) },
+		},
+		{
+			name: "LoadCheckpoint", op: "Trainer.LoadCheckpoint", method: "LoadCheckpoint",
+			in: "/ckpt/epoch-3", out: uint64(1 << 40),
+			invoke: func(ctx context.Context, c Trainer, in any) (any, error) { return c.LoadCheckpoint(ctx, in.(string)) },
+		},
+		{
+			name: "Shutdown", op: "Trainer.Shutdown", method: "Shutdown",
+			invoke: func(ctx context.Context, c Trainer, _ any) (any, error) { return nil, c.Shutdown(ctx) },
+		},
+	}
+	runRPCCases(t, cases, func(t *testing.T, rec *recorder) Trainer {
+		return serveTrainer(t, &fakeTrainer{call: rec.call})
+	})
+}
+
+func TestAveragerRoundTrip(t *testing.T) {
+	layout := testLayout(t)
+	key := make([]byte, 32)
+	for i := range key {
+		key[i] = byte(255 - i*8)
+	}
+	cases := []rpcCase[Averager]{
+		{
+			name: "Describe", op: "Averager.Describe", method: "Describe",
+			out:    Description{Name: "nccl", Version: "2.21", Capabilities: []string{"cuda", "bf16-wire"}},
+			invoke: func(ctx context.Context, c Averager, _ any) (any, error) { return c.Describe(ctx) },
+		},
+		{
+			name: "Configure", op: "Averager.Configure", method: "Configure",
+			in: AveragerConfig{
+				Rank: 1, WorldSize: 4,
+				Arena:    arena.Descriptor{Path: "/dev/shm/cohort-run1-rank1", Layout: layout},
+				Endpoint: "10.0.0.7:29500", DataKey: key,
+				Settings: json.RawMessage(`{"gamma":1.0,"wire":"bf16"}`),
+				RunID:    "run-2024-06-01T12:00:00Z",
+			},
+			invoke: func(ctx context.Context, c Averager, in any) (any, error) {
+				return nil, c.Configure(ctx, in.(AveragerConfig))
+			},
+		},
+		{
+			name: "Configure/minimal", op: "Averager.Configure", method: "Configure",
+			in: AveragerConfig{WorldSize: 1, Arena: arena.Descriptor{Path: "/dev/shm/a"}},
+			invoke: func(ctx context.Context, c Averager, in any) (any, error) {
+				return nil, c.Configure(ctx, in.(AveragerConfig))
+			},
+		},
+		{
+			name: "Average", op: "Averager.Average", method: "Average",
+			in: Round{Round: 7, Steps: 50, Broadcast: true, Root: 2},
+			out: RoundResult{Weight: 50, TotalWeight: 197, Divergence: 0.0123, PreNorm: 41.5, PostNorm: 41.25,
+				BytesMoved: 3 << 30, ReduceMS: 12.5, WaitMS: 3.25, TotalMS: 16, Realized: true},
+			invoke: func(ctx context.Context, c Averager, in any) (any, error) { return c.Average(ctx, in.(Round)) },
+		},
+		{
+			name: "Average/not realized", op: "Averager.Average", method: "Average",
+			in: Round{}, out: RoundResult{},
+			invoke: func(ctx context.Context, c Averager, in any) (any, error) { return c.Average(ctx, in.(Round)) },
+		},
+		{
+			name: "NewSessionID", op: "Averager.NewSessionID", method: "NewSessionID",
+			out:    []byte{0, 1, 2, 0x7f, 0x80, 0xff, 0},
+			invoke: func(ctx context.Context, c Averager, _ any) (any, error) { return c.NewSessionID(ctx) },
+		},
+		{
+			name: "NewSessionID/empty", op: "Averager.NewSessionID", method: "NewSessionID",
+			out:    []byte(nil),
+			invoke: func(ctx context.Context, c Averager, _ any) (any, error) { return c.NewSessionID(ctx) },
+		},
+		{
+			name: "NewSession", op: "Averager.NewSession", method: "NewSession",
+			in: Session{Generation: 3, ID: []byte{9, 0, 8}, NewRank: 1, NewWorldSize: 3, Members: []uint32{0, 2, 3}},
+			invoke: func(ctx context.Context, c Averager, in any) (any, error) {
+				return nil, c.NewSession(ctx, in.(Session))
+			},
+		},
+		{
+			name: "NewSession/zero", op: "Averager.NewSession", method: "NewSession",
+			in: Session{},
+			invoke: func(ctx context.Context, c Averager, in any) (any, error) {
+				return nil, c.NewSession(ctx, in.(Session))
+			},
+		},
+		{
+			name: "Abort", op: "Averager.Abort", method: "Abort",
+			in: "rank 2 declared dead: heartbeat timeout",
+			invoke: func(ctx context.Context, c Averager, in any) (any, error) {
+				return nil, c.Abort(ctx, in.(string))
+			},
+		},
+		{
+			name: "Shutdown", op: "Averager.Shutdown", method: "Shutdown",
+			invoke: func(ctx context.Context, c Averager, _ any) (any, error) { return nil, c.Shutdown(ctx) },
+		},
+	}
+	runRPCCases(t, cases, func(t *testing.T, rec *recorder) Averager {
+		return serveAverager(t, &fakeAverager{call: rec.call})
+	})
+}
+
+func TestTrainStreamsReports(t *testing.T) {
+	plan := Plan{Epoch: 2, PartitionOffset: 15000, PartitionSize: 7500, Seed: 42, PickSpace: 60000, GlobalStep: math.MaxUint64}
+	reports := []BatchReport{
+		{Batch: 0, Samples: 64, Loss: 2.3025, BatchMS: 4.5, DataMS: 0.25, StepCount: 1, ParamNorm: ptr(31.5)},
+		{Batch: 1, Samples: 64, Loss: 2.1, BatchMS: 4.25, DataMS: 0.5, StepCount: 2},
+		{Batch: 2, Samples: 12, Loss: -0.5, StepCount: 3, ParamNorm: ptr(0)},
+	}
+	var gotPlan Plan
+	tr := serveTrainer(t, &fakeTrainer{train: func(_ context.Context, p Plan, report func(BatchReport) error) error {
+		gotPlan = p
+		for _, r := range reports {
+			if err := report(r); err != nil {
+				return err
+			}
+		}
+		return nil
+	}})
+	var got []BatchReport
+	if err := tr.Train(context.Background(), plan, func(r BatchReport) error {
+		got = append(got, r)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if gotPlan != plan {
+		t.Errorf("plugin got plan %+v, want %+v", gotPlan, plan)
+	}
+	if !reflect.DeepEqual(got, reports) {
+		t.Errorf("host got reports\n%+v\nwant\n%+v", got, reports)
+	}
+}
+
+func TestTrainPluginErrorEndsStream(t *testing.T) {
+	tr := serveTrainer(t, &fakeTrainer{train: func(_ context.Context, _ Plan, report func(BatchReport) error) error {
+		for i := range 2 {
+			if err := report(BatchReport{Batch: uint64(i)}); err != nil {
+				return err
+			}
+		}
+		return errors.New("CUDA out of memory at batch 2")
+	}})
+	n := 0
+	err := tr.Train(context.Background(), Plan{}, func(BatchReport) error { n++; return nil })
+	if want := "Trainer.Train: CUDA out of memory at batch 2"; err == nil || err.Error() != want {
+		t.Fatalf("Train error %v, want %q", err, want)
+	}
+	if n != 2 {
+		t.Errorf("%d reports before the error, want 2", n)
+	}
+}
+
+func TestTrainReportErrorCancelsStream(t *testing.T) {
+	sawCancel := make(chan bool, 1)
+	tr := serveTrainer(t, &fakeTrainer{train: func(ctx context.Context, _ Plan, report func(BatchReport) error) error {
+		for i := range 5 {
+			if err := report(BatchReport{Batch: uint64(i)}); err != nil {
+				sawCancel <- true
+				return err
+			}
+		}
+		// All five fit in gRPC's buffers; the plugin learns of the host's
+		// refusal only through its context.
+		select {
+		case <-ctx.Done():
+			sawCancel <- true
+			return ctx.Err()
+		case <-time.After(10 * time.Second):
+			sawCancel <- false
+			return nil
+		}
+	}})
+	stop := errors.New("coordinator asked to stop")
+	var got []uint64
+	err := tr.Train(context.Background(), Plan{}, func(r BatchReport) error {
+		got = append(got, r.Batch)
+		if len(got) == 3 {
+			return stop
+		}
+		return nil
+	})
+	if err != stop {
+		t.Fatalf("Train returned %v, want the report's own error %v", err, stop)
+	}
+	if !reflect.DeepEqual(got, []uint64{0, 1, 2}) {
+		t.Errorf("reports %v delivered, want [0 1 2] and nothing after the error", got)
+	}
+	if !<-sawCancel {
+		t.Error("the plugin's Train context was not cancelled after the report error")
+	}
+}
+
+func TestTrainContextCancel(t *testing.T) {
+	sawCancel := make(chan struct{})
+	tr := serveTrainer(t, &fakeTrainer{train: func(ctx context.Context, _ Plan, report func(BatchReport) error) error {
+		if err := report(BatchReport{Batch: 1}); err != nil {
+			return err
+		}
+		<-ctx.Done()
+		close(sawCancel)
+		return ctx.Err()
+	}})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	err := tr.Train(ctx, Plan{}, func(BatchReport) error { cancel(); return nil })
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("Train error %v, want context.Canceled", err)
+	}
+	if !strings.HasPrefix(err.Error(), "Trainer.Train: ") {
+		t.Errorf("error %q does not name the call", err)
+	}
+	select {
+	case <-sawCancel:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the plugin's Train context was never cancelled")
+	}
+}
+
+func TestTrainConcurrentAndLateReports(t *testing.T) {
+	const workers, each = 8, 25
+	var late func(BatchReport) error
+	tr := serveTrainer(t, &fakeTrainer{train: func(_ context.Context, _ Plan, report func(BatchReport) error) error {
+		late = report
+		var wg sync.WaitGroup
+		errs := make(chan error, workers)
+		for w := range workers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := range each {
+					if err := report(BatchReport{Batch: uint64(w*each + i)}); err != nil {
+						errs <- err
+						return
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		return <-errs
+	}})
+	seen := make(map[uint64]bool)
+	if err := tr.Train(context.Background(), Plan{}, func(r BatchReport) error {
+		seen[r.Batch] = true
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if len(seen) != workers*each {
+		t.Errorf("%d distinct reports arrived, want %d", len(seen), workers*each)
+	}
+	if err := late(BatchReport{}); err == nil {
+		t.Error("a report after Train returned was accepted")
+	}
+}
+
+func TestAbortWhileAverageBlocks(t *testing.T) {
+	entered := make(chan struct{})
+	aborted := make(chan string, 1)
+	av := serveAverager(t, &fakeAverager{call: func(ctx context.Context, method string, in any) (any, error) {
+		switch method {
+		case "Average":
+			close(entered)
+			select {
+			case reason := <-aborted:
+				return nil, errors.New("round 7 aborted: " + reason)
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		case "Abort":
+			aborted <- in.(string)
+		}
+		return nil, nil
+	}})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		_, err := av.Average(ctx, Round{Round: 7})
+		done <- err
+	}()
+	<-entered
+	if err := av.Abort(ctx, "rank 2 declared dead"); err != nil {
+		t.Fatalf("Abort: %v", err)
+	}
+	select {
+	case err := <-done:
+		if want := "Averager.Average: round 7 aborted: rank 2 declared dead"; err == nil || err.Error() != want {
+			t.Fatalf("Average error %v, want %q", err, want)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Average still blocked after Abort")
+	}
+}
+
+func TestAverageContextCancel(t *testing.T) {
+	sawCancel := make(chan struct{})
+	entered := make(chan struct{})
+	av := serveAverager(t, &fakeAverager{call: func(ctx context.Context, _ string, _ any) (any, error) {
+		close(entered)
+		<-ctx.Done()
+		close(sawCancel)
+		return nil, ctx.Err()
+	}})
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() { <-entered; cancel() }()
+	_, err := av.Average(ctx, Round{})
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("Average error %v, want context.Canceled", err)
+	}
+	select {
+	case <-sawCancel:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the plugin's Average context was never cancelled")
+	}
+}
+
+func TestInvalidLayouts(t *testing.T) {
+	good := testLayout(t)
+	overlap := testLayout(t)
+	overlap.Entries[1].Offset = overlap.Entries[0].Offset
+	short := testLayout(t)
+	short.Size--
+	badBytes := testLayout(t)
+	badBytes.Entries[2].Bytes += 2
+	unknown := testLayout(t)
+	unknown.Entries[3].DType = arena.DType(42)
+	noRole := testLayout(t)
+	noRole.Entries[0].Role = 0
+
+	// A plugin's Configure answer is refused on the host.
+	for _, tc := range []struct {
+		name   string
+		layout arena.Layout
+		want   string
+	}{
+		{"overlap", overlap, "plugin sent an invalid reply: invalid layout"},
+		{"size short of the last entry", short, "plugin sent an invalid reply: invalid layout"},
+		{"bytes disagree with shape", badBytes, "plugin sent an invalid reply: invalid layout"},
+		{"unknown dtype", unknown, "unencodable layout"},
+		{"no role", noRole, "unencodable layout"},
+	} {
+		t.Run("Configure reply/"+tc.name, func(t *testing.T) {
+			tr := serveTrainer(t, &fakeTrainer{call: (&recorder{out: TrainerSetup{Layout: tc.layout, Samples: 1}}).call})
+			setup, err := tr.Configure(context.Background(), TrainerConfig{})
+			if err == nil {
+				t.Fatalf("invalid layout accepted: %+v", setup.Layout)
+			}
+			if !strings.HasPrefix(err.Error(), "Trainer.Configure: ") || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("error %q, want it to contain %q", err, tc.want)
+			}
+		})
+	}
+
+	// A host's descriptor is refused before it reaches the implementation:
+	// by the host adapter when it cannot be encoded, by the plugin adapter
+	// when it does not validate.
+	for _, tc := range []struct {
+		name string
+		desc arena.Descriptor
+		code codes.Code
+	}{
+		{"overlap", arena.Descriptor{Path: "/dev/shm/a", Layout: overlap}, codes.InvalidArgument},
+		{"no path", arena.Descriptor{Layout: good}, codes.InvalidArgument},
+		{"unknown dtype", arena.Descriptor{Path: "/dev/shm/a", Layout: unknown}, codes.Unknown},
+	} {
+		t.Run("Attach/"+tc.name, func(t *testing.T) {
+			rec := &recorder{}
+			tr := serveTrainer(t, &fakeTrainer{call: rec.call})
+			if _, err := tr.Attach(context.Background(), tc.desc); err == nil {
+				t.Fatal("invalid descriptor accepted")
+			} else if status.Code(err) != tc.code {
+				t.Errorf("error %q has code %v, want %v", err, status.Code(err), tc.code)
+			}
+			if n, _, _ := rec.got(); n != 0 {
+				t.Error("the trainer was called with an invalid descriptor")
+			}
+		})
+		t.Run("Averager.Configure/"+tc.name, func(t *testing.T) {
+			rec := &recorder{}
+			av := serveAverager(t, &fakeAverager{call: rec.call})
+			if err := av.Configure(context.Background(), AveragerConfig{Arena: tc.desc}); err == nil {
+				t.Fatal("invalid descriptor accepted")
+			} else if status.Code(err) != tc.code {
+				t.Errorf("error %q has code %v, want %v", err, status.Code(err), tc.code)
+			}
+			if n, _, _ := rec.got(); n != 0 {
+				t.Error("the averager was called with an invalid descriptor")
+			}
+		})
+	}
+}

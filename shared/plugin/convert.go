@@ -1,0 +1,403 @@
+package plugin
+
+import (
+	"encoding/json"
+	"fmt"
+
+	"github.com/cohortdl/cohort/shared/arena"
+	pb "github.com/cohortdl/cohort/shared/proto/cohort/v1"
+)
+
+// Conversions between the domain types of contract.go and the generated
+// protobuf messages. toproto* builds a message for the wire; fromproto*
+// reads one that came off it. Anything read from the wire is untrusted:
+// enum values outside the contract are errors, every layout is validated,
+// and a missing message that the contract requires is an error. Nothing
+// here panics on a nil message; the generated getters tolerate nil.
+//
+// proto3 does not tell an empty byte or list field from an absent one, so
+// empty slices (settings, data key, session id, members, capabilities,
+// files, layout entries, a scalar's shape) arrive as nil.
+
+func toprotoDescription(d Description) *pb.PluginDescription {
+	return &pb.PluginDescription{Name: d.Name, Version: d.Version, Capabilities: d.Capabilities}
+}
+
+func fromprotoDescription(m *pb.PluginDescription) Description {
+	return Description{Name: m.GetName(), Version: m.GetVersion(), Capabilities: m.GetCapabilities()}
+}
+
+func toprotoDType(d arena.DType) (pb.DType, error) {
+	switch d {
+	case arena.F32:
+		return pb.DType_DTYPE_F32, nil
+	case arena.F64:
+		return pb.DType_DTYPE_F64, nil
+	case arena.BF16:
+		return pb.DType_DTYPE_BF16, nil
+	case arena.F16:
+		return pb.DType_DTYPE_F16, nil
+	case arena.I64:
+		return pb.DType_DTYPE_I64, nil
+	case arena.I32:
+		return pb.DType_DTYPE_I32, nil
+	}
+	return pb.DType_DTYPE_UNSPECIFIED, fmt.Errorf("unknown %v", d)
+}
+
+func fromprotoDType(d pb.DType) (arena.DType, error) {
+	switch d {
+	case pb.DType_DTYPE_F32:
+		return arena.F32, nil
+	case pb.DType_DTYPE_F64:
+		return arena.F64, nil
+	case pb.DType_DTYPE_BF16:
+		return arena.BF16, nil
+	case pb.DType_DTYPE_F16:
+		return arena.F16, nil
+	case pb.DType_DTYPE_I64:
+		return arena.I64, nil
+	case pb.DType_DTYPE_I32:
+		return arena.I32, nil
+	}
+	return 0, fmt.Errorf("unknown dtype %d", int32(d))
+}
+
+func toprotoRole(r arena.Role) (pb.TensorRole, error) {
+	switch r {
+	case arena.Parameter:
+		return pb.TensorRole_TENSOR_ROLE_PARAMETER, nil
+	case arena.Buffer:
+		return pb.TensorRole_TENSOR_ROLE_BUFFER, nil
+	}
+	return pb.TensorRole_TENSOR_ROLE_UNSPECIFIED, fmt.Errorf("unknown %v", r)
+}
+
+func fromprotoRole(r pb.TensorRole) (arena.Role, error) {
+	switch r {
+	case pb.TensorRole_TENSOR_ROLE_PARAMETER:
+		return arena.Parameter, nil
+	case pb.TensorRole_TENSOR_ROLE_BUFFER:
+		return arena.Buffer, nil
+	}
+	return 0, fmt.Errorf("unknown tensor role %d", int32(r))
+}
+
+// toprotoLayout refuses entries whose dtype or role has no wire value; the
+// receiver validates the rest.
+func toprotoLayout(l arena.Layout) (*pb.Layout, error) {
+	entries := make([]*pb.TensorEntry, len(l.Entries))
+	for i, e := range l.Entries {
+		dt, err := toprotoDType(e.DType)
+		if err != nil {
+			return nil, fmt.Errorf("layout entry %d (%q): %w", i, e.Name, err)
+		}
+		role, err := toprotoRole(e.Role)
+		if err != nil {
+			return nil, fmt.Errorf("layout entry %d (%q): %w", i, e.Name, err)
+		}
+		entries[i] = &pb.TensorEntry{
+			Name:   e.Name,
+			Dtype:  dt,
+			Shape:  e.Shape,
+			Offset: e.Offset,
+			Nbytes: e.Bytes,
+			Role:   role,
+		}
+	}
+	return &pb.Layout{Entries: entries, Size: l.Size}, nil
+}
+
+// fromprotoLayout converts a layout off the wire and validates it: a layout
+// that reaches domain code is always one arena.Layout.Validate accepts.
+func fromprotoLayout(m *pb.Layout) (arena.Layout, error) {
+	if m == nil {
+		return arena.Layout{}, fmt.Errorf("no layout")
+	}
+	var entries []arena.Entry
+	if len(m.Entries) > 0 {
+		entries = make([]arena.Entry, len(m.Entries))
+	}
+	for i, e := range m.Entries {
+		if e == nil {
+			return arena.Layout{}, fmt.Errorf("layout entry %d: empty", i)
+		}
+		dt, err := fromprotoDType(e.Dtype)
+		if err != nil {
+			return arena.Layout{}, fmt.Errorf("layout entry %d (%q): %w", i, e.Name, err)
+		}
+		role, err := fromprotoRole(e.Role)
+		if err != nil {
+			return arena.Layout{}, fmt.Errorf("layout entry %d (%q): %w", i, e.Name, err)
+		}
+		entries[i] = arena.Entry{
+			Name:   e.Name,
+			DType:  dt,
+			Shape:  e.Shape,
+			Offset: e.Offset,
+			Bytes:  e.Nbytes,
+			Role:   role,
+		}
+	}
+	l := arena.Layout{Entries: entries, Size: m.Size}
+	if err := l.Validate(); err != nil {
+		return arena.Layout{}, fmt.Errorf("invalid layout: %w", err)
+	}
+	return l, nil
+}
+
+func toprotoDescriptor(d arena.Descriptor) (*pb.ArenaDescriptor, error) {
+	l, err := toprotoLayout(d.Layout)
+	if err != nil {
+		return nil, err
+	}
+	return &pb.ArenaDescriptor{Path: d.Path, Layout: l}, nil
+}
+
+func fromprotoDescriptor(m *pb.ArenaDescriptor) (arena.Descriptor, error) {
+	if m == nil {
+		return arena.Descriptor{}, fmt.Errorf("no arena descriptor")
+	}
+	if m.Path == "" {
+		return arena.Descriptor{}, fmt.Errorf("arena descriptor without a path")
+	}
+	l, err := fromprotoLayout(m.Layout)
+	if err != nil {
+		return arena.Descriptor{}, fmt.Errorf("arena %s: %w", m.Path, err)
+	}
+	return arena.Descriptor{Path: m.Path, Layout: l}, nil
+}
+
+func settings(b []byte) json.RawMessage {
+	if len(b) == 0 {
+		return nil
+	}
+	return json.RawMessage(b)
+}
+
+// copyFloat keeps an optional value optional without sharing the pointer
+// between a message and a domain value.
+func copyFloat(p *float64) *float64 {
+	if p == nil {
+		return nil
+	}
+	v := *p
+	return &v
+}
+
+// Trainer messages.
+
+func toprotoTrainerConfig(c TrainerConfig) *pb.TrainerConfigureRequest {
+	return &pb.TrainerConfigureRequest{
+		Rank:         c.Rank,
+		WorldSize:    c.WorldSize,
+		LocalRanks:   c.LocalRanks,
+		Seed:         c.Seed,
+		SettingsJson: c.Settings,
+	}
+}
+
+func fromprotoTrainerConfig(m *pb.TrainerConfigureRequest) TrainerConfig {
+	return TrainerConfig{
+		Rank:       m.GetRank(),
+		WorldSize:  m.GetWorldSize(),
+		LocalRanks: m.GetLocalRanks(),
+		Seed:       m.GetSeed(),
+		Settings:   settings(m.GetSettingsJson()),
+	}
+}
+
+func toprotoTrainerSetup(s TrainerSetup) (*pb.TrainerConfigureResponse, error) {
+	l, err := toprotoLayout(s.Layout)
+	if err != nil {
+		return nil, err
+	}
+	return &pb.TrainerConfigureResponse{
+		Layout:      l,
+		Samples:     s.Samples,
+		EvalSamples: s.EvalSamples,
+		BatchSize:   s.BatchSize,
+	}, nil
+}
+
+func fromprotoTrainerSetup(m *pb.TrainerConfigureResponse) (TrainerSetup, error) {
+	l, err := fromprotoLayout(m.GetLayout())
+	if err != nil {
+		return TrainerSetup{}, err
+	}
+	return TrainerSetup{
+		Layout:      l,
+		Samples:     m.GetSamples(),
+		EvalSamples: m.GetEvalSamples(),
+		BatchSize:   m.GetBatchSize(),
+	}, nil
+}
+
+func toprotoPlan(p Plan) *pb.TrainRequest {
+	return &pb.TrainRequest{
+		Epoch:           p.Epoch,
+		PartitionOffset: p.PartitionOffset,
+		PartitionSize:   p.PartitionSize,
+		Seed:            p.Seed,
+		PickSpace:       p.PickSpace,
+		GlobalStep:      p.GlobalStep,
+	}
+}
+
+func fromprotoPlan(m *pb.TrainRequest) Plan {
+	return Plan{
+		Epoch:           m.GetEpoch(),
+		PartitionOffset: m.GetPartitionOffset(),
+		PartitionSize:   m.GetPartitionSize(),
+		Seed:            m.GetSeed(),
+		PickSpace:       m.GetPickSpace(),
+		GlobalStep:      m.GetGlobalStep(),
+	}
+}
+
+func toprotoBatchReport(r BatchReport) *pb.BatchReport {
+	return &pb.BatchReport{
+		Batch:     r.Batch,
+		Samples:   r.Samples,
+		Loss:      r.Loss,
+		BatchMs:   r.BatchMS,
+		DataMs:    r.DataMS,
+		StepCount: r.StepCount,
+		ParamNorm: copyFloat(r.ParamNorm),
+	}
+}
+
+func fromprotoBatchReport(m *pb.BatchReport) BatchReport {
+	r := BatchReport{
+		Batch:     m.GetBatch(),
+		Samples:   m.GetSamples(),
+		Loss:      m.GetLoss(),
+		BatchMS:   m.GetBatchMs(),
+		DataMS:    m.GetDataMs(),
+		StepCount: m.GetStepCount(),
+	}
+	if m != nil {
+		r.ParamNorm = copyFloat(m.ParamNorm)
+	}
+	return r
+}
+
+func toprotoPublishResult(r PublishResult) *pb.PublishResponse {
+	return &pb.PublishResponse{Steps: r.Steps, StepCount: r.StepCount, ParamNorm: r.ParamNorm}
+}
+
+func fromprotoPublishResult(m *pb.PublishResponse) PublishResult {
+	return PublishResult{Steps: m.GetSteps(), StepCount: m.GetStepCount(), ParamNorm: m.GetParamNorm()}
+}
+
+func toprotoEvalResult(r EvalResult) *pb.EvaluateResponse {
+	return &pb.EvaluateResponse{Loss: r.Loss, Accuracy: copyFloat(r.Accuracy), Samples: r.Samples}
+}
+
+func fromprotoEvalResult(m *pb.EvaluateResponse) EvalResult {
+	r := EvalResult{Loss: m.GetLoss(), Samples: m.GetSamples()}
+	if m != nil {
+		r.Accuracy = copyFloat(m.Accuracy)
+	}
+	return r
+}
+
+// Averager messages.
+
+func toprotoAveragerConfig(c AveragerConfig) (*pb.AveragerConfigureRequest, error) {
+	d, err := toprotoDescriptor(c.Arena)
+	if err != nil {
+		return nil, err
+	}
+	return &pb.AveragerConfigureRequest{
+		Rank:         c.Rank,
+		WorldSize:    c.WorldSize,
+		Arena:        d,
+		Endpoint:     c.Endpoint,
+		DataKey:      c.DataKey,
+		SettingsJson: c.Settings,
+		RunId:        c.RunID,
+	}, nil
+}
+
+func fromprotoAveragerConfig(m *pb.AveragerConfigureRequest) (AveragerConfig, error) {
+	d, err := fromprotoDescriptor(m.GetArena())
+	if err != nil {
+		return AveragerConfig{}, err
+	}
+	c := AveragerConfig{
+		Rank:      m.GetRank(),
+		WorldSize: m.GetWorldSize(),
+		Arena:     d,
+		Endpoint:  m.GetEndpoint(),
+		Settings:  settings(m.GetSettingsJson()),
+		RunID:     m.GetRunId(),
+	}
+	if k := m.GetDataKey(); len(k) > 0 {
+		c.DataKey = k
+	}
+	return c, nil
+}
+
+func toprotoRound(r Round) *pb.AverageRequest {
+	return &pb.AverageRequest{Round: r.Round, Steps: r.Steps, Broadcast: r.Broadcast, Root: r.Root}
+}
+
+func fromprotoRound(m *pb.AverageRequest) Round {
+	return Round{Round: m.GetRound(), Steps: m.GetSteps(), Broadcast: m.GetBroadcast(), Root: m.GetRoot()}
+}
+
+func toprotoRoundResult(r RoundResult) *pb.AverageResponse {
+	return &pb.AverageResponse{
+		Weight:      r.Weight,
+		TotalWeight: r.TotalWeight,
+		Divergence:  r.Divergence,
+		PreNorm:     r.PreNorm,
+		PostNorm:    r.PostNorm,
+		BytesMoved:  r.BytesMoved,
+		ReduceMs:    r.ReduceMS,
+		WaitMs:      r.WaitMS,
+		TotalMs:     r.TotalMS,
+		Realized:    r.Realized,
+	}
+}
+
+func fromprotoRoundResult(m *pb.AverageResponse) RoundResult {
+	return RoundResult{
+		Weight:      m.GetWeight(),
+		TotalWeight: m.GetTotalWeight(),
+		Divergence:  m.GetDivergence(),
+		PreNorm:     m.GetPreNorm(),
+		PostNorm:    m.GetPostNorm(),
+		BytesMoved:  m.GetBytesMoved(),
+		ReduceMS:    m.GetReduceMs(),
+		WaitMS:      m.GetWaitMs(),
+		TotalMS:     m.GetTotalMs(),
+		Realized:    m.GetRealized(),
+	}
+}
+
+func toprotoSession(s Session) *pb.NewSessionRequest {
+	return &pb.NewSessionRequest{
+		Generation:   s.Generation,
+		SessionId:    s.ID,
+		NewRank:      s.NewRank,
+		NewWorldSize: s.NewWorldSize,
+		Members:      s.Members,
+	}
+}
+
+func fromprotoSession(m *pb.NewSessionRequest) Session {
+	s := Session{
+		Generation:   m.GetGeneration(),
+		NewRank:      m.GetNewRank(),
+		NewWorldSize: m.GetNewWorldSize(),
+	}
+	if id := m.GetSessionId(); len(id) > 0 {
+		s.ID = id
+	}
+	if mem := m.GetMembers(); len(mem) > 0 {
+		s.Members = mem
+	}
+	return s
+}

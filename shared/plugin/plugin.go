@@ -1,0 +1,231 @@
+// Package plugin holds the plugin contracts: the go-plugin handshake and
+// plugin map, the Go interfaces a trainer or averager implements with their
+// domain types, the gRPC adapters between those interfaces and the
+// generated cohort.v1 services, and Serve, the one way a plugin starts.
+//
+// A plugin's main is one line:
+//
+//	func main() { plugin.Serve(plugin.ServeOptions{Name: "trainer-mock", Trainer: newTrainer}) }
+//
+// The host builds a go-plugin client with ClientConfig and gets the
+// interface back with DispenseTrainer or DispenseAverager. Protobuf types
+// never appear in this package's API; gRPC carries control messages only,
+// each at most MaxMessageBytes, and parameters travel through the arena.
+package plugin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os/exec"
+	"path/filepath"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	goplugin "github.com/hashicorp/go-plugin"
+	"google.golang.org/grpc"
+
+	pb "github.com/cohortdl/cohort/shared/proto/cohort/v1"
+)
+
+// ProtocolVersion is the version of the cohort plugin protocol, negotiated
+// through go-plugin's VersionedPlugins.
+const ProtocolVersion = 1
+
+// The plugin kinds; a plugin binary serves exactly one.
+const (
+	KindTrainer  = "trainer"
+	KindAverager = "averager"
+)
+
+// MaxMessageBytes bounds every gRPC message in both directions, on both
+// sides. gRPC carries control only (parameters never ride it), but a layout
+// of many tensors or a large settings block can pass go-plugin's 4 MiB
+// server default.
+const MaxMessageBytes = 64 << 20
+
+// Handshake is the go-plugin handshake every cohort plugin and host shares.
+// The magic cookie only tells a plugin binary it was started by a cohort
+// host; it is not a secret. The protocol version is negotiated through
+// VersionedPlugins instead of being fixed here.
+func Handshake() goplugin.HandshakeConfig {
+	return goplugin.HandshakeConfig{
+		MagicCookieKey:   "COHORT_PLUGIN_MAGIC_COOKIE",
+		MagicCookieValue: "7c1d9e4a2f6b08e5d3a1c47b9f20e6d85a3c1b7e",
+	}
+}
+
+// TrainerPlugin is the go-plugin Plugin for the trainer kind. In a plugin
+// Impl is the implementation being served; on the host it is unused.
+type TrainerPlugin struct {
+	goplugin.NetRPCUnsupportedPlugin
+	Impl Trainer
+}
+
+// GRPCServer registers Impl as the cohort.v1.Trainer service.
+func (p TrainerPlugin) GRPCServer(_ *goplugin.GRPCBroker, s *grpc.Server) error {
+	if p.Impl == nil {
+		return errors.New("trainer plugin: no implementation to serve")
+	}
+	pb.RegisterTrainerServer(s, &trainerServer{impl: p.Impl})
+	return nil
+}
+
+// GRPCClient returns a Trainer that calls the plugin over c.
+func (p TrainerPlugin) GRPCClient(_ context.Context, _ *goplugin.GRPCBroker, c *grpc.ClientConn) (any, error) {
+	return &trainerClient{rpc: pb.NewTrainerClient(c)}, nil
+}
+
+// AveragerPlugin is the go-plugin Plugin for the averager kind. In a plugin
+// Impl is the implementation being served; on the host it is unused.
+type AveragerPlugin struct {
+	goplugin.NetRPCUnsupportedPlugin
+	Impl Averager
+}
+
+// GRPCServer registers Impl as the cohort.v1.Averager service.
+func (p AveragerPlugin) GRPCServer(_ *goplugin.GRPCBroker, s *grpc.Server) error {
+	if p.Impl == nil {
+		return errors.New("averager plugin: no implementation to serve")
+	}
+	pb.RegisterAveragerServer(s, &averagerServer{impl: p.Impl})
+	return nil
+}
+
+// GRPCClient returns an Averager that calls the plugin over c.
+func (p AveragerPlugin) GRPCClient(_ context.Context, _ *goplugin.GRPCBroker, c *grpc.ClientConn) (any, error) {
+	return &averagerClient{rpc: pb.NewAveragerClient(c)}, nil
+}
+
+var (
+	_ goplugin.GRPCPlugin = TrainerPlugin{}
+	_ goplugin.GRPCPlugin = AveragerPlugin{}
+)
+
+// serverOptions raise gRPC's limits on the plugin side to MaxMessageBytes
+// (grpc-go's server default for receiving is 4 MiB).
+func serverOptions() []grpc.ServerOption {
+	return []grpc.ServerOption{
+		grpc.MaxRecvMsgSize(MaxMessageBytes),
+		grpc.MaxSendMsgSize(MaxMessageBytes),
+	}
+}
+
+// newGRPCServer is the ServeConfig.GRPCServer factory. It must not register
+// the health service: go-plugin's GRPCServer.Init registers grpc.health.v1
+// with the "plugin" service SERVING on the server this returns (that is
+// what Client.Ping checks), and gRPC refuses a second registration.
+func newGRPCServer(opts []grpc.ServerOption) *grpc.Server {
+	return grpc.NewServer(append(opts, serverOptions()...)...)
+}
+
+// dialOptions set the host side's call limits to MaxMessageBytes. They come
+// after go-plugin's own defaults (unlimited), so they decide.
+func dialOptions() []grpc.DialOption {
+	return []grpc.DialOption{
+		grpc.WithDefaultCallOptions(
+			grpc.MaxCallRecvMsgSize(MaxMessageBytes),
+			grpc.MaxCallSendMsgSize(MaxMessageBytes),
+		),
+	}
+}
+
+// ClientOptions are the host's choices for one plugin process.
+type ClientOptions struct {
+	// Cmd is the unstarted plugin command.
+	Cmd *exec.Cmd
+	// Logger receives go-plugin's own lines and the plugin's log lines
+	// (its hclog JSON on stderr, forwarded under the binary's name) and
+	// anything the plugin writes to os.Stdout or os.Stderr once it serves.
+	// Nil means an info-level logger on stderr.
+	Logger hclog.Logger
+	// SecureConfig, when set, makes the client check the binary's checksum
+	// before starting it.
+	SecureConfig *goplugin.SecureConfig
+	// StartTimeout bounds the wait for the plugin's handshake; 0 means
+	// go-plugin's default of one minute.
+	StartTimeout time.Duration
+}
+
+// ClientConfig builds the host side of one plugin: cohort's handshake,
+// protocol version ProtocolVersion with both kinds, gRPC only, and the
+// MaxMessageBytes call limits. Pass it to goplugin.NewClient; the host owns
+// the client and ends it with Kill after the application's Shutdown RPC.
+func ClientConfig(o ClientOptions) *goplugin.ClientConfig {
+	logger := o.Logger
+	if logger == nil {
+		logger = hclog.New(&hclog.LoggerOptions{Name: "plugin", Level: hclog.Info})
+	}
+	cfg := &goplugin.ClientConfig{
+		HandshakeConfig:  Handshake(),
+		VersionedPlugins: map[int]goplugin.PluginSet{ProtocolVersion: pluginSet()},
+		Cmd:              o.Cmd,
+		SecureConfig:     o.SecureConfig,
+		StartTimeout:     o.StartTimeout,
+		AllowedProtocols: []goplugin.Protocol{goplugin.ProtocolGRPC},
+		Logger:           logger,
+		GRPCDialOptions:  dialOptions(),
+	}
+	// go-plugin streams the plugin's os.Stdout and os.Stderr (after Serve
+	// took them over) to these writers and drops them when they are nil;
+	// route them into the log under the plugin's name instead.
+	name := "plugin"
+	if o.Cmd != nil && o.Cmd.Path != "" {
+		name = filepath.Base(o.Cmd.Path)
+	}
+	w := logger.Named(name).StandardWriter(&hclog.StandardLoggerOptions{InferLevels: true})
+	cfg.SyncStdout, cfg.SyncStderr = w, w
+	return cfg
+}
+
+// pluginSet is the plugin map of ProtocolVersion, as the host sees it.
+func pluginSet() goplugin.PluginSet {
+	return goplugin.PluginSet{
+		KindTrainer:  TrainerPlugin{},
+		KindAverager: AveragerPlugin{},
+	}
+}
+
+// DispenseTrainer starts c's plugin if needed and returns its Trainer.
+func DispenseTrainer(c *goplugin.Client) (Trainer, error) {
+	raw, err := dispense(c, KindTrainer)
+	if err != nil {
+		return nil, err
+	}
+	t, ok := raw.(Trainer)
+	if !ok {
+		return nil, fmt.Errorf("dispense %s plugin: got %T, not a Trainer", KindTrainer, raw)
+	}
+	return t, nil
+}
+
+// DispenseAverager starts c's plugin if needed and returns its Averager.
+func DispenseAverager(c *goplugin.Client) (Averager, error) {
+	raw, err := dispense(c, KindAverager)
+	if err != nil {
+		return nil, err
+	}
+	a, ok := raw.(Averager)
+	if !ok {
+		return nil, fmt.Errorf("dispense %s plugin: got %T, not an Averager", KindAverager, raw)
+	}
+	return a, nil
+}
+
+func dispense(c *goplugin.Client, kind string) (any, error) {
+	if c == nil {
+		return nil, fmt.Errorf("dispense %s plugin: no client", kind)
+	}
+	rpc, err := c.Client()
+	if err != nil {
+		return nil, fmt.Errorf("start %s plugin: %w", kind, err)
+	}
+	if v := c.NegotiatedVersion(); v != ProtocolVersion {
+		return nil, fmt.Errorf("%s plugin speaks cohort plugin protocol %d, this host speaks %d", kind, v, ProtocolVersion)
+	}
+	raw, err := rpc.Dispense(kind)
+	if err != nil {
+		return nil, fmt.Errorf("dispense %s plugin: %w", kind, err)
+	}
+	return raw, nil
+}

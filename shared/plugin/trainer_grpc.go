@@ -1,0 +1,236 @@
+package plugin
+
+import (
+	"context"
+	"errors"
+	"io"
+	"sync"
+
+	"github.com/cohortdl/cohort/shared/arena"
+	pb "github.com/cohortdl/cohort/shared/proto/cohort/v1"
+)
+
+// trainerServer serves a Trainer implementation as the cohort.v1.Trainer
+// gRPC service, in the plugin process.
+type trainerServer struct {
+	pb.UnimplementedTrainerServer
+	impl Trainer
+}
+
+func (s *trainerServer) Describe(ctx context.Context, _ *pb.DescribeRequest) (*pb.PluginDescription, error) {
+	d, err := s.impl.Describe(ctx)
+	if err != nil {
+		return nil, statusError(err)
+	}
+	return toprotoDescription(d), nil
+}
+
+func (s *trainerServer) Configure(ctx context.Context, req *pb.TrainerConfigureRequest) (*pb.TrainerConfigureResponse, error) {
+	setup, err := s.impl.Configure(ctx, fromprotoTrainerConfig(req))
+	if err != nil {
+		return nil, statusError(err)
+	}
+	resp, err := toprotoTrainerSetup(setup)
+	if err != nil {
+		return nil, statusError(errors.New("trainer returned an unencodable layout: " + err.Error()))
+	}
+	return resp, nil
+}
+
+func (s *trainerServer) Attach(ctx context.Context, req *pb.AttachRequest) (*pb.AttachResponse, error) {
+	d, err := fromprotoDescriptor(req.GetArena())
+	if err != nil {
+		return nil, invalidRequest("Attach", err)
+	}
+	zeroCopy, err := s.impl.Attach(ctx, d)
+	if err != nil {
+		return nil, statusError(err)
+	}
+	return &pb.AttachResponse{ZeroCopy: zeroCopy}, nil
+}
+
+func (s *trainerServer) Train(req *pb.TrainRequest, stream pb.Trainer_TrainServer) error {
+	// A stream may not be written from two goroutines at once, nor after
+	// the handler returned; an implementation that reports from a worker
+	// thread gets an error instead of a corrupted stream.
+	var (
+		mu   sync.Mutex
+		done bool
+	)
+	report := func(r BatchReport) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if done {
+			return errors.New("batch report after Train returned")
+		}
+		return stream.Send(toprotoBatchReport(r))
+	}
+	err := s.impl.Train(stream.Context(), fromprotoPlan(req), report)
+	mu.Lock()
+	done = true
+	mu.Unlock()
+	return statusError(err)
+}
+
+func (s *trainerServer) Publish(ctx context.Context, _ *pb.PublishRequest) (*pb.PublishResponse, error) {
+	r, err := s.impl.Publish(ctx)
+	if err != nil {
+		return nil, statusError(err)
+	}
+	return toprotoPublishResult(r), nil
+}
+
+func (s *trainerServer) Adopt(ctx context.Context, req *pb.AdoptRequest) (*pb.AdoptResponse, error) {
+	norm, err := s.impl.Adopt(ctx, req.GetBlendAlpha())
+	if err != nil {
+		return nil, statusError(err)
+	}
+	return &pb.AdoptResponse{ParamNorm: norm}, nil
+}
+
+func (s *trainerServer) Evaluate(ctx context.Context, _ *pb.EvaluateRequest) (*pb.EvaluateResponse, error) {
+	r, err := s.impl.Evaluate(ctx)
+	if err != nil {
+		return nil, statusError(err)
+	}
+	return toprotoEvalResult(r), nil
+}
+
+func (s *trainerServer) SaveCheckpoint(ctx context.Context, req *pb.SaveCheckpointRequest) (*pb.SaveCheckpointResponse, error) {
+	files, err := s.impl.SaveCheckpoint(ctx, req.GetDir())
+	if err != nil {
+		return nil, statusError(err)
+	}
+	return &pb.SaveCheckpointResponse{Files: files}, nil
+}
+
+func (s *trainerServer) LoadCheckpoint(ctx context.Context, req *pb.LoadCheckpointRequest) (*pb.LoadCheckpointResponse, error) {
+	steps, err := s.impl.LoadCheckpoint(ctx, req.GetDir())
+	if err != nil {
+		return nil, statusError(err)
+	}
+	return &pb.LoadCheckpointResponse{StepCount: steps}, nil
+}
+
+func (s *trainerServer) Shutdown(ctx context.Context, _ *pb.ShutdownRequest) (*pb.ShutdownResponse, error) {
+	if err := s.impl.Shutdown(ctx); err != nil {
+		return nil, statusError(err)
+	}
+	return &pb.ShutdownResponse{}, nil
+}
+
+// trainerClient is the host's Trainer: every method is one call to the
+// plugin's cohort.v1.Trainer service.
+type trainerClient struct {
+	rpc pb.TrainerClient
+}
+
+var _ Trainer = (*trainerClient)(nil)
+
+func (c *trainerClient) Describe(ctx context.Context) (Description, error) {
+	resp, err := c.rpc.Describe(ctx, &pb.DescribeRequest{})
+	if err != nil {
+		return Description{}, callError(ctx, "Trainer.Describe", err)
+	}
+	return fromprotoDescription(resp), nil
+}
+
+func (c *trainerClient) Configure(ctx context.Context, cfg TrainerConfig) (TrainerSetup, error) {
+	const op = "Trainer.Configure"
+	resp, err := c.rpc.Configure(ctx, toprotoTrainerConfig(cfg))
+	if err != nil {
+		return TrainerSetup{}, callError(ctx, op, err)
+	}
+	setup, err := fromprotoTrainerSetup(resp)
+	if err != nil {
+		return TrainerSetup{}, invalidResponse(op, err)
+	}
+	return setup, nil
+}
+
+func (c *trainerClient) Attach(ctx context.Context, d arena.Descriptor) (bool, error) {
+	const op = "Trainer.Attach"
+	m, err := toprotoDescriptor(d)
+	if err != nil {
+		return false, errors.New(op + ": " + err.Error())
+	}
+	resp, err := c.rpc.Attach(ctx, &pb.AttachRequest{Arena: m})
+	if err != nil {
+		return false, callError(ctx, op, err)
+	}
+	return resp.GetZeroCopy(), nil
+}
+
+// Train reads the plugin's report stream until it ends. When report fails,
+// the stream is cancelled (the plugin's Train sees its context done) and
+// report's error is returned as is.
+func (c *trainerClient) Train(ctx context.Context, plan Plan, report func(BatchReport) error) error {
+	const op = "Trainer.Train"
+	streamCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := c.rpc.Train(streamCtx, toprotoPlan(plan))
+	if err != nil {
+		return callError(ctx, op, err)
+	}
+	for {
+		m, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return callError(ctx, op, err)
+		}
+		if report == nil {
+			continue
+		}
+		if err := report(fromprotoBatchReport(m)); err != nil {
+			cancel()
+			return err
+		}
+	}
+}
+
+func (c *trainerClient) Publish(ctx context.Context) (PublishResult, error) {
+	resp, err := c.rpc.Publish(ctx, &pb.PublishRequest{})
+	if err != nil {
+		return PublishResult{}, callError(ctx, "Trainer.Publish", err)
+	}
+	return fromprotoPublishResult(resp), nil
+}
+
+func (c *trainerClient) Adopt(ctx context.Context, blendAlpha float64) (float64, error) {
+	resp, err := c.rpc.Adopt(ctx, &pb.AdoptRequest{BlendAlpha: blendAlpha})
+	if err != nil {
+		return 0, callError(ctx, "Trainer.Adopt", err)
+	}
+	return resp.GetParamNorm(), nil
+}
+
+func (c *trainerClient) Evaluate(ctx context.Context) (EvalResult, error) {
+	resp, err := c.rpc.Evaluate(ctx, &pb.EvaluateRequest{})
+	if err != nil {
+		return EvalResult{}, callError(ctx, "Trainer.Evaluate", err)
+	}
+	return fromprotoEvalResult(resp), nil
+}
+
+func (c *trainerClient) SaveCheckpoint(ctx context.Context, dir string) ([]string, error) {
+	resp, err := c.rpc.SaveCheckpoint(ctx, &pb.SaveCheckpointRequest{Dir: dir})
+	if err != nil {
+		return nil, callError(ctx, "Trainer.SaveCheckpoint", err)
+	}
+	return resp.GetFiles(), nil
+}
+
+func (c *trainerClient) LoadCheckpoint(ctx context.Context, dir string) (uint64, error) {
+	resp, err := c.rpc.LoadCheckpoint(ctx, &pb.LoadCheckpointRequest{Dir: dir})
+	if err != nil {
+		return 0, callError(ctx, "Trainer.LoadCheckpoint", err)
+	}
+	return resp.GetStepCount(), nil
+}
+
+func (c *trainerClient) Shutdown(ctx context.Context) error {
+	_, err := c.rpc.Shutdown(ctx, &pb.ShutdownRequest{})
+	return callError(ctx, "Trainer.Shutdown", err)
+}
