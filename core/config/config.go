@@ -1,0 +1,167 @@
+// Package config is the run's HCL config file: schema, defaults, validation.
+//
+// A file has three core blocks (run, coordinator, worker) whose keys the core
+// reads, and two plugin blocks (trainer "NAME", averager "NAME") whose bodies
+// it does not interpret: every attribute is evaluated and the lot goes to the
+// plugin as one JSON object. Every block and key is optional; what a file
+// leaves out comes from the built-in default (DefaultFile). Errors name the
+// file, line and key: `cohort.hcl:7,3-9: coordinator.policy: "fast" is not
+// one of sync, cadence, async`.
+package config
+
+import (
+	"bytes"
+	_ "embed"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/hcl/v2"
+)
+
+// Config is one run's configuration.
+type Config struct {
+	Run         Run
+	Coordinator Coordinator
+	Worker      Worker
+	Trainer     Plugin
+	Averager    Plugin
+	// Path is the file the config was read from; empty for Default.
+	Path string
+
+	// where holds the source of each key set by the file or a flag, by
+	// "block.key" (and "trainer", "averager" for the plugin names), for
+	// error messages.
+	where map[string]hcl.Range
+}
+
+// Run is the run block: the cohort's size and length.
+type Run struct {
+	Ranks  int    // rank workers, at least 1
+	Epochs int    // at least 1
+	Seed   int64  // the run's random seed
+	Out    string // output directory (checkpoints, metrics), as written
+}
+
+// Policy is when the coordinator triggers averaging.
+type Policy string
+
+// The averaging policies.
+const (
+	PolicySync    Policy = "sync"    // every SyncEvery batches
+	PolicyCadence Policy = "cadence" // faster ranks get more batches so all arrive together
+	PolicyAsync   Policy = "async"   // elastic averaging (EASGD)
+)
+
+// Policies lists the valid policies.
+var Policies = []Policy{PolicySync, PolicyCadence, PolicyAsync}
+
+// Coordinator is the coordinator block.
+type Coordinator struct {
+	Listen           string        // control server address, host:port
+	HeartbeatTimeout time.Duration // rank silence that declares it dead, at least 1s
+	FormationTimeout time.Duration // how long to wait for every rank to join
+	Policy           Policy
+	SyncEvery        int     // batches between averaging rounds, for sync; at least 1
+	MinRanks         int     // fewest live ranks that may carry on, in [1, Run.Ranks]
+	CheckpointEvery  int     // epochs between checkpoints; 0: only on ShutdownWithSave
+	ChunkBatches     int     // progressive dispatch chunk size; 0: the policy's default
+	OverheadTarget   float64 // cadence: sync overhead share that grows the window, in (0,1)
+	EASGDAlpha       float64 // async: elastic averaging strength, in (0,1]
+}
+
+// Worker is the worker block: the rank process's own timeouts and paths.
+type Worker struct {
+	LivenessTimeout time.Duration // coordinator silence that ends the worker
+	ConnectTimeout  time.Duration // how long to retry the first connection
+	PluginDir       string        // where plugin binaries are looked up
+	ShutdownGrace   time.Duration // how long plugins get to drain before they are killed
+}
+
+// Plugin is a trainer or averager block: the plugin's name (the block's
+// label) and its body as a JSON object, passed through verbatim.
+type Plugin struct {
+	Name     string
+	Settings json.RawMessage
+}
+
+// MaxFileSize bounds a config file: HCL arithmetic on big numbers grows
+// with the file, and no honest config comes near it.
+const MaxFileSize = 1 << 20
+
+//go:embed default.hcl
+var defaultFile []byte
+
+// DefaultFile returns the source of the built-in configuration, with a
+// comment on every key: a starting point for a config file.
+func DefaultFile() []byte { return bytes.Clone(defaultFile) }
+
+var parsedDefault = sync.OnceValue(func() *Config {
+	c := &Config{where: map[string]hcl.Range{}}
+	if err := c.decode(defaultFile, "default.hcl"); err != nil {
+		panic("config: the built-in default does not parse: " + err.Error())
+	}
+	if err := c.Validate(); err != nil {
+		panic("config: the built-in default is not valid: " + err.Error())
+	}
+	return c
+})
+
+// Default returns the built-in configuration (DefaultFile): 4 ranks, 3
+// epochs, seed 1, policy sync every 50 batches, trainer "libtorch" with
+// model "mlp", averager "cpu" with no settings.
+func Default() *Config {
+	d := parsedDefault()
+	return &Config{
+		Run:         d.Run,
+		Coordinator: d.Coordinator,
+		Worker:      d.Worker,
+		Trainer:     Plugin{Name: d.Trainer.Name, Settings: bytes.Clone(d.Trainer.Settings)},
+		Averager:    Plugin{Name: d.Averager.Name, Settings: bytes.Clone(d.Averager.Settings)},
+	}
+}
+
+// Load reads and parses the config file at path.
+func Load(path string) (*Config, error) {
+	src, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	return Parse(src, path)
+}
+
+// Parse parses a config file's source, fills what it leaves out from the
+// default and validates the result. filename names the source in errors
+// and becomes Path. The error lists every problem found, one a line; each
+// is an *Error (errors.As finds the first).
+func Parse(src []byte, filename string) (*Config, error) {
+	if len(src) > MaxFileSize {
+		return nil, &Error{Range: hcl.Range{Filename: filename},
+			Msg: fmt.Sprintf("%d bytes is more than a config file may have (%d)", len(src), MaxFileSize)}
+	}
+	c := Default()
+	c.Path = filename
+	c.where = map[string]hcl.Range{}
+	if err := c.decode(src, filename); err != nil {
+		return nil, err
+	}
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// clone returns a copy of c that shares nothing mutable with it.
+func (c *Config) clone() *Config {
+	d := *c
+	d.Trainer.Settings = bytes.Clone(c.Trainer.Settings)
+	d.Averager.Settings = bytes.Clone(c.Averager.Settings)
+	d.where = maps.Clone(c.where)
+	if d.where == nil {
+		d.where = map[string]hcl.Range{}
+	}
+	return &d
+}

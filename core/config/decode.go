@@ -1,0 +1,255 @@
+package config
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/hashicorp/hcl/v2"
+	"github.com/hashicorp/hcl/v2/hclsyntax"
+	"github.com/zclconf/go-cty/cty"
+	"github.com/zclconf/go-cty/cty/convert"
+	"github.com/zclconf/go-cty/cty/gocty"
+)
+
+var fileSchema = &hcl.BodySchema{
+	Blocks: []hcl.BlockHeaderSchema{
+		{Type: "run"},
+		{Type: "coordinator"},
+		{Type: "worker"},
+		{Type: "trainer", LabelNames: []string{"name"}},
+		{Type: "averager", LabelNames: []string{"name"}},
+	},
+}
+
+// key is one key of a core block and how its value lands in a Config.
+type key struct {
+	name string
+	set  func(c *Config, a *hcl.Attribute) hcl.Diagnostics
+}
+
+// coreKeys are the keys of the core blocks, in the default file's order.
+var coreKeys = map[string][]key{
+	"run": {
+		value("ranks", func(c *Config) *int { return &c.Run.Ranks }),
+		value("epochs", func(c *Config) *int { return &c.Run.Epochs }),
+		value("seed", func(c *Config) *int64 { return &c.Run.Seed }),
+		value("out", func(c *Config) *string { return &c.Run.Out }),
+	},
+	"coordinator": {
+		value("listen", func(c *Config) *string { return &c.Coordinator.Listen }),
+		duration("heartbeat_timeout", func(c *Config) *time.Duration { return &c.Coordinator.HeartbeatTimeout }),
+		duration("formation_timeout", func(c *Config) *time.Duration { return &c.Coordinator.FormationTimeout }),
+		value("policy", func(c *Config) *Policy { return &c.Coordinator.Policy }),
+		value("sync_every", func(c *Config) *int { return &c.Coordinator.SyncEvery }),
+		value("min_ranks", func(c *Config) *int { return &c.Coordinator.MinRanks }),
+		value("checkpoint_every", func(c *Config) *int { return &c.Coordinator.CheckpointEvery }),
+		value("chunk_batches", func(c *Config) *int { return &c.Coordinator.ChunkBatches }),
+		value("overhead_target", func(c *Config) *float64 { return &c.Coordinator.OverheadTarget }),
+		value("easgd_alpha", func(c *Config) *float64 { return &c.Coordinator.EASGDAlpha }),
+	},
+	"worker": {
+		duration("liveness_timeout", func(c *Config) *time.Duration { return &c.Worker.LivenessTimeout }),
+		duration("connect_timeout", func(c *Config) *time.Duration { return &c.Worker.ConnectTimeout }),
+		value("plugin_dir", func(c *Config) *string { return &c.Worker.PluginDir }),
+		duration("shutdown_grace", func(c *Config) *time.Duration { return &c.Worker.ShutdownGrace }),
+	},
+}
+
+// value is a key whose HCL value converts straight to the field's Go type.
+func value[T any](name string, field func(*Config) *T) key {
+	return key{name, func(c *Config, a *hcl.Attribute) hcl.Diagnostics {
+		return decodeValue(a, field(c))
+	}}
+}
+
+// decodeValue evaluates a's expression (literals only: there are no
+// variables or functions) into *dst, converting as HCL does ("4" is a fine
+// number); *dst is left alone on error.
+func decodeValue[T any](a *hcl.Attribute, dst *T) hcl.Diagnostics {
+	v, diags := eval(a)
+	if diags.HasErrors() {
+		return diags
+	}
+	var out T
+	ty, err := gocty.ImpliedType(out)
+	if err == nil {
+		v, err = convert.Convert(v, ty)
+	}
+	if err == nil && v.IsNull() {
+		err = errors.New("a value is required, not null")
+	}
+	if err == nil {
+		err = gocty.FromCtyValue(v, &out)
+	}
+	if err != nil {
+		return hcl.Diagnostics{{
+			Severity: hcl.DiagError,
+			Summary:  err.Error(),
+			Subject:  a.NameRange.Ptr(),
+		}}
+	}
+	*dst = out
+	return nil
+}
+
+// duration is a key whose value is a Go duration string ("30s", "1m30s").
+func duration(name string, field func(*Config) *time.Duration) key {
+	return key{name, func(c *Config, a *hcl.Attribute) hcl.Diagnostics {
+		var s string
+		if diags := decodeValue(a, &s); diags.HasErrors() {
+			return diags
+		}
+		d, err := time.ParseDuration(s)
+		if err != nil {
+			return hcl.Diagnostics{{
+				Severity: hcl.DiagError,
+				Summary:  fmt.Sprintf("%q is not a duration like \"30s\" or \"1m30s\"", s),
+				Subject:  a.NameRange.Ptr(),
+			}}
+		}
+		*field(c) = d
+		return nil
+	}}
+}
+
+// decode parses src and overlays what it sets onto c, recording where each
+// key came from. It does not validate.
+func (c *Config) decode(src []byte, filename string) error {
+	var errs errList
+	f, diags := hclsyntax.ParseConfig(src, filename, hcl.InitialPos)
+	if diags.HasErrors() {
+		errs.diags("", diags)
+		return errs.err()
+	}
+	content, diags := f.Body.Content(fileSchema)
+	errs.diags("", diags)
+	first := map[string]*hcl.Block{}
+	for _, b := range content.Blocks {
+		if prev, dup := first[b.Type]; dup {
+			errs.add(b.DefRange, b.Type, fmt.Sprintf(
+				"a second %s block; the first is at %s, and a config has at most one", b.Type, prev.DefRange))
+			continue
+		}
+		first[b.Type] = b
+		switch b.Type {
+		case "trainer":
+			c.decodePlugin(b, &c.Trainer, &errs)
+		case "averager":
+			c.decodePlugin(b, &c.Averager, &errs)
+		default:
+			c.decodeCore(b, coreKeys[b.Type], &errs)
+		}
+	}
+	return errs.err()
+}
+
+func (c *Config) decodeCore(b *hcl.Block, keys []key, errs *errList) {
+	attrs, diags := b.Body.JustAttributes()
+	errs.diags(b.Type, diags)
+	for _, a := range inOrder(attrs) {
+		name := b.Type + "." + a.Name
+		i := slices.IndexFunc(keys, func(k key) bool { return k.name == a.Name })
+		if i < 0 {
+			known := make([]string, len(keys))
+			for j, k := range keys {
+				known[j] = k.name
+			}
+			errs.add(a.NameRange, name, fmt.Sprintf("unknown key; %s takes %s", b.Type, strings.Join(known, ", ")))
+			continue
+		}
+		c.where[name] = a.NameRange
+		errs.diags(name, keys[i].set(c, a))
+	}
+}
+
+// decodePlugin reads a plugin block: its label is the plugin's name, its
+// attributes, evaluated, become the settings object.
+func (c *Config) decodePlugin(b *hcl.Block, p *Plugin, errs *errList) {
+	if len(b.Labels) != 1 { // the schema has already reported it
+		return
+	}
+	c.where[b.Type] = b.LabelRanges[0]
+	attrs, diags := b.Body.JustAttributes()
+	errs.diags(b.Type, diags)
+	var buf bytes.Buffer
+	buf.WriteByte('{')
+	names := make([]string, 0, len(attrs))
+	for name := range attrs {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		a := attrs[name]
+		v, diags := eval(a)
+		if diags.HasErrors() {
+			errs.diags(b.Type+"."+name, diags)
+			continue
+		}
+		if buf.Len() > 1 {
+			buf.WriteByte(',')
+		}
+		writeString(&buf, name)
+		buf.WriteByte(':')
+		if err := writeJSON(&buf, v); err != nil {
+			errs.add(a.NameRange, b.Type+"."+name, err.Error())
+		}
+	}
+	buf.WriteByte('}')
+	*p = Plugin{Name: b.Labels[0], Settings: buf.Bytes()}
+}
+
+// inOrder returns attrs in the order they appear in the file.
+func inOrder(attrs hcl.Attributes) []*hcl.Attribute {
+	out := make([]*hcl.Attribute, 0, len(attrs))
+	for _, a := range attrs {
+		out = append(out, a)
+	}
+	slices.SortFunc(out, func(x, y *hcl.Attribute) int { return x.Range.Start.Byte - y.Range.Start.Byte })
+	return out
+}
+
+// eval evaluates a's expression with no variables or functions. Numbers a
+// float64 cannot hold are refused, as literals before evaluating (see
+// inRange) and as results after.
+func eval(a *hcl.Attribute) (cty.Value, hcl.Diagnostics) {
+	rangeErr := func(r hcl.Range) hcl.Diagnostics {
+		return hcl.Diagnostics{{Severity: hcl.DiagError, Summary: errRange.Error(), Subject: r.Ptr()}}
+	}
+	if node, ok := a.Expr.(hclsyntax.Node); ok {
+		var diags hcl.Diagnostics
+		hclsyntax.VisitAll(node, func(n hclsyntax.Node) hcl.Diagnostics {
+			if lit, ok := n.(*hclsyntax.LiteralValueExpr); ok && !numberInRange(lit.Val) {
+				diags = append(diags, rangeErr(lit.SrcRange)...)
+			}
+			return nil
+		})
+		if diags.HasErrors() {
+			return cty.DynamicVal, diags
+		}
+	}
+	v, diags := a.Expr.Value(nil)
+	if diags.HasErrors() {
+		return v, diags
+	}
+	bad := false
+	_ = cty.Walk(v, func(_ cty.Path, x cty.Value) (bool, error) {
+		bad = bad || !numberInRange(x)
+		return !bad, nil
+	})
+	if bad {
+		return cty.DynamicVal, rangeErr(a.Expr.Range())
+	}
+	return v, nil
+}
+
+// numberInRange is false only for a known number outside a float64's range.
+func numberInRange(v cty.Value) bool {
+	if v.IsMarked() || !v.IsKnown() || v.IsNull() || v.Type() != cty.Number {
+		return true
+	}
+	return inRange(v.AsBigFloat())
+}

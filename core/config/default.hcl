@@ -1,0 +1,36 @@
+# cohort's built-in configuration: what `cohort run` uses without a file, and
+# the value of every key a file leaves out.
+
+run {
+  ranks  = 4             # rank workers
+  epochs = 3
+  seed   = 1
+  out    = "runs/latest" # checkpoints and metrics; relative to the working directory
+}
+
+coordinator {
+  listen            = "127.0.0.1:0" # control server, host:port (port 0: any free port)
+  heartbeat_timeout = "30s"         # rank silence that declares it dead (at least 1s)
+  formation_timeout = "60s"         # how long to wait for every rank to join
+  policy            = "sync"        # sync | cadence | async
+  sync_every        = 50            # batches between averaging rounds, for sync
+  min_ranks         = 1             # fewest live ranks that may carry on
+  checkpoint_every  = 0             # epochs; 0: only on ShutdownWithSave
+  chunk_batches     = 0             # progressive dispatch chunk; 0: the policy's default
+  overhead_target   = 0.1           # cadence: grow the window when sync overhead exceeds it
+  easgd_alpha       = 0.5           # async: elastic averaging strength
+}
+
+worker {
+  liveness_timeout = "30s"          # coordinator silence that ends the worker
+  connect_timeout  = "30s"
+  plugin_dir       = "bin/plugins"
+  shutdown_grace   = "5s"
+}
+
+trainer "libtorch" {
+  model = "mlp"
+}
+
+averager "cpu" {
+}

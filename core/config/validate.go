@@ -1,0 +1,116 @@
+package config
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/hashicorp/hcl/v2"
+)
+
+// MinHeartbeatTimeout is the shortest coordinator.heartbeat_timeout: ranks
+// heartbeat once a second.
+const MinHeartbeatTimeout = time.Second
+
+var pluginName = regexp.MustCompile(`^[a-z0-9_-]+$`)
+
+// Validate checks every value and returns all the problems found, one a
+// line, each an *Error naming the key and where its value came from. Parse
+// and Apply call it; call it again after changing a Config by hand.
+func (c *Config) Validate() error {
+	var errs errList
+	bad := func(key, format string, args ...any) {
+		errs.add(c.at(key), key, fmt.Sprintf(format, args...))
+	}
+	atLeast := func(key string, v, min int) {
+		if v < min {
+			bad(key, "must be at least %d, got %d", min, v)
+		}
+	}
+	positive := func(key string, d time.Duration) {
+		if d <= 0 {
+			bad(key, "must be a positive duration, got %v", d)
+		}
+	}
+
+	atLeast("run.ranks", c.Run.Ranks, 1)
+	atLeast("run.epochs", c.Run.Epochs, 1)
+
+	co := c.Coordinator
+	if err := checkHostPort(co.Listen); err != nil {
+		bad("coordinator.listen", "%q is not host:port: %v", co.Listen, err)
+	}
+	if co.HeartbeatTimeout < MinHeartbeatTimeout {
+		bad("coordinator.heartbeat_timeout", "must be at least %v, got %v", MinHeartbeatTimeout, co.HeartbeatTimeout)
+	}
+	positive("coordinator.formation_timeout", co.FormationTimeout)
+	if !slices.Contains(Policies, co.Policy) {
+		names := make([]string, len(Policies))
+		for i, p := range Policies {
+			names[i] = string(p)
+		}
+		bad("coordinator.policy", "%q is not one of %s", co.Policy, strings.Join(names, ", "))
+	}
+	atLeast("coordinator.sync_every", co.SyncEvery, 1)
+	if c.Run.Ranks >= 1 && (co.MinRanks < 1 || co.MinRanks > c.Run.Ranks) { // a bad ranks is reported above
+		bad("coordinator.min_ranks", "%d is outside [1, run.ranks = %d]", co.MinRanks, c.Run.Ranks)
+	}
+	atLeast("coordinator.checkpoint_every", co.CheckpointEvery, 0)
+	atLeast("coordinator.chunk_batches", co.ChunkBatches, 0)
+	if !(co.OverheadTarget > 0 && co.OverheadTarget < 1) {
+		bad("coordinator.overhead_target", "%g is outside (0, 1)", co.OverheadTarget)
+	}
+	if !(co.EASGDAlpha > 0 && co.EASGDAlpha <= 1) {
+		bad("coordinator.easgd_alpha", "%g is outside (0, 1]", co.EASGDAlpha)
+	}
+
+	w := c.Worker
+	positive("worker.liveness_timeout", w.LivenessTimeout)
+	positive("worker.connect_timeout", w.ConnectTimeout)
+	if w.PluginDir == "" {
+		bad("worker.plugin_dir", "must not be empty")
+	}
+	positive("worker.shutdown_grace", w.ShutdownGrace)
+
+	for _, p := range []struct {
+		key string
+		*Plugin
+	}{{"trainer", &c.Trainer}, {"averager", &c.Averager}} {
+		if !pluginName.MatchString(p.Name) {
+			bad(p.key, "%q is not a plugin name: use a-z, 0-9, _ and -", p.Name)
+		}
+		var obj map[string]json.RawMessage
+		if err := json.Unmarshal(p.Settings, &obj); err != nil || obj == nil {
+			bad(p.key, "settings are not a JSON object")
+		}
+	}
+	return errs.err()
+}
+
+// at says where key's value came from: its line in the file, the flag that
+// set it, or else the file (or nothing) for a default.
+func (c *Config) at(key string) hcl.Range {
+	if r, ok := c.where[key]; ok {
+		return r
+	}
+	return hcl.Range{Filename: c.Path}
+}
+
+func checkHostPort(s string) error {
+	_, port, err := net.SplitHostPort(s)
+	if ae, ok := err.(*net.AddrError); ok {
+		return errors.New(ae.Err)
+	} else if err != nil {
+		return err
+	}
+	if _, err := strconv.ParseUint(port, 10, 16); err != nil {
+		return fmt.Errorf("port %q is not a number in [0, 65535]", port)
+	}
+	return nil
+}

@@ -1,0 +1,49 @@
+package resources
+
+import (
+	"bytes"
+	"testing"
+)
+
+// The parsers read files the kernel writes, but nothing read may panic a
+// process: each fuzz target checks that and what a parse promises. Seeds:
+// testdata/*.txt and testdata/fuzz/<target>.
+
+func FuzzParseCPUStat(f *testing.F) {
+	f.Add([]byte(readTestdata(f, "stat.txt")))
+	f.Fuzz(func(t *testing.T, in []byte) {
+		c, err := ParseCPUStat(bytes.NewReader(in))
+		if err != nil {
+			return
+		}
+		if p, ok := CPUPercent(CPUStat{}, c); ok && (p < 0 || p > 100) {
+			t.Fatalf("CPUPercent from zero = %v", p)
+		}
+	})
+}
+
+func FuzzParseMeminfo(f *testing.F) {
+	f.Add([]byte(readTestdata(f, "meminfo.txt")))
+	f.Fuzz(func(t *testing.T, in []byte) {
+		m, err := ParseMeminfo(bytes.NewReader(in))
+		if err != nil {
+			return
+		}
+		if m.Used() > m.Total {
+			t.Fatalf("used %d > total %d", m.Used(), m.Total)
+		}
+	})
+}
+
+func FuzzParseSmapsRollup(f *testing.F) {
+	f.Add([]byte(readTestdata(f, "smaps_rollup.txt")))
+	f.Fuzz(func(t *testing.T, in []byte) {
+		m, err := ParseSmapsRollup(bytes.NewReader(in))
+		if err != nil {
+			return
+		}
+		if m.RSS%1024 != 0 || m.PSS%1024 != 0 {
+			t.Fatalf("not whole kB: %+v", m)
+		}
+	})
+}
