@@ -1,0 +1,77 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"time"
+
+	"github.com/cohortdl/cohort/core/wire"
+	cohortv1 "github.com/cohortdl/cohort/shared/proto/cohort/v1"
+)
+
+// dialRetryDelay is the pause between connection attempts.
+const dialRetryDelay = 250 * time.Millisecond
+
+// connect dials the coordinator, retrying until ConnectTimeout, and runs the
+// handshake. Only dialing is retried: a coordinator that refuses the hello
+// (wrong secret, world size or rank) will refuse it again.
+func (w *worker) connect(ctx context.Context) (*wire.Conn, error) {
+	dctx, cancel := context.WithTimeout(ctx, w.o.ConnectTimeout)
+	defer cancel()
+	var d net.Dialer
+	var nc net.Conn
+	for attempt := 1; ; attempt++ {
+		var err error
+		nc, err = d.DialContext(dctx, "tcp", w.o.Coordinator)
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("connect to coordinator %s: %w", w.o.Coordinator, ctx.Err())
+		}
+		if dctx.Err() != nil {
+			return nil, fmt.Errorf("connect to coordinator %s: gave up after %v and %d attempts: %w",
+				w.o.Coordinator, w.o.ConnectTimeout, attempt, err)
+		}
+		w.log.Debug("coordinator not reachable yet", "address", w.o.Coordinator, "attempt", attempt, "error", err)
+		t := time.NewTimer(dialRetryDelay)
+		select {
+		case <-t.C:
+		case <-dctx.Done():
+			t.Stop()
+		}
+	}
+	// A silent coordinator ends Receive after the liveness timeout, which
+	// the inbound bridge reads as a dead coordinator.
+	conn, err := wire.ClientHandshake(ctx, nc, w.keys, wire.Hello{Rank: w.o.Rank, World: w.o.World},
+		wire.WithIdleTimeout(w.o.LivenessTimeout))
+	if err != nil {
+		return nil, fmt.Errorf("handshake with coordinator %s: %w", w.o.Coordinator, err)
+	}
+	return conn, nil
+}
+
+// errShutdownBeforeAdmit: the coordinator sent Shutdown instead of Admit.
+var errShutdownBeforeAdmit = errors.New("coordinator sent Shutdown before Admit")
+
+// awaitAdmit reads frames until Admit. Coordinator heartbeats are skipped;
+// a Shutdown ends the worker cleanly; anything else is out of protocol.
+func (w *worker) awaitAdmit(ctx context.Context) (*cohortv1.Admit, error) {
+	for {
+		msg, err := w.conn.Receive(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("wait for Admit from coordinator: %w", err)
+		}
+		switch m := msg.(type) {
+		case *cohortv1.Admit:
+			return m, nil
+		case *cohortv1.CoordinatorHeartbeat:
+		case *cohortv1.Shutdown:
+			return nil, errShutdownBeforeAdmit
+		default:
+			return nil, fmt.Errorf("wait for Admit from coordinator: got %T first", msg)
+		}
+	}
+}

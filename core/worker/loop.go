@@ -1,0 +1,450 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/cohortdl/cohort/shared/plugin"
+	cohortv1 "github.com/cohortdl/cohort/shared/proto/cohort/v1"
+)
+
+// loopState belongs to the main loop's goroutine alone.
+type loopState struct {
+	// plans run in order; extensions go first (see extend).
+	plans     []queuedPlan
+	throttled bool
+	// globalStep is the coordinator's last SetGlobalStep, passed to Train.
+	globalStep uint64
+	// role is the epoch-callback rank, once the coordinator named one.
+	role *uint32
+	// fired is the epoch whose first plan last fired the callback check.
+	fired *uint64
+	// shapes remembers each epoch's permutation (seed, pick space), which
+	// an ExtendPartition does not repeat.
+	shapes   map[uint64]planShape
+	lastPlan *planShape
+
+	// members is the averaging session, global ranks in session order.
+	members []uint32
+	// sessionAborts is the watchdog's abort count when the session began:
+	// a failed round is an abort, not an averager fault, when the watchdog
+	// aborted during this session.
+	sessionAborts uint64
+	// pendingSteps are the steps published since the last successful
+	// round: the weight of the next one.
+	pendingSteps uint64
+	// divergence of the last round, sent with the first Batch after it.
+	divergence *float64
+	// saved: a ShutdownWithSave was handled.
+	saved bool
+
+	prof profile
+}
+
+type queuedPlan struct {
+	plan      plugin.Plan
+	extension bool
+}
+
+type planShape struct{ seed, pickSpace uint64 }
+
+func newLoopState(world uint32) loopState {
+	members := make([]uint32, world)
+	for i := range members {
+		members[i] = uint32(i)
+	}
+	return loopState{members: members, shapes: map[uint64]planShape{}}
+}
+
+// mainLoop handles commands in order and runs plans between them: every
+// command already queued is handled before a plan starts, so a round the
+// coordinator asked for is not held back by a whole chunk of training.
+// While a plan trains, commands queue; a stop interrupts the plan.
+func (w *worker) mainLoop(ctx context.Context) (clean bool, err error) {
+	w.beginWait(time.Now())
+	for {
+		c, ok := w.queue.tryPop()
+		if !ok {
+			if len(w.plans) > 0 && !w.throttled {
+				if err := w.runNextPlan(ctx); err != nil {
+					return false, err
+				}
+				continue
+			}
+			if c, err = w.queue.pop(ctx); err != nil {
+				return false, fmt.Errorf("wait for a command: %w", err)
+			}
+		}
+		exit, clean, err := w.handle(ctx, c)
+		if exit || err != nil {
+			return clean, err
+		}
+	}
+}
+
+// handle runs one command; exit reports that the worker is done.
+func (w *worker) handle(ctx context.Context, c command) (exit, clean bool, err error) {
+	if c.err != nil {
+		return true, false, c.err
+	}
+	w.prof.commands++
+	// Any command (heartbeats never get here) ends a throttle.
+	w.throttled = false
+	switch m := c.msg.(type) {
+	case *cohortv1.StartEpoch:
+		if m.GetPlan() == nil {
+			w.log.Warn("ignoring StartEpoch without a plan")
+			break
+		}
+		w.queuePlan(m.GetPlan())
+	case *cohortv1.Update:
+		w.log.Debug("update", "version", m.GetVersion(), "next_plan", m.GetNextPlan() != nil)
+		if m.GetNextPlan() != nil {
+			w.queuePlan(m.GetNextPlan())
+		}
+	case *cohortv1.Sync:
+		err = w.round(ctx, m)
+	case *cohortv1.Throttle:
+		w.throttled = true
+		w.log.Debug("throttled")
+	case *cohortv1.SetGlobalStep:
+		w.globalStep = m.GetGlobalStep()
+	case *cohortv1.Checkpoint:
+		if m.GetTargetRank() == w.o.Rank {
+			err = w.checkpoint(ctx, m)
+		}
+	case *cohortv1.Evaluate:
+		if m.GetTargetRank() == w.o.Rank {
+			err = w.evaluate(ctx, m)
+		}
+	case *cohortv1.ExtendPartition:
+		w.extend(m)
+	case *cohortv1.SetEpochCallbackRole:
+		r := m.GetRank()
+		w.role = &r
+	case *cohortv1.Shutdown:
+		w.log.Info("shutdown requested")
+		return true, true, nil
+	case *cohortv1.ShutdownWithSave:
+		w.log.Info("shutdown with save requested", "reason", m.GetReason(), "dir", m.GetDir(), "version", m.GetVersion())
+		return true, true, w.shutdownWithSave(ctx, m)
+	default:
+		w.log.Warn("ignoring an unexpected command", "type", fmt.Sprintf("%T", c.msg))
+	}
+	return false, false, err
+}
+
+func (w *worker) queuePlan(p *cohortv1.EpochPlan) {
+	shape := planShape{seed: p.GetSeed(), pickSpace: p.GetPickSpace()}
+	w.shapes[p.GetEpoch()] = shape
+	w.lastPlan = &shape
+	w.plans = append(w.plans, queuedPlan{plan: plugin.Plan{
+		Epoch:           p.GetEpoch(),
+		PartitionOffset: p.GetPartitionOffset(),
+		PartitionSize:   p.GetPartitionSize(),
+		Seed:            p.GetSeed(),
+		PickSpace:       p.GetPickSpace(),
+	}})
+}
+
+// extend queues an ExtendPartition range as a plan of its own, to run right
+// after the current plan (behind earlier extensions, ahead of later
+// chunks). The frame does not repeat the epoch's seed and pick space: they
+// come from a plan of that epoch, else from the latest plan, else from the
+// run's seed and the trainer's sample count.
+func (w *worker) extend(m *cohortv1.ExtendPartition) {
+	shape, ok := w.shapes[m.GetEpoch()]
+	switch {
+	case ok:
+	case w.lastPlan != nil:
+		shape = *w.lastPlan
+	default:
+		shape = planShape{seed: w.admit.GetSeed(), pickSpace: w.setup.Samples}
+	}
+	at := 0
+	for at < len(w.plans) && w.plans[at].extension {
+		at++
+	}
+	w.plans = slices.Insert(w.plans, at, queuedPlan{extension: true, plan: plugin.Plan{
+		Epoch:           m.GetEpoch(),
+		PartitionOffset: m.GetPartitionOffset(),
+		PartitionSize:   m.GetPartitionSize(),
+		Seed:            shape.seed,
+		PickSpace:       shape.pickSpace,
+	}})
+	w.log.Info("partition extended", "epoch", m.GetEpoch(), "offset", m.GetPartitionOffset(), "size", m.GetPartitionSize())
+}
+
+// planStats accumulates one plan's batches.
+type planStats struct {
+	batches, samples  uint64
+	loss              float64
+	computeMS, dataMS float64
+}
+
+// runNextPlan fires the epoch callback when due, trains the next plan,
+// forwarding each batch, and closes it with Metrics. A plan interrupted by
+// a stop sends no Metrics; the stop's command is in the queue.
+func (w *worker) runNextPlan(ctx context.Context) error {
+	p := w.plans[0].plan
+	w.plans = w.plans[1:]
+	p.GlobalStep = w.globalStep
+
+	w.endWait(time.Now())
+	defer func() { w.beginWait(time.Now()) }()
+	if err := w.fireEpochFn(ctx, p.Epoch); err != nil {
+		return err
+	}
+
+	var st planStats
+	report := func(b plugin.BatchReport) error {
+		st.batches++
+		st.samples += uint64(b.Samples)
+		st.loss += b.Loss
+		st.dataMS += b.DataMS
+		st.computeMS += max(b.BatchMS-b.DataMS, 0)
+		msg := &cohortv1.Batch{
+			Rank:      w.o.Rank,
+			Epoch:     p.Epoch,
+			BatchMs:   b.BatchMS,
+			DataMs:    b.DataMS,
+			StepCount: b.StepCount,
+			ParamNorm: b.ParamNorm,
+			BatchLoss: b.Loss,
+			Samples:   b.Samples,
+		}
+		if w.divergence != nil {
+			msg.SyncDivergence, w.divergence = w.divergence, nil
+		}
+		return w.send(w.stopCtx, msg)
+	}
+	start := time.Now()
+	err := w.trainer.Train(w.stopCtx, p, report)
+	elapsed := time.Since(start)
+	w.prof.run += elapsed
+	w.prof.computeMS += st.computeMS
+	w.prof.dataMS += st.dataMS
+	w.prof.plans++
+	if err != nil {
+		if w.stopCtx.Err() != nil {
+			w.log.Info("plan interrupted", "epoch", p.Epoch, "batches_done", st.batches, "reason", context.Cause(w.stopCtx))
+			return nil
+		}
+		return fmt.Errorf("train epoch %d, plan [%d, +%d): %w", p.Epoch, p.PartitionOffset, p.PartitionSize, err)
+	}
+	m := &cohortv1.Metrics{
+		Rank:            w.o.Rank,
+		Epoch:           p.Epoch,
+		Batches:         st.batches,
+		Samples:         st.samples,
+		EpochMs:         ms(elapsed),
+		ComputeMs:       st.computeMS,
+		DataMs:          st.dataMS,
+		Resources:       w.lastSample.Load(),
+		PartitionOffset: p.PartitionOffset,
+		PartitionSize:   p.PartitionSize,
+	}
+	if st.batches > 0 {
+		m.AvgLoss = st.loss / float64(st.batches)
+	}
+	return w.send(ctx, m)
+}
+
+// fireEpochFn runs the epoch callback once per epoch, before the epoch's
+// first plan, on the rank that holds the role.
+func (w *worker) fireEpochFn(ctx context.Context, epoch uint64) error {
+	if w.fired != nil && *w.fired == epoch {
+		return nil
+	}
+	w.fired = &epoch
+	if w.role == nil || *w.role != w.o.Rank || w.o.EpochFn == nil {
+		return nil
+	}
+	start := time.Now()
+	if err := w.o.EpochFn(ctx, epoch); err != nil {
+		w.log.Warn("epoch callback failed", "epoch", epoch, "error", err)
+	}
+	return w.send(ctx, &cohortv1.EpochFnElapsed{Rank: w.o.Rank, Epoch: epoch, ElapsedMs: ms(time.Since(start))})
+}
+
+// round runs one averaging round (docs/protocol.md, "Averaging rounds").
+// A round that failed because a peer died (or because the worker is
+// stopping) is acknowledged as aborted and the worker carries on; any other
+// averaging failure ends the worker.
+func (w *worker) round(ctx context.Context, m *cohortv1.Sync) error {
+	start := time.Now()
+	n := m.GetRound()
+	if s := w.mailbox.take(); s != nil {
+		aborts := w.guard.aborts()
+		if err := w.averager.NewSession(ctx, *s); err != nil {
+			return fmt.Errorf("round %d: apply averaging session generation %d: %w", n, s.Generation, err)
+		}
+		w.members, w.sessionAborts = slices.Clone(s.Members), aborts
+		w.log.Info("averaging session applied", "generation", s.Generation, "members", s.Members, "new_rank", s.NewRank)
+	}
+	pub, err := w.trainer.Publish(ctx)
+	if err != nil {
+		return fmt.Errorf("round %d: publish parameters: %w", n, err)
+	}
+	w.pendingSteps += pub.Steps
+	if err := w.send(ctx, &cohortv1.SnapshotReady{Rank: w.o.Rank, Round: n}); err != nil {
+		return err
+	}
+	ack := &cohortv1.SyncAck{Rank: w.o.Rank, Round: n, StepCount: pub.StepCount, PreNorm: &pub.ParamNorm}
+
+	r := plugin.Round{Round: n, Steps: w.pendingSteps}
+	if m.GetMode() == cohortv1.SyncMode_SYNC_MODE_BROADCAST {
+		// Sync names the root by global rank; the averager counts in the
+		// session's ranks.
+		idx := slices.Index(w.members, m.GetRoot())
+		if idx < 0 {
+			return w.abortedAck(ctx, ack, start, fmt.Errorf("broadcast root %d is not a member of the session %v", m.GetRoot(), w.members))
+		}
+		r.Broadcast, r.Root = true, uint32(idx)
+	}
+
+	// A stop ends the round too: the coordinator gives up on a stalled
+	// round with ShutdownWithSave, which this rank must get to.
+	rctx, cancel := context.WithCancelCause(w.stopCtx)
+	w.guard.begin(cancel)
+	var res plugin.RoundResult
+	// Checked after begin, so a death either shows here or reaches the
+	// round through the watchdog: a peer that died while this rank was
+	// training would otherwise be waited for forever.
+	if dead := w.ledger.deadAmong(w.members); len(dead) > 0 {
+		err = fmt.Errorf("%w: session members %v are dead", errPeerDied, dead)
+	} else {
+		res, err = w.averager.Average(rctx, r)
+	}
+	abortedBy := w.guard.end()
+	cancel(nil)
+	if err != nil {
+		if abortedBy == nil && !errors.Is(err, errPeerDied) && w.guard.aborts() == w.sessionAborts && w.stopCtx.Err() == nil {
+			return fmt.Errorf("averaging round %d: %w", n, err)
+		}
+		return w.abortedAck(ctx, ack, start, err)
+	}
+
+	alpha := w.o.EASGDAlpha
+	if r.Broadcast {
+		alpha = 0 // every rank must take the root's values exactly
+	}
+	norm, err := w.trainer.Adopt(ctx, alpha)
+	if err != nil {
+		return fmt.Errorf("round %d: adopt averaged parameters: %w", n, err)
+	}
+	w.pendingSteps = 0
+	w.prof.rounds++
+	w.prof.lastAdopt = time.Now()
+	div := res.Divergence
+	w.divergence = &div
+	ack.Divergence = &div
+	ack.PostNorm = &norm
+	ack.Weight, ack.TotalWeight = res.Weight, res.TotalWeight
+	ack.BytesMoved = res.BytesMoved
+	ack.RoundMs = ms(time.Since(start))
+	w.log.Debug("round done", "round", n, "weight", res.Weight, "total_weight", res.TotalWeight, "divergence", div, "ms", ack.RoundMs)
+	return w.send(ctx, ack)
+}
+
+func (w *worker) abortedAck(ctx context.Context, ack *cohortv1.SyncAck, start time.Time, why error) error {
+	w.log.Warn("averaging round aborted", "round", ack.GetRound(), "reason", why)
+	ack.Aborted, ack.Error = true, why.Error()
+	ack.RoundMs = ms(time.Since(start))
+	return w.send(ctx, ack)
+}
+
+// checkpoint saves into the Checkpoint's dir and answers CheckpointResult.
+// A failed save is reported, not fatal: the coordinator decides.
+func (w *worker) checkpoint(ctx context.Context, m *cohortv1.Checkpoint) error {
+	start := time.Now()
+	files, err := w.save(ctx, m.GetDir())
+	res := &cohortv1.CheckpointResult{Rank: w.o.Rank, Version: m.GetVersion(), ElapsedMs: ms(time.Since(start)), Files: files}
+	if err != nil {
+		w.log.Error("checkpoint failed", "version", m.GetVersion(), "error", err)
+		res.Error = err.Error()
+	}
+	return w.send(ctx, res)
+}
+
+// shutdownWithSave saves into dir/rank-<r> and answers CheckpointResult.
+// An empty dir asks for no save. A failed save is reported to the
+// coordinator and returned.
+func (w *worker) shutdownWithSave(ctx context.Context, m *cohortv1.ShutdownWithSave) error {
+	w.saved = true
+	if m.GetDir() == "" {
+		w.log.Info("shutdown with save names no directory: nothing saved")
+		return nil
+	}
+	start := time.Now()
+	dir := filepath.Join(m.GetDir(), "rank-"+strconv.FormatUint(uint64(w.o.Rank), 10))
+	files, saveErr := w.save(ctx, dir)
+	res := &cohortv1.CheckpointResult{Rank: w.o.Rank, Version: m.GetVersion(), ElapsedMs: ms(time.Since(start)), Files: files}
+	if saveErr != nil {
+		res.Error = saveErr.Error()
+	} else {
+		w.log.Info("saved on shutdown", "dir", dir, "files", len(files))
+	}
+	return errors.Join(saveErr, w.send(ctx, res))
+}
+
+func (w *worker) save(ctx context.Context, dir string) ([]string, error) {
+	if dir == "" {
+		return nil, errors.New("save checkpoint: no directory given")
+	}
+	if !w.trainerReady {
+		return nil, errors.New("save checkpoint: the trainer is not set up")
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("save checkpoint: %w", err)
+	}
+	files, err := w.trainer.SaveCheckpoint(ctx, dir)
+	if err != nil {
+		return nil, fmt.Errorf("save checkpoint into %s: %w", dir, err)
+	}
+	return files, nil
+}
+
+// evaluate runs the trainer's evaluation and answers EvalResult; a failure
+// is reported (NaN loss and the error), not fatal.
+func (w *worker) evaluate(ctx context.Context, m *cohortv1.Evaluate) error {
+	start := time.Now()
+	r, err := w.trainer.Evaluate(ctx)
+	res := &cohortv1.EvalResult{Rank: w.o.Rank, ScheduleId: m.GetScheduleId(), Epoch: m.GetEpoch(), ElapsedMs: ms(time.Since(start))}
+	if err != nil {
+		w.log.Error("evaluation failed", "epoch", m.GetEpoch(), "error", err)
+		res.Loss, res.Error = math.NaN(), err.Error()
+	} else {
+		res.Loss, res.Accuracy, res.Samples = r.Loss, r.Accuracy, r.Samples
+	}
+	return w.send(ctx, res)
+}
+
+// send writes one frame, naming it in the error.
+func (w *worker) send(ctx context.Context, msg proto.Message) error {
+	if err := w.conn.Send(ctx, msg); err != nil {
+		return fmt.Errorf("send %s: %w", msg.ProtoReflect().Descriptor().Name(), err)
+	}
+	return nil
+}
+
+func isShutdown(m proto.Message) bool {
+	_, ok := m.(*cohortv1.Shutdown)
+	return ok
+}
+
+func isShutdownWithSave(m proto.Message) bool {
+	_, ok := m.(*cohortv1.ShutdownWithSave)
+	return ok
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

@@ -1,0 +1,202 @@
+package worker_test
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/cohortdl/cohort/core/config"
+	"github.com/cohortdl/cohort/core/pluginhost"
+	"github.com/cohortdl/cohort/core/worker"
+	"github.com/cohortdl/cohort/shared/plugintest"
+	cohortv1 "github.com/cohortdl/cohort/shared/proto/cohort/v1"
+)
+
+// Tests here run the mock plugins as real go-plugin processes.
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	plugintest.RemoveBuilds()
+	os.Exit(code)
+}
+
+// pluginDir returns a directory holding the mock plugin binaries.
+func pluginDir(t *testing.T) string {
+	t.Helper()
+	trainerBin, averagerBin := plugintest.BuildPlugins(t)
+	dir := t.TempDir()
+	for _, bin := range []string{trainerBin, averagerBin} {
+		if err := os.Symlink(bin, filepath.Join(dir, filepath.Base(bin))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+// expectGone fails unless every pid has exited (and been reaped).
+func expectGone(t *testing.T, pids []int) {
+	t.Helper()
+	for _, pid := range pids {
+		if err := syscall.Kill(pid, 0); !errors.Is(err, syscall.ESRCH) {
+			t.Errorf("plugin process %d outlived Run (kill 0: %v)", pid, err)
+		}
+	}
+}
+
+func pidsOf(t *testing.T, hp *worker.HostPlugins) (all []int, averager int) {
+	t.Helper()
+	for _, p := range hp.Processes() {
+		pid := p.Pid()
+		if pid == 0 {
+			t.Fatalf("%s plugin %s has no pid", p.Kind, p.Name)
+		}
+		all = append(all, pid)
+		if p.Kind == pluginhost.Averager {
+			averager = pid
+		}
+	}
+	if len(all) != 2 || averager == 0 {
+		t.Fatalf("want a trainer and an averager process, have %d processes", len(all))
+	}
+	return all, averager
+}
+
+// TestAveragerKilledMidRound: SIGKILL of the averager process while its
+// round waits for a peer is an averaging failure, not an abort: the worker
+// ends with an error within a few seconds, sends no Exiting, and leaves no
+// plugin process behind.
+func TestAveragerKilledMidRound(t *testing.T) {
+	dir := pluginDir(t)
+	c := newCoordinator(t)
+	o := c.options(0, 2, trainerSettings())
+	hp := worker.NewHostPlugins(pluginhost.Options{Dirs: []string{dir}, Grace: 2 * time.Second, Logger: testLogger()})
+	o.Plugins = hp
+	run := start(t, o)
+	l := c.accept(&cohortv1.Admit{RunId: "kill", Seed: 1, AveragingEndpoint: t.TempDir()})
+	expect[*cohortv1.Ready](l)
+	pids, averager := pidsOf(t, hp)
+
+	l.send(&cohortv1.StartEpoch{Plan: plan(0, 0, 32, 1, 256)})
+	expectPlan(l, 2)
+	l.send(&cohortv1.Sync{Round: 1, Mode: cohortv1.SyncMode_SYNC_MODE_AVERAGE})
+	expect[*cohortv1.SnapshotReady](l)
+	// Rank 1 never comes: the round is blocked.
+	if m := l.next(300 * time.Millisecond); m != nil {
+		t.Fatalf("the round ended without its peer: %s", describe(m))
+	}
+	if err := syscall.Kill(averager, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	killed := time.Now()
+	err := run.wait(15 * time.Second)
+	if d := time.Since(killed); d > 4*time.Second {
+		t.Errorf("worker took %v to end after its averager died", d)
+	}
+	if err == nil || !strings.Contains(err.Error(), "averaging round 1") {
+		t.Fatalf("Run = %v, want the averaging round's error", err)
+	}
+	if frames := l.drain(); hasExiting(frames) {
+		t.Fatalf("Exiting sent after an error exit")
+	}
+	expectGone(t, pids)
+	expectNoWorkerGoroutines(t)
+}
+
+// TestConfigChoosesAverager: the averager block's label is the only thing
+// that picks the backend. The same file with "mock" runs the mock plugin
+// processes through a clean shutdown; with "cpu" the worker finds and
+// launches cohort-averaging-cpu from the same plugin directory (here a fake
+// that records its environment and exits), without the run secret in its
+// environment.
+func TestConfigChoosesAverager(t *testing.T) {
+	dir := pluginDir(t)
+	envFile := filepath.Join(t.TempDir(), "cpu-env")
+	fake := fmt.Sprintf("#!/bin/sh\nenv > %q\nexit 1\n", envFile)
+	if err := os.WriteFile(filepath.Join(dir, "cohort-averaging-cpu"), []byte(fake), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("COHORT_SECRET", "must-not-reach-plugins")
+
+	file := func(averager string) []byte {
+		return fmt.Appendf(nil, `
+worker {
+  plugin_dir       = %q
+  liveness_timeout = "10s"
+  shutdown_grace   = "2s"
+}
+trainer "mock" {
+  samples      = 256
+  eval_samples = 64
+  features     = 8
+  batch_size   = 16
+  lr           = 0.1
+}
+averager %q {
+  poll = "5ms"
+}
+`, dir, averager)
+	}
+	cases := []struct {
+		averager string
+		wantBin  string
+		clean    bool
+	}{
+		{"mock", "cohort-averaging-mock", true},
+		{"cpu", "cohort-averaging-cpu", false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.averager, func(t *testing.T) {
+			cfg, err := config.Parse(file(tc.averager), "cohort.hcl")
+			if err != nil {
+				t.Fatal(err)
+			}
+			o := worker.FromConfig(cfg)
+			loc, err := pluginhost.Find(o.PluginDirs, pluginhost.Averager, o.Averager.Name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := filepath.Join(dir, tc.wantBin); loc.Path != want {
+				t.Fatalf("config picks %s, want %s", loc.Path, want)
+			}
+
+			c := newCoordinator(t)
+			o.Coordinator, o.Rank, o.World, o.Secret = c.addr(), 0, 1, testSecret
+			o.ArenaDir, o.Logger = t.TempDir(), testLogger()
+			o.Withhold = []string{"COHORT_SECRET"}
+			run := start(t, o)
+			l := c.accept(&cohortv1.Admit{RunId: "config", Seed: 1, AveragingEndpoint: t.TempDir()})
+			if !tc.clean {
+				err := run.wait(frameWait)
+				if err == nil || !strings.Contains(err.Error(), filepath.Join(dir, tc.wantBin)) {
+					t.Fatalf("Run = %v, want a failure to start %s", err, tc.wantBin)
+				}
+				env, err := os.ReadFile(envFile)
+				if err != nil {
+					t.Fatalf("the cpu plugin was not launched: %v", err)
+				}
+				if strings.Contains(string(env), "COHORT_SECRET=") {
+					t.Fatalf("the plugin saw COHORT_SECRET")
+				}
+				return
+			}
+			expect[*cohortv1.Ready](l)
+			l.send(&cohortv1.StartEpoch{Plan: plan(0, 0, 32, 1, 256)})
+			expectPlan(l, 2)
+			l.send(&cohortv1.Sync{Round: 0, Mode: cohortv1.SyncMode_SYNC_MODE_AVERAGE})
+			expect[*cohortv1.SnapshotReady](l)
+			if ack := expect[*cohortv1.SyncAck](l); ack.GetAborted() || ack.GetWeight() != 2 {
+				t.Fatalf("SyncAck = %v", ack)
+			}
+			l.send(&cohortv1.Shutdown{})
+			expect[*cohortv1.Exiting](l)
+			if err := run.wait(frameWait); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}

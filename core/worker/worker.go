@@ -1,0 +1,404 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/cohortdl/cohort/core/arena"
+	"github.com/cohortdl/cohort/core/pluginhost"
+	"github.com/cohortdl/cohort/core/resources"
+	"github.com/cohortdl/cohort/core/wire"
+	sharena "github.com/cohortdl/cohort/shared/arena"
+	"github.com/cohortdl/cohort/shared/plugin"
+	cohortv1 "github.com/cohortdl/cohort/shared/proto/cohort/v1"
+)
+
+// worker is one Run's state. Fields above mu are set during setup, before
+// the goroutines that read them start (or, for the averager, published
+// through avg); the main-loop fields are the main goroutine's alone.
+type worker struct {
+	o    Options
+	log  hclog.Logger
+	keys wire.Keys
+
+	conn    *wire.Conn
+	admit   *cohortv1.Admit
+	plugins Plugins
+	trainer plugin.Trainer
+	setup   plugin.TrainerSetup
+	arena   *arena.Arena
+	// trainerReady: configured and attached to the arena, so it can
+	// publish and save.
+	trainerReady bool
+	averager     plugin.Averager
+	avg          atomic.Pointer[plugin.Averager] // for the bridge and watchdog, once configured
+	sampler      *resources.Sampler
+	lastSample   atomic.Pointer[cohortv1.ResourceSample]
+
+	queue   *queue
+	ledger  *ledger
+	mailbox mailbox
+	guard   roundGuard
+
+	// stopCtx ends when the coordinator asks for shutdown or is lost: it
+	// interrupts setup and training. Commands already queued still run.
+	stopCtx context.Context
+	stop    context.CancelCauseFunc
+
+	inboundTask, heartbeatTask, samplerTask, watchdogTask *task
+
+	loopState
+}
+
+// Run is one rank's whole life: connect to the coordinator, join, set up
+// the plugins, serve commands until Shutdown, tear down. It returns nil
+// only on a clean exit (Shutdown or ShutdownWithSave handled and Exiting
+// sent); every goroutine and plugin it started is gone when it returns.
+func Run(ctx context.Context, o Options) error {
+	o, err := o.withDefaults()
+	if err != nil {
+		return fmt.Errorf("worker: %w", err)
+	}
+	keys, err := wire.DeriveKeys(o.Secret)
+	if err != nil {
+		return fmt.Errorf("worker: %w", err)
+	}
+	w := &worker{
+		o:      o,
+		log:    o.Logger.Named("worker").With("rank", o.Rank),
+		keys:   keys,
+		queue:  newQueue(),
+		ledger: newLedger(o.World),
+	}
+	w.loopState = newLoopState(o.World)
+	w.stopCtx, w.stop = context.WithCancelCause(ctx)
+	defer w.stop(nil)
+	clean, runErr := w.run(ctx)
+	return w.teardown(ctx, clean, runErr)
+}
+
+// averagerRef is the configured averager, or nil.
+func (w *worker) averagerRef() plugin.Averager {
+	if p := w.avg.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// run joins the cohort and serves commands; clean reports whether the
+// coordinator ended the worker by protocol (Exiting is due).
+func (w *worker) run(ctx context.Context) (clean bool, err error) {
+	w.conn, err = w.connect(w.stopCtx)
+	if err != nil {
+		return false, err
+	}
+	w.admit, err = w.awaitAdmit(w.stopCtx)
+	if errors.Is(err, errShutdownBeforeAdmit) {
+		w.log.Info("coordinator ended the run before admitting this rank")
+		return true, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	w.log.Info("admitted", "run", w.admit.GetRunId(), "seed", w.admit.GetSeed(), "resume", w.admit.GetResumeDir())
+
+	// From here, while the plugins start (a libtorch trainer may load for
+	// longer than the coordinator's heartbeat timeout), the coordinator
+	// must hear from this rank and this rank must notice a lost
+	// coordinator or its Shutdown. Heartbeat is the one frame sent before
+	// Ready.
+	w.inboundTask = goTask(ctx, w.inbound)
+	w.heartbeatTask = goTask(ctx, w.heartbeat)
+
+	if err := w.setUp(w.stopCtx); err != nil {
+		if w.stopCtx.Err() != nil {
+			// Setup was interrupted by a stop; the queue says which.
+			return w.finishInterrupted(ctx)
+		}
+		return false, err
+	}
+	w.watchdogTask = goTask(ctx, w.watchdog)
+	if err := w.sendReady(ctx); err != nil {
+		return false, err
+	}
+	if w.o.ResourceInterval > 0 {
+		w.sampler = resources.New(w.log.Named("resources"))
+		w.samplerTask = goTask(ctx, func(ctx context.Context) { w.sampleResources(ctx, w.sampler) })
+	}
+	return w.mainLoop(ctx)
+}
+
+// finishInterrupted handles the queue after an interrupted setup: the stop
+// that interrupted it decides how the worker ends.
+func (w *worker) finishInterrupted(ctx context.Context) (bool, error) {
+	for {
+		c, ok := w.queue.tryPop()
+		if !ok {
+			return false, fmt.Errorf("setup interrupted: %w", context.Cause(w.stopCtx))
+		}
+		switch {
+		case c.err != nil:
+			return false, c.err
+		case isShutdown(c.msg):
+			return true, nil
+		case isShutdownWithSave(c.msg):
+			m := c.msg.(*cohortv1.ShutdownWithSave)
+			return true, w.shutdownWithSave(ctx, m)
+		}
+	}
+}
+
+// setUp starts and configures the plugins and the arena, in the order of
+// docs/protocol.md: trainer, arena, attach, resume, averager.
+func (w *worker) setUp(ctx context.Context) error {
+	if w.o.Plugins != nil {
+		w.plugins = w.o.Plugins
+	} else {
+		w.plugins = NewHostPlugins(pluginhost.Options{
+			Dirs:     w.o.PluginDirs,
+			Logger:   w.o.Logger.Named("plugin"),
+			Grace:    w.o.ShutdownGrace,
+			Withhold: w.o.Withhold,
+		})
+	}
+	t, err := w.plugins.StartTrainer(ctx, w.o.Trainer.Name)
+	if err != nil {
+		return fmt.Errorf("start trainer plugin %q: %w", w.o.Trainer.Name, err)
+	}
+	w.trainer = t
+	a, err := w.plugins.StartAverager(ctx, w.o.Averager.Name)
+	if err != nil {
+		return fmt.Errorf("start averager plugin %q: %w", w.o.Averager.Name, err)
+	}
+	w.averager = a
+	if d, err := t.Describe(ctx); err == nil {
+		w.log.Debug("trainer plugin", "name", d.Name, "version", d.Version, "capabilities", d.Capabilities)
+	}
+	if d, err := a.Describe(ctx); err == nil {
+		w.log.Debug("averager plugin", "name", d.Name, "version", d.Version, "capabilities", d.Capabilities)
+	}
+
+	w.setup, err = t.Configure(ctx, plugin.TrainerConfig{
+		Rank:       w.o.Rank,
+		WorldSize:  w.o.World,
+		LocalRanks: w.o.LocalRanks,
+		Seed:       w.admit.GetSeed(),
+		Settings:   w.o.Trainer.Settings,
+	})
+	if err != nil {
+		return fmt.Errorf("configure trainer: %w", err)
+	}
+	w.arena, err = arena.Create(w.o.ArenaDir, "cohort-r"+strconv.FormatUint(uint64(w.o.Rank), 10), w.setup.Layout)
+	if err != nil {
+		return fmt.Errorf("trainer layout: %w", err)
+	}
+	zeroCopy, err := t.Attach(ctx, w.arena.Descriptor())
+	if err != nil {
+		return fmt.Errorf("attach trainer to arena %s: %w", w.arena.Path(), err)
+	}
+	w.trainerReady = true
+	w.log.Debug("arena ready", "path", w.arena.Path(), "bytes", w.setup.Layout.Size, "zero_copy", zeroCopy)
+
+	if dir := w.admit.GetResumeDir(); dir != "" {
+		from, err := resumeDir(dir, w.o.Rank)
+		if err != nil {
+			return err
+		}
+		steps, err := t.LoadCheckpoint(ctx, from)
+		if err != nil {
+			return fmt.Errorf("resume from %s: %w", from, err)
+		}
+		w.log.Info("resumed", "from", from, "step_count", steps)
+	}
+
+	dataKey, err := w.keys.Derive(DataKeyLabel)
+	if err != nil {
+		return fmt.Errorf("derive averaging data key: %w", err)
+	}
+	err = a.Configure(ctx, plugin.AveragerConfig{
+		Rank:      w.o.Rank,
+		WorldSize: w.o.World,
+		Arena:     w.arena.Descriptor(),
+		Endpoint:  w.admit.GetAveragingEndpoint(),
+		DataKey:   dataKey,
+		Settings:  w.o.Averager.Settings,
+		RunID:     w.admit.GetRunId(),
+	})
+	if err != nil {
+		return fmt.Errorf("configure averager: %w", err)
+	}
+	w.avg.Store(&a)
+	return nil
+}
+
+// resumeDir picks the checkpoint directory to load: dir/rank-<rank>, else
+// the lowest-numbered rank-* directory in dir (a cohort that grew, or a
+// checkpoint only some ranks wrote). Empty directories are passed over: the
+// coordinator makes one per rank before the ranks save, so an empty one is a
+// save that did not happen.
+func resumeDir(dir string, rank uint32) (string, error) {
+	own := filepath.Join(dir, "rank-"+strconv.FormatUint(uint64(rank), 10))
+	if nonEmptyDir(own) {
+		return own, nil
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return "", fmt.Errorf("resume: %w", err)
+	}
+	var ranks []uint64
+	for _, e := range entries {
+		num, ok := strings.CutPrefix(e.Name(), "rank-")
+		if !ok || !e.IsDir() || !nonEmptyDir(filepath.Join(dir, e.Name())) {
+			continue
+		}
+		if r, err := strconv.ParseUint(num, 10, 32); err == nil {
+			ranks = append(ranks, r)
+		}
+	}
+	if len(ranks) == 0 {
+		return "", fmt.Errorf("resume: %s holds no rank-<N> checkpoint directory with files", dir)
+	}
+	return filepath.Join(dir, "rank-"+strconv.FormatUint(slices.Min(ranks), 10)), nil
+}
+
+func nonEmptyDir(path string) bool {
+	f, err := os.Open(path)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	names, _ := f.Readdirnames(1)
+	return len(names) > 0
+}
+
+// sendReady tells the coordinator what this rank's trainer holds.
+func (w *worker) sendReady(ctx context.Context) error {
+	l := w.setup.Layout
+	var params uint64
+	for _, e := range l.Entries {
+		if e.Role != sharena.Parameter {
+			continue
+		}
+		n, err := e.Elements()
+		if err != nil {
+			return fmt.Errorf("trainer layout: %w", err)
+		}
+		params += n
+	}
+	digest := l.Digest()
+	err := w.conn.Send(ctx, &cohortv1.Ready{
+		Rank:           w.o.Rank,
+		Samples:        w.setup.Samples,
+		EvalSamples:    w.setup.EvalSamples,
+		ParameterCount: params,
+		ParameterBytes: l.Size,
+		LayoutDigest:   digest[:],
+		Trainer:        w.o.Trainer.Name,
+		Averager:       w.o.Averager.Name,
+		BatchSize:      w.setup.BatchSize,
+	})
+	if err != nil {
+		return fmt.Errorf("send Ready: %w", err)
+	}
+	w.log.Info("ready", "samples", w.setup.Samples, "parameters", params, "arena_bytes", l.Size)
+	return nil
+}
+
+// teardown ends the worker in the order floDl's ClusterWorker settled on
+// (behavior-notes §2.4): a queued save first (the coordinator may already
+// count on it), then abort the averager (a round stuck on a dead peer would
+// block the rest), publish the final parameters into the arena, announce
+// Exiting only on a clean exit (an error exit must stay visible as a
+// death), stop the goroutines, close the link, stop the plugins, remove the
+// arena. Teardown errors are logged; the result is the run's.
+func (w *worker) teardown(ctx context.Context, clean bool, runErr error) error {
+	tctx := context.WithoutCancel(ctx)
+	w.endWait(time.Now())
+	if runErr != nil {
+		w.log.Error("rank worker failed", "error", runErr)
+	}
+
+	// 1. A ShutdownWithSave the main loop never reached.
+	for {
+		c, ok := w.queue.tryPop()
+		if !ok {
+			break
+		}
+		if m, ok := c.msg.(*cohortv1.ShutdownWithSave); ok && !w.saved {
+			if err := w.shutdownWithSave(tctx, m); err != nil {
+				w.log.Error("save on ShutdownWithSave", "error", err)
+			}
+		}
+	}
+
+	// 2. Abort the averager.
+	if avg := w.averager; avg != nil {
+		actx, cancel := context.WithTimeout(tctx, min(abortTimeout, w.o.ShutdownGrace))
+		if err := avg.Abort(actx, "rank shutting down"); err != nil {
+			w.log.Debug("averager abort at teardown", "error", err)
+		}
+		cancel()
+	}
+
+	// 3. Final parameters into the arena.
+	if w.trainerReady {
+		pctx, cancel := context.WithTimeout(tctx, w.o.ShutdownGrace)
+		if _, err := w.trainer.Publish(pctx); err != nil {
+			w.log.Warn("publish final parameters", "error", err)
+		}
+		cancel()
+	}
+
+	// 4. Exiting, as the last frame: the periodic senders stop first.
+	w.samplerTask.stop()
+	w.heartbeatTask.stop()
+	if clean && w.conn != nil {
+		sctx, cancel := context.WithTimeout(tctx, w.o.ShutdownGrace)
+		if err := w.conn.Send(sctx, &cohortv1.Exiting{Rank: w.o.Rank}); err != nil {
+			w.log.Warn("send Exiting", "error", err)
+		}
+		cancel()
+	}
+
+	// 5. The remaining goroutines, then the link.
+	w.watchdogTask.stop()
+	w.inboundTask.stop()
+	if w.conn != nil {
+		if err := w.conn.Close(); err != nil {
+			w.log.Debug("close control link", "error", err)
+		}
+	}
+	if w.sampler != nil {
+		w.sampler.Close()
+	}
+
+	w.logProfile()
+
+	// 6. The plugins, then the arena they mapped.
+	if w.plugins != nil {
+		sctx, cancel := context.WithTimeout(tctx, 2*w.o.ShutdownGrace+5*time.Second)
+		if err := w.plugins.StopAll(sctx); err != nil {
+			w.log.Warn("stop plugins", "error", err)
+		}
+		cancel()
+	}
+	if w.arena != nil {
+		if err := w.arena.Remove(); err != nil {
+			w.log.Warn("remove arena", "error", err)
+		}
+	}
+	if runErr == nil {
+		w.log.Info("rank worker exited", "clean", clean)
+	}
+	return runErr
+}

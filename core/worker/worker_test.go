@@ -1,0 +1,773 @@
+package worker_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/cohortdl/cohort/core/config"
+	"github.com/cohortdl/cohort/core/worker"
+	"github.com/cohortdl/cohort/shared/plugin"
+	"github.com/cohortdl/cohort/shared/plugintest"
+	cohortv1 "github.com/cohortdl/cohort/shared/proto/cohort/v1"
+)
+
+// TestEpochWithTwoRounds runs two ranks through formation, the initial
+// broadcast and one epoch in two chunks with a round after each: the ranks
+// hold bitwise equal parameters after every round, the epoch callback fires
+// once on the elected rank only, and Shutdown ends both cleanly.
+func TestEpochWithTwoRounds(t *testing.T) {
+	c := newCoordinator(t)
+	const world = 2
+	var trainers [world]*plugintest.Trainer
+	var fired [world]atomic.Int32
+	var runs [world]*running
+	for r := range uint32(world) {
+		o := c.options(r, world, trainerSettings())
+		trainers[r] = inProcess(&o)
+		o.EpochFn = func(_ context.Context, epoch uint64) error {
+			if epoch != 0 {
+				t.Errorf("epoch callback for epoch %d, want 0", epoch)
+			}
+			fired[r].Add(1)
+			return nil
+		}
+		runs[r] = start(t, o)
+	}
+	admit := &cohortv1.Admit{RunId: "two-rounds", Seed: 7, AveragingEndpoint: t.TempDir(), Epochs: 1}
+	links := c.acceptAll(world, admit)
+
+	var digest []byte
+	for _, l := range links {
+		ready := expect[*cohortv1.Ready](l)
+		if ready.GetRank() != l.rank || ready.GetSamples() != 256 || ready.GetBatchSize() != 16 || ready.GetParameterCount() != 9 {
+			t.Fatalf("rank %d Ready = %v", l.rank, ready)
+		}
+		if digest != nil && string(digest) != string(ready.GetLayoutDigest()) {
+			t.Fatalf("layout digests differ between ranks")
+		}
+		digest = ready.GetLayoutDigest()
+	}
+
+	sync := func(round uint64, mode cohortv1.SyncMode) []*cohortv1.SyncAck {
+		t.Helper()
+		for _, l := range links {
+			l.send(&cohortv1.Sync{Round: round, Mode: mode, Root: 0})
+		}
+		acks := make([]*cohortv1.SyncAck, world)
+		for i, l := range links {
+			if sr := expect[*cohortv1.SnapshotReady](l); sr.GetRound() != round {
+				t.Fatalf("SnapshotReady for round %d, want %d", sr.GetRound(), round)
+			}
+			acks[i] = expect[*cohortv1.SyncAck](l)
+			if acks[i].GetAborted() || acks[i].GetRound() != round {
+				t.Fatalf("rank %d ack = %v", l.rank, acks[i])
+			}
+		}
+		w0, _, _, _ := trainers[0].Snapshot()
+		w1, _, _, _ := trainers[1].Snapshot()
+		if !slices.Equal(w0, w1) {
+			t.Fatalf("after round %d the ranks' weights differ:\n%v\n%v", round, w0, w1)
+		}
+		return acks
+	}
+
+	for _, l := range links {
+		l.send(&cohortv1.SetEpochCallbackRole{Rank: 0})
+	}
+	sync(0, cohortv1.SyncMode_SYNC_MODE_BROADCAST)
+
+	// Each rank's partition of 128 samples, in two chunks of 4 batches.
+	chunk := func(r uint32, i uint64) *cohortv1.EpochPlan { return plan(0, uint64(r)*128+i*64, 64, 7, 256) }
+	for _, l := range links {
+		l.send(&cohortv1.Update{Version: 0})
+		l.send(&cohortv1.StartEpoch{Plan: chunk(l.rank, 0)})
+	}
+	if e := expect[*cohortv1.EpochFnElapsed](links[0]); e.GetEpoch() != 0 {
+		t.Fatalf("EpochFnElapsed = %v", e)
+	}
+	for _, l := range links {
+		m := expectPlan(l, 4)
+		if m.GetSamples() != 64 || m.GetPartitionOffset() != uint64(l.rank)*128 || m.GetPartitionSize() != 64 || !(m.GetAvgLoss() > 0) {
+			t.Fatalf("rank %d Metrics = %v", l.rank, m)
+		}
+	}
+	before, _, _, _ := trainers[0].Snapshot()
+	acks := sync(1, cohortv1.SyncMode_SYNC_MODE_AVERAGE)
+	for _, a := range acks {
+		// Four steps each, weighed steps^1.
+		if a.GetWeight() != 4 || a.GetTotalWeight() != 8 || a.Divergence == nil || a.GetStepCount() != 4 {
+			t.Fatalf("round 1 ack = %v", a)
+		}
+	}
+	after, _, _, _ := trainers[0].Snapshot()
+	if slices.Equal(before, after) {
+		t.Fatalf("round 1 left rank 0's weights as they were: nothing was averaged")
+	}
+
+	// The second chunk comes with the round's Update, as the sync policy
+	// dispatches it; same epoch, so no second callback.
+	for _, l := range links {
+		l.send(&cohortv1.Update{Version: 1, NextPlan: chunk(l.rank, 1)})
+	}
+	for _, l := range links {
+		b := expect[*cohortv1.Batch](l)
+		if b.SyncDivergence == nil {
+			t.Fatalf("rank %d: first Batch after a round carries no divergence", l.rank)
+		}
+		expectPlanRest(l, 1, 4)
+	}
+	sync(2, cohortv1.SyncMode_SYNC_MODE_AVERAGE)
+
+	for _, l := range links {
+		l.send(&cohortv1.Shutdown{})
+	}
+	for i, l := range links {
+		if e := expect[*cohortv1.Exiting](l); e.GetRank() != l.rank {
+			t.Fatalf("Exiting names rank %d", e.GetRank())
+		}
+		if err := runs[i].wait(frameWait); err != nil {
+			t.Fatalf("rank %d: Run = %v, want nil after Shutdown", i, err)
+		}
+	}
+	if fired[0].Load() != 1 || fired[1].Load() != 0 {
+		t.Fatalf("epoch callback fired %d times on rank 0 and %d on rank 1, want 1 and 0", fired[0].Load(), fired[1].Load())
+	}
+	expectNoWorkerGoroutines(t)
+}
+
+// TestThrottle parks a rank with a plan queued: coordinator heartbeats do
+// not wake it, the next command does.
+func TestThrottle(t *testing.T) {
+	c := newCoordinator(t)
+	ts := trainerSettings()
+	ts.SleepPerBatch = "20ms"
+	o := c.options(0, 1, ts)
+	inProcess(&o)
+	run := start(t, o)
+	l := c.accept(&cohortv1.Admit{RunId: "throttle", Seed: 3, AveragingEndpoint: t.TempDir()})
+	expect[*cohortv1.Ready](l)
+
+	l.send(&cohortv1.StartEpoch{Plan: plan(0, 0, 96, 3, 256)})
+	expect[*cohortv1.Batch](l)
+	// Both queue behind the plan in training.
+	l.send(&cohortv1.StartEpoch{Plan: plan(1, 0, 32, 3, 256)})
+	l.send(&cohortv1.Throttle{})
+	if m := expectPlanRest(l, 1, 6); m.GetEpoch() != 0 {
+		t.Fatalf("first Metrics is for epoch %d", m.GetEpoch())
+	}
+	for i := range 4 {
+		l.send(&cohortv1.CoordinatorHeartbeat{Sequence: uint64(i)})
+		if m := l.next(150 * time.Millisecond); m != nil {
+			t.Fatalf("a throttled rank sent %s", describe(m))
+		}
+	}
+	l.send(&cohortv1.SetGlobalStep{GlobalStep: 9})
+	if m := expectPlan(l, 2); m.GetEpoch() != 1 {
+		t.Fatalf("Metrics after the throttle is for epoch %d, want 1", m.GetEpoch())
+	}
+	l.send(&cohortv1.Shutdown{})
+	expect[*cohortv1.Exiting](l)
+	if err := run.wait(frameWait); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestExtendPartition: ranges appended during a plan run right after it,
+// in arrival order and ahead of a chunk queued before them, each with its
+// own Metrics, drawn from the same epoch permutation (no sample twice).
+func TestExtendPartition(t *testing.T) {
+	c := newCoordinator(t)
+	ts := trainerSettings()
+	ts.SleepPerBatch = "15ms"
+	ts.Ledger = filepath.Join(t.TempDir(), "ledger")
+	o := c.options(0, 1, ts)
+	tr := inProcess(&o)
+	run := start(t, o)
+	l := c.accept(&cohortv1.Admit{RunId: "extend", Seed: 5, AveragingEndpoint: t.TempDir()})
+	expect[*cohortv1.Ready](l)
+
+	l.send(&cohortv1.StartEpoch{Plan: plan(0, 0, 64, 5, 256)})
+	expect[*cohortv1.Batch](l)
+	l.send(&cohortv1.StartEpoch{Plan: plan(0, 64, 32, 5, 256)})
+	l.send(&cohortv1.ExtendPartition{Epoch: 0, PartitionOffset: 128, PartitionSize: 48})
+	l.send(&cohortv1.ExtendPartition{Epoch: 0, PartitionOffset: 200, PartitionSize: 32})
+
+	want := []struct{ offset, size, batches uint64 }{
+		{0, 64, 4}, // the plan in training (one batch already read)
+		{128, 48, 3},
+		{200, 32, 2},
+		{64, 32, 2},
+	}
+	for i, w := range want {
+		read := 0
+		if i == 0 {
+			read = 1
+		}
+		m := expectPlanRest(l, read, int(w.batches))
+		if m.GetPartitionOffset() != w.offset || m.GetPartitionSize() != w.size || m.GetSamples() != w.size {
+			t.Fatalf("plan %d: Metrics = %v, want offset %d size %d samples %d", i, m, w.offset, w.size, w.size)
+		}
+	}
+	if _, _, _, trained := tr.Snapshot(); trained != 176 {
+		t.Fatalf("trainer trained %d samples, want 176", trained)
+	}
+	l.send(&cohortv1.Shutdown{})
+	expect[*cohortv1.Exiting](l)
+	if err := run.wait(frameWait); err != nil {
+		t.Fatal(err)
+	}
+	lines, err := os.ReadFile(ts.Ledger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	for _, line := range strings.Split(strings.TrimSpace(string(lines)), "\n") {
+		if seen[line] {
+			t.Fatalf("sample %q trained twice: an extension used another permutation", line)
+		}
+		seen[line] = true
+	}
+	if len(seen) != 176 {
+		t.Fatalf("ledger holds %d samples, want 176", len(seen))
+	}
+}
+
+// TestDeclareDeadAbortsRound: with the peer never arriving, a round is
+// stuck until DeclareDead; then it is acknowledged as aborted, promptly, the
+// rank stays up, answers RequestSessionId, and completes the next round on
+// the new session, weighing the steps of the aborted round too.
+func TestDeclareDeadAbortsRound(t *testing.T) {
+	cases := []struct {
+		name string
+		// duringRound: DeclareDead while the round waits; otherwise while
+		// the rank trains, before the Sync is handled.
+		duringRound bool
+		// deaf: the averager ignores Abort (a backend that misses it), so
+		// only the worker's own means end the round.
+		deaf bool
+	}{
+		{"during the round", true, false},
+		{"before the round", false, false},
+		{"during the round, abort missed", true, true},
+		{"before the round, abort missed", false, true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newCoordinator(t)
+			ts := trainerSettings()
+			ts.SleepPerBatch = "20ms"
+			o := c.options(0, 2, ts)
+			if tc.deaf {
+				o.Plugins = worker.InProcess(plugintest.NewTrainer(nil), deafAverager{plugintest.NewAverager(nil)})
+			} else {
+				inProcess(&o)
+			}
+			run := start(t, o)
+			l := c.accept(&cohortv1.Admit{RunId: "dead", Seed: 1, AveragingEndpoint: t.TempDir()})
+			expect[*cohortv1.Ready](l)
+
+			l.send(&cohortv1.StartEpoch{Plan: plan(0, 0, 64, 1, 256)})
+			var sent time.Time
+			if !tc.duringRound {
+				expect[*cohortv1.Batch](l)
+				l.send(&cohortv1.DeclareDead{Rank: 1, Reason: "test"})
+				l.send(&cohortv1.Sync{Round: 1, Mode: cohortv1.SyncMode_SYNC_MODE_AVERAGE})
+				expectPlanRest(l, 1, 4)
+				expect[*cohortv1.SnapshotReady](l)
+				sent = time.Now()
+			} else {
+				expectPlan(l, 4)
+				l.send(&cohortv1.Sync{Round: 1, Mode: cohortv1.SyncMode_SYNC_MODE_AVERAGE})
+				expect[*cohortv1.SnapshotReady](l)
+				if m := l.next(300 * time.Millisecond); m != nil {
+					t.Fatalf("the round ended without its peer: %s", describe(m))
+				}
+				l.send(&cohortv1.DeclareDead{Rank: 1, Reason: "test"})
+				sent = time.Now()
+			}
+			ack := expect[*cohortv1.SyncAck](l)
+			if !ack.GetAborted() || ack.GetError() == "" || ack.GetRound() != 1 {
+				t.Fatalf("ack = %v, want aborted with a reason", ack)
+			}
+			if d := time.Since(sent); d > 2*time.Second {
+				t.Fatalf("abort took %v", d)
+			}
+
+			l.send(&cohortv1.RequestSessionId{Generation: 1})
+			sid := expect[*cohortv1.SessionIdGenerated](l)
+			if sid.GetGeneration() != 1 || len(sid.GetSessionId()) == 0 {
+				t.Fatalf("SessionIdGenerated = %v", sid)
+			}
+			l.send(&cohortv1.NewSession{Generation: 1, SessionId: sid.GetSessionId(), NewRank: 0, NewWorldSize: 1, Members: []uint32{0}})
+			l.send(&cohortv1.Sync{Round: 2, Mode: cohortv1.SyncMode_SYNC_MODE_AVERAGE})
+			expect[*cohortv1.SnapshotReady](l)
+			ack = expect[*cohortv1.SyncAck](l)
+			if ack.GetAborted() || ack.GetWeight() != 4 || ack.GetTotalWeight() != 4 {
+				t.Fatalf("round on the new session: ack = %v, want weight 4 of 4", ack)
+			}
+
+			l.send(&cohortv1.Shutdown{})
+			expect[*cohortv1.Exiting](l)
+			if err := run.wait(frameWait); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+// deafAverager is the mock averager with an Abort that does nothing.
+type deafAverager struct{ *plugintest.Averager }
+
+func (deafAverager) Abort(context.Context, string) error { return nil }
+
+// TestExit covers how a worker ends: only a clean Shutdown is announced
+// with Exiting and returns nil; a lost, silent or failing coordinator or
+// trainer is an error and sends no Exiting, within the liveness timeout.
+func TestExit(t *testing.T) {
+	cases := []struct {
+		name     string
+		settings func(*plugintest.TrainerSettings)
+		// act runs after Ready; the worker must then end within within.
+		act     func(l *link)
+		within  time.Duration
+		wantErr error // nil: a clean exit
+		anyErr  bool
+	}{
+		{
+			name:   "shutdown",
+			act:    func(l *link) { l.send(&cohortv1.Shutdown{}) },
+			within: 3 * time.Second,
+		},
+		{
+			name: "shutdown then the coordinator closes",
+			act: func(l *link) {
+				l.send(&cohortv1.Shutdown{})
+				l.raw.CloseWrite()
+			},
+			within: 3 * time.Second,
+		},
+		{
+			name: "coordinator silent",
+			act: func(l *link) {
+				l.send(&cohortv1.StartEpoch{Plan: plan(0, 0, 32, 1, 256)})
+			},
+			within:  2500 * time.Millisecond, // liveness timeout 1 s
+			wantErr: worker.ErrCoordinatorSilent,
+		},
+		{
+			name:    "link broken",
+			act:     func(l *link) { l.raw.CloseWrite() },
+			within:  2 * time.Second,
+			wantErr: worker.ErrLinkLost,
+		},
+		{
+			name:     "trainer fails",
+			settings: func(s *plugintest.TrainerSettings) { s.FailAfterBatches = 2 },
+			act:      func(l *link) { l.send(&cohortv1.StartEpoch{Plan: plan(0, 0, 128, 1, 256)}) },
+			within:   3 * time.Second,
+			anyErr:   true,
+		},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newCoordinator(t)
+			ts := trainerSettings()
+			if tc.settings != nil {
+				tc.settings(&ts)
+			}
+			o := c.options(0, 1, ts)
+			o.LivenessTimeout = time.Second
+			o.HeartbeatInterval = 100 * time.Millisecond
+			inProcess(&o)
+			run := start(t, o)
+			l := c.accept(&cohortv1.Admit{RunId: "exit", Seed: 1, AveragingEndpoint: t.TempDir()})
+			expect[*cohortv1.Ready](l)
+			acted := time.Now()
+			tc.act(l)
+			err := run.wait(tc.within + 5*time.Second)
+			if d := time.Since(acted); d > tc.within {
+				t.Errorf("worker took %v to end, want at most %v", d, tc.within)
+			}
+			frames := l.drain()
+			clean := tc.wantErr == nil && !tc.anyErr
+			switch {
+			case clean && err != nil:
+				t.Fatalf("Run = %v, want nil", err)
+			case !clean && err == nil:
+				t.Fatalf("Run = nil, want an error")
+			case tc.wantErr != nil && !errors.Is(err, tc.wantErr):
+				t.Fatalf("Run = %v, want %v", err, tc.wantErr)
+			}
+			// After a closed link nothing can be read back; otherwise
+			// Exiting must be there exactly for a clean exit.
+			if tc.name != "shutdown then the coordinator closes" && hasExiting(frames) != clean {
+				t.Fatalf("Exiting sent = %v, want %v", hasExiting(frames), clean)
+			}
+			expectNoWorkerGoroutines(t)
+		})
+	}
+}
+
+// TestShutdownWithSave: the rank saves into dir/rank-<r>, answers
+// CheckpointResult, then Exiting; a later run admitted with that directory
+// as resume_dir loads it, from its own rank's directory or else the lowest.
+func TestShutdownWithSave(t *testing.T) {
+	ckpt := t.TempDir()
+	var saved []float32
+	var savedSteps uint64
+	t.Run("save", func(t *testing.T) {
+		c := newCoordinator(t)
+		o := c.options(0, 1, trainerSettings())
+		tr := inProcess(&o)
+		run := start(t, o)
+		l := c.accept(&cohortv1.Admit{RunId: "save", Seed: 2, AveragingEndpoint: t.TempDir()})
+		expect[*cohortv1.Ready](l)
+		l.send(&cohortv1.StartEpoch{Plan: plan(0, 0, 64, 2, 256)})
+		expectPlan(l, 4)
+		l.send(&cohortv1.ShutdownWithSave{Reason: cohortv1.ShutdownReason_SHUTDOWN_REASON_INTERRUPTED, Dir: ckpt, Version: 3})
+		res := expect[*cohortv1.CheckpointResult](l)
+		want := filepath.Join(ckpt, "rank-0", plugintest.CheckpointFile)
+		if res.GetVersion() != 3 || res.GetError() != "" || !slices.Equal(res.GetFiles(), []string{want}) {
+			t.Fatalf("CheckpointResult = %v, want version 3 and file %s", res, want)
+		}
+		if _, err := os.Stat(want); err != nil {
+			t.Fatalf("checkpoint file: %v", err)
+		}
+		expect[*cohortv1.Exiting](l)
+		if err := run.wait(frameWait); err != nil {
+			t.Fatal(err)
+		}
+		saved, _, savedSteps, _ = tr.Snapshot()
+	})
+	if saved == nil {
+		t.FailNow()
+	}
+	for _, rw := range []struct{ rank, world uint32 }{{0, 1}, {1, 2}} {
+		t.Run("resume", func(t *testing.T) {
+			c := newCoordinator(t)
+			o := c.options(rw.rank, rw.world, trainerSettings())
+			tr := inProcess(&o)
+			run := start(t, o)
+			l := c.accept(&cohortv1.Admit{RunId: "resume", Seed: 2, AveragingEndpoint: t.TempDir(), ResumeDir: ckpt})
+			expect[*cohortv1.Ready](l)
+			w, _, steps, _ := tr.Snapshot()
+			if !slices.Equal(w, saved) || steps != savedSteps {
+				t.Fatalf("rank %d resumed weights %v (%d steps), want %v (%d steps)", rw.rank, w, steps, saved, savedSteps)
+			}
+			l.send(&cohortv1.Shutdown{})
+			expect[*cohortv1.Exiting](l)
+			if err := run.wait(frameWait); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+// TestCheckpointAndEvaluate: only the target rank answers, with a result
+// that says what happened.
+func TestCheckpointAndEvaluate(t *testing.T) {
+	c := newCoordinator(t)
+	o := c.options(0, 1, trainerSettings())
+	inProcess(&o)
+	run := start(t, o)
+	l := c.accept(&cohortv1.Admit{RunId: "ckpt", Seed: 2, AveragingEndpoint: t.TempDir()})
+	expect[*cohortv1.Ready](l)
+	dir := filepath.Join(t.TempDir(), "v1", "rank-0")
+
+	l.send(&cohortv1.Checkpoint{Version: 1, TargetRank: 3, Dir: dir})
+	l.send(&cohortv1.Evaluate{ScheduleId: 1, Epoch: 1, TargetRank: 3})
+	l.send(&cohortv1.Checkpoint{Version: 1, TargetRank: 0, Dir: dir})
+	res := expect[*cohortv1.CheckpointResult](l)
+	if res.GetVersion() != 1 || res.GetError() != "" || len(res.GetFiles()) != 1 {
+		t.Fatalf("CheckpointResult = %v", res)
+	}
+	if _, err := os.Stat(res.GetFiles()[0]); err != nil {
+		t.Fatal(err)
+	}
+	l.send(&cohortv1.Checkpoint{Version: 2, TargetRank: 0, Dir: ""})
+	if res := expect[*cohortv1.CheckpointResult](l); res.GetVersion() != 2 || res.GetError() == "" {
+		t.Fatalf("a save without a directory: CheckpointResult = %v, want an error", res)
+	}
+	l.send(&cohortv1.Evaluate{ScheduleId: 4, Epoch: 2, TargetRank: 0})
+	ev := expect[*cohortv1.EvalResult](l)
+	if ev.GetScheduleId() != 4 || ev.GetEpoch() != 2 || ev.GetSamples() != 64 || ev.Accuracy == nil || ev.GetError() != "" {
+		t.Fatalf("EvalResult = %v", ev)
+	}
+	l.send(&cohortv1.Shutdown{})
+	expect[*cohortv1.Exiting](l)
+	if err := run.wait(frameWait); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestShutdownInterruptsPlan: a Shutdown or ShutdownWithSave that arrives
+// while a plan trains cancels the plan (no Metrics for it) instead of
+// waiting for it to finish.
+func TestShutdownInterruptsPlan(t *testing.T) {
+	cases := []struct {
+		name string
+		msg  func(dir string) proto.Message
+	}{
+		{"shutdown", func(string) proto.Message { return &cohortv1.Shutdown{} }},
+		{"shutdown with save", func(dir string) proto.Message {
+			return &cohortv1.ShutdownWithSave{Dir: dir, Version: 1, Reason: cohortv1.ShutdownReason_SHUTDOWN_REASON_INTERRUPTED}
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newCoordinator(t)
+			ts := trainerSettings()
+			ts.SleepPerBatch = "100ms"
+			o := c.options(0, 1, ts)
+			inProcess(&o)
+			run := start(t, o)
+			l := c.accept(&cohortv1.Admit{RunId: "interrupt", Seed: 1, AveragingEndpoint: t.TempDir()})
+			expect[*cohortv1.Ready](l)
+			l.send(&cohortv1.StartEpoch{Plan: plan(0, 0, 256, 1, 256)}) // 16 batches: 1.6 s
+			expect[*cohortv1.Batch](l)
+			sent := time.Now()
+			msg := tc.msg(t.TempDir())
+			l.send(msg)
+			_, wantResult := msg.(*cohortv1.ShutdownWithSave)
+			gotResult := false
+			for {
+				m := l.next(frameWait)
+				if _, ok := m.(*cohortv1.Batch); ok {
+					continue // the batch in progress may still report
+				}
+				if r, ok := m.(*cohortv1.CheckpointResult); ok && !gotResult && r.GetError() == "" {
+					gotResult = true
+					continue
+				}
+				if _, ok := m.(*cohortv1.Exiting); !ok {
+					t.Fatalf("got %s, want Exiting", describe(m))
+				}
+				break
+			}
+			if gotResult != wantResult {
+				t.Fatalf("CheckpointResult before Exiting: %v, want %v", gotResult, wantResult)
+			}
+			if d := time.Since(sent); d > 600*time.Millisecond {
+				t.Fatalf("the plan was not interrupted: Exiting came %v after the shutdown", d)
+			}
+			if err := run.wait(frameWait); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+// TestEASGDBlend: under the async policy the averaged parameters are
+// blended into the local ones (so ranks stay apart), but a broadcast makes
+// every rank equal to the root.
+func TestEASGDBlend(t *testing.T) {
+	const alpha = 0.25
+	c := newCoordinator(t)
+	var trainers [2]*plugintest.Trainer
+	for r := range uint32(2) {
+		o := c.options(r, 2, trainerSettings())
+		o.EASGDAlpha = alpha
+		trainers[r] = inProcess(&o)
+		start(t, o)
+	}
+	links := c.acceptAll(2, &cohortv1.Admit{RunId: "easgd", Seed: 4, AveragingEndpoint: t.TempDir()})
+	round := func(n uint64, mode cohortv1.SyncMode) {
+		t.Helper()
+		for _, l := range links {
+			l.send(&cohortv1.Sync{Round: n, Mode: mode, Root: 1})
+		}
+		for _, l := range links {
+			expect[*cohortv1.SnapshotReady](l)
+			if ack := expect[*cohortv1.SyncAck](l); ack.GetAborted() {
+				t.Fatalf("ack = %v", ack)
+			}
+		}
+	}
+	for _, l := range links {
+		expect[*cohortv1.Ready](l)
+		l.send(&cohortv1.StartEpoch{Plan: plan(0, uint64(l.rank)*64, 64, 4, 256)})
+		expectPlan(l, 4)
+	}
+	round(0, cohortv1.SyncMode_SYNC_MODE_BROADCAST)
+	w0, _, _, _ := trainers[0].Snapshot()
+	w1, _, _, _ := trainers[1].Snapshot()
+	if !slices.Equal(w0, w1) {
+		t.Fatalf("a broadcast under EASGD left the ranks apart")
+	}
+	for _, l := range links {
+		l.send(&cohortv1.StartEpoch{Plan: plan(1, uint64(l.rank)*64, 64, 4, 256)})
+		expectPlan(l, 4)
+	}
+	w0, _, _, _ = trainers[0].Snapshot()
+	w1, _, _, _ = trainers[1].Snapshot()
+	round(1, cohortv1.SyncMode_SYNC_MODE_AVERAGE)
+	for r, local := range [][]float32{w0, w1} {
+		got, _, _, _ := trainers[r].Snapshot()
+		for j := range local {
+			// The mock averager's step-weighted mean (4 steps each), then
+			// the trainer's blend.
+			avg := float32((4*float64(w0[j]) + 4*float64(w1[j])) / 8)
+			want := float32((1-alpha)*float64(local[j]) + alpha*float64(avg))
+			if got[j] != want {
+				t.Fatalf("rank %d weight %d = %v, want %v (blend %v of local %v and mean %v)", r, j, got[j], want, alpha, local[j], avg)
+			}
+		}
+	}
+	for _, l := range links {
+		l.send(&cohortv1.Shutdown{})
+		expect[*cohortv1.Exiting](l)
+	}
+}
+
+// TestOddFrames: frames that make no sense are refused without harm, and
+// the worker carries on.
+func TestOddFrames(t *testing.T) {
+	c := newCoordinator(t)
+	o := c.options(0, 1, trainerSettings())
+	inProcess(&o)
+	run := start(t, o)
+	l := c.accept(&cohortv1.Admit{RunId: "odd", Seed: 1, AveragingEndpoint: t.TempDir()})
+	expect[*cohortv1.Ready](l)
+
+	l.send(&cohortv1.DeclareDead{Rank: 7})                                                 // no such rank
+	l.send(&cohortv1.StartEpoch{})                                                         // no plan
+	l.send(&cohortv1.Admit{RunId: "again"})                                                // a second Admit
+	l.send(&cohortv1.Evaluate{ScheduleId: 1, TargetRank: 1 << 31})                         // another rank's
+	l.send(&cohortv1.Sync{Round: 0, Mode: cohortv1.SyncMode_SYNC_MODE_BROADCAST, Root: 5}) // root not a member
+	expect[*cohortv1.SnapshotReady](l)
+	if ack := expect[*cohortv1.SyncAck](l); !ack.GetAborted() || !strings.Contains(ack.GetError(), "root 5") {
+		t.Fatalf("broadcast from a non-member: ack = %v, want aborted", ack)
+	}
+	// Still a working rank.
+	l.send(&cohortv1.StartEpoch{Plan: plan(0, 0, 32, 1, 256)})
+	expectPlan(l, 2)
+	l.send(&cohortv1.Sync{Round: 1, Mode: cohortv1.SyncMode_SYNC_MODE_AVERAGE})
+	expect[*cohortv1.SnapshotReady](l)
+	if ack := expect[*cohortv1.SyncAck](l); ack.GetAborted() || ack.GetWeight() != 2 {
+		t.Fatalf("ack = %v, want a completed round of weight 2", ack)
+	}
+	l.send(&cohortv1.Shutdown{})
+	expect[*cohortv1.Exiting](l)
+	if err := run.wait(frameWait); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestOptionsRefused: Run refuses options it cannot work with before it
+// touches the network.
+func TestOptionsRefused(t *testing.T) {
+	good := func() worker.Options {
+		return worker.Options{
+			Coordinator: "127.0.0.1:1", Rank: 0, World: 1, Secret: testSecret,
+			Trainer: config.Plugin{Name: "mock"}, Averager: config.Plugin{Name: "mock"},
+		}
+	}
+	cases := []struct {
+		name   string
+		change func(*worker.Options)
+		want   string
+	}{
+		{"no coordinator", func(o *worker.Options) { o.Coordinator = "" }, "no coordinator"},
+		{"rank out of range", func(o *worker.Options) { o.Rank = 1 }, "rank 1 out of range"},
+		{"empty world", func(o *worker.Options) { o.World = 0 }, "world size 0"},
+		{"short secret", func(o *worker.Options) { o.Secret = []byte("short") }, "secret is 5 bytes"},
+		{"no trainer", func(o *worker.Options) { o.Trainer.Name = "" }, "no trainer"},
+		{"no averager", func(o *worker.Options) { o.Averager.Name = "" }, "no averager"},
+		{"alpha above 1", func(o *worker.Options) { o.EASGDAlpha = 1.5 }, "EASGD alpha"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			o := good()
+			tc.change(&o)
+			err := worker.Run(context.Background(), o)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Run = %v, want an error containing %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// slowTrainer is the mock trainer with a Configure that takes a while, as a
+// libtorch trainer loading its model and data does.
+type slowTrainer struct {
+	*plugintest.Trainer
+	delay time.Duration
+}
+
+func (s slowTrainer) Configure(ctx context.Context, cfg plugin.TrainerConfig) (plugin.TrainerSetup, error) {
+	time.Sleep(s.delay)
+	return s.Trainer.Configure(ctx, cfg)
+}
+
+// TestHeartbeatDuringSetup: the rank's heartbeat starts at admission, so a
+// slow plugin setup is not mistaken for a dead rank by the coordinator.
+func TestHeartbeatDuringSetup(t *testing.T) {
+	c := newCoordinator(t)
+	o := c.options(0, 1, trainerSettings())
+	o.HeartbeatInterval = 50 * time.Millisecond
+	o.Plugins = worker.InProcess(slowTrainer{plugintest.NewTrainer(nil), 500 * time.Millisecond}, plugintest.NewAverager(nil))
+	run := start(t, o)
+	l := c.accept(&cohortv1.Admit{RunId: "slow", Seed: 1, AveragingEndpoint: t.TempDir()})
+	beats := 0
+	for ready := false; !ready; {
+		select {
+		case m := <-l.frames:
+			switch m.(type) {
+			case *cohortv1.Heartbeat:
+				beats++
+			case *cohortv1.Ready:
+				ready = true
+			default:
+				t.Fatalf("before Ready: %s", describe(m))
+			}
+		case <-time.After(frameWait):
+			t.Fatal("no Ready")
+		}
+	}
+	if beats < 3 {
+		t.Fatalf("%d heartbeats during a 500 ms setup, want at least 3", beats)
+	}
+	l.send(&cohortv1.Shutdown{})
+	expect[*cohortv1.Exiting](l)
+	if err := run.wait(frameWait); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestStopAbortsStalledRound: a round stuck with no death declared (the
+// coordinator gives up on a reduce stall) does not keep the rank from a
+// ShutdownWithSave: the round is acknowledged as aborted, the rank saves
+// and exits cleanly.
+func TestStopAbortsStalledRound(t *testing.T) {
+	c := newCoordinator(t)
+	o := c.options(0, 2, trainerSettings())
+	inProcess(&o)
+	run := start(t, o)
+	l := c.accept(&cohortv1.Admit{RunId: "stall", Seed: 1, AveragingEndpoint: t.TempDir()})
+	expect[*cohortv1.Ready](l)
+	l.send(&cohortv1.Sync{Round: 0, Mode: cohortv1.SyncMode_SYNC_MODE_BROADCAST, Root: 0})
+	expect[*cohortv1.SnapshotReady](l)
+	if m := l.next(200 * time.Millisecond); m != nil {
+		t.Fatalf("the round ended without its peer: %s", describe(m))
+	}
+	l.send(&cohortv1.ShutdownWithSave{Reason: cohortv1.ShutdownReason_SHUTDOWN_REASON_REDUCE_STALL, Dir: t.TempDir(), Version: 1})
+	if ack := expect[*cohortv1.SyncAck](l); !ack.GetAborted() {
+		t.Fatalf("ack = %v, want aborted", ack)
+	}
+	if res := expect[*cohortv1.CheckpointResult](l); res.GetError() != "" || len(res.GetFiles()) != 1 {
+		t.Fatalf("CheckpointResult = %v", res)
+	}
+	expect[*cohortv1.Exiting](l)
+	if err := run.wait(frameWait); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,13 @@
+// Package plugintest holds a mock trainer and a mock averager for testing the
+// core without libtorch or a real averaging backend, and helpers to run them
+// in-process or as real go-plugin processes.
+//
+// The mock trainer (Trainer) is a deterministic logistic regression on data
+// generated from the run's seed; the mock averager (Averager) computes a real
+// step-weighted average across the ranks of one host through files in a
+// shared directory. Both implement the contracts of shared/plugin, so the
+// same values can be checked in-process and through the gRPC adapters.
+// The binaries cmd/cohort-trainer-mock and cmd/cohort-averaging-mock serve
+// them; BuildPlugins builds those and StartTrainer and StartAverager launch
+// them under go-plugin.
+package plugintest

@@ -1,0 +1,158 @@
+package plugintest
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"time"
+)
+
+// Bounds of the mock trainer. MaxFeatures keeps a model at 32 MiB of f32
+// weights (the trainer holds 24 bytes per feature in all); MaxPickSpace
+// bounds a plan's permutation at 128 MiB.
+const (
+	MaxFeatures  = 1 << 23
+	MaxSamples   = 1 << 32
+	MaxPickSpace = 1 << 24
+)
+
+// TrainerSettings is the mock trainer's config block (TrainerConfig.Settings
+// as JSON). Zero-valued fields written explicitly are refused; omitted fields
+// take the defaults of DefaultTrainerSettings.
+type TrainerSettings struct {
+	Samples     uint64  `json:"samples"`
+	EvalSamples uint64  `json:"eval_samples"`
+	Features    int     `json:"features"`
+	BatchSize   uint32  `json:"batch_size"`
+	LR          float64 `json:"lr"`
+	// SleepPerBatch is a time.Duration string: every batch takes at least
+	// this long, to make a slow rank.
+	SleepPerBatch string `json:"sleep_per_batch,omitempty"`
+	// Ledger, when set, is a file to which every batch appends the sample
+	// indices it trained, one "rank epoch index" line each, in one write.
+	Ledger string `json:"ledger,omitempty"`
+	// NoiseStdout makes Configure print junk to stdout, through fmt and
+	// through a raw write(2) on fd 1, as native libraries do.
+	NoiseStdout bool `json:"noise_stdout,omitempty"`
+	// FailAfterBatches, when not 0, lets that many batches train in this
+	// process; every batch after them fails with an error.
+	FailAfterBatches uint64 `json:"fail_after_batches,omitempty"`
+}
+
+// DefaultTrainerSettings are the settings of an empty config block.
+func DefaultTrainerSettings() TrainerSettings {
+	return TrainerSettings{
+		Samples:       2048,
+		EvalSamples:   512,
+		Features:      16,
+		BatchSize:     32,
+		LR:            0.1,
+		SleepPerBatch: "0",
+	}
+}
+
+// JSON encodes s for TrainerConfig.Settings.
+func (s TrainerSettings) JSON() json.RawMessage {
+	b, err := json.Marshal(s)
+	if err != nil {
+		// Every field is a plain number, string or bool.
+		panic(fmt.Sprintf("plugintest: encode trainer settings: %v", err))
+	}
+	return b
+}
+
+// decodeStrict decodes raw into v (pre-filled with defaults), refusing
+// unknown keys and trailing data; empty or null input leaves v as it is.
+func decodeStrict(raw json.RawMessage, v any) error {
+	trimmed := bytes.TrimSpace(raw)
+	if len(trimmed) == 0 || bytes.Equal(trimmed, []byte("null")) {
+		return nil
+	}
+	dec := json.NewDecoder(bytes.NewReader(trimmed))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return err
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return errors.New("trailing data after the settings object")
+	}
+	return nil
+}
+
+// parseTrainerSettings decodes and checks a trainer config block.
+func parseTrainerSettings(raw json.RawMessage) (TrainerSettings, time.Duration, error) {
+	s := DefaultTrainerSettings()
+	if err := decodeStrict(raw, &s); err != nil {
+		return TrainerSettings{}, 0, fmt.Errorf("mock trainer settings: %w", err)
+	}
+	bad := func(format string, a ...any) (TrainerSettings, time.Duration, error) {
+		return TrainerSettings{}, 0, fmt.Errorf("mock trainer settings: "+format, a...)
+	}
+	switch {
+	case s.Samples == 0 || s.Samples > MaxSamples:
+		return bad("samples = %d, want 1..%d", s.Samples, uint64(MaxSamples))
+	case s.EvalSamples == 0 || s.EvalSamples > MaxSamples:
+		return bad("eval_samples = %d, want 1..%d", s.EvalSamples, uint64(MaxSamples))
+	case s.Features <= 0 || s.Features > MaxFeatures:
+		return bad("features = %d, want 1..%d", s.Features, MaxFeatures)
+	case s.BatchSize == 0:
+		return bad("batch_size = 0, want at least 1")
+	case !(s.LR > 0) || math.IsInf(s.LR, 0):
+		return bad("lr = %v, want a finite number above 0", s.LR)
+	}
+	if s.SleepPerBatch == "" {
+		s.SleepPerBatch = "0"
+	}
+	sleep, err := time.ParseDuration(s.SleepPerBatch)
+	if err != nil {
+		return bad("sleep_per_batch: %v", err)
+	}
+	if sleep < 0 {
+		return bad("sleep_per_batch = %v, want 0 or more", sleep)
+	}
+	return s, sleep, nil
+}
+
+// AveragerSettings is the mock averager's config block.
+type AveragerSettings struct {
+	// Gamma shapes a rank's weight: steps^gamma (0 when it made no steps).
+	Gamma float64 `json:"gamma"`
+	// Poll is a time.Duration string: how often a waiting round looks for
+	// its peers' files.
+	Poll string `json:"poll"`
+}
+
+// DefaultAveragerSettings are the settings of an empty config block.
+func DefaultAveragerSettings() AveragerSettings {
+	return AveragerSettings{Gamma: 1, Poll: "2ms"}
+}
+
+// JSON encodes s for AveragerConfig.Settings.
+func (s AveragerSettings) JSON() json.RawMessage {
+	b, err := json.Marshal(s)
+	if err != nil {
+		panic(fmt.Sprintf("plugintest: encode averager settings: %v", err))
+	}
+	return b
+}
+
+func parseAveragerSettings(raw json.RawMessage) (AveragerSettings, time.Duration, error) {
+	s := DefaultAveragerSettings()
+	if err := decodeStrict(raw, &s); err != nil {
+		return AveragerSettings{}, 0, fmt.Errorf("mock averager settings: %w", err)
+	}
+	if !(s.Gamma >= 0) || math.IsInf(s.Gamma, 0) {
+		return AveragerSettings{}, 0, fmt.Errorf("mock averager settings: gamma = %v, want a finite number, 0 or more", s.Gamma)
+	}
+	poll, err := time.ParseDuration(s.Poll)
+	if err != nil {
+		return AveragerSettings{}, 0, fmt.Errorf("mock averager settings: poll: %w", err)
+	}
+	if poll <= 0 || poll > time.Second {
+		return AveragerSettings{}, 0, fmt.Errorf("mock averager settings: poll = %v, want above 0 and at most 1s", poll)
+	}
+	return s, poll, nil
+}

@@ -1,0 +1,446 @@
+package plugintest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/cohortdl/cohort/shared/arena"
+	"github.com/cohortdl/cohort/shared/plugin"
+)
+
+// TrainerName is the name the mock trainer describes itself with.
+const TrainerName = "mock"
+
+// Positions of the mock model's tensors in its layout.
+const (
+	entryWeight = iota
+	entryBias
+	entryFeatureMean
+)
+
+// featureMeanRate is the per-sample rate of the exponential running mean
+// kept in the "feature_mean" buffer.
+const featureMeanRate = 0.01
+
+// paramNormEvery is how often (in steps) a batch report carries the norm.
+const paramNormEvery = 10
+
+// Trainer is the mock trainer: binary logistic regression (sigmoid, binary
+// cross-entropy, plain SGD) on data generated from the configured seed, the
+// same data on every rank.
+//
+// Its layout is "weight" [features] and "bias" [1] (parameters) and
+// "feature_mean" [features] (a buffer: the exponential running mean of the
+// features trained on, rate 0.01 per sample), all f32. Parameters live in Go
+// slices; Publish copies them into the arena and Adopt copies them back.
+// Plan.GlobalStep is not used: the learning rate is constant.
+//
+// A Trainer is safe for concurrent use; one Train runs at a time.
+type Trainer struct {
+	logger hclog.Logger
+
+	// trainMu is held by Train for its whole run.
+	trainMu sync.Mutex
+
+	mu       sync.Mutex
+	cfg      plugin.TrainerConfig
+	settings TrainerSettings
+	sleep    time.Duration
+	layout   arena.Layout
+	data     *dataset // nil until Configure
+	weight   []float32
+	bias     float32
+	mean     []float32
+	x        []float32 // one sample's features
+	grad     []float64 // one batch's weight gradient
+	steps    uint64    // optimizer steps in total
+	lastPub  uint64    // steps at the last Publish
+	trained  uint64    // samples trained in total
+	batches  uint64    // batches trained by this process, for fail_after_batches
+	mapping  *arena.Mapping
+	ledger   *os.File
+}
+
+var _ plugin.Trainer = (*Trainer)(nil)
+
+// NewTrainer makes an unconfigured mock trainer; logger may be nil.
+func NewTrainer(logger hclog.Logger) *Trainer {
+	if logger == nil {
+		logger = hclog.NewNullLogger()
+	}
+	return &Trainer{logger: logger}
+}
+
+// Describe names the mock.
+func (t *Trainer) Describe(context.Context) (plugin.Description, error) {
+	return plugin.Description{Name: TrainerName, Version: "1", Capabilities: []string{"cpu", "deterministic"}}, nil
+}
+
+// Configure parses the settings, generates the data set's true weights from
+// cfg.Seed and resets the model to zero. A trainer configured before drops
+// its arena and its state.
+func (t *Trainer) Configure(_ context.Context, cfg plugin.TrainerConfig) (plugin.TrainerSetup, error) {
+	if cfg.WorldSize == 0 || cfg.Rank >= cfg.WorldSize {
+		return plugin.TrainerSetup{}, fmt.Errorf("mock trainer: rank %d of a world of %d", cfg.Rank, cfg.WorldSize)
+	}
+	s, sleep, err := parseTrainerSettings(cfg.Settings)
+	if err != nil {
+		return plugin.TrainerSetup{}, err
+	}
+	layout, err := arena.Pack([]arena.Entry{
+		{Name: "weight", DType: arena.F32, Shape: []int64{int64(s.Features)}, Role: arena.Parameter},
+		{Name: "bias", DType: arena.F32, Shape: []int64{1}, Role: arena.Parameter},
+		{Name: "feature_mean", DType: arena.F32, Shape: []int64{int64(s.Features)}, Role: arena.Buffer},
+	})
+	if err != nil {
+		return plugin.TrainerSetup{}, fmt.Errorf("mock trainer: layout: %w", err)
+	}
+	var ledger *os.File
+	if s.Ledger != "" {
+		ledger, err = os.OpenFile(s.Ledger, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+		if err != nil {
+			return plugin.TrainerSetup{}, fmt.Errorf("mock trainer: ledger: %w", err)
+		}
+	}
+	if s.NoiseStdout {
+		printNoise("mock trainer Configure")
+	}
+	data := newDataset(cfg.Seed, s.Features)
+
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.releaseLocked()
+	t.cfg = cfg
+	t.cfg.Settings = append([]byte(nil), cfg.Settings...)
+	t.settings, t.sleep, t.layout, t.data = s, sleep, layout, data
+	t.weight = make([]float32, s.Features)
+	t.bias = 0
+	t.mean = make([]float32, s.Features)
+	t.x = make([]float32, s.Features)
+	t.grad = make([]float64, s.Features)
+	t.steps, t.lastPub, t.trained, t.batches = 0, 0, 0, 0
+	t.ledger = ledger
+	t.logger.Debug("configured", "rank", cfg.Rank, "world", cfg.WorldSize, "features", s.Features, "samples", s.Samples)
+	return plugin.TrainerSetup{Layout: layout, Samples: s.Samples, EvalSamples: s.EvalSamples, BatchSize: s.BatchSize}, nil
+}
+
+// releaseLocked closes the arena mapping and the ledger.
+func (t *Trainer) releaseLocked() error {
+	var errs []error
+	if t.mapping != nil {
+		errs = append(errs, t.mapping.Close())
+		t.mapping = nil
+	}
+	if t.ledger != nil {
+		errs = append(errs, t.ledger.Close())
+		t.ledger = nil
+	}
+	return errors.Join(errs...)
+}
+
+// Attach maps the arena; its layout must be the one Configure returned.
+// The mock copies on Publish and Adopt, so zeroCopy is false.
+func (t *Trainer) Attach(_ context.Context, d arena.Descriptor) (bool, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.data == nil {
+		return false, errors.New("mock trainer: Attach before Configure")
+	}
+	if d.Layout.Digest() != t.layout.Digest() {
+		return false, fmt.Errorf("mock trainer: arena %s has a different layout (%d entries, %d bytes) than the model (%d entries, %d bytes)",
+			d.Path, len(d.Layout.Entries), d.Layout.Size, len(t.layout.Entries), t.layout.Size)
+	}
+	m, err := arena.Open(d)
+	if err != nil {
+		return false, fmt.Errorf("mock trainer: %w", err)
+	}
+	if t.mapping != nil {
+		if err := t.mapping.Close(); err != nil {
+			t.logger.Warn("closing the previous arena", "error", err)
+		}
+	}
+	t.mapping = m
+	return false, nil
+}
+
+// Train runs the plan's slice of the epoch's permutation in batches of
+// batch_size (the last may be short), reporting after every batch (report
+// may be nil). ctx is checked between batches.
+func (t *Trainer) Train(ctx context.Context, plan plugin.Plan, report func(plugin.BatchReport) error) error {
+	if !t.trainMu.TryLock() {
+		return errors.New("mock trainer: Train is already running")
+	}
+	defer t.trainMu.Unlock()
+
+	t.mu.Lock()
+	configured := t.data != nil
+	samples, batchSize, sleep := t.settings.Samples, uint64(t.settings.BatchSize), t.sleep
+	t.mu.Unlock()
+	if !configured {
+		return errors.New("mock trainer: Train before Configure")
+	}
+	end := plan.PartitionOffset + plan.PartitionSize
+	switch {
+	case plan.PickSpace > MaxPickSpace:
+		return fmt.Errorf("mock trainer: pick space %d exceeds the mock's limit of %d", plan.PickSpace, MaxPickSpace)
+	case end < plan.PartitionOffset || end > plan.PickSpace:
+		return fmt.Errorf("mock trainer: partition [%d, +%d) does not fit a pick space of %d", plan.PartitionOffset, plan.PartitionSize, plan.PickSpace)
+	}
+	if plan.PartitionSize == 0 {
+		return nil
+	}
+	picks := Permutation(plan.Seed, plan.Epoch, plan.PickSpace)[plan.PartitionOffset:end]
+	idx := make([]uint64, 0, min(batchSize, plan.PartitionSize))
+	var line []byte
+	for b := uint64(0); len(picks) > 0; b++ {
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("mock trainer: stopped before batch %d: %w", b, err)
+		}
+		n := min(batchSize, uint64(len(picks)))
+		idx = idx[:0]
+		for _, p := range picks[:n] {
+			idx = append(idx, p%samples)
+		}
+		picks = picks[n:]
+		start := time.Now()
+		rep, err := t.step(idx)
+		if err != nil {
+			return err
+		}
+		rep.Batch = b
+		if sleep > 0 {
+			if err := sleepCtx(ctx, sleep-time.Since(start)); err != nil {
+				return fmt.Errorf("mock trainer: stopped in batch %d: %w", b, err)
+			}
+		}
+		rep.BatchMS = ms(time.Since(start))
+		if line, err = t.writeLedger(line, plan.Epoch, idx); err != nil {
+			return err
+		}
+		if report == nil {
+			continue
+		}
+		if err := report(rep); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// step trains one batch of sample indices with one SGD step.
+func (t *Trainer) step(idx []uint64) (plugin.BatchReport, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.data == nil {
+		return plugin.BatchReport{}, errors.New("mock trainer: shut down while training")
+	}
+	if f := t.settings.FailAfterBatches; f != 0 && t.batches >= f {
+		return plugin.BatchReport{}, fmt.Errorf("mock trainer: failing as told after %d batches (fail_after_batches)", f)
+	}
+	clear(t.grad)
+	var gradBias, loss float64
+	var data time.Duration
+	for _, i := range idx {
+		t0 := time.Now()
+		y := t.data.sample(splitTrain, i, t.x)
+		data += time.Since(t0)
+		z := float64(t.bias)
+		for j, v := range t.x {
+			z += float64(t.weight[j]) * float64(v)
+		}
+		loss += bce(z, y)
+		e := sigmoid(z) - y
+		gradBias += e
+		for j, v := range t.x {
+			t.grad[j] += e * float64(v)
+			t.mean[j] += featureMeanRate * (v - t.mean[j])
+		}
+	}
+	scale := t.settings.LR / float64(len(idx))
+	for j, g := range t.grad {
+		t.weight[j] = float32(float64(t.weight[j]) - scale*g)
+	}
+	t.bias = float32(float64(t.bias) - scale*gradBias)
+	t.steps++
+	t.batches++
+	t.trained += uint64(len(idx))
+	rep := plugin.BatchReport{
+		Samples:   uint32(len(idx)),
+		Loss:      loss / float64(len(idx)),
+		DataMS:    ms(data),
+		StepCount: t.steps,
+	}
+	if t.steps%paramNormEvery == 0 {
+		n := t.normLocked()
+		rep.ParamNorm = &n
+	}
+	return rep, nil
+}
+
+// writeLedger appends the batch's "rank epoch index" lines in one write.
+func (t *Trainer) writeLedger(buf []byte, epoch uint64, idx []uint64) ([]byte, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.ledger == nil {
+		return buf, nil
+	}
+	buf = buf[:0]
+	for _, i := range idx {
+		buf = strconv.AppendUint(buf, uint64(t.cfg.Rank), 10)
+		buf = append(buf, ' ')
+		buf = strconv.AppendUint(buf, epoch, 10)
+		buf = append(buf, ' ')
+		buf = strconv.AppendUint(buf, i, 10)
+		buf = append(buf, '\n')
+	}
+	if _, err := t.ledger.Write(buf); err != nil {
+		return buf, fmt.Errorf("mock trainer: ledger: %w", err)
+	}
+	return buf, nil
+}
+
+// normLocked is the L2 norm of the parameters (weight and bias).
+func (t *Trainer) normLocked() float64 {
+	s := float64(t.bias) * float64(t.bias)
+	for _, v := range t.weight {
+		s += float64(v) * float64(v)
+	}
+	return math.Sqrt(s)
+}
+
+// tensorsLocked views the arena's three tensors.
+func (t *Trainer) tensorsLocked(op string) (w, b, m []float32, err error) {
+	if t.mapping == nil {
+		return nil, nil, nil, fmt.Errorf("mock trainer: %s before Attach", op)
+	}
+	if w, err = t.mapping.Float32s(entryWeight); err == nil {
+		if b, err = t.mapping.Float32s(entryBias); err == nil {
+			m, err = t.mapping.Float32s(entryFeatureMean)
+		}
+	}
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("mock trainer: %s: %w", op, err)
+	}
+	return w, b, m, nil
+}
+
+// Publish copies parameters and buffer into the arena.
+func (t *Trainer) Publish(context.Context) (plugin.PublishResult, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	w, b, m, err := t.tensorsLocked("Publish")
+	if err != nil {
+		return plugin.PublishResult{}, err
+	}
+	copy(w, t.weight)
+	b[0] = t.bias
+	copy(m, t.mean)
+	res := plugin.PublishResult{Steps: t.steps - t.lastPub, StepCount: t.steps, ParamNorm: t.normLocked()}
+	t.lastPub = t.steps
+	return res, nil
+}
+
+// Adopt copies parameters and buffer from the arena; with blendAlpha in
+// (0,1) every value becomes (1-a)·local + a·arena instead (computed in
+// float64). blendAlpha 0 or 1 overwrites; outside [0,1] is an error.
+func (t *Trainer) Adopt(_ context.Context, blendAlpha float64) (float64, error) {
+	if !(blendAlpha >= 0 && blendAlpha <= 1) {
+		return 0, fmt.Errorf("mock trainer: blend alpha %v is outside [0, 1]", blendAlpha)
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	w, b, m, err := t.tensorsLocked("Adopt")
+	if err != nil {
+		return 0, err
+	}
+	if blendAlpha == 0 || blendAlpha == 1 {
+		copy(t.weight, w)
+		t.bias = b[0]
+		copy(t.mean, m)
+		return t.normLocked(), nil
+	}
+	blend := func(local, global float32) float32 {
+		return float32((1-blendAlpha)*float64(local) + blendAlpha*float64(global))
+	}
+	for j := range t.weight {
+		t.weight[j] = blend(t.weight[j], w[j])
+		t.mean[j] = blend(t.mean[j], m[j])
+	}
+	t.bias = blend(t.bias, b[0])
+	return t.normLocked(), nil
+}
+
+// Evaluate reports the mean loss and the accuracy on the eval split.
+func (t *Trainer) Evaluate(context.Context) (plugin.EvalResult, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.data == nil {
+		return plugin.EvalResult{}, errors.New("mock trainer: Evaluate before Configure")
+	}
+	var loss float64
+	var correct uint64
+	n := t.settings.EvalSamples
+	for i := uint64(0); i < n; i++ {
+		y := t.data.sample(splitEval, i, t.x)
+		z := float64(t.bias)
+		for j, v := range t.x {
+			z += float64(t.weight[j]) * float64(v)
+		}
+		loss += bce(z, y)
+		if (z >= 0) == (y == 1) {
+			correct++
+		}
+	}
+	acc := float64(correct) / float64(n)
+	return plugin.EvalResult{Loss: loss / float64(n), Accuracy: &acc, Samples: n}, nil
+}
+
+// Shutdown releases the arena and the ledger; the trainer must be
+// configured again before further use.
+func (t *Trainer) Shutdown(context.Context) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.data = nil
+	return t.releaseLocked()
+}
+
+// Snapshot copies the model's parameters and counters: steps is the
+// optimizer step count, trained the samples trained in total.
+func (t *Trainer) Snapshot() (weight, bias []float32, steps, trained uint64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return append([]float32(nil), t.weight...), []float32{t.bias}, t.steps, t.trained
+}
+
+// FeatureMean copies the model's buffer.
+func (t *Trainer) FeatureMean() []float32 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return append([]float32(nil), t.mean...)
+}
+
+// sleepCtx waits d (nothing when d <= 0) or until ctx ends.
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
+	}
+	tm := time.NewTimer(d)
+	defer tm.Stop()
+	select {
+	case <-tm.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// ms is d in milliseconds.
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
