@@ -411,6 +411,15 @@ func (w *worker) save(ctx context.Context, dir string) ([]string, error) {
 	if err != nil {
 		return nil, fmt.Errorf("save checkpoint into %s: %w", dir, err)
 	}
+	// The averager's own state (an outer optimizer's momentum) belongs to
+	// the same checkpoint, or a resumed run would not continue the same way.
+	if a := w.avg.Load(); a != nil {
+		more, err := (*a).SaveState(ctx, dir)
+		if err != nil {
+			return nil, fmt.Errorf("save averager state into %s: %w", dir, err)
+		}
+		files = append(files, more...)
+	}
 	return files, nil
 }
 

@@ -209,9 +209,9 @@ func (w *worker) setUp(ctx context.Context) error {
 	w.trainerReady = true
 	w.log.Debug("arena ready", "path", w.arena.Path(), "bytes", w.setup.Layout.Size, "zero_copy", zeroCopy)
 
+	var from string
 	if dir := w.admit.GetResumeDir(); dir != "" {
-		from, err := resumeDir(dir, w.o.Rank)
-		if err != nil {
+		if from, err = resumeDir(dir, w.o.Rank); err != nil {
 			return err
 		}
 		steps, err := t.LoadCheckpoint(ctx, from)
@@ -236,6 +236,11 @@ func (w *worker) setUp(ctx context.Context) error {
 	})
 	if err != nil {
 		return fmt.Errorf("configure averager: %w", err)
+	}
+	if from != "" {
+		if err := a.LoadState(ctx, from); err != nil {
+			return fmt.Errorf("resume averager state from %s: %w", from, err)
+		}
 	}
 	w.avg.Store(&a)
 	return nil

@@ -237,6 +237,25 @@ func TestAveragerRoundTrip(t *testing.T) {
 			},
 		},
 		{
+			name: "SaveState", op: "Averager.SaveState", method: "SaveState",
+			in:     "/ckpt/epoch-3/rank-1",
+			out:    []string{"/ckpt/epoch-3/rank-1/outer.bin"},
+			invoke: func(ctx context.Context, c Averager, in any) (any, error) { return c.SaveState(ctx, in.(string)) },
+		},
+		{
+			name: "SaveState/stateless", op: "Averager.SaveState", method: "SaveState",
+			in:     "/ckpt/epoch-3/rank-1",
+			out:    []string(nil),
+			invoke: func(ctx context.Context, c Averager, in any) (any, error) { return c.SaveState(ctx, in.(string)) },
+		},
+		{
+			name: "LoadState", op: "Averager.LoadState", method: "LoadState",
+			in: "/ckpt/epoch-3/rank-1",
+			invoke: func(ctx context.Context, c Averager, in any) (any, error) {
+				return nil, c.LoadState(ctx, in.(string))
+			},
+		},
+		{
 			name: "Shutdown", op: "Averager.Shutdown", method: "Shutdown",
 			invoke: func(ctx context.Context, c Averager, _ any) (any, error) { return nil, c.Shutdown(ctx) },
 		},

@@ -65,6 +65,21 @@ func (s *averagerServer) Abort(ctx context.Context, req *pb.AbortRequest) (*pb.A
 	return &pb.AbortResponse{}, nil
 }
 
+func (s *averagerServer) SaveState(ctx context.Context, req *pb.SaveCheckpointRequest) (*pb.SaveCheckpointResponse, error) {
+	files, err := s.impl.SaveState(ctx, req.GetDir())
+	if err != nil {
+		return nil, statusError(err)
+	}
+	return &pb.SaveCheckpointResponse{Files: files}, nil
+}
+
+func (s *averagerServer) LoadState(ctx context.Context, req *pb.LoadCheckpointRequest) (*pb.LoadStateResponse, error) {
+	if err := s.impl.LoadState(ctx, req.GetDir()); err != nil {
+		return nil, statusError(err)
+	}
+	return &pb.LoadStateResponse{}, nil
+}
+
 func (s *averagerServer) Shutdown(ctx context.Context, _ *pb.ShutdownRequest) (*pb.ShutdownResponse, error) {
 	if err := s.impl.Shutdown(ctx); err != nil {
 		return nil, statusError(err)
@@ -126,6 +141,22 @@ func (c *averagerClient) NewSession(ctx context.Context, s Session) error {
 func (c *averagerClient) Abort(ctx context.Context, reason string) error {
 	_, err := c.rpc.Abort(ctx, &pb.AbortRequest{Reason: reason})
 	return callError(ctx, "Averager.Abort", err)
+}
+
+func (c *averagerClient) SaveState(ctx context.Context, dir string) ([]string, error) {
+	resp, err := c.rpc.SaveState(ctx, &pb.SaveCheckpointRequest{Dir: dir})
+	if err != nil {
+		return nil, callError(ctx, "Averager.SaveState", err)
+	}
+	if files := resp.GetFiles(); len(files) > 0 {
+		return files, nil
+	}
+	return nil, nil
+}
+
+func (c *averagerClient) LoadState(ctx context.Context, dir string) error {
+	_, err := c.rpc.LoadState(ctx, &pb.LoadCheckpointRequest{Dir: dir})
+	return callError(ctx, "Averager.LoadState", err)
 }
 
 func (c *averagerClient) Shutdown(ctx context.Context) error {

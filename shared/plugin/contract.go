@@ -156,5 +156,11 @@ type Averager interface {
 	// Abort makes the in-flight round fail promptly. It is idempotent and
 	// safe to call concurrently with Average.
 	Abort(ctx context.Context, reason string) error
+	// SaveState writes the averager's own state (an outer optimizer's
+	// momentum, say) into dir, beside the trainer's checkpoint, and returns
+	// the files written; a stateless averager writes none. LoadState
+	// restores it; a directory without the averager's files leaves it fresh.
+	SaveState(ctx context.Context, dir string) (files []string, err error)
+	LoadState(ctx context.Context, dir string) error
 	Shutdown(ctx context.Context) error
 }

@@ -144,6 +144,16 @@ func (f *fakeAverager) Abort(ctx context.Context, reason string) error {
 	return err
 }
 
+func (f *fakeAverager) SaveState(ctx context.Context, dir string) ([]string, error) {
+	out, err := f.call(ctx, "SaveState", dir)
+	return as[[]string](out), err
+}
+
+func (f *fakeAverager) LoadState(ctx context.Context, dir string) error {
+	_, err := f.call(ctx, "LoadState", dir)
+	return err
+}
+
 func (f *fakeAverager) Shutdown(ctx context.Context) error {
 	_, err := f.call(ctx, "Shutdown", nil)
 	return err

@@ -298,6 +298,13 @@ func (a *Averager) NewSession(_ context.Context, s plugin.Session) error {
 	return nil
 }
 
+// SaveState writes nothing: the mock averager keeps no state between
+// rounds that a checkpoint would need.
+func (a *Averager) SaveState(context.Context, string) ([]string, error) { return nil, nil }
+
+// LoadState has nothing to restore.
+func (a *Averager) LoadState(context.Context, string) error { return nil }
+
 // Shutdown aborts any round in flight, waits for it to end and unmaps the
 // arena. The averager must be configured again before further use.
 func (a *Averager) Shutdown(context.Context) error {

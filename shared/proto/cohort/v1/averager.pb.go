@@ -619,6 +619,42 @@ func (*AbortResponse) Descriptor() ([]byte, []int) {
 	return file_cohort_v1_averager_proto_rawDescGZIP(), []int{9}
 }
 
+type LoadStateResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LoadStateResponse) Reset() {
+	*x = LoadStateResponse{}
+	mi := &file_cohort_v1_averager_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LoadStateResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LoadStateResponse) ProtoMessage() {}
+
+func (x *LoadStateResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cohort_v1_averager_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LoadStateResponse.ProtoReflect.Descriptor instead.
+func (*LoadStateResponse) Descriptor() ([]byte, []int) {
+	return file_cohort_v1_averager_proto_rawDescGZIP(), []int{10}
+}
+
 var File_cohort_v1_averager_proto protoreflect.FileDescriptor
 
 const file_cohort_v1_averager_proto_rawDesc = "" +
@@ -670,7 +706,8 @@ const file_cohort_v1_averager_proto_rawDesc = "" +
 	"\x12NewSessionResponse\"&\n" +
 	"\fAbortRequest\x12\x16\n" +
 	"\x06reason\x18\x01 \x01(\tR\x06reason\"\x0f\n" +
-	"\rAbortResponse2\x87\x04\n" +
+	"\rAbortResponse\"\x13\n" +
+	"\x11LoadStateResponse2\xa6\x05\n" +
 	"\bAverager\x12D\n" +
 	"\bDescribe\x12\x1a.cohort.v1.DescribeRequest\x1a\x1c.cohort.v1.PluginDescription\x12V\n" +
 	"\tConfigure\x12#.cohort.v1.AveragerConfigureRequest\x1a$.cohort.v1.AveragerConfigureResponse\x12@\n" +
@@ -678,7 +715,9 @@ const file_cohort_v1_averager_proto_rawDesc = "" +
 	"\fNewSessionId\x12\x1e.cohort.v1.NewSessionIdRequest\x1a\x1f.cohort.v1.NewSessionIdResponse\x12I\n" +
 	"\n" +
 	"NewSession\x12\x1c.cohort.v1.NewSessionRequest\x1a\x1d.cohort.v1.NewSessionResponse\x12:\n" +
-	"\x05Abort\x12\x17.cohort.v1.AbortRequest\x1a\x18.cohort.v1.AbortResponse\x12C\n" +
+	"\x05Abort\x12\x17.cohort.v1.AbortRequest\x1a\x18.cohort.v1.AbortResponse\x12P\n" +
+	"\tSaveState\x12 .cohort.v1.SaveCheckpointRequest\x1a!.cohort.v1.SaveCheckpointResponse\x12K\n" +
+	"\tLoadState\x12 .cohort.v1.LoadCheckpointRequest\x1a\x1c.cohort.v1.LoadStateResponse\x12C\n" +
 	"\bShutdown\x12\x1a.cohort.v1.ShutdownRequest\x1a\x1b.cohort.v1.ShutdownResponseB<Z:github.com/cohortdl/cohort/shared/proto/cohort/v1;cohortv1b\x06proto3"
 
 var (
@@ -693,7 +732,7 @@ func file_cohort_v1_averager_proto_rawDescGZIP() []byte {
 	return file_cohort_v1_averager_proto_rawDescData
 }
 
-var file_cohort_v1_averager_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
+var file_cohort_v1_averager_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_cohort_v1_averager_proto_goTypes = []any{
 	(*AveragerConfigureRequest)(nil),  // 0: cohort.v1.AveragerConfigureRequest
 	(*AveragerConfigureResponse)(nil), // 1: cohort.v1.AveragerConfigureResponse
@@ -705,30 +744,38 @@ var file_cohort_v1_averager_proto_goTypes = []any{
 	(*NewSessionResponse)(nil),        // 7: cohort.v1.NewSessionResponse
 	(*AbortRequest)(nil),              // 8: cohort.v1.AbortRequest
 	(*AbortResponse)(nil),             // 9: cohort.v1.AbortResponse
-	(*ArenaDescriptor)(nil),           // 10: cohort.v1.ArenaDescriptor
-	(*DescribeRequest)(nil),           // 11: cohort.v1.DescribeRequest
-	(*ShutdownRequest)(nil),           // 12: cohort.v1.ShutdownRequest
-	(*PluginDescription)(nil),         // 13: cohort.v1.PluginDescription
-	(*ShutdownResponse)(nil),          // 14: cohort.v1.ShutdownResponse
+	(*LoadStateResponse)(nil),         // 10: cohort.v1.LoadStateResponse
+	(*ArenaDescriptor)(nil),           // 11: cohort.v1.ArenaDescriptor
+	(*DescribeRequest)(nil),           // 12: cohort.v1.DescribeRequest
+	(*SaveCheckpointRequest)(nil),     // 13: cohort.v1.SaveCheckpointRequest
+	(*LoadCheckpointRequest)(nil),     // 14: cohort.v1.LoadCheckpointRequest
+	(*ShutdownRequest)(nil),           // 15: cohort.v1.ShutdownRequest
+	(*PluginDescription)(nil),         // 16: cohort.v1.PluginDescription
+	(*SaveCheckpointResponse)(nil),    // 17: cohort.v1.SaveCheckpointResponse
+	(*ShutdownResponse)(nil),          // 18: cohort.v1.ShutdownResponse
 }
 var file_cohort_v1_averager_proto_depIdxs = []int32{
-	10, // 0: cohort.v1.AveragerConfigureRequest.arena:type_name -> cohort.v1.ArenaDescriptor
-	11, // 1: cohort.v1.Averager.Describe:input_type -> cohort.v1.DescribeRequest
+	11, // 0: cohort.v1.AveragerConfigureRequest.arena:type_name -> cohort.v1.ArenaDescriptor
+	12, // 1: cohort.v1.Averager.Describe:input_type -> cohort.v1.DescribeRequest
 	0,  // 2: cohort.v1.Averager.Configure:input_type -> cohort.v1.AveragerConfigureRequest
 	2,  // 3: cohort.v1.Averager.Average:input_type -> cohort.v1.AverageRequest
 	4,  // 4: cohort.v1.Averager.NewSessionId:input_type -> cohort.v1.NewSessionIdRequest
 	6,  // 5: cohort.v1.Averager.NewSession:input_type -> cohort.v1.NewSessionRequest
 	8,  // 6: cohort.v1.Averager.Abort:input_type -> cohort.v1.AbortRequest
-	12, // 7: cohort.v1.Averager.Shutdown:input_type -> cohort.v1.ShutdownRequest
-	13, // 8: cohort.v1.Averager.Describe:output_type -> cohort.v1.PluginDescription
-	1,  // 9: cohort.v1.Averager.Configure:output_type -> cohort.v1.AveragerConfigureResponse
-	3,  // 10: cohort.v1.Averager.Average:output_type -> cohort.v1.AverageResponse
-	5,  // 11: cohort.v1.Averager.NewSessionId:output_type -> cohort.v1.NewSessionIdResponse
-	7,  // 12: cohort.v1.Averager.NewSession:output_type -> cohort.v1.NewSessionResponse
-	9,  // 13: cohort.v1.Averager.Abort:output_type -> cohort.v1.AbortResponse
-	14, // 14: cohort.v1.Averager.Shutdown:output_type -> cohort.v1.ShutdownResponse
-	8,  // [8:15] is the sub-list for method output_type
-	1,  // [1:8] is the sub-list for method input_type
+	13, // 7: cohort.v1.Averager.SaveState:input_type -> cohort.v1.SaveCheckpointRequest
+	14, // 8: cohort.v1.Averager.LoadState:input_type -> cohort.v1.LoadCheckpointRequest
+	15, // 9: cohort.v1.Averager.Shutdown:input_type -> cohort.v1.ShutdownRequest
+	16, // 10: cohort.v1.Averager.Describe:output_type -> cohort.v1.PluginDescription
+	1,  // 11: cohort.v1.Averager.Configure:output_type -> cohort.v1.AveragerConfigureResponse
+	3,  // 12: cohort.v1.Averager.Average:output_type -> cohort.v1.AverageResponse
+	5,  // 13: cohort.v1.Averager.NewSessionId:output_type -> cohort.v1.NewSessionIdResponse
+	7,  // 14: cohort.v1.Averager.NewSession:output_type -> cohort.v1.NewSessionResponse
+	9,  // 15: cohort.v1.Averager.Abort:output_type -> cohort.v1.AbortResponse
+	17, // 16: cohort.v1.Averager.SaveState:output_type -> cohort.v1.SaveCheckpointResponse
+	10, // 17: cohort.v1.Averager.LoadState:output_type -> cohort.v1.LoadStateResponse
+	18, // 18: cohort.v1.Averager.Shutdown:output_type -> cohort.v1.ShutdownResponse
+	10, // [10:19] is the sub-list for method output_type
+	1,  // [1:10] is the sub-list for method input_type
 	1,  // [1:1] is the sub-list for extension type_name
 	1,  // [1:1] is the sub-list for extension extendee
 	0,  // [0:1] is the sub-list for field type_name
@@ -747,7 +794,7 @@ func file_cohort_v1_averager_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cohort_v1_averager_proto_rawDesc), len(file_cohort_v1_averager_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   10,
+			NumMessages:   11,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -29,6 +29,8 @@ const (
 	Averager_NewSessionId_FullMethodName = "/cohort.v1.Averager/NewSessionId"
 	Averager_NewSession_FullMethodName   = "/cohort.v1.Averager/NewSession"
 	Averager_Abort_FullMethodName        = "/cohort.v1.Averager/Abort"
+	Averager_SaveState_FullMethodName    = "/cohort.v1.Averager/SaveState"
+	Averager_LoadState_FullMethodName    = "/cohort.v1.Averager/LoadState"
 	Averager_Shutdown_FullMethodName     = "/cohort.v1.Averager/Shutdown"
 )
 
@@ -46,6 +48,11 @@ type AveragerClient interface {
 	NewSession(ctx context.Context, in *NewSessionRequest, opts ...grpc.CallOption) (*NewSessionResponse, error)
 	// Abort unblocks the in-flight round, which then fails. Idempotent.
 	Abort(ctx context.Context, in *AbortRequest, opts ...grpc.CallOption) (*AbortResponse, error)
+	// SaveState writes the averager's own state (an outer optimizer's
+	// momentum, say) into a checkpoint directory; LoadState restores it.
+	// A stateless averager writes nothing.
+	SaveState(ctx context.Context, in *SaveCheckpointRequest, opts ...grpc.CallOption) (*SaveCheckpointResponse, error)
+	LoadState(ctx context.Context, in *LoadCheckpointRequest, opts ...grpc.CallOption) (*LoadStateResponse, error)
 	Shutdown(ctx context.Context, in *ShutdownRequest, opts ...grpc.CallOption) (*ShutdownResponse, error)
 }
 
@@ -117,6 +124,26 @@ func (c *averagerClient) Abort(ctx context.Context, in *AbortRequest, opts ...gr
 	return out, nil
 }
 
+func (c *averagerClient) SaveState(ctx context.Context, in *SaveCheckpointRequest, opts ...grpc.CallOption) (*SaveCheckpointResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SaveCheckpointResponse)
+	err := c.cc.Invoke(ctx, Averager_SaveState_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *averagerClient) LoadState(ctx context.Context, in *LoadCheckpointRequest, opts ...grpc.CallOption) (*LoadStateResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(LoadStateResponse)
+	err := c.cc.Invoke(ctx, Averager_LoadState_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *averagerClient) Shutdown(ctx context.Context, in *ShutdownRequest, opts ...grpc.CallOption) (*ShutdownResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(ShutdownResponse)
@@ -141,6 +168,11 @@ type AveragerServer interface {
 	NewSession(context.Context, *NewSessionRequest) (*NewSessionResponse, error)
 	// Abort unblocks the in-flight round, which then fails. Idempotent.
 	Abort(context.Context, *AbortRequest) (*AbortResponse, error)
+	// SaveState writes the averager's own state (an outer optimizer's
+	// momentum, say) into a checkpoint directory; LoadState restores it.
+	// A stateless averager writes nothing.
+	SaveState(context.Context, *SaveCheckpointRequest) (*SaveCheckpointResponse, error)
+	LoadState(context.Context, *LoadCheckpointRequest) (*LoadStateResponse, error)
 	Shutdown(context.Context, *ShutdownRequest) (*ShutdownResponse, error)
 	mustEmbedUnimplementedAveragerServer()
 }
@@ -169,6 +201,12 @@ func (UnimplementedAveragerServer) NewSession(context.Context, *NewSessionReques
 }
 func (UnimplementedAveragerServer) Abort(context.Context, *AbortRequest) (*AbortResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method Abort not implemented")
+}
+func (UnimplementedAveragerServer) SaveState(context.Context, *SaveCheckpointRequest) (*SaveCheckpointResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method SaveState not implemented")
+}
+func (UnimplementedAveragerServer) LoadState(context.Context, *LoadCheckpointRequest) (*LoadStateResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method LoadState not implemented")
 }
 func (UnimplementedAveragerServer) Shutdown(context.Context, *ShutdownRequest) (*ShutdownResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method Shutdown not implemented")
@@ -302,6 +340,42 @@ func _Averager_Abort_Handler(srv interface{}, ctx context.Context, dec func(inte
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Averager_SaveState_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SaveCheckpointRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AveragerServer).SaveState(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Averager_SaveState_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AveragerServer).SaveState(ctx, req.(*SaveCheckpointRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Averager_LoadState_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(LoadCheckpointRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AveragerServer).LoadState(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Averager_LoadState_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AveragerServer).LoadState(ctx, req.(*LoadCheckpointRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Averager_Shutdown_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(ShutdownRequest)
 	if err := dec(in); err != nil {
@@ -350,6 +424,14 @@ var Averager_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Abort",
 			Handler:    _Averager_Abort_Handler,
+		},
+		{
+			MethodName: "SaveState",
+			Handler:    _Averager_SaveState_Handler,
+		},
+		{
+			MethodName: "LoadState",
+			Handler:    _Averager_LoadState_Handler,
 		},
 		{
 			MethodName: "Shutdown",
