@@ -43,11 +43,14 @@ type Plan struct {
 	PartitionSize   uint64
 	Seed            uint64
 	PickSpace       uint64
-	GlobalStep      uint64
+	// GlobalStep is the cohort's optimizer step count before this plan;
+	// learning-rate schedules follow it, not the rank's own count.
+	GlobalStep uint64
 }
 
 // BatchReport describes one trained batch.
 type BatchReport struct {
+	// Batch is the batch's index within its plan, from 0.
 	Batch     uint64
 	Samples   uint32
 	Loss      float64
@@ -87,8 +90,10 @@ type Trainer interface {
 	Train(ctx context.Context, plan Plan, report func(BatchReport) error) error
 	// Publish makes the arena hold the current parameters.
 	Publish(ctx context.Context) (PublishResult, error)
-	// Adopt makes the model use the arena's parameters; blendAlpha in (0,1]
-	// blends local := (1-a)*local + a*arena instead of overwriting.
+	// Adopt makes the model use the arena's parameters; blendAlpha in (0,1)
+	// blends local := (1-a)*local + a*arena (local being the values at the
+	// last Publish) instead of overwriting; 0 and 1 overwrite, anything
+	// else is an error.
 	Adopt(ctx context.Context, blendAlpha float64) (paramNorm float64, err error)
 	Evaluate(ctx context.Context) (EvalResult, error)
 	SaveCheckpoint(ctx context.Context, dir string) (files []string, err error)
@@ -117,7 +122,9 @@ type Round struct {
 	// Steps since the last round; 0 weighs nothing.
 	Steps     uint64
 	Broadcast bool
-	Root      uint32
+	// Root is the broadcast root's rank in the current session (its
+	// Session.NewRank), not its global rank.
+	Root uint32
 }
 
 // RoundResult describes a finished round.
@@ -154,7 +161,8 @@ type Averager interface {
 	NewSessionID(ctx context.Context) ([]byte, error)
 	NewSession(ctx context.Context, s Session) error
 	// Abort makes the in-flight round fail promptly. It is idempotent and
-	// safe to call concurrently with Average.
+	// safe to call concurrently with Average; an aborted averager refuses
+	// rounds until the next NewSession.
 	Abort(ctx context.Context, reason string) error
 	// SaveState writes the averager's own state (an outer optimizer's
 	// momentum, say) into dir, beside the trainer's checkpoint, and returns
