@@ -306,6 +306,13 @@ func (h *Host) Stop(ctx context.Context, p *Process) error {
 			err = fmt.Errorf("shut down %s plugin %q: %w", p.Kind, p.Name, err)
 		}
 	}
+	if err != nil {
+		// go-plugin's Kill first asks the plugin to close over gRPC with no
+		// deadline, which never returns from a wedged plugin: kill it first.
+		if pid := p.Pid(); pid > 0 {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
 	p.client.Kill()
 	return err
 }

@@ -1,0 +1,115 @@
+package pluginhost_test
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/cohortdl/cohort/core/pluginhost"
+)
+
+func writeExe(t *testing.T, dir, name, body string) string {
+	t.Helper()
+	p := filepath.Join(dir, name)
+	if err := os.WriteFile(p, []byte(body), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func sumLine(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := sha256.Sum256(b)
+	return fmt.Sprintf("%s  %s\n", hex.EncodeToString(s[:]), filepath.Base(path))
+}
+
+func TestFindOrder(t *testing.T) {
+	first, second, onPath := t.TempDir(), t.TempDir(), t.TempDir()
+	writeExe(t, second, "cohort-averaging-cpu", "#!/bin/sh\n")
+	writeExe(t, onPath, "cohort-averaging-cpu", "#!/bin/sh\n")
+	writeExe(t, onPath, "cohort-trainer-mock", "#!/bin/sh\n")
+	// Not executable: skipped.
+	os.WriteFile(filepath.Join(first, "cohort-averaging-cpu"), []byte("x"), 0o644)
+	t.Setenv("PATH", onPath)
+
+	cases := []struct {
+		kind    pluginhost.Kind
+		name    string
+		wantDir string
+		wantErr string
+	}{
+		{pluginhost.Averager, "cpu", second, ""},
+		{pluginhost.Trainer, "mock", onPath, ""},
+		{pluginhost.Trainer, "nope", "", "no executable cohort-trainer-nope"},
+		{pluginhost.Averager, "../x", "", "invalid name"},
+		{pluginhost.Averager, "", "", "invalid name"},
+	}
+	for _, c := range cases {
+		t.Run(string(c.kind)+"/"+c.name, func(t *testing.T) {
+			loc, err := pluginhost.Find([]string{first, second}, c.kind, c.name)
+			if c.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), c.wantErr) {
+					t.Fatalf("Find = %+v, %v; want error containing %q", loc, err, c.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if filepath.Dir(loc.Path) != c.wantDir {
+				t.Fatalf("found %s, want it in %s", loc.Path, c.wantDir)
+			}
+			if loc.Checksum != nil {
+				t.Fatalf("checksum %x without a SHA256SUMS file", loc.Checksum)
+			}
+		})
+	}
+}
+
+func TestFindReadsSHA256SUMS(t *testing.T) {
+	dir := t.TempDir()
+	cpu := writeExe(t, dir, "cohort-averaging-cpu", "#!/bin/sh\necho cpu\n")
+	mock := writeExe(t, dir, "cohort-trainer-mock", "#!/bin/sh\necho mock\n")
+	os.WriteFile(filepath.Join(dir, pluginhost.SumsFile), []byte("# plugins\n"+sumLine(t, cpu)), 0o644)
+
+	loc, err := pluginhost.Find([]string{dir}, pluginhost.Averager, "cpu")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := sha256.Sum256([]byte("#!/bin/sh\necho cpu\n"))
+	if string(loc.Checksum) != string(want[:]) {
+		t.Fatalf("checksum %x, want %x", loc.Checksum, want)
+	}
+	if _, err := pluginhost.Find([]string{dir}, pluginhost.Trainer, "mock"); err == nil || !strings.Contains(err.Error(), "does not list cohort-trainer-mock") {
+		t.Fatalf("unlisted plugin: %v", err)
+	}
+	_ = mock
+
+	os.WriteFile(filepath.Join(dir, pluginhost.SumsFile), []byte("zz  cohort-averaging-cpu\n"), 0o644)
+	if _, err := pluginhost.Find([]string{dir}, pluginhost.Averager, "cpu"); err == nil || !strings.Contains(err.Error(), "not a SHA-256") {
+		t.Fatalf("malformed sums: %v", err)
+	}
+}
+
+func TestStartRefusesTamperedBinary(t *testing.T) {
+	dir := t.TempDir()
+	cpu := writeExe(t, dir, "cohort-averaging-cpu", "#!/bin/sh\nexit 0\n")
+	os.WriteFile(filepath.Join(dir, pluginhost.SumsFile), []byte(sumLine(t, cpu)), 0o644)
+	// The binary changes after its checksum was published.
+	writeExe(t, dir, "cohort-averaging-cpu", "#!/bin/sh\necho evil\n")
+
+	h := pluginhost.New(pluginhost.Options{Dirs: []string{dir}})
+	_, _, err := h.StartAverager(context.Background(), "cpu")
+	if err == nil || !strings.Contains(err.Error(), "does not match its SHA256SUMS entry") {
+		t.Fatalf("StartAverager of a tampered binary = %v", err)
+	}
+}

@@ -1,0 +1,134 @@
+package pluginhost_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/cohortdl/cohort/core/pluginhost"
+	"github.com/cohortdl/cohort/shared/plugintest"
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	plugintest.RemoveBuilds()
+	os.Exit(code)
+}
+
+func alive(pid int) bool {
+	if pid <= 0 {
+		return false
+	}
+	if err := syscall.Kill(pid, 0); err != nil {
+		return false
+	}
+	// A zombie still answers kill(0); it has exited all the same.
+	b, err := os.ReadFile(filepath.Join("/proc", itoa(pid), "stat"))
+	if err != nil {
+		return false
+	}
+	for i := 0; i < len(b); i++ {
+		if b[i] == ')' && i+2 < len(b) {
+			return b[i+2] != 'Z'
+		}
+	}
+	return true
+}
+
+func itoa(n int) string {
+	if n == 0 {
+		return "0"
+	}
+	var b []byte
+	for ; n > 0; n /= 10 {
+		b = append([]byte{byte('0' + n%10)}, b...)
+	}
+	return string(b)
+}
+
+// The host launches both mock plugins by name from a plugin directory,
+// talks to them, and stops them: Shutdown RPC first, then the process is
+// gone; StopAll afterwards has nothing left to do.
+func TestStartTalkStop(t *testing.T) {
+	trainerBin, averagerBin := plugintest.BuildPlugins(t)
+	dir := t.TempDir()
+	for _, bin := range []string{trainerBin, averagerBin} {
+		if err := os.Symlink(bin, filepath.Join(dir, filepath.Base(bin))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h := pluginhost.New(pluginhost.Options{Dirs: []string{dir}, Grace: 2 * time.Second, Env: []string{"GORACE=atexit_sleep_ms=0"}})
+	ctx := context.Background()
+
+	tr, tp, err := h.StartTrainer(ctx, plugintest.TrainerName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	av, ap, err := h.StartAverager(ctx, plugintest.AveragerName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d, err := tr.Describe(ctx); err != nil || d.Name == "" {
+		t.Fatalf("trainer Describe = %+v, %v", d, err)
+	}
+	if d, err := av.Describe(ctx); err != nil || d.Name == "" {
+		t.Fatalf("averager Describe = %+v, %v", d, err)
+	}
+	tpid, apid := tp.Pid(), ap.Pid()
+	if !alive(tpid) || !alive(apid) {
+		t.Fatalf("plugin pids %d %d not running", tpid, apid)
+	}
+
+	if err := h.Stop(ctx, tp); err != nil {
+		t.Fatalf("Stop trainer: %v", err)
+	}
+	if alive(tpid) {
+		t.Fatalf("trainer %d still running after Stop", tpid)
+	}
+	if err := h.StopAll(ctx); err != nil {
+		t.Fatalf("StopAll: %v", err)
+	}
+	if alive(apid) {
+		t.Fatalf("averager %d still running after StopAll", apid)
+	}
+	if err := h.Stop(ctx, tp); err != nil {
+		t.Fatalf("second Stop: %v", err)
+	}
+}
+
+// A plugin that does not answer Shutdown within the grace period is killed.
+func TestStopKillsAfterGrace(t *testing.T) {
+	trainerBin, _ := plugintest.BuildPlugins(t)
+	dir := t.TempDir()
+	os.Symlink(trainerBin, filepath.Join(dir, filepath.Base(trainerBin)))
+	h := pluginhost.New(pluginhost.Options{Dirs: []string{dir}, Grace: 300 * time.Millisecond, Env: []string{"GORACE=atexit_sleep_ms=0"}})
+	ctx := context.Background()
+	_, p, err := h.StartTrainer(ctx, plugintest.TrainerName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := p.Pid()
+	// Freeze it: the Shutdown RPC cannot be answered.
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	err = h.Stop(ctx, p)
+	if err == nil {
+		t.Fatal("Stop of a frozen plugin reported a clean shutdown")
+	}
+	if time.Since(start) > 10*time.Second {
+		t.Fatalf("Stop took %v", time.Since(start))
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for alive(pid) && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if alive(pid) {
+		syscall.Kill(pid, syscall.SIGKILL)
+		t.Fatalf("frozen plugin %d survived Stop", pid)
+	}
+}
