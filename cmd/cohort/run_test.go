@@ -1,0 +1,782 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/cohortdl/cohort/core/config"
+	"github.com/cohortdl/cohort/core/coordinator"
+	"github.com/cohortdl/cohort/shared/plugin"
+	"github.com/cohortdl/cohort/shared/plugintest"
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	plugintest.RemoveBuilds()
+	if cohortBuild.dir != "" {
+		os.RemoveAll(cohortBuild.dir)
+	}
+	os.Exit(code)
+}
+
+// cohortBuild is the one build of the cohort binary, with the mock plugins
+// in plugins/ beside it (where a worker looks first), per test binary.
+var cohortBuild struct {
+	once sync.Once
+	dir  string
+	err  error
+}
+
+// cohortBinary builds cmd/cohort and the mock plugins once and returns the
+// cohort binary's path.
+func cohortBinary(t *testing.T) string {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("builds and runs the cohort binary")
+	}
+	cohortBuild.once.Do(func() {
+		dir, err := os.MkdirTemp("", "cohort-run-test-")
+		if err != nil {
+			cohortBuild.err = err
+			return
+		}
+		cohortBuild.dir = dir
+		for _, b := range [][]string{
+			{"build", "-o", filepath.Join(dir, "cohort"), "github.com/cohortdl/cohort/cmd/cohort"},
+			{"build", "-o", filepath.Join(dir, "plugins") + string(filepath.Separator), plugintest.TrainerPackage, plugintest.AveragerPackage},
+		} {
+			out, err := exec.Command("go", b...).CombinedOutput()
+			if err != nil {
+				cohortBuild.err = fmt.Errorf("go %s: %w\n%s", strings.Join(b, " "), err, out)
+				return
+			}
+		}
+	})
+	if cohortBuild.err != nil {
+		t.Fatal(cohortBuild.err)
+	}
+	return filepath.Join(cohortBuild.dir, "cohort")
+}
+
+// proc is a running `cohort run`: its stdout lines arrive on lines, its
+// stderr is kept for the failure message.
+type proc struct {
+	t      *testing.T
+	cmd    *exec.Cmd
+	lines  chan string
+	stdout []string
+	stderr *lockedWriter
+	mu     sync.Mutex
+	done   chan struct{}
+	code   int
+}
+
+func startCohort(t *testing.T, args ...string) *proc {
+	t.Helper()
+	p := &proc{t: t, lines: make(chan string, 1024), done: make(chan struct{})}
+	p.cmd = exec.Command(cohortBinary(t), args...)
+	p.cmd.Dir = t.TempDir()
+	p.cmd.Env = append(os.Environ(), envSecret+"=", envSecretFile+"=")
+	p.stderr = &lockedWriter{w: &bytes.Buffer{}}
+	p.cmd.Stderr = p.stderr
+	out, err := p.cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		defer close(p.done)
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			p.mu.Lock()
+			p.stdout = append(p.stdout, sc.Text())
+			p.mu.Unlock()
+			select {
+			case p.lines <- sc.Text():
+			default:
+			}
+		}
+		p.cmd.Wait()
+		p.code = p.cmd.ProcessState.ExitCode()
+	}()
+	t.Cleanup(func() {
+		p.cmd.Process.Kill()
+		<-p.done
+		if t.Failed() {
+			t.Logf("cohort %s\nstdout:\n%s\nstderr (tail):\n%s", strings.Join(args, " "), p.output(), tail(p.stderrText(), 6000))
+		}
+	})
+	return p
+}
+
+func (p *proc) output() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return strings.Join(p.stdout, "\n")
+}
+
+func (p *proc) stderrText() string { return p.stderr.String() }
+
+func tail(s string, n int) string { return s[max(0, len(s)-n):] }
+
+// waitLine waits for a stdout line starting with prefix.
+func (p *proc) waitLine(prefix string, timeout time.Duration) {
+	p.t.Helper()
+	deadline := time.After(timeout)
+	for {
+		select {
+		case l := <-p.lines:
+			if strings.HasPrefix(l, prefix) {
+				return
+			}
+		case <-p.done:
+			p.t.Fatalf("cohort exited (%d) before printing %q", p.code, prefix)
+		case <-deadline:
+			p.t.Fatalf("no line %q within %v", prefix, timeout)
+		}
+	}
+}
+
+// wait returns the exit code.
+func (p *proc) wait(timeout time.Duration) int {
+	p.t.Helper()
+	select {
+	case <-p.done:
+		return p.code
+	case <-time.After(timeout):
+		p.t.Fatalf("cohort did not exit within %v", timeout)
+		return -1
+	}
+}
+
+// writeRunConfig writes a config for the mock plugins: trainer settings
+// as given, the rest of the body as given.
+func writeRunConfig(t *testing.T, body string, trainer map[string]any) string {
+	t.Helper()
+	settings := []string{}
+	keys := make([]string, 0, len(trainer))
+	for k := range trainer {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		v, _ := json.Marshal(trainer[k])
+		settings = append(settings, fmt.Sprintf("  %s = %s", k, v))
+	}
+	src := fmt.Sprintf("%s\ntrainer \"mock\" {\n%s\n}\naverager \"mock\" {}\n", body, strings.Join(settings, "\n"))
+	path := filepath.Join(t.TempDir(), "cohort.hcl")
+	if err := os.WriteFile(path, []byte(src), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+func readSummary(t *testing.T, out string) *coordinator.Summary {
+	t.Helper()
+	s, err := coordinator.ReadSummary(filepath.Join(out, coordinator.SummaryFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// mockParams reads the mock model a rank saved into dir, through the mock
+// trainer's own LoadCheckpoint: weight and bias (parameters) and
+// feature_mean (a buffer, also averaged), and its step count.
+func mockParams(t *testing.T, dir string, settings map[string]any) (params []float32, steps uint64) {
+	t.Helper()
+	raw, _ := json.Marshal(settings)
+	tr := plugintest.NewTrainer(nil)
+	ctx := context.Background()
+	if _, err := tr.Configure(ctx, plugin.TrainerConfig{Rank: 0, WorldSize: 1, Seed: 1, Settings: raw}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tr.LoadCheckpoint(ctx, dir); err != nil {
+		t.Fatal(err)
+	}
+	w, b, steps, _ := tr.Snapshot()
+	return append(append(w, b...), tr.FeatureMean()...), steps
+}
+
+// The first must-show: four mock ranks, three epochs, exit 0, a complete
+// summary, and one model: the final checkpoint (checkpoint_every = 3 saves
+// every rank's state after the last epoch's final round) holds the same
+// parameters, bit for bit, on every rank.
+func TestRunCompletes(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "run")
+	trainer := map[string]any{"samples": 1024, "batch_size": 16}
+	cfg := writeRunConfig(t, `coordinator {
+  sync_every       = 4
+  checkpoint_every = 3
+}`, trainer)
+	start := time.Now()
+	p := startCohort(t, "run", "--config", cfg, "--trainer", "mock", "--averaging", "mock", "--ranks", "4", "--epochs", "3", "--out", out)
+	if code := p.wait(120 * time.Second); code != 0 {
+		t.Fatalf("exit %d, want 0", code)
+	}
+	t.Logf("4 ranks × 3 epochs in %v", time.Since(start).Round(time.Millisecond))
+	sum := readSummary(t, out)
+	if sum.Status != coordinator.StatusCompleted || sum.WorldSize != 4 || len(sum.Epochs) != 3 || len(sum.Ranks) != 4 {
+		t.Fatalf("summary: status %s, world %d, %d epochs, %d ranks", sum.Status, sum.WorldSize, len(sum.Epochs), len(sum.Ranks))
+	}
+	for _, e := range sum.Epochs {
+		if e.Samples != 1024 || e.Accuracy == nil || e.Loss <= 0 || e.Rounds == 0 {
+			t.Errorf("epoch %+v", e)
+		}
+	}
+	for _, r := range sum.Ranks {
+		if r.State != coordinator.RankExited {
+			t.Errorf("rank %+v, want exited", r)
+		}
+	}
+	if sum.Averaging.Backend != "mock" || sum.Averaging.Rounds == 0 || len(sum.MembershipEvents) != 0 {
+		t.Errorf("averaging %+v, events %+v", sum.Averaging, sum.MembershipEvents)
+	}
+	if sum.Checkpoint == "" {
+		t.Fatal("no final checkpoint")
+	}
+	ref, refSteps := mockParams(t, filepath.Join(sum.Checkpoint, "rank-0"), trainer)
+	for r := 1; r < 4; r++ {
+		got, _ := mockParams(t, filepath.Join(sum.Checkpoint, "rank-"+strconv.Itoa(r)), trainer)
+		if !slices.Equal(got, ref) {
+			t.Errorf("rank %d's final parameters differ from rank 0's", r)
+		}
+	}
+	if refSteps == 0 || allZero(ref) {
+		t.Errorf("the model did not train: %d steps", refSteps)
+	}
+	if !strings.Contains(p.output(), "epoch 3/3  loss") {
+		t.Errorf("no per-epoch progress line in the output")
+	}
+}
+
+func allZero(v []float32) bool {
+	for _, x := range v {
+		if x != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// workerPID finds the pid of `cohort worker --rank rank` started by the
+// launcher parent.
+func workerPID(t *testing.T, parent, rank int) int {
+	t.Helper()
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		// Fields after the command (which may hold spaces): state ppid ...
+		f := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
+		if len(f) < 2 || f[1] != strconv.Itoa(parent) {
+			continue
+		}
+		cmdline, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		args := strings.Split(string(cmdline), "\x00")
+		if slices.Contains(args, "worker") && slices.Contains(args, "--rank") && args[slices.Index(args, "--rank")+1] == strconv.Itoa(rank) {
+			return pid
+		}
+	}
+	t.Fatalf("no worker of rank %d under pid %d", rank, parent)
+	return 0
+}
+
+// readLedger parses the mock trainer's ledger: per epoch, per sample, the
+// ranks that trained it.
+func readLedger(t *testing.T, path string) map[uint64]map[uint64][]uint32 {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	out := map[uint64]map[uint64][]uint32{}
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		var r uint32
+		var e, i uint64
+		if _, err := fmt.Sscan(sc.Text(), &r, &e, &i); err != nil {
+			t.Fatalf("ledger line %q: %v", sc.Text(), err)
+		}
+		if out[e] == nil {
+			out[e] = map[uint64][]uint32{}
+		}
+		out[e][i] = append(out[e][i], r)
+	}
+	return out
+}
+
+// The second must-show: a worker SIGKILLed mid-epoch. The run completes
+// on three ranks, the summary names the death and its reason, and the
+// ledger shows every sample of every epoch trained, the killed epoch's
+// exactly once: by a survivor, or by the dead rank before its death was
+// seen. (Between the mock's ledger write and its Batch report lies a
+// window of microseconds; a kill landing there could show one batch twice,
+// which the test allows and reports.)
+func TestRunSurvivesKilledWorker(t *testing.T) {
+	dir := t.TempDir()
+	out := filepath.Join(dir, "run")
+	ledger := filepath.Join(dir, "ledger")
+	const samples, batch = 2048, 16
+	cfg := writeRunConfig(t, `coordinator {
+  heartbeat_timeout = "2s"
+  sync_every        = 4
+}`, map[string]any{"samples": samples, "batch_size": batch, "sleep_per_batch": "10ms", "ledger": ledger})
+	p := startCohort(t, "run", "--config", cfg, "--ranks", "4", "--epochs", "2", "--out", out)
+	p.waitLine("epoch 1/2", 60*time.Second)
+	time.Sleep(100 * time.Millisecond)
+	victim := workerPID(t, p.cmd.Process.Pid, 2)
+	if err := syscall.Kill(victim, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	if code := p.wait(90 * time.Second); code != 0 {
+		t.Fatalf("exit %d, want 0", code)
+	}
+	sum := readSummary(t, out)
+	if sum.Status != coordinator.StatusCompleted || len(sum.Epochs) != 2 {
+		t.Fatalf("status %s, %d epochs", sum.Status, len(sum.Epochs))
+	}
+	if len(sum.MembershipEvents) != 1 {
+		t.Fatalf("membership events %+v, want the one death", sum.MembershipEvents)
+	}
+	ev := sum.MembershipEvents[0]
+	if ev.Rank != 2 || ev.Event != "dead" || ev.Epoch != 1 || ev.Reason == "" {
+		t.Errorf("event %+v: want rank 2 dead in epoch 1 with a reason", ev)
+	}
+	t.Logf("death recorded: %+v", ev)
+	if r := sum.Ranks[2]; r.State != coordinator.RankDead {
+		t.Errorf("rank 2 %+v, want dead", r)
+	}
+	for _, r := range []int{0, 1, 3} {
+		if sum.Ranks[r].State != coordinator.RankExited {
+			t.Errorf("rank %d %+v, want exited", r, sum.Ranks[r])
+		}
+	}
+	led := readLedger(t, ledger)
+	for e := uint64(0); e < 2; e++ {
+		var missing, twice, overlap int
+		for i := uint64(0); i < samples; i++ {
+			by := led[e][i]
+			survivors := slices.DeleteFunc(slices.Clone(by), func(r uint32) bool { return r == 2 })
+			switch {
+			case len(by) == 0:
+				missing++
+			case len(survivors) > 1:
+				twice++
+			case len(by) > 1:
+				overlap++
+			}
+		}
+		t.Logf("epoch %d: %d samples in the ledger, %d missing, %d trained twice by survivors, %d by the dead rank and a survivor",
+			e, len(led[e]), missing, twice, overlap)
+		if missing > 0 || twice > 0 || overlap > batch || (e == 0 && overlap > 0) {
+			t.Errorf("epoch %d is not trained exactly once", e)
+		}
+	}
+}
+
+// The third must-show: SIGINT mid-epoch stops the run within seconds with
+// a complete checkpoint; --resume finishes it, and the model equals an
+// uninterrupted run's bit for bit (same seed, sync policy).
+func TestRunInterruptAndResume(t *testing.T) {
+	trainer := map[string]any{"samples": 1024, "batch_size": 16, "sleep_per_batch": "5ms"}
+	cfg := writeRunConfig(t, `run { seed = 11 }
+coordinator {
+  sync_every       = 4
+  checkpoint_every = 3
+}`, trainer)
+	args := func(out string, extra ...string) []string {
+		return append([]string{"run", "--config", cfg, "--ranks", "2", "--epochs", "3", "--out", out}, extra...)
+	}
+
+	straight := filepath.Join(t.TempDir(), "straight")
+	if code := startCohort(t, args(straight)...).wait(120 * time.Second); code != 0 {
+		t.Fatalf("uninterrupted run: exit %d", code)
+	}
+	want, wantSteps := mockParams(t, filepath.Join(readSummary(t, straight).Checkpoint, "rank-0"), trainer)
+
+	cut := filepath.Join(t.TempDir(), "cut")
+	p := startCohort(t, args(cut)...)
+	p.waitLine("epoch 1/3", 60*time.Second)
+	time.Sleep(60 * time.Millisecond)
+	sent := time.Now()
+	if err := p.cmd.Process.Signal(os.Interrupt); err != nil {
+		t.Fatal(err)
+	}
+	code := p.wait(30 * time.Second)
+	took := time.Since(sent)
+	t.Logf("SIGINT to exit: %v", took.Round(time.Millisecond))
+	if code != exitStopped || took > 10*time.Second {
+		t.Fatalf("exit %d after %v, want %d within seconds", code, took, exitStopped)
+	}
+	sum := readSummary(t, cut)
+	if sum.Status != coordinator.StatusStopped || sum.Checkpoint == "" || len(sum.Epochs) != 1 {
+		t.Fatalf("stopped run: status %s, checkpoint %q, %d epochs", sum.Status, sum.Checkpoint, len(sum.Epochs))
+	}
+	meta, err := coordinator.ReadMeta(sum.Checkpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if meta.Reason != coordinator.ReasonInterrupted || !slices.Equal(meta.SavedRanks, []uint32{0, 1}) {
+		t.Errorf("checkpoint meta: reason %q, saved ranks %v", meta.Reason, meta.SavedRanks)
+	}
+	var left uint64
+	for _, rr := range meta.Remaining {
+		for _, rg := range rr.Ranges {
+			left += rg.Size
+		}
+	}
+	t.Logf("stopped in epoch %d with %d of its 1024 samples left", meta.Epoch, left)
+	if meta.Epoch != 1 || left == 0 || left >= 1024 {
+		t.Fatalf("the stop did not land mid-epoch: epoch %d, %d samples left", meta.Epoch, left)
+	}
+
+	if code := startCohort(t, args(cut, "--resume", cut)...).wait(120 * time.Second); code != 0 {
+		t.Fatalf("resumed run: exit %d", code)
+	}
+	resumed := readSummary(t, cut)
+	if resumed.Status != coordinator.StatusCompleted || len(resumed.Epochs) != 3 || resumed.ResumedFrom != sum.Checkpoint {
+		t.Fatalf("resumed run: status %s, %d epochs, resumed from %q", resumed.Status, len(resumed.Epochs), resumed.ResumedFrom)
+	}
+	for r := range 2 {
+		got, steps := mockParams(t, filepath.Join(resumed.Checkpoint, "rank-"+strconv.Itoa(r)), trainer)
+		if !slices.Equal(got, want) || steps != wantSteps {
+			t.Errorf("rank %d: the resumed model differs from the uninterrupted one (steps %d vs %d)", r, steps, wantSteps)
+		}
+	}
+}
+
+// perRankSleepKey is the mock trainer setting naming a batch time per rank,
+// if the mock has one.
+func perRankSleepKey() string {
+	ty := reflect.TypeOf(plugintest.TrainerSettings{})
+	for i := range ty.NumField() {
+		tag := strings.Split(ty.Field(i).Tag.Get("json"), ",")[0]
+		if strings.HasPrefix(tag, "sleep_per_batch_by_rank") {
+			return tag
+		}
+	}
+	return ""
+}
+
+// The fourth must-show, end to end: under cadence the fast rank does more
+// batches per window and the ranks wait less at the sync than under sync.
+// It needs a per-rank batch time in the mock trainer; the same property
+// is tested against scripted ranks in core/coordinator.
+func TestRunCadenceOnUnequalRanks(t *testing.T) {
+	key := perRankSleepKey()
+	if key == "" {
+		t.Skip("the mock trainer has no per-rank sleep_per_batch setting yet")
+	}
+	trainer := map[string]any{"samples": 2048, "batch_size": 16, key: map[string]string{"1": "12ms"}}
+	run := func(policy string) coordinator.EpochSummary {
+		cfg := writeRunConfig(t, fmt.Sprintf("coordinator {\n  policy = %q\n  sync_every = 4\n}", policy), trainer)
+		out := filepath.Join(t.TempDir(), policy)
+		if code := startCohort(t, "run", "--config", cfg, "--ranks", "2", "--epochs", "1", "--out", out).wait(120 * time.Second); code != 0 {
+			t.Fatalf("%s: exit %d", policy, code)
+		}
+		return readSummary(t, out).Epochs[0]
+	}
+	s, c := run("sync"), run("cadence")
+	t.Logf("sync:    wait %.2f ms, batches/window fast %.1f slow %.1f", s.WaitAtSyncMS, s.Ranks[0].BatchesPerWindow, s.Ranks[1].BatchesPerWindow)
+	t.Logf("cadence: wait %.2f ms, batches/window fast %.1f slow %.1f", c.WaitAtSyncMS, c.Ranks[0].BatchesPerWindow, c.Ranks[1].BatchesPerWindow)
+	if c.Ranks[0].BatchesPerWindow <= c.Ranks[1].BatchesPerWindow {
+		t.Errorf("cadence: the fast rank did not do more batches per window")
+	}
+	if c.WaitAtSyncMS >= s.WaitAtSyncMS {
+		t.Errorf("cadence waited %.2f ms at the sync, sync %.2f ms", c.WaitAtSyncMS, s.WaitAtSyncMS)
+	}
+}
+
+func TestRunRefusesBadUsage(t *testing.T) {
+	cases := []struct {
+		name string
+		args []string
+		code int
+	}{
+		{"stray argument", []string{"extra"}, exitUsage},
+		{"unknown flag", []string{"--world", "2"}, exitUsage},
+		{"zero ranks", []string{"--ranks", "0"}, exitUsage},
+		{"missing config", []string{"--config", "/nonexistent/cohort.hcl"}, exitFailed},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if code := runCommand(tc.args); code != tc.code {
+				t.Fatalf("runCommand(%q) = %d, want %d", tc.args, code, tc.code)
+			}
+		})
+	}
+}
+
+func TestCoordinatorCommandRefuses(t *testing.T) {
+	t.Setenv(envSecret, "")
+	t.Setenv(envSecretFile, "")
+	cfg := writeRunConfig(t, "", nil)
+	cases := []struct {
+		name string
+		args []string
+		code int
+	}{
+		{"no config", []string{"--listen", "127.0.0.1:0"}, exitUsage},
+		{"no listen", []string{"--config", cfg}, exitUsage},
+		{"bad listen", []string{"--config", cfg, "--listen", "nowhere"}, exitFailed},
+		{"no secret", []string{"--config", cfg, "--listen", "127.0.0.1:0"}, exitFailed},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if code := coordinatorCommand(tc.args); code != tc.code {
+				t.Fatalf("coordinatorCommand(%q) = %d, want %d", tc.args, code, tc.code)
+			}
+		})
+	}
+}
+
+// The config the workers read is the launcher's, flags included.
+func TestConfigHCLRoundTrips(t *testing.T) {
+	cfg := config.Default()
+	ranks, out := 3, "runs/with \"quotes\" and ${not a template} %{nor this}"
+	if err := cfg.Apply(config.Overrides{Ranks: &ranks, Out: &out, Trainer: "mock"}); err != nil {
+		t.Fatal(err)
+	}
+	cfg.Coordinator.HeartbeatTimeout = 90 * time.Second
+	cfg.Coordinator.Policy = config.PolicyCadence
+	cfg.Coordinator.OverheadTarget = 0.05
+	cfg.Trainer.Settings = json.RawMessage(`{"samples":64,"lr":1e-3,"name":"a\"b\\c\n\t","tags":["x",null,true],"by_rank":{"1":"12ms","odd key":{"n":-2.5}},"big":12345678901234567}`)
+	src, err := configHCL(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := config.Parse(src, "config.hcl")
+	if err != nil {
+		t.Fatalf("parse the written config: %v\n%s", err, src)
+	}
+	if got.Run != cfg.Run || got.Coordinator != cfg.Coordinator || got.Worker != cfg.Worker ||
+		got.Trainer.Name != "mock" || got.Averager.Name != cfg.Averager.Name {
+		t.Errorf("round trip changed the config:\n got %+v\nwant %+v", got, cfg)
+	}
+	var a, b any
+	json.Unmarshal(cfg.Trainer.Settings, &a)
+	json.Unmarshal(got.Trainer.Settings, &b)
+	if !reflect.DeepEqual(a, b) {
+		t.Errorf("trainer settings:\n got %s\nwant %s", got.Trainer.Settings, cfg.Trainer.Settings)
+	}
+	cfg.Trainer.Settings = json.RawMessage(`{"not an identifier":1}`)
+	if _, err := configHCL(cfg); err == nil {
+		t.Error("a setting name HCL cannot hold was written")
+	}
+}
+
+func TestCountVerbosity(t *testing.T) {
+	cases := []struct {
+		args []string
+		n    int
+		rest []string
+	}{
+		{[]string{"--ranks", "2"}, 0, []string{"--ranks", "2"}},
+		{[]string{"-v", "--ranks", "2", "-v"}, 2, []string{"--ranks", "2"}},
+		{[]string{"-vvv"}, 3, nil},
+		{[]string{"-vvvvv"}, 3, nil},
+		{[]string{"--", "-v"}, 0, []string{"--", "-v"}},
+	}
+	for _, tc := range cases {
+		n, rest := countVerbosity(tc.args)
+		if n != tc.n || !slices.Equal(rest, tc.rest) {
+			t.Errorf("countVerbosity(%q) = %d %q, want %d %q", tc.args, n, rest, tc.n, tc.rest)
+		}
+	}
+}
+
+func TestPrefixWriterKeepsLinesWhole(t *testing.T) {
+	var buf bytes.Buffer
+	w := &prefixWriter{prefix: "[rank 3] ", w: &buf}
+	io.WriteString(w, "first li")
+	io.WriteString(w, "ne\nsecond\nthi")
+	w.flush()
+	want := "[rank 3] first line\n[rank 3] second\n[rank 3] thi\n"
+	if buf.String() != want {
+		t.Errorf("got %q, want %q", buf.String(), want)
+	}
+}
+
+// The workers get the secret through the environment, one source only,
+// and the marker that leaves Ctrl-C to the launcher.
+func TestChildEnv(t *testing.T) {
+	t.Setenv(envSecretFile, "/elsewhere")
+	t.Setenv(envSecret, "stale")
+	env := childEnv([]byte("the-run-secret-0123456789"))
+	var secrets, files, child []string
+	for _, kv := range env {
+		switch {
+		case strings.HasPrefix(kv, envSecret+"="):
+			secrets = append(secrets, kv)
+		case strings.HasPrefix(kv, envSecretFile+"="):
+			files = append(files, kv)
+		case strings.HasPrefix(kv, envRunChild+"="):
+			child = append(child, kv)
+		}
+	}
+	if !slices.Equal(secrets, []string{envSecret + "=the-run-secret-0123456789"}) || len(files) != 0 || !slices.Equal(child, []string{envRunChild + "=1"}) {
+		t.Errorf("secret %q, secret file %q, child marker %q", secrets, files, child)
+	}
+}
+
+// procStat returns a process's parent pid and process group, false when
+// the process is gone (or a zombie).
+func procStat(pid int) (ppid, pgrp int, ok bool) {
+	stat, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return 0, 0, false
+	}
+	f := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
+	if len(f) < 3 || f[0] == "Z" {
+		return 0, 0, false
+	}
+	ppid, _ = strconv.Atoi(f[1])
+	pgrp, _ = strconv.Atoi(f[2])
+	return ppid, pgrp, true
+}
+
+// groupAlive reports whether any process is left in process group pgrp.
+func groupAlive(pgrp int) bool {
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if _, g, ok := procStat(pid); ok && g == pgrp {
+			return true
+		}
+	}
+	return false
+}
+
+// Workers run in process groups of their own (a terminal's Ctrl-C reaches
+// only the launcher); a second SIGINT kills them, and nothing the run
+// started (workers, their plugins) outlives the launcher.
+func TestRunSecondInterruptKillsEverything(t *testing.T) {
+	cfg := writeRunConfig(t, "coordinator {\n  sync_every = 2\n}", map[string]any{"samples": 4096, "batch_size": 16, "sleep_per_batch": "20ms"})
+	p := startCohort(t, "run", "--config", cfg, "--ranks", "2", "--epochs", "5", "--out", filepath.Join(t.TempDir(), "run"))
+	p.waitLine("cohort formed", 60*time.Second)
+	var groups []int
+	for r := range 2 {
+		pid := workerPID(t, p.cmd.Process.Pid, r)
+		if _, pgrp, ok := procStat(pid); !ok || pgrp != pid {
+			t.Fatalf("worker %d (pid %d) is in process group %d, want its own", r, pid, pgrp)
+		}
+		groups = append(groups, pid)
+	}
+	p.cmd.Process.Signal(os.Interrupt)
+	time.Sleep(20 * time.Millisecond)
+	p.cmd.Process.Signal(os.Interrupt)
+	if code := p.wait(15 * time.Second); code == exitCompleted {
+		t.Fatalf("exit %d after two interrupts", code)
+	}
+	for _, g := range groups {
+		if groupAlive(g) {
+			t.Errorf("process group %d (a worker and its plugins) outlived the launcher", g)
+		}
+	}
+}
+
+// `cohort coordinator` alone, with workers started apart as on other
+// hosts: the address comes from its first line, the secret from the
+// environment of each process.
+func TestCoordinatorCommandWithSeparateWorkers(t *testing.T) {
+	bin := cohortBinary(t)
+	out := filepath.Join(t.TempDir(), "run")
+	cfg := writeRunConfig(t, "run {\n  ranks  = 2\n  epochs = 2\n}", map[string]any{"samples": 512})
+	secret := envSecret + "=separate-processes-secret-0123456789"
+	coord := exec.Command(bin, "coordinator", "--config", cfg, "--listen", "127.0.0.1:0", "--out", out)
+	coord.Env = append(os.Environ(), secret, envSecretFile+"=")
+	stdout, err := coord.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logBuf bytes.Buffer
+	logs := &lockedWriter{w: &logBuf}
+	coord.Stderr = logs
+	if err := coord.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer coord.Process.Kill()
+	sc := bufio.NewScanner(stdout)
+	if !sc.Scan() {
+		t.Fatal("the coordinator printed nothing")
+	}
+	first := sc.Text()
+	var addr string
+	if _, err := fmt.Sscanf(first, "coordinator listening on %s", &addr); err != nil {
+		t.Fatalf("first line %q: %v", first, err)
+	}
+	go io.Copy(io.Discard, stdout)
+	var workers []*exec.Cmd
+	for r := range 2 {
+		w := exec.Command(bin, "worker", "--coordinator", addr, "--rank", strconv.Itoa(r), "--world", "2", "--config", cfg)
+		w.Env = append(os.Environ(), secret, envSecretFile+"=")
+		w.Stderr = logs
+		if err := w.Start(); err != nil {
+			t.Fatal(err)
+		}
+		defer w.Process.Kill()
+		workers = append(workers, w)
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- coord.Wait() }()
+	select {
+	case err := <-errc:
+		if err != nil {
+			t.Fatalf("coordinator: %v\n%s", err, logs.String())
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatalf("the coordinator did not finish\n%s", logs.String())
+	}
+	for r, w := range workers {
+		if err := w.Wait(); err != nil {
+			t.Errorf("worker %d: %v", r, err)
+		}
+	}
+	if sum := readSummary(t, out); sum.Status != coordinator.StatusCompleted || len(sum.Epochs) != 2 {
+		t.Errorf("summary: status %s, %d epochs", sum.Status, len(sum.Epochs))
+	}
+}
+
+// A worker that cannot start (here: no such trainer plugin) fails the run
+// at once, naming the rank, instead of waiting out the formation timeout.
+func TestRunFailsFastWhenAWorkerCannotStart(t *testing.T) {
+	p := startCohort(t, "run", "--trainer", "nosuch", "--averaging", "mock", "--ranks", "2", "--epochs", "1", "--out", filepath.Join(t.TempDir(), "run"))
+	start := time.Now()
+	if code := p.wait(30 * time.Second); code != exitFailed {
+		t.Fatalf("exit %d, want %d", code, exitFailed)
+	}
+	if d := time.Since(start); d > 10*time.Second {
+		t.Errorf("failing took %v", d)
+	}
+	if !strings.Contains(p.stderrText(), "exited (exit status 1) before the cohort formed") {
+		t.Errorf("stderr does not say which worker failed:\n%s", tail(p.stderrText(), 2000))
+	}
+}

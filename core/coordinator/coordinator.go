@@ -1,0 +1,273 @@
+// Package coordinator drives a cohort of rank workers through a training
+// run: the control server (handshake, admission, formation), dispatch and
+// cadence (partitions, progressive chunks, the sync / cadence / async
+// policies, averaging rounds), liveness (heartbeats, silence and broken
+// links), membership (deaths, session re-formation, redistribution of a
+// dead rank's samples), checkpoints (atomic, resumable at a window
+// boundary) and the run summary. docs/protocol.md is the conversation it
+// holds with each rank.
+//
+// One goroutine, the loop, owns all run state; connection goroutines only
+// turn frames into events for it, and one sender goroutine per rank writes
+// the frames the loop queues, so the loop never blocks on a peer.
+package coordinator
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/cohortdl/cohort/core/config"
+	"github.com/cohortdl/cohort/core/wire"
+)
+
+// ReduceServer is the meeting point of the "cpu" averager: the coordinator
+// only hands its address to the ranks.
+type ReduceServer interface {
+	// Endpoint is the address a rank's averager dials.
+	Endpoint() string
+}
+
+// Options configure a Coordinator. Config and Keys are required.
+type Options struct {
+	Config *config.Config
+	// Keys are derived from the run's secret; a rank holding another
+	// secret fails the handshake.
+	Keys wire.Keys
+	// Listener, when set, is used instead of listening on
+	// Config.Coordinator.Listen; the coordinator closes it.
+	Listener net.Listener
+	// Out is the run's output directory; empty means Config.Run.Out.
+	Out string
+	// Resume is a checkpoint to continue from: a checkpoint directory, a
+	// run's out directory or its checkpoints directory.
+	Resume string
+	// ReduceServer serves averager "cpu"; without one that averager is
+	// refused at startup.
+	ReduceServer ReduceServer
+	Logger       hclog.Logger
+	// Progress, when set, is called on the coordinator's loop as the run
+	// advances; it must return quickly.
+	Progress func(Progress)
+
+	// HeartbeatInterval is the CoordinatorHeartbeat period (default 1 s).
+	HeartbeatInterval time.Duration
+	// ExitTimeout bounds the wait for Exiting after Shutdown (default 30 s).
+	ExitTimeout time.Duration
+	// SaveTimeout bounds a ShutdownWithSave: the ranks' saves and exits
+	// (default 5 min).
+	SaveTimeout time.Duration
+	// SessionTimeout is how long a survivor gets to answer
+	// RequestSessionId before the next one is asked (default the larger of
+	// 5 s and the heartbeat timeout).
+	SessionTimeout time.Duration
+}
+
+// ProgressKind says what a Progress reports.
+type ProgressKind int
+
+const (
+	// ProgressFormed: every rank is ready and the run starts.
+	ProgressFormed ProgressKind = iota
+	// ProgressSamples: Done of Total samples of Epoch are trained (at most
+	// every 100 ms).
+	ProgressSamples
+	// ProgressEpoch: Epoch finished; Summary describes it.
+	ProgressEpoch
+	// ProgressMembership: Event changed the cohort.
+	ProgressMembership
+	// ProgressCheckpoint: Checkpoint is a new complete checkpoint.
+	ProgressCheckpoint
+)
+
+// Progress is one report of a run's advance.
+type Progress struct {
+	Kind       ProgressKind
+	Epoch      uint64
+	Epochs     int
+	Done       uint64
+	Total      uint64
+	Live       int
+	World      int
+	Summary    *EpochSummary
+	Event      *MembershipEvent
+	Checkpoint string
+}
+
+// Coordinator runs one training run. Make it with New, then call Run once.
+type Coordinator struct {
+	opts     Options
+	cfg      *config.Config
+	log      hclog.Logger
+	ln       net.Listener
+	out      string
+	runID    string
+	endpoint string
+	resume   string
+	meta     *Meta
+	store    *ckptStore
+	lastCkpt string
+
+	stopOnce sync.Once
+	stopCh   chan struct{}
+	ranOnce  sync.Once
+}
+
+// New checks the configuration, prepares the out directory, reads the
+// checkpoint to resume from and starts listening. Run must follow, or
+// Close.
+func New(opts Options) (_ *Coordinator, err error) {
+	if opts.Config == nil {
+		return nil, errors.New("coordinator: no config")
+	}
+	cfg := opts.Config
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("coordinator: config: %w", err)
+	}
+	if _, err := opts.Keys.Derive("coordinator"); err != nil {
+		return nil, fmt.Errorf("coordinator: keys: %w", err)
+	}
+	log := opts.Logger
+	if log == nil {
+		log = hclog.NewNullLogger()
+	}
+	c := &Coordinator{
+		opts:   opts,
+		cfg:    cfg,
+		log:    log.Named("coordinator"),
+		stopCh: make(chan struct{}),
+	}
+	defer func() {
+		if err != nil && opts.Listener != nil {
+			opts.Listener.Close()
+		}
+	}()
+
+	if c.runID, err = newRunID(); err != nil {
+		return nil, err
+	}
+	out := opts.Out
+	if out == "" {
+		out = cfg.Run.Out
+	}
+	if out == "" {
+		return nil, errors.New("coordinator: no out directory")
+	}
+	if c.out, err = filepath.Abs(out); err != nil {
+		return nil, fmt.Errorf("coordinator: out directory: %w", err)
+	}
+	if err := os.MkdirAll(c.out, 0o755); err != nil {
+		return nil, fmt.Errorf("coordinator: create out directory: %w", err)
+	}
+
+	// The averaging endpoint is checked before anything listens, so a
+	// misconfigured run fails at once rather than after forming.
+	if cfg.Averager.Name == "cpu" {
+		if opts.ReduceServer == nil {
+			return nil, errors.New(`coordinator: averager "cpu" needs the coordinator's reduce server, and none is configured; choose another averager`)
+		}
+		c.endpoint = opts.ReduceServer.Endpoint()
+	} else {
+		// One directory per run, so files a previous run left behind can
+		// never be taken for this run's.
+		dir := filepath.Join(c.out, "rendezvous", c.runID)
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return nil, fmt.Errorf("coordinator: create rendezvous directory: %w", err)
+		}
+		c.endpoint = dir
+	}
+
+	if opts.Resume != "" {
+		if c.resume, err = ResolveCheckpoint(opts.Resume); err != nil {
+			return nil, fmt.Errorf("coordinator: %w", err)
+		}
+		if c.meta, err = ReadMeta(c.resume); err != nil {
+			return nil, fmt.Errorf("coordinator: resume: %w", err)
+		}
+		if c.meta.Seed != cfg.Run.Seed {
+			return nil, fmt.Errorf("coordinator: resume: checkpoint %s was taken with seed %d, the config has seed %d; the data order would differ",
+				c.resume, c.meta.Seed, cfg.Run.Seed)
+		}
+	}
+	var removed []string
+	if c.store, removed, err = openCkptStore(filepath.Join(c.out, CheckpointsDir)); err != nil {
+		return nil, fmt.Errorf("coordinator: %w", err)
+	}
+	for _, p := range removed {
+		c.log.Warn("removed an incomplete checkpoint left by an earlier run", "path", p)
+	}
+	// Until this run writes one, the last complete checkpoint is whatever
+	// the out directory already holds.
+	c.lastCkpt, _ = LastCheckpoint(c.store.dir)
+
+	c.ln = opts.Listener
+	if c.ln == nil {
+		if c.ln, err = net.Listen("tcp", cfg.Coordinator.Listen); err != nil {
+			return nil, fmt.Errorf("coordinator: listen on %s: %w", cfg.Coordinator.Listen, err)
+		}
+	}
+	return c, nil
+}
+
+// Addr is the control server's address.
+func (c *Coordinator) Addr() net.Addr { return c.ln.Addr() }
+
+// RunID names this run; the ranks learn it from Admit.
+func (c *Coordinator) RunID() string { return c.runID }
+
+// Out is the run's output directory (absolute).
+func (c *Coordinator) Out() string { return c.out }
+
+// Stop asks the run to stop cleanly: no more dispatch, the plans in flight
+// finish, a final round averages them, every rank saves
+// (ShutdownWithSave) and the checkpoint is completed; the run ends with
+// status "stopped". Before the cohort has formed the run simply ends.
+// Stop returns at once and may be called from any goroutine, any number of
+// times.
+func (c *Coordinator) Stop() {
+	c.stopOnce.Do(func() { close(c.stopCh) })
+}
+
+// Close releases the listener of a Coordinator that will not Run.
+func (c *Coordinator) Close() error {
+	return c.ln.Close()
+}
+
+// Run runs the cohort until the run completes, fails, is stopped, or ctx
+// ends (which abandons the run at once: connections close, nothing is
+// saved). It writes OUT/summary.json in every case and returns the
+// summary; the error is non-nil when the status is "failed", or when the
+// summary could not be written.
+func (c *Coordinator) Run(ctx context.Context) (*Summary, error) {
+	ran := false
+	c.ranOnce.Do(func() { ran = true })
+	if !ran {
+		return nil, errors.New("coordinator: Run called twice")
+	}
+	r := newRunner(c)
+	sum, runErr := r.run(ctx)
+	if err := writeJSONAtomic(filepath.Join(c.out, SummaryFile), sum); err != nil {
+		c.log.Error("writing the run summary failed", "error", err)
+		if runErr == nil {
+			runErr = fmt.Errorf("coordinator: %w", err)
+		}
+	}
+	return sum, runErr
+}
+
+func newRunID() (string, error) {
+	var b [4]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", fmt.Errorf("coordinator: make run id: %w", err)
+	}
+	return time.Now().UTC().Format("20060102T150405Z") + "-" + hex.EncodeToString(b[:]), nil
+}

@@ -1,0 +1,347 @@
+package coordinator
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cohortdl/cohort/core/config"
+	"github.com/cohortdl/cohort/core/wire"
+	cohortv1 "github.com/cohortdl/cohort/shared/proto/cohort/v1"
+)
+
+// A clean sync run: the conversation follows the protocol page from Admit
+// to Exiting, every sample of every epoch is trained exactly once, no plan
+// exceeds sync_every batches, and the summary says what happened.
+func TestSyncRunCompletes(t *testing.T) {
+	cfg := testConfig(t)
+	var mu sync.Mutex
+	var progress []Progress
+	h := newHarness(t, cfg, func(o *Options) {
+		o.Progress = func(p Progress) {
+			mu.Lock()
+			progress = append(progress, p)
+			mu.Unlock()
+		}
+	})
+	ranks := h.startAll(func(uint32) rankScript { return rankScript{msPerBatch: time.Millisecond} })
+	sum := h.mustComplete()
+
+	const samples, batch = 96, 8
+	h.ledger.checkExactlyOnce(t, 2, samples)
+	for _, f := range ranks {
+		if f.admit == nil || f.admit.GetSeed() != 7 || f.admit.GetEpochs() != 2 || f.admit.GetRunId() != h.coord.RunID() {
+			t.Errorf("rank %d: Admit %v, want seed 7, epochs 2, run id %s", f.id, f.admit, h.coord.RunID())
+		}
+		if ep := f.admit.GetAveragingEndpoint(); !strings.HasPrefix(ep, filepath.Join(h.out, "rendezvous")) {
+			t.Errorf("rank %d: averaging endpoint %q is not under the run's rendezvous directory", f.id, ep)
+		} else if st, err := os.Stat(ep); err != nil || !st.IsDir() {
+			t.Errorf("rank %d: rendezvous directory %s: %v", f.id, ep, err)
+		}
+		roles := messagesOf[*cohortv1.SetEpochCallbackRole](f)
+		syncs := messagesOf[*cohortv1.Sync](f)
+		if len(roles) != 1 || roles[0].GetRank() != 0 {
+			t.Errorf("rank %d: SetEpochCallbackRole %v, want one naming rank 0", f.id, roles)
+		}
+		if len(syncs) == 0 || syncs[0].GetRound() != 0 || syncs[0].GetMode() != cohortv1.SyncMode_SYNC_MODE_BROADCAST || syncs[0].GetRoot() != 0 {
+			t.Fatalf("rank %d: first Sync %v, want round 0 BROADCAST root 0", f.id, syncs)
+		}
+		for i, s := range syncs[1:] {
+			if s.GetRound() != uint64(i+1) || s.GetMode() != cohortv1.SyncMode_SYNC_MODE_AVERAGE {
+				t.Errorf("rank %d: Sync #%d is %v, want round %d AVERAGE", f.id, i+1, s, i+1)
+			}
+		}
+		for _, p := range f.plans {
+			if p.size > uint64(cfg.Coordinator.SyncEvery*batch) {
+				t.Errorf("rank %d: plan of %d samples exceeds sync_every × batch = %d", f.id, p.size, cfg.Coordinator.SyncEvery*batch)
+			}
+		}
+		// Each window is one plan per rank: no rank runs two plans between
+		// rounds.
+		seen := map[int]int{}
+		for _, p := range f.plans {
+			seen[p.window]++
+			if seen[p.window] > 1 {
+				t.Errorf("rank %d: two plans in window %d", f.id, p.window)
+			}
+		}
+		if !f.exitedOK {
+			t.Errorf("rank %d did not get a clean Shutdown: %v", f.id, f.err)
+		}
+	}
+	evals := messagesOf[*cohortv1.Evaluate](ranks[0])
+	if len(evals) != 2 || evals[0].GetTargetRank() != 0 || evals[1].GetEpoch() != 1 {
+		t.Errorf("rank 0 Evaluate frames %v, want one per epoch targeting rank 0", evals)
+	}
+	if n := len(messagesOf[*cohortv1.Evaluate](ranks[1])); n != 0 {
+		t.Errorf("rank 1 got %d Evaluate frames; only the epoch-callback rank evaluates", n)
+	}
+
+	if sum.WorldSize != 3 || len(sum.Epochs) != 2 || len(sum.Ranks) != 3 {
+		t.Fatalf("summary: world %d, %d epochs, %d ranks", sum.WorldSize, len(sum.Epochs), len(sum.Ranks))
+	}
+	for _, e := range sum.Epochs {
+		if e.Samples != samples || e.Loss != 0.5 || e.Accuracy == nil || *e.Accuracy != 0.75 || e.Rounds == 0 {
+			t.Errorf("epoch %d summary %+v: want %d samples, loss 0.5, accuracy 0.75, rounds > 0", e.Epoch, e, samples)
+		}
+	}
+	for _, r := range sum.Ranks {
+		if r.State != RankExited || r.Samples != 2*samples/3 {
+			t.Errorf("rank summary %+v: want exited with %d samples", r, 2*samples/3)
+		}
+	}
+	// 96 samples / 3 ranks = 32 each = 4 batches = 2 windows per epoch, plus
+	// round 0.
+	if sum.Averaging.Rounds != 5 || sum.Averaging.Backend != "mock" || sum.Averaging.BytesPerRound != 300 {
+		t.Errorf("averaging summary %+v: want 5 rounds of 300 bytes, backend mock", sum.Averaging)
+	}
+	if sum.GlobalStep != 24 {
+		t.Errorf("global step %d, want 24 (batches over all ranks)", sum.GlobalStep)
+	}
+	mu.Lock()
+	var kinds []ProgressKind
+	for _, p := range progress {
+		if p.Kind != ProgressSamples {
+			kinds = append(kinds, p.Kind)
+		} else if p.Total != samples || p.Done > samples {
+			t.Errorf("progress %+v: done beyond the epoch's %d samples", p, samples)
+		}
+	}
+	mu.Unlock()
+	if !slices.Equal(kinds, []ProgressKind{ProgressFormed, ProgressEpoch, ProgressEpoch}) {
+		t.Errorf("progress kinds %v, want formed and one per epoch", kinds)
+	}
+	onDisk, err := ReadSummary(filepath.Join(h.out, SummaryFile))
+	if err != nil || onDisk.Status != StatusCompleted || len(onDisk.Epochs) != 2 {
+		t.Errorf("summary.json: %+v, %v", onDisk, err)
+	}
+}
+
+// Each refusal at the handshake is logged with its reason, gets no ack,
+// and leaves the coordinator serving the ranks that belong.
+func TestHandshakeRefusals(t *testing.T) {
+	otherKeys, err := wire.DeriveKeys([]byte("another secret, not the run's one"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name string
+		// dial plays the refused peer; it returns the client-side error.
+		dial func(h *harness) error
+		// afterRank0: dial once rank 0 has joined (for the duplicate).
+		afterRank0 bool
+		logged     string
+	}{
+		{name: "wrong secret", logged: "authentication failed", dial: func(h *harness) error {
+			return clientHello(h, otherKeys, wire.Hello{Rank: 1, World: 2})
+		}},
+		{name: "wrong world size", logged: "world size 3, this run has 2 ranks", dial: func(h *harness) error {
+			return clientHello(h, h.keys, wire.Hello{Rank: 1, World: 3})
+		}},
+		{name: "duplicate rank", afterRank0: true, logged: "rank 0 has already joined", dial: func(h *harness) error {
+			return clientHello(h, h.keys, wire.Hello{Rank: 0, World: 2})
+		}},
+		// wire's client will not send a rank outside its own world, so this
+		// peer writes the hello bytes itself.
+		{name: "out-of-range rank", logged: "rank 5 out of range", dial: func(h *harness) error {
+			return rawHello(h, 5, 2)
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := testConfig(t)
+			cfg.Run.Ranks = 2
+			cfg.Run.Epochs = 1
+			h := newHarness(t, cfg, nil)
+			h.start()
+			var r0 *fakeRank
+			if tc.afterRank0 {
+				r0 = h.rank(0, rankScript{})
+				waitFor(t, "rank 0 to join", func() bool { return h.logHas("rank joined", "rank=0") })
+			}
+			if err := tc.dial(h); err == nil {
+				t.Fatal("the coordinator acked a hello it must refuse")
+			} else if !errors.Is(err, wire.ErrTruncated) && !errors.Is(err, io.EOF) {
+				t.Errorf("client side: %v, want the connection closed without an ack", err)
+			}
+			waitFor(t, "the refusal to be logged", func() bool { return h.logHas("refused a rank connection", tc.logged) })
+			if r0 == nil {
+				h.rank(0, rankScript{})
+			}
+			h.rank(1, rankScript{})
+			h.mustComplete()
+			h.ledger.checkExactlyOnce(t, 1, 96)
+		})
+	}
+}
+
+func clientHello(h *harness, keys wire.Keys, hello wire.Hello) error {
+	nc, err := net.Dial("tcp", h.addr)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	c, err := wire.ClientHandshake(ctx, nc, keys, hello)
+	if err == nil {
+		c.Close()
+	}
+	return err
+}
+
+// rawHello sends a correctly tagged hello for any rank and world, built as
+// core/wire documents it (tag: HMAC-SHA256 under the handshake key over the
+// first 16 bytes), and reads what comes back.
+func rawHello(h *harness, rank, world uint32) error {
+	nc, err := net.Dial("tcp", h.addr)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	var b [24]byte
+	binary.LittleEndian.PutUint32(b[0:], wire.HelloMagic)
+	binary.LittleEndian.PutUint32(b[4:], wire.Version)
+	binary.LittleEndian.PutUint32(b[8:], rank)
+	binary.LittleEndian.PutUint32(b[12:], world)
+	hk := hmac.New(sha256.New, testSecret)
+	hk.Write([]byte("cohort/wire/v1/handshake"))
+	tag := hmac.New(sha256.New, hk.Sum(nil))
+	tag.Write(b[:16])
+	copy(b[16:], tag.Sum(nil))
+	if _, err := nc.Write(b[:]); err != nil {
+		return err
+	}
+	nc.SetReadDeadline(time.Now().Add(5 * time.Second))
+	var ack [16]byte
+	if _, err := io.ReadFull(nc, ack[:]); err != nil {
+		return err
+	}
+	return nil
+}
+
+// A rank whose Ready disagrees with rank 0's is refused (its slot freed)
+// and formation times out naming the reason.
+func TestFormationRefusesMismatchedReady(t *testing.T) {
+	cases := []struct {
+		name   string
+		script rankScript
+		reason string
+	}{
+		{"layout digest", rankScript{digest: []byte("model-b")}, "layout digest"},
+		{"sample count", rankScript{samples: 100}, "100 samples, rank 0's has 96"},
+		{"batch size", rankScript{batch: 4}, "batch size is 4"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := testConfig(t)
+			cfg.Run.Ranks = 2
+			cfg.Coordinator.FormationTimeout = 700 * time.Millisecond
+			h := newHarness(t, cfg, nil)
+			h.start()
+			h.rank(0, rankScript{})
+			h.rank(1, tc.script)
+			sum, err := h.wait()
+			if err == nil || sum.Status != StatusFailed {
+				t.Fatalf("status %s, error %v: want a failed formation", statusOf(sum), err)
+			}
+			if !strings.Contains(err.Error(), "1/2 ranks ready") || !strings.Contains(err.Error(), tc.reason) {
+				t.Errorf("error %q does not say 1/2 ranks ready and %q", err, tc.reason)
+			}
+			if !h.logHas("refused a rank at formation", "rank=1") {
+				t.Error("the refusal was not logged")
+			}
+		})
+	}
+}
+
+// Formation fails after the timeout when a rank never joins.
+func TestFormationTimeout(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.Coordinator.FormationTimeout = 500 * time.Millisecond
+	h := newHarness(t, cfg, nil)
+	h.start()
+	h.rank(0, rankScript{})
+	h.rank(2, rankScript{})
+	start := time.Now()
+	sum, err := h.wait()
+	if err == nil || !strings.Contains(err.Error(), "2/3 ranks ready") {
+		t.Fatalf("error %v, want a formation failure with 2/3 ranks ready", err)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Errorf("formation failure took %v", d)
+	}
+	if sum.Status != StatusFailed || sum.Ranks[1].State != RankDead || sum.Ranks[1].Reason != "never joined the cohort" {
+		t.Errorf("summary %+v", sum)
+	}
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// Averager "cpu" needs a reduce server: without one New fails; with one
+// its endpoint is what Admit carries.
+func TestAveragingEndpoint(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.Averager = config.Plugin{Name: "cpu", Settings: []byte(`{}`)}
+	keys, _ := wire.DeriveKeys(testSecret)
+	if _, err := New(Options{Config: cfg, Keys: keys}); err == nil || !strings.Contains(err.Error(), `averager "cpu" needs the coordinator's reduce server`) {
+		t.Fatalf("New without a reduce server: %v", err)
+	}
+	cfg.Run.Ranks = 1
+	cfg.Run.Epochs = 1
+	h := newHarness(t, cfg, func(o *Options) { o.ReduceServer = fixedEndpoint("10.0.0.1:7000") })
+	ranks := h.startAll(nil)
+	h.mustComplete()
+	if got := ranks[0].admit.GetAveragingEndpoint(); got != "10.0.0.1:7000" {
+		t.Errorf("Admit endpoint %q, want the reduce server's", got)
+	}
+}
+
+type fixedEndpoint string
+
+func (e fixedEndpoint) Endpoint() string { return string(e) }
+
+// Frames a rank should not send (a second Ready, answers to questions
+// never asked, Metrics for plans it does not hold, NaN and infinite
+// figures) are ignored: the rank stays in the cohort, the run completes
+// and its summary is valid JSON with finite numbers.
+func TestHostileFramesAreShrugged(t *testing.T) {
+	cfg := testConfig(t)
+	h := newHarness(t, cfg, nil)
+	h.startAll(func(r uint32) rankScript { return rankScript{junk: r == 1, msPerBatch: time.Millisecond} })
+	sum := h.mustComplete()
+	h.ledger.checkExactlyOnce(t, 2, 96)
+	if len(sum.MembershipEvents) != 0 || sum.Ranks[1].State != RankExited {
+		t.Fatalf("the junk-sending rank was dropped: %+v", sum.MembershipEvents)
+	}
+	for _, e := range sum.Epochs {
+		if e.Loss != 0.5 {
+			t.Errorf("epoch %d loss %v: an infinite loss must not poison the mean", e.Epoch, e.Loss)
+		}
+	}
+	if _, err := ReadSummary(filepath.Join(h.out, SummaryFile)); err != nil {
+		t.Fatal(err)
+	}
+	if !h.logHas("ignoring a SyncAck for no round in flight") || !h.logHas("ignoring Metrics for a plan the rank does not hold") {
+		t.Error("the ignored frames were not logged")
+	}
+}

@@ -1,0 +1,700 @@
+package coordinator
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/cohortdl/cohort/core/config"
+	"github.com/cohortdl/cohort/core/wire"
+	cohortv1 "github.com/cohortdl/cohort/shared/proto/cohort/v1"
+)
+
+// This file holds the scripted ranks the coordinator's tests run against:
+// each speaks the real handshake and frames, and behaves like a worker
+// (plans in order, Sync between plans, membership frames at the bridge),
+// training nothing but sleeping per batch and recording which positions of
+// each epoch's permutation it trained.
+
+// ledger records trained permutation positions per epoch, from every rank.
+type ledger struct {
+	mu   sync.Mutex
+	seen map[uint64]map[uint64][]uint32 // epoch -> position -> ranks that trained it
+}
+
+func newLedger() *ledger { return &ledger{seen: map[uint64]map[uint64][]uint32{}} }
+
+func (l *ledger) add(rank uint32, epoch, from, n uint64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	m := l.seen[epoch]
+	if m == nil {
+		m = map[uint64][]uint32{}
+		l.seen[epoch] = m
+	}
+	for p := from; p < from+n; p++ {
+		m[p] = append(m[p], rank)
+	}
+}
+
+// checkExactlyOnce fails t unless every position of every epoch below
+// epochs was trained exactly once.
+func (l *ledger) checkExactlyOnce(t *testing.T, epochs, pickSpace uint64) {
+	t.Helper()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for e := range epochs {
+		m := l.seen[e]
+		var missing, twice []uint64
+		for p := range pickSpace {
+			switch n := len(m[p]); {
+			case n == 0:
+				missing = append(missing, p)
+			case n > 1:
+				twice = append(twice, p)
+			}
+		}
+		if len(missing) > 0 || len(twice) > 0 || uint64(len(m)) != pickSpace {
+			t.Errorf("epoch %d: %d positions never trained (first %v), %d trained more than once (first %v), %d distinct of %d",
+				e, len(missing), head(missing), len(twice), head(twice), len(m), pickSpace)
+		}
+	}
+}
+
+func head(s []uint64) []uint64 { return s[:min(len(s), 5)] }
+
+// fakeGroup stands in for the averager's collective: a round completes for
+// a rank when every member of its session has entered it, and fails when
+// the rank's averager is aborted first.
+type fakeGroup struct {
+	mu      sync.Mutex
+	cond    *sync.Cond
+	arrived map[uint64]map[uint32]bool
+}
+
+func newFakeGroup() *fakeGroup {
+	g := &fakeGroup{arrived: map[uint64]map[uint32]bool{}}
+	g.cond = sync.NewCond(&g.mu)
+	return g
+}
+
+func (g *fakeGroup) arrive(round uint64, rank uint32) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.arrived[round] == nil {
+		g.arrived[round] = map[uint32]bool{}
+	}
+	g.arrived[round][rank] = true
+	g.cond.Broadcast()
+}
+
+// wait blocks until every member has arrived at round (true) or aborted()
+// holds or ctx ends (false).
+func (g *fakeGroup) wait(ctx context.Context, round uint64, members []uint32, aborted func() bool) bool {
+	stop := context.AfterFunc(ctx, g.poke)
+	defer stop()
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for {
+		all := true
+		for _, m := range members {
+			all = all && g.arrived[round][m]
+		}
+		if all {
+			return true
+		}
+		if aborted() || ctx.Err() != nil {
+			return false
+		}
+		g.cond.Wait()
+	}
+}
+
+func (g *fakeGroup) poke() {
+	g.mu.Lock()
+	g.cond.Broadcast()
+	g.mu.Unlock()
+}
+
+// rankScript is how a scripted rank behaves.
+type rankScript struct {
+	msPerBatch time.Duration
+	batch      uint32 // default 8
+	samples    uint64 // default 96
+	digest     []byte // default "model-a"
+	world      uint32 // hello's world size; default the harness's
+	// dieAfterBatches > 0: the connection drops after that many batches.
+	dieAfterBatches int
+	// silentAfterBatches > 0: after that many batches the rank stops
+	// sending anything (heartbeats too) but keeps its connection.
+	silentAfterBatches int
+	// dieOnRoundSet: on Sync of round dieOnRound the rank drops its
+	// connection; enterFirst makes it enter the collective first and wait
+	// until every member has.
+	dieOnRound    uint64
+	dieOnRoundSet bool
+	enterFirst    bool
+	// abortRound: on Sync of that round, enter the collective but wait for
+	// DeclareDead and ack aborted.
+	abortRound    uint64
+	abortRoundSet bool
+	// exitAfterBatches > 0: after that many batches the rank sends Exiting
+	// and closes, as a worker told to stop would.
+	exitAfterBatches int
+	// junk makes the rank send frames the coordinator must shrug off:
+	// duplicates, answers to questions never asked, NaN figures.
+	junk bool
+	// failSave makes Checkpoint and ShutdownWithSave report an error.
+	failSave bool
+	// noHeartbeat turns the heartbeat goroutine off.
+	noHeartbeat bool
+}
+
+// planRec is one plan a rank received.
+type planRec struct {
+	via    string // "start", "update", "ext"
+	epoch  uint64
+	offset uint64
+	size   uint64
+	window int // rounds completed on this rank before it ran
+}
+
+// fakeRank is one scripted rank.
+type fakeRank struct {
+	h      *harness
+	id     uint32
+	script rankScript
+
+	mu         sync.Mutex
+	plans      []planRec
+	received   []proto.Message
+	members    []uint32
+	pending    *cohortv1.NewSession
+	aborted    bool
+	deadPeers  []uint32
+	roundsDone int
+	steps      uint64
+	exitedOK   bool
+	err        error
+	admit      *cohortv1.Admit
+	gotDeclare chan struct{}
+}
+
+func (f *fakeRank) record(m proto.Message) {
+	f.mu.Lock()
+	f.received = append(f.received, m)
+	f.mu.Unlock()
+}
+
+// messages returns what the rank received, in order, of type T.
+func messagesOf[T proto.Message](f *fakeRank) []T {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []T
+	for _, m := range f.received {
+		if v, ok := m.(T); ok {
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+func (f *fakeRank) isAborted() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.aborted
+}
+
+// run connects and plays the rank until the coordinator lets it go or
+// ctx ends.
+func (f *fakeRank) run(ctx context.Context) {
+	err := f.play(ctx)
+	f.mu.Lock()
+	f.err = err
+	f.mu.Unlock()
+}
+
+func (f *fakeRank) play(ctx context.Context) error {
+	s := f.script
+	world := s.world
+	if world == 0 {
+		world = f.h.world
+	}
+	nc, err := net.Dial("tcp", f.h.addr)
+	if err != nil {
+		return err
+	}
+	conn, err := wire.ClientHandshake(ctx, nc, f.h.keys, wire.Hello{Rank: f.id, World: world})
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer func() {
+		cancel()
+		conn.Close()
+		wg.Wait()
+	}()
+	var silent sync.Once
+	quiet := make(chan struct{})
+	beQuiet := func() { silent.Do(func() { close(quiet) }) }
+
+	send := func(m proto.Message) error {
+		select {
+		case <-quiet:
+			return nil
+		default:
+		}
+		return conn.Send(ctx, m)
+	}
+	if !s.noHeartbeat {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			t := time.NewTicker(200 * time.Millisecond)
+			defer t.Stop()
+			for n := uint64(0); ; n++ {
+				select {
+				case <-ctx.Done():
+					return
+				case <-quiet:
+					return
+				case <-t.C:
+					send(&cohortv1.Heartbeat{Rank: f.id, Counter: n})
+				}
+			}
+		}()
+	}
+
+	// The bridge: membership frames at once, the rest queued in order.
+	cmds := make(chan proto.Message, 4096)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		defer close(cmds)
+		for {
+			m, err := conn.Receive(ctx)
+			if err != nil {
+				return
+			}
+			f.record(m)
+			switch v := m.(type) {
+			case *cohortv1.DeclareDead:
+				f.mu.Lock()
+				f.aborted = true
+				f.deadPeers = append(f.deadPeers, v.GetRank())
+				f.mu.Unlock()
+				select {
+				case f.gotDeclare <- struct{}{}:
+				default:
+				}
+				f.h.group.poke()
+			case *cohortv1.NewSession:
+				f.mu.Lock()
+				f.pending = v
+				f.mu.Unlock()
+			case *cohortv1.RequestSessionId:
+				send(&cohortv1.SessionIdGenerated{Rank: f.id, Generation: v.GetGeneration(), SessionId: []byte(fmt.Sprintf("session-%d", v.GetGeneration()))})
+			case *cohortv1.CoordinatorHeartbeat:
+			default:
+				cmds <- m
+			}
+		}
+	}()
+
+	batch := uint64(s.batch)
+	if batch == 0 {
+		batch = 8
+	}
+	samples := s.samples
+	if samples == 0 {
+		samples = 96
+	}
+	digest := s.digest
+	if digest == nil {
+		digest = []byte("model-a")
+	}
+	f.mu.Lock()
+	f.members = nil
+	for i := range f.h.world {
+		f.members = append(f.members, i)
+	}
+	f.mu.Unlock()
+	batches := 0
+
+	sendJunk := func(extra ...proto.Message) error {
+		nan := math.NaN()
+		for _, m := range append(extra,
+			&cohortv1.SyncAck{Rank: 99, Round: 99},
+			&cohortv1.Metrics{Rank: f.id, Epoch: 7, PartitionOffset: 1, PartitionSize: 1 << 60, AvgLoss: nan},
+			&cohortv1.Batch{Rank: f.id, Epoch: 3, BatchMs: nan, Samples: 1},
+			&cohortv1.EvalResult{Rank: f.id, ScheduleId: 42, Loss: nan},
+			&cohortv1.CheckpointResult{Rank: f.id, Version: 9},
+			&cohortv1.SessionIdGenerated{Rank: f.id, Generation: 5},
+		) {
+			if err := send(m); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	junkSent := false
+
+	trainPlan := func(via string, epoch, off, size uint64) error {
+		f.mu.Lock()
+		f.plans = append(f.plans, planRec{via: via, epoch: epoch, offset: off, size: size, window: f.roundsDone})
+		f.mu.Unlock()
+		start := time.Now()
+		var nb uint64
+		for done := uint64(0); done < size; {
+			n := min(batch, size-done)
+			select {
+			case <-time.After(s.msPerBatch):
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+			select {
+			case <-quiet:
+				<-ctx.Done()
+				return ctx.Err()
+			default:
+			}
+			f.h.ledger.add(f.id, epoch, off+done, n)
+			done += n
+			nb++
+			batches++
+			f.mu.Lock()
+			f.steps++
+			f.mu.Unlock()
+			if err := send(&cohortv1.Batch{Rank: f.id, Epoch: epoch, BatchMs: float64(s.msPerBatch) / 1e6, Samples: uint32(n), StepCount: uint64(batches), BatchLoss: 0.5}); err != nil {
+				return err
+			}
+			if s.dieAfterBatches > 0 && batches >= s.dieAfterBatches {
+				return errors.New("scripted death")
+			}
+			if s.exitAfterBatches > 0 && batches >= s.exitAfterBatches {
+				send(&cohortv1.Exiting{Rank: f.id})
+				return errors.New("scripted exit")
+			}
+			if s.silentAfterBatches > 0 && batches >= s.silentAfterBatches {
+				beQuiet()
+			}
+		}
+		loss := 0.5
+		if s.junk {
+			loss = math.Inf(1)
+		}
+		err := send(&cohortv1.Metrics{Rank: f.id, Epoch: epoch, AvgLoss: loss, Batches: nb, Samples: size,
+			EpochMs: float64(time.Since(start)) / 1e6, PartitionOffset: off, PartitionSize: size})
+		if err == nil && s.junk && !junkSent {
+			junkSent = true
+			err = sendJunk()
+		}
+		return err
+	}
+
+	save := func(dir string, version uint64) error {
+		res := &cohortv1.CheckpointResult{Rank: f.id, Version: version}
+		if s.failSave {
+			res.Error = "scripted save failure"
+		} else if err := os.WriteFile(filepath.Join(dir, "state.json"), fmt.Appendf(nil, `{"rank":%d,"steps":%d}`, f.id, f.steps), 0o644); err != nil {
+			res.Error = err.Error()
+		}
+		return send(res)
+	}
+
+	for m := range cmds {
+		var err error
+		switch v := m.(type) {
+		case *cohortv1.Admit:
+			f.mu.Lock()
+			f.admit = v
+			f.mu.Unlock()
+			ready := &cohortv1.Ready{Rank: f.id, Samples: samples, LayoutDigest: digest, BatchSize: uint32(batch), Trainer: "scripted", Averager: "scripted"}
+			err = send(ready)
+			if s.junk && err == nil {
+				err = sendJunk(ready)
+			}
+		case *cohortv1.StartEpoch:
+			p := v.GetPlan()
+			err = trainPlan("start", p.GetEpoch(), p.GetPartitionOffset(), p.GetPartitionSize())
+		case *cohortv1.Update:
+			if p := v.GetNextPlan(); p != nil {
+				err = trainPlan("update", p.GetEpoch(), p.GetPartitionOffset(), p.GetPartitionSize())
+			}
+		case *cohortv1.ExtendPartition:
+			err = trainPlan("ext", v.GetEpoch(), v.GetPartitionOffset(), v.GetPartitionSize())
+		case *cohortv1.Sync:
+			err = f.syncRound(ctx, v, send, conn)
+		case *cohortv1.Evaluate:
+			acc := 0.75
+			err = send(&cohortv1.EvalResult{Rank: f.id, ScheduleId: v.GetScheduleId(), Epoch: v.GetEpoch(), Loss: 0.25, Accuracy: &acc})
+		case *cohortv1.Checkpoint:
+			err = save(v.GetDir(), v.GetVersion())
+		case *cohortv1.ShutdownWithSave:
+			dir := rankDir(v.GetDir(), f.id)
+			if err = os.MkdirAll(dir, 0o755); err == nil {
+				err = save(dir, v.GetVersion())
+			}
+			if err == nil {
+				err = send(&cohortv1.Exiting{Rank: f.id})
+			}
+			f.mu.Lock()
+			f.exitedOK = err == nil
+			f.mu.Unlock()
+			return err
+		case *cohortv1.Shutdown:
+			err = send(&cohortv1.Exiting{Rank: f.id})
+			f.mu.Lock()
+			f.exitedOK = err == nil
+			f.mu.Unlock()
+			return err
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return errors.New("link closed by the coordinator")
+}
+
+// syncRound plays one averaging round: apply a pending NewSession, enter
+// the collective, wait for every member, ack.
+func (f *fakeRank) syncRound(ctx context.Context, v *cohortv1.Sync, send func(proto.Message) error, conn *wire.Conn) error {
+	s := f.script
+	f.mu.Lock()
+	if f.pending != nil {
+		f.members = slices.Clone(f.pending.GetMembers())
+		f.pending = nil
+		f.aborted = false
+	}
+	members := slices.Clone(f.members)
+	f.mu.Unlock()
+	if s.dieOnRoundSet && v.GetRound() == s.dieOnRound {
+		if s.enterFirst {
+			// Enter, and die only once every member is in: its
+			// contribution is there, so a peer can complete the round.
+			f.h.group.arrive(v.GetRound(), f.id)
+			f.h.group.wait(ctx, v.GetRound(), members, func() bool { return false })
+		}
+		conn.Close()
+		return errors.New("scripted death in a round")
+	}
+	send(&cohortv1.SnapshotReady{Rank: f.id, Round: v.GetRound()})
+	start := time.Now()
+	ack := &cohortv1.SyncAck{Rank: f.id, Round: v.GetRound(), BytesMoved: 100}
+	if s.abortRoundSet && v.GetRound() == s.abortRound {
+		f.h.group.arrive(v.GetRound(), f.id)
+		select {
+		case <-f.gotDeclare:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		ack.Aborted = true
+	} else if f.isAborted() {
+		ack.Aborted = true
+	} else {
+		f.h.group.arrive(v.GetRound(), f.id)
+		if !f.h.group.wait(ctx, v.GetRound(), members, f.isAborted) {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			ack.Aborted = true
+		}
+	}
+	ack.RoundMs = float64(time.Since(start)) / 1e6
+	if !ack.Aborted {
+		f.mu.Lock()
+		f.roundsDone++
+		f.mu.Unlock()
+	}
+	return send(ack)
+}
+
+// syncBuffer is a log sink safe for the coordinator's goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// harness runs a real Coordinator on a loopback port against fake ranks.
+type harness struct {
+	t      *testing.T
+	cfg    *config.Config
+	keys   wire.Keys
+	world  uint32
+	coord  *Coordinator
+	addr   string
+	out    string
+	logs   *syncBuffer
+	group  *fakeGroup
+	ledger *ledger
+	ranks  []*fakeRank
+	opts   Options
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	done   chan struct{}
+	sum    *Summary
+	err    error
+}
+
+var testSecret = []byte("0123456789abcdef0123456789abcdef")
+
+// testConfig is a small, fast run: 3 ranks, 2 epochs, sync every 2
+// batches, a 2 s heartbeat timeout.
+func testConfig(t *testing.T) *config.Config {
+	cfg := config.Default()
+	cfg.Run.Ranks = 3
+	cfg.Run.Epochs = 2
+	cfg.Run.Seed = 7
+	cfg.Run.Out = t.TempDir()
+	cfg.Coordinator.Listen = "127.0.0.1:0"
+	cfg.Coordinator.HeartbeatTimeout = 2 * time.Second
+	cfg.Coordinator.FormationTimeout = 10 * time.Second
+	cfg.Coordinator.SyncEvery = 2
+	cfg.Averager = config.Plugin{Name: "mock", Settings: json.RawMessage(`{}`)}
+	cfg.Trainer = config.Plugin{Name: "mock", Settings: json.RawMessage(`{}`)}
+	return cfg
+}
+
+func newHarness(t *testing.T, cfg *config.Config, mutate func(*Options)) *harness {
+	t.Helper()
+	keys, err := wire.DeriveKeys(testSecret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &harness{t: t, cfg: cfg, keys: keys, world: uint32(cfg.Run.Ranks), logs: &syncBuffer{},
+		group: newFakeGroup(), ledger: newLedger(), done: make(chan struct{})}
+	h.opts = Options{
+		Config:      cfg,
+		Keys:        keys,
+		Logger:      hclog.New(&hclog.LoggerOptions{Output: h.logs, Level: hclog.Debug}),
+		ExitTimeout: 5 * time.Second,
+		SaveTimeout: 10 * time.Second,
+	}
+	if mutate != nil {
+		mutate(&h.opts)
+	}
+	h.coord, err = New(h.opts)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	h.addr = h.coord.Addr().String()
+	h.out = h.coord.Out()
+	h.ctx, h.cancel = context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(func() {
+		h.cancel()
+		h.wg.Wait()
+		if t.Failed() {
+			t.Logf("coordinator log:\n%s", h.logs.String())
+		}
+	})
+	return h
+}
+
+// start runs the coordinator.
+func (h *harness) start() {
+	h.wg.Add(1)
+	go func() {
+		defer h.wg.Done()
+		defer close(h.done)
+		h.sum, h.err = h.coord.Run(h.ctx)
+	}()
+}
+
+// rank starts scripted rank id.
+func (h *harness) rank(id uint32, s rankScript) *fakeRank {
+	f := &fakeRank{h: h, id: id, script: s, gotDeclare: make(chan struct{}, 16)}
+	h.ranks = append(h.ranks, f)
+	h.wg.Add(1)
+	go func() {
+		defer h.wg.Done()
+		f.run(h.ctx)
+	}()
+	return f
+}
+
+// startAll starts the coordinator and one scripted rank per rank, with
+// script(r) saying how rank r behaves.
+func (h *harness) startAll(script func(r uint32) rankScript) []*fakeRank {
+	h.start()
+	var out []*fakeRank
+	for r := range h.world {
+		var s rankScript
+		if script != nil {
+			s = script(r)
+		}
+		out = append(out, h.rank(r, s))
+	}
+	return out
+}
+
+// wait returns the run's outcome.
+func (h *harness) wait() (*Summary, error) {
+	h.t.Helper()
+	select {
+	case <-h.done:
+	case <-time.After(45 * time.Second):
+		h.t.Fatalf("the run did not end in time; log:\n%s", h.logs.String())
+	}
+	return h.sum, h.err
+}
+
+// mustComplete waits and fails the test unless the run completed.
+func (h *harness) mustComplete() *Summary {
+	h.t.Helper()
+	sum, err := h.wait()
+	if err != nil || sum == nil || sum.Status != StatusCompleted {
+		h.t.Fatalf("run did not complete: status %v, error %v", statusOf(sum), err)
+	}
+	return sum
+}
+
+func statusOf(s *Summary) string {
+	if s == nil {
+		return "<no summary>"
+	}
+	return s.Status
+}
+
+// logHas reports whether the coordinator logged all the substrings on one
+// line.
+func (h *harness) logHas(subs ...string) bool {
+	for line := range strings.SplitSeq(h.logs.String(), "\n") {
+		ok := true
+		for _, s := range subs {
+			ok = ok && strings.Contains(line, s)
+		}
+		if ok {
+			return true
+		}
+	}
+	return false
+}

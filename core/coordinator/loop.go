@@ -1,0 +1,766 @@
+package coordinator
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/cohortdl/cohort/core/config"
+	"github.com/cohortdl/cohort/core/wire"
+	cohortv1 "github.com/cohortdl/cohort/shared/proto/cohort/v1"
+)
+
+// phase is where the run stands.
+type phase int
+
+const (
+	phForming    phase = iota // waiting for every rank's Ready
+	phTraining                // round 0, then windows and rounds of an epoch
+	phEval                    // waiting for the epoch's EvalResult
+	phCheckpoint              // waiting for the epoch's CheckpointResults
+	phShutdown                // Shutdown sent, waiting for Exiting
+	phSaving                  // ShutdownWithSave sent, waiting for saves and Exiting
+	phDone
+)
+
+func (p phase) String() string {
+	return [...]string{"forming", "training", "evaluating", "checkpointing", "shutting down", "saving", "done"}[p]
+}
+
+// rankStatus is one rank's place in the run.
+type rankStatus int
+
+const (
+	stAbsent rankStatus = iota // no connection
+	stJoined                   // handshake done, Admit sent
+	stReady                    // Ready accepted, waiting for the others
+	stLive                     // a member of the formed cohort
+	stExited                   // sent Exiting
+	stDead                     // lost
+)
+
+type rankState struct {
+	id     uint32
+	status rankStatus
+	link   *link
+	ready  *cohortv1.Ready
+	reason string // why it died
+
+	outstanding []*plan // dispatched, not yet closed by Metrics, in order
+	sinceRound  uint64  // batches not yet averaged in a completed round
+	lastMetrics time.Time
+	batches     uint64
+	samples     uint64
+}
+
+// round is an averaging round in flight.
+type round struct {
+	num     uint64
+	mode    cohortv1.SyncMode
+	root    uint32
+	issued  time.Time
+	waiting map[uint32]bool
+	acks    map[uint32]*cohortv1.SyncAck
+	initial bool // round 0: the run starts when it completes
+}
+
+// reissue is a round to run again after an abort, once the group is
+// re-formed.
+type reissue struct {
+	mode    cohortv1.SyncMode
+	root    uint32
+	initial bool
+}
+
+// window is a set of plans handed out together under a windowed policy;
+// it closes when every one of them has its Metrics.
+type window struct {
+	opened time.Time
+	ranks  map[uint32]bool
+}
+
+// sessionReq is a re-formation of the averaging group after a death:
+// waiting for the generator's session id, then for the in-flight round to
+// resolve, then NewSession goes out.
+type sessionReq struct {
+	gen       uint64
+	generator uint32
+	deadline  time.Time
+	tried     map[uint32]bool
+	haveID    bool
+	id        []byte
+}
+
+// ckptWait is a checkpoint (or a ShutdownWithSave) being written.
+type ckptWait struct {
+	version  uint64
+	tmp      string
+	pending  map[uint32]bool
+	saved    []uint32
+	progress progress
+	reason   string
+	resolved bool
+}
+
+// progress is where training stands at a point all ranks' models agree on
+// (the last completed round, or an epoch boundary): the samples of the
+// epoch not yet averaged into the model, per rank and shared.
+type progress struct {
+	epoch     uint64
+	remaining map[uint32][]Range
+	pool      []Range
+	partial   EpochProgress
+}
+
+// epochAgg accumulates one epoch's figures.
+type epochAgg struct {
+	started time.Time
+	prior   EpochProgress
+	samples uint64
+	batches uint64
+	lossSum float64
+	// lossBatches are the batches lossSum covers: a report with a
+	// non-finite loss is left out of the mean, not counted as zero.
+	lossBatches uint64
+	trained     uint64 // samples from Batch reports, for progress
+	windows     uint64
+	rounds      uint64
+	roundMS     float64
+	waitSum     float64
+	waitN       uint64
+	evalLoss    *float64
+	accuracy    *float64
+	perRank     map[uint32]*rankAgg
+}
+
+type rankAgg struct {
+	batches, samples, windows uint64
+	waitSum                   float64
+	waitN                     uint64
+}
+
+func (a *epochAgg) rank(r uint32) *rankAgg {
+	ra := a.perRank[r]
+	if ra == nil {
+		ra = &rankAgg{}
+		a.perRank[r] = ra
+	}
+	return ra
+}
+
+func (a *epochAgg) addWait(r uint32, d time.Duration) {
+	ms := float64(d) / float64(time.Millisecond)
+	if ms < 0 {
+		ms = 0
+	}
+	a.waitSum += ms
+	a.waitN++
+	ra := a.rank(r)
+	ra.waitSum += ms
+	ra.waitN++
+}
+
+// runner is the state of one Run, owned by the loop goroutine.
+type runner struct {
+	c      *Coordinator
+	cfg    *config.Config
+	log    hclog.Logger
+	events chan event
+	slots  *slots
+	wg     sync.WaitGroup // connection goroutines and senders
+	ctx    context.Context
+
+	world     uint32
+	policy    config.Policy
+	hbTimeout time.Duration
+
+	ranks        []*rankState
+	phase        phase
+	started      time.Time
+	formDeadline time.Time
+	refusals     []string
+
+	pickSpace uint64
+	batch     uint64
+
+	epoch        uint64
+	work         *epochWork
+	agg          *epochAgg
+	win          *window
+	lastWindowMS float64
+	round        *round
+	reissue      *reissue
+	roundSeq     uint64
+	roundsBefore uint64
+	stepsBefore  uint64
+	session      *sessionReq
+	generation   uint64
+	role         uint32
+	cad          *cadence
+	snap         progress
+
+	evalTarget   int64 // -1: no evaluation pending
+	ckpt         *ckptWait
+	save         *ckptWait
+	exitDeadline time.Time
+
+	stopReq      bool
+	saveStatus   string // the status a ShutdownWithSave ends with
+	saveErr      error
+	status       string
+	err          error
+	lastProgress time.Time
+
+	// Run totals for the summary.
+	memberEvents []MembershipEvent
+	finished     []EpochSummary
+	rounds       uint64
+	roundMS      float64
+	bytes        float64
+	lastCkpt     string
+	hbSeq        uint64
+	deathQ       []deathNote
+}
+
+type deathNote struct {
+	rank   uint32
+	reason string
+}
+
+func newRunner(c *Coordinator) *runner {
+	cfg := c.cfg
+	world := uint32(cfg.Run.Ranks)
+	r := &runner{
+		c:          c,
+		cfg:        cfg,
+		log:        c.log,
+		events:     make(chan event, 256),
+		slots:      &slots{world: world, taken: map[uint32]bool{}},
+		world:      world,
+		policy:     cfg.Coordinator.Policy,
+		hbTimeout:  cfg.Coordinator.HeartbeatTimeout,
+		evalTarget: -1,
+		lastCkpt:   c.lastCkpt,
+	}
+	for i := range world {
+		r.ranks = append(r.ranks, &rankState{id: i})
+	}
+	return r
+}
+
+// run is the loop.
+func (r *runner) run(parent context.Context) (*Summary, error) {
+	ctx, cancel := context.WithCancel(parent)
+	r.ctx = ctx
+	r.started = time.Now()
+	r.formDeadline = r.started.Add(r.cfg.Coordinator.FormationTimeout)
+	r.log.Info("control server listening", "addr", r.c.ln.Addr().String(), "run_id", r.c.runID,
+		"ranks", r.world, "policy", r.policy, "out", r.c.out)
+
+	srv := &server{
+		ln:     r.c.ln,
+		keys:   r.c.opts.Keys,
+		slots:  r.slots,
+		opts:   []wire.Option{wire.WithIdleTimeout(r.hbTimeout)},
+		events: r.events,
+		log:    r.log,
+		wg:     &r.wg,
+	}
+	r.wg.Add(1)
+	go func() {
+		defer r.wg.Done()
+		srv.serve(ctx)
+	}()
+
+	hbEvery := r.c.opts.HeartbeatInterval
+	if hbEvery <= 0 {
+		hbEvery = time.Second
+	}
+	hb := time.NewTicker(hbEvery)
+	defer hb.Stop()
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	stopCh := r.c.stopCh
+
+	for r.phase != phDone {
+		select {
+		case ev := <-r.events:
+			r.onEvent(ev)
+		case <-hb.C:
+			r.heartbeat()
+		case <-tick.C:
+			r.checkDeadlines(time.Now())
+		case <-stopCh:
+			stopCh = nil
+			r.requestStop()
+		case <-parent.Done():
+			r.finish(StatusFailed, fmt.Errorf("coordinator: run abandoned: %w", context.Cause(parent)))
+		}
+		r.advance()
+	}
+
+	// Teardown: close every link (which ends readers and senders), stop
+	// accepting, and wait for every goroutine.
+	r.c.ln.Close()
+	for _, rs := range r.ranks {
+		if rs.link != nil {
+			rs.link.close()
+		}
+	}
+	cancel()
+	r.wg.Wait()
+	return r.summary(), r.err
+}
+
+// finish ends the run with status; a failure keeps the first error.
+func (r *runner) finish(status string, err error) {
+	if r.phase == phDone {
+		return
+	}
+	r.status = status
+	if err != nil && r.err == nil {
+		r.err = err
+	}
+	if status == StatusFailed && r.err == nil {
+		r.err = errors.New("coordinator: run failed")
+	}
+	if status != StatusFailed {
+		r.err = nil
+	}
+	r.phase = phDone
+	if r.save != nil && !r.save.resolved {
+		r.resolveCkpt(r.save)
+	}
+	if r.ckpt != nil && !r.ckpt.resolved {
+		r.c.store.abandon(r.ckpt.tmp)
+	}
+	if status == StatusFailed {
+		r.log.Error("run failed", "error", r.err)
+	} else {
+		r.log.Info("run ended", "status", status)
+	}
+}
+
+// advance applies deaths noted while handling an event, then moves the
+// state machine as far as the current state allows.
+func (r *runner) advance() {
+	for range 1000 {
+		if len(r.deathQ) > 0 {
+			d := r.deathQ[0]
+			r.deathQ = r.deathQ[1:]
+			r.lose(r.ranks[d.rank], d.reason)
+			continue
+		}
+		if !r.step() {
+			return
+		}
+	}
+	r.log.Error("state machine did not settle; this is a bug", "phase", r.phase.String())
+}
+
+// step makes one move; false means nothing can move until the next event.
+func (r *runner) step() bool {
+	switch r.phase {
+	case phForming:
+		return r.tryForm()
+	case phDone:
+		return false
+	}
+	if r.stepSession() {
+		return true
+	}
+	switch r.phase {
+	case phTraining:
+		return r.stepTraining()
+	case phShutdown, phSaving:
+		return r.checkExits()
+	}
+	return false
+}
+
+// onEvent handles one event from a connection goroutine.
+func (r *runner) onEvent(ev event) {
+	if ev.rank >= r.world {
+		return // the handshake refuses these; never index with one
+	}
+	rs := r.ranks[ev.rank]
+	switch ev.kind {
+	case evJoined:
+		r.onJoined(rs, ev.conn)
+	case evLinkDown:
+		if rs.link == nil || rs.link.conn != ev.conn {
+			return // a connection already replaced or dropped
+		}
+		r.onLinkDown(rs, ev.err)
+	case evMessage:
+		if rs.link == nil || rs.link.conn != ev.conn {
+			return
+		}
+		r.onMessage(rs, ev.msg)
+	}
+}
+
+func (r *runner) onJoined(rs *rankState, conn *wire.Conn) {
+	if r.phase != phForming || rs.status != stAbsent {
+		// The slot check makes this impossible; never let a second
+		// connection take over a rank.
+		r.log.Warn("dropping an unexpected connection", "rank", rs.id, "phase", r.phase.String())
+		conn.Close()
+		return
+	}
+	rs.link = newLink(rs.id, conn)
+	rs.status = stJoined
+	r.wg.Add(1)
+	go func() {
+		defer r.wg.Done()
+		rs.link.run(r.ctx, r.events)
+	}()
+	r.log.Info("rank joined", "rank", rs.id, "remote", conn.RemoteAddr().String())
+	admit := &cohortv1.Admit{
+		RunId:             r.c.runID,
+		Seed:              uint64(r.cfg.Run.Seed),
+		AveragingEndpoint: r.c.endpoint,
+		ResumeDir:         r.c.resume,
+		Epochs:            uint64(r.cfg.Run.Epochs),
+	}
+	r.send(rs, admit)
+}
+
+func (r *runner) onLinkDown(rs *rankState, err error) {
+	switch rs.status {
+	case stExited, stDead:
+		rs.link.close()
+		return
+	case stJoined, stReady:
+		// Before formation a lost rank may simply connect again.
+		r.log.Warn("rank left before the cohort formed", "rank", rs.id, "error", err)
+		r.dropUnformed(rs)
+		return
+	}
+	r.noteDeath(rs.id, linkReason(err, r.hbTimeout))
+}
+
+// linkReason says why a link counts as dead.
+func linkReason(err error, timeout time.Duration) string {
+	switch {
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		return fmt.Sprintf("silent for %v (heartbeat timeout)", timeout)
+	case errors.Is(err, io.EOF):
+		return "link closed without Exiting"
+	}
+	return fmt.Sprintf("link broken: %v", err)
+}
+
+// dropUnformed forgets a rank that has not joined the formed cohort and
+// frees its slot.
+func (r *runner) dropUnformed(rs *rankState) {
+	if rs.link != nil {
+		rs.link.close()
+		rs.link = nil
+	}
+	rs.status = stAbsent
+	rs.ready = nil
+	r.slots.release(rs.id)
+}
+
+// noteDeath queues a death; advance applies it after the current handler,
+// so a failure found in the middle of a broadcast never changes the set
+// of ranks being iterated.
+func (r *runner) noteDeath(rank uint32, reason string) {
+	for _, d := range r.deathQ {
+		if d.rank == rank {
+			return
+		}
+	}
+	r.deathQ = append(r.deathQ, deathNote{rank, reason})
+}
+
+// send queues msg for rs; a rank whose queue is full is not reading and
+// is noted dead.
+func (r *runner) send(rs *rankState, msg proto.Message) {
+	if rs.link == nil || rs.status == stDead {
+		return
+	}
+	if !rs.link.queue(msg) {
+		r.noteDeath(rs.id, fmt.Sprintf("not reading: %d control frames queued", outboxSize))
+	}
+}
+
+// live returns the ranks of the formed cohort that are still in it, in
+// ascending order.
+func (r *runner) live() []uint32 {
+	var out []uint32
+	for _, rs := range r.ranks {
+		if rs.status == stLive {
+			out = append(out, rs.id)
+		}
+	}
+	return out
+}
+
+func (r *runner) broadcast(msg proto.Message) {
+	for _, id := range r.live() {
+		r.send(r.ranks[id], msg)
+	}
+}
+
+func (r *runner) heartbeat() {
+	r.hbSeq++
+	msg := &cohortv1.CoordinatorHeartbeat{Sequence: r.hbSeq}
+	for _, rs := range r.ranks {
+		if rs.status == stJoined || rs.status == stReady || rs.status == stLive {
+			r.send(rs, msg)
+		}
+	}
+}
+
+func (r *runner) requestStop() {
+	if r.stopReq {
+		return
+	}
+	r.stopReq = true
+	switch r.phase {
+	case phForming:
+		r.log.Info("stop requested before the cohort formed")
+		r.finish(StatusStopped, nil)
+	case phShutdown, phSaving, phDone:
+	default:
+		r.log.Info("stop requested: finishing the plans in flight, then a final round and a save")
+	}
+}
+
+// checkDeadlines enforces every timeout the loop owns.
+func (r *runner) checkDeadlines(now time.Time) {
+	switch r.phase {
+	case phForming:
+		if now.After(r.formDeadline) {
+			r.finish(StatusFailed, r.formationError())
+		}
+	case phShutdown, phSaving:
+		if now.After(r.exitDeadline) {
+			what := "Shutdown"
+			if r.phase == phSaving {
+				what = "ShutdownWithSave"
+			}
+			for _, id := range r.live() {
+				r.noteDeath(id, fmt.Sprintf("no Exiting within %v of %s", r.exitTimeout(), what))
+			}
+		}
+	}
+	if s := r.session; s != nil && !s.haveID && now.After(s.deadline) {
+		r.retrySession()
+	}
+}
+
+func (r *runner) formationError() error {
+	var joined, ready []uint32
+	for _, rs := range r.ranks {
+		if rs.status >= stJoined {
+			joined = append(joined, rs.id)
+		}
+		if rs.status >= stReady {
+			ready = append(ready, rs.id)
+		}
+	}
+	err := fmt.Errorf("coordinator: formation: %d/%d ranks ready within %v (joined %v, ready %v)",
+		len(ready), r.world, r.cfg.Coordinator.FormationTimeout, joined, ready)
+	if len(r.refusals) > 0 {
+		err = fmt.Errorf("%w; refused: %s", err, r.refusals[len(r.refusals)-1])
+	}
+	return err
+}
+
+func (r *runner) exitTimeout() time.Duration {
+	if r.phase == phSaving {
+		if d := r.c.opts.SaveTimeout; d > 0 {
+			return d
+		}
+		return 5 * time.Minute
+	}
+	if d := r.c.opts.ExitTimeout; d > 0 {
+		return d
+	}
+	return 30 * time.Second
+}
+
+// onMessage routes one frame. The link's rank is the one the handshake
+// authenticated; rank fields inside messages are not trusted.
+func (r *runner) onMessage(rs *rankState, msg proto.Message) {
+	switch m := msg.(type) {
+	case *cohortv1.Heartbeat:
+	case *cohortv1.Ready:
+		r.onReady(rs, m)
+	case *cohortv1.Batch:
+		r.onBatch(rs, m)
+	case *cohortv1.Metrics:
+		r.onMetrics(rs, m)
+	case *cohortv1.SyncAck:
+		r.onSyncAck(rs, m)
+	case *cohortv1.SnapshotReady:
+		r.log.Trace("snapshot ready", "rank", rs.id, "round", m.GetRound())
+	case *cohortv1.EvalResult:
+		r.onEvalResult(rs, m)
+	case *cohortv1.CheckpointResult:
+		r.onCheckpointResult(rs, m)
+	case *cohortv1.SessionIdGenerated:
+		r.onSessionID(rs, m)
+	case *cohortv1.EpochFnElapsed:
+		r.log.Debug("epoch callback ran", "rank", rs.id, "epoch", m.GetEpoch(), "ms", m.GetElapsedMs())
+	case *cohortv1.ResourceSample:
+		r.log.Trace("resource sample", "rank", rs.id)
+	case *cohortv1.Exiting:
+		r.onExiting(rs)
+	default:
+		r.log.Warn("ignoring an unexpected frame", "rank", rs.id, "type", fmt.Sprintf("%T", msg))
+	}
+}
+
+// onReady checks a rank's Ready against rank 0's.
+func (r *runner) onReady(rs *rankState, m *cohortv1.Ready) {
+	if r.phase != phForming || rs.status != stJoined {
+		r.log.Warn("ignoring a Ready outside formation", "rank", rs.id, "phase", r.phase.String())
+		return
+	}
+	rs.ready = m
+	rs.status = stReady
+	ref := r.ranks[0]
+	if rs.id == 0 {
+		if m.GetSamples() == 0 || m.GetBatchSize() == 0 {
+			r.refuse(rs, fmt.Sprintf("its trainer has %d samples and batch size %d", m.GetSamples(), m.GetBatchSize()))
+			return
+		}
+		for _, o := range r.ranks[1:] {
+			if o.status == stReady {
+				r.verifyReady(o, m)
+			}
+		}
+		return
+	}
+	if ref.status == stReady {
+		r.verifyReady(rs, ref.ready)
+	}
+}
+
+func (r *runner) verifyReady(rs *rankState, ref *cohortv1.Ready) {
+	m := rs.ready
+	switch {
+	case !bytes.Equal(m.GetLayoutDigest(), ref.GetLayoutDigest()):
+		r.refuse(rs, fmt.Sprintf("its parameter layout digest %x differs from rank 0's %x (another model?)", m.GetLayoutDigest(), ref.GetLayoutDigest()))
+	case m.GetSamples() != ref.GetSamples():
+		r.refuse(rs, fmt.Sprintf("its trainer has %d samples, rank 0's has %d", m.GetSamples(), ref.GetSamples()))
+	case m.GetBatchSize() != ref.GetBatchSize():
+		r.refuse(rs, fmt.Sprintf("its batch size is %d, rank 0's is %d", m.GetBatchSize(), ref.GetBatchSize()))
+	}
+}
+
+// refuse drops a rank at formation; its slot is free for a corrected
+// process, and the formation timeout reports the reason if none comes.
+func (r *runner) refuse(rs *rankState, why string) {
+	msg := fmt.Sprintf("rank %d: %s", rs.id, why)
+	r.refusals = append(r.refusals, msg)
+	r.log.Warn("refused a rank at formation", "rank", rs.id, "reason", why)
+	r.dropUnformed(rs)
+}
+
+// tryForm forms the cohort once every rank is Ready.
+func (r *runner) tryForm() bool {
+	for _, rs := range r.ranks {
+		if rs.status != stReady {
+			return false
+		}
+	}
+	ref := r.ranks[0].ready
+	r.pickSpace = ref.GetSamples()
+	r.batch = uint64(ref.GetBatchSize())
+	if m := r.c.meta; m != nil && m.PickSpace != r.pickSpace {
+		r.finish(StatusFailed, fmt.Errorf("coordinator: resume: checkpoint %s was taken with %d samples, the trainer now has %d",
+			r.c.resume, m.PickSpace, r.pickSpace))
+		return true
+	}
+	for _, rs := range r.ranks {
+		rs.status = stLive
+	}
+	r.phase = phTraining
+	r.log.Info("cohort formed", "ranks", r.world, "samples", r.pickSpace, "batch_size", r.batch,
+		"trainer", ref.GetTrainer(), "averager", ref.GetAverager(), "seconds", time.Since(r.started).Seconds())
+	r.setupCadence()
+	r.emit(Progress{Kind: ProgressFormed})
+	r.role = 0
+	r.broadcast(&cohortv1.SetEpochCallbackRole{Rank: r.role})
+	// Every rank starts from rank 0's parameters (after a resume: from
+	// what rank 0 loaded).
+	r.issueRound(cohortv1.SyncMode_SYNC_MODE_BROADCAST, 0, true)
+	return true
+}
+
+func (r *runner) setupCadence() {
+	if r.policy != config.PolicyCadence {
+		return
+	}
+	base := uint64(r.cfg.Coordinator.ChunkBatches)
+	if base == 0 {
+		base = uint64(r.cfg.Coordinator.SyncEvery)
+	}
+	epochBatches := (r.pickSpace + r.batch - 1) / r.batch
+	r.cad = newCadence(base, epochBatches, r.cfg.Coordinator.OverheadTarget)
+	if r.c.meta != nil {
+		r.cad.restore(r.c.meta.Cadence)
+	}
+}
+
+func (r *runner) emit(p Progress) {
+	if r.c.opts.Progress == nil {
+		return
+	}
+	p.Epoch = r.epoch
+	p.Epochs = r.cfg.Run.Epochs
+	p.World = int(r.world)
+	p.Live = len(r.live())
+	if p.Total == 0 {
+		p.Total = r.pickSpace
+	}
+	r.c.opts.Progress(p)
+}
+
+// onExiting records a clean exit. One in the middle of training is a
+// departure, handled like a death but not counted as one.
+func (r *runner) onExiting(rs *rankState) {
+	switch rs.status {
+	case stJoined, stReady:
+		r.dropUnformed(rs)
+		return
+	case stLive:
+	default:
+		return
+	}
+	if r.phase == phShutdown || r.phase == phSaving {
+		rs.status = stExited
+		r.log.Debug("rank exited", "rank", rs.id)
+		return
+	}
+	r.depart(rs, "left", "sent Exiting before the run ended", stExited)
+}
+
+// checkExits ends the run once no rank is live and any save is resolved.
+func (r *runner) checkExits() bool {
+	if len(r.live()) > 0 {
+		return false
+	}
+	if r.save != nil && !r.save.resolved {
+		r.resolveCkpt(r.save)
+	}
+	if r.phase == phSaving {
+		r.finish(r.saveStatus, r.saveErr)
+	} else {
+		r.finish(StatusCompleted, nil)
+	}
+	return true
+}

@@ -1,0 +1,216 @@
+package coordinator
+
+import (
+	"fmt"
+	"slices"
+	"time"
+
+	cohortv1 "github.com/cohortdl/cohort/shared/proto/cohort/v1"
+)
+
+// lose handles a rank found dead (its link broke, or it fell silent, or it
+// stopped reading).
+func (r *runner) lose(rs *rankState, reason string) {
+	switch rs.status {
+	case stJoined, stReady:
+		r.log.Warn("rank lost before the cohort formed", "rank", rs.id, "reason", reason)
+		r.dropUnformed(rs)
+		return
+	case stLive:
+		r.depart(rs, "dead", reason, stDead)
+	}
+}
+
+// depart removes a live rank from the cohort: record the event, tell the
+// survivors (DeclareDead: their watchdog aborts a round waiting on it),
+// re-elect the epoch-callback rank, give its unfinished samples to the
+// survivors, and re-form the averaging group; below min_ranks survivors,
+// save and stop instead.
+func (r *runner) depart(rs *rankState, event, reason string, status rankStatus) {
+	rs.status = status
+	rs.reason = reason
+	if rs.link != nil {
+		rs.link.close()
+	}
+	ev := MembershipEvent{Rank: rs.id, Event: event, Epoch: r.epoch, Reason: reason, Time: time.Now()}
+	r.memberEvents = append(r.memberEvents, ev)
+	r.log.Warn("rank removed from the cohort", "rank", rs.id, "event", event, "reason", reason,
+		"epoch", r.epoch, "phase", r.phase.String())
+	r.emit(Progress{Kind: ProgressMembership, Event: &ev})
+	if r.cad != nil {
+		r.cad.forget(rs.id)
+	}
+	unfinished := r.unfinishedOf(rs)
+	survivors := r.live()
+
+	switch r.phase {
+	case phShutdown:
+		return
+	case phSaving:
+		r.ckptRankGone(r.save, rs.id)
+		return
+	}
+
+	if len(survivors) == 0 {
+		r.finish(StatusFailed, fmt.Errorf("coordinator: every rank is lost (last: rank %d, %s)", rs.id, reason))
+		return
+	}
+	dd := &cohortv1.DeclareDead{Rank: rs.id, Reason: reason}
+	for _, id := range survivors {
+		r.send(r.ranks[id], dd)
+	}
+	if r.role == rs.id {
+		r.role = survivors[0]
+		r.log.Info("epoch-callback rank re-elected", "rank", r.role)
+		r.broadcast(&cohortv1.SetEpochCallbackRole{Rank: r.role})
+	}
+	if r.win != nil {
+		delete(r.win.ranks, rs.id)
+	}
+	if rd := r.round; rd != nil {
+		delete(rd.waiting, rs.id)
+		delete(rd.acks, rs.id)
+	}
+
+	if min := r.cfg.Coordinator.MinRanks; len(survivors) < min {
+		r.log.Error("too few ranks left to carry on; saving and stopping", "live", len(survivors), "min_ranks", min)
+		r.beginSave(cohortv1.ShutdownReason_SHUTDOWN_REASON_TOO_FEW_RANKS, ReasonTooFewRanks, StatusFailed,
+			fmt.Errorf("coordinator: %d live ranks after rank %d was lost (%s), min_ranks is %d", len(survivors), rs.id, reason, min))
+		return
+	}
+	r.redistribute(unfinished, survivors)
+	r.requestSession(survivors)
+	// Whatever waited on the lost rank can move on now; last, since each
+	// may advance the run (to the next epoch, or the next window).
+	if r.evalTarget == int64(rs.id) {
+		r.sendEvaluate()
+	}
+	if r.ckpt != nil {
+		r.ckptRankGone(r.ckpt, rs.id)
+	}
+	r.checkRound()
+}
+
+// unfinishedOf takes a departing rank's work back: the part of each open
+// plan no Batch report covers, then its undispatched partition.
+func (r *runner) unfinishedOf(rs *rankState) []Range {
+	var out []Range
+	for _, p := range rs.outstanding {
+		if u := p.unfinished(); u.Size > 0 {
+			out = append(out, u)
+		}
+	}
+	rs.outstanding = nil
+	rs.sinceRound = 0
+	if r.work != nil {
+		out = append(out, r.work.forfeit(rs.id)...)
+	}
+	return out
+}
+
+// redistribute hands the ranges to the survivors in equal consecutive
+// shares, each piece one ExtendPartition (and one plan) of its own.
+func (r *runner) redistribute(rs []Range, survivors []uint32) {
+	total := sumRanges(rs)
+	if total == 0 {
+		return
+	}
+	shares := splitRanges(rs, equalSizes(total, len(survivors)))
+	for i, id := range survivors {
+		for _, rng := range shares[i] {
+			s := r.ranks[id]
+			s.outstanding = slices.Insert(s.outstanding, extSlot(s.outstanding), &plan{epoch: r.epoch, rng: rng, ext: true})
+			r.send(s, &cohortv1.ExtendPartition{Epoch: r.epoch, PartitionOffset: rng.Offset, PartitionSize: rng.Size})
+		}
+	}
+	r.log.Info("redistributed a lost rank's samples", "samples", total, "survivors", len(survivors))
+}
+
+// extSlot is where an ExtendPartition runs among a rank's open plans: a
+// worker runs it after the plan in progress (taken to be the first open
+// one) and after earlier extensions, ahead of chunks still queued. Keeping
+// the same order here is what lets Batch reports, which do not name their
+// plan, be counted against the right one.
+func extSlot(open []*plan) int {
+	at := min(1, len(open))
+	for at < len(open) && open[at].ext {
+		at++
+	}
+	return at
+}
+
+// requestSession starts (or restarts, for a later death) the re-formation
+// of the averaging group: the lowest survivor makes the session id.
+func (r *runner) requestSession(survivors []uint32) {
+	r.generation++
+	r.session = &sessionReq{gen: r.generation, tried: map[uint32]bool{}}
+	r.askSession(survivors[0])
+}
+
+func (r *runner) askSession(generator uint32) {
+	s := r.session
+	s.generator = generator
+	s.tried[generator] = true
+	s.deadline = time.Now().Add(r.sessionTimeout())
+	r.send(r.ranks[generator], &cohortv1.RequestSessionId{Generation: s.gen})
+	r.log.Debug("session id requested", "generation", s.gen, "rank", generator)
+}
+
+func (r *runner) sessionTimeout() time.Duration {
+	if d := r.c.opts.SessionTimeout; d > 0 {
+		return d
+	}
+	return max(5*time.Second, r.hbTimeout)
+}
+
+// retrySession asks the next survivor when the generator did not answer
+// in time; with none left the run cannot average again.
+func (r *runner) retrySession() {
+	s := r.session
+	live := r.live()
+	i := slices.IndexFunc(live, func(id uint32) bool { return !s.tried[id] })
+	if i < 0 {
+		r.session = nil
+		r.log.Error("no survivor produced a session id; saving and stopping", "generation", s.gen)
+		r.beginSave(cohortv1.ShutdownReason_SHUTDOWN_REASON_REDUCE_STALL, ReasonStall, StatusFailed,
+			fmt.Errorf("coordinator: no survivor answered RequestSessionId (generation %d)", s.gen))
+		return
+	}
+	r.log.Warn("session id request timed out; asking the next survivor", "generation", s.gen, "rank", live[i])
+	r.askSession(live[i])
+}
+
+func (r *runner) onSessionID(rs *rankState, m *cohortv1.SessionIdGenerated) {
+	s := r.session
+	if s == nil || m.GetGeneration() != s.gen || rs.id != s.generator || s.haveID {
+		r.log.Debug("ignoring a stale session id", "rank", rs.id, "generation", m.GetGeneration())
+		return
+	}
+	s.haveID = true
+	s.id = slices.Clone(m.GetSessionId())
+}
+
+// stepSession sends NewSession once the id is known and no round is in
+// flight. Holding it back while a round runs matters: a survivor that has
+// not yet entered the old round must find its averager aborted (so it acks
+// aborted like the others), not join the old round number on the new group
+// and wait there forever for peers that already moved on.
+func (r *runner) stepSession() bool {
+	s := r.session
+	if s == nil || !s.haveID || r.round != nil {
+		return false
+	}
+	r.session = nil
+	members := r.live()
+	for i, id := range members {
+		r.send(r.ranks[id], &cohortv1.NewSession{
+			Generation:   s.gen,
+			SessionId:    s.id,
+			NewRank:      uint32(i),
+			NewWorldSize: uint32(len(members)),
+			Members:      members,
+		})
+	}
+	r.log.Info("averaging group re-formed", "generation", s.gen, "members", members)
+	return true
+}

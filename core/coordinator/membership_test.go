@@ -1,0 +1,226 @@
+package coordinator
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	cohortv1 "github.com/cohortdl/cohort/shared/proto/cohort/v1"
+)
+
+// A rank lost mid-epoch (its link breaks, or it falls silent past the
+// heartbeat timeout) is declared dead to the survivors, the group is
+// re-formed without it, and its unfinished samples are handed out with
+// ExtendPartition so every sample of the epoch is still trained exactly
+// once.
+func TestDeadRankRedistributed(t *testing.T) {
+	cases := []struct {
+		name   string
+		script rankScript
+		reason string
+	}{
+		{"link breaks", rankScript{msPerBatch: 5 * time.Millisecond, dieAfterBatches: 3}, "link closed without Exiting"},
+		{"falls silent", rankScript{msPerBatch: 5 * time.Millisecond, silentAfterBatches: 3}, "silent for 1s (heartbeat timeout)"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := testConfig(t)
+			cfg.Coordinator.HeartbeatTimeout = time.Second
+			h := newHarness(t, cfg, nil)
+			ranks := h.startAll(func(r uint32) rankScript {
+				if r == 2 {
+					return tc.script
+				}
+				return rankScript{msPerBatch: 5 * time.Millisecond}
+			})
+			sum := h.mustComplete()
+			h.ledger.checkExactlyOnce(t, 2, 96)
+
+			if len(sum.MembershipEvents) != 1 {
+				t.Fatalf("membership events %+v, want one", sum.MembershipEvents)
+			}
+			ev := sum.MembershipEvents[0]
+			if ev.Rank != 2 || ev.Event != "dead" || ev.Epoch != 0 || ev.Reason != tc.reason {
+				t.Errorf("event %+v, want rank 2 dead in epoch 0: %q", ev, tc.reason)
+			}
+			if r := sum.Ranks[2]; r.State != RankDead || r.Reason != tc.reason {
+				t.Errorf("rank 2 summary %+v", r)
+			}
+			var extended uint64
+			for _, f := range ranks[:2] {
+				dd := messagesOf[*cohortv1.DeclareDead](f)
+				if len(dd) != 1 || dd[0].GetRank() != 2 {
+					t.Errorf("rank %d DeclareDead %v, want one for rank 2", f.id, dd)
+				}
+				ns := messagesOf[*cohortv1.NewSession](f)
+				if len(ns) != 1 || ns[0].GetGeneration() != 1 || ns[0].GetNewWorldSize() != 2 ||
+					ns[0].GetNewRank() != f.id || !slices.Equal(ns[0].GetMembers(), []uint32{0, 1}) ||
+					string(ns[0].GetSessionId()) != "session-1" {
+					t.Errorf("rank %d NewSession %v, want generation 1, members [0 1], its own new rank, rank 0's id", f.id, ns)
+				}
+				for _, e := range messagesOf[*cohortv1.ExtendPartition](f) {
+					extended += e.GetPartitionSize()
+				}
+			}
+			// Rank 2 trained 3 batches of 8 of its 32: the other 8 of its
+			// first window's chunk and its 16 undispatched go to the others.
+			if extended != 32-3*8 {
+				t.Errorf("ExtendPartition covered %d samples, want %d", extended, 32-3*8)
+			}
+			if n := len(messagesOf[*cohortv1.RequestSessionId](ranks[0])); n != 1 {
+				t.Errorf("rank 0 (lowest survivor) got %d RequestSessionId, want 1", n)
+			}
+			if n := len(messagesOf[*cohortv1.RequestSessionId](ranks[1])); n != 0 {
+				t.Errorf("rank 1 got %d RequestSessionId, want 0", n)
+			}
+		})
+	}
+}
+
+// When the epoch-callback rank dies, the lowest survivor takes the role
+// and evaluates.
+func TestCallbackRoleReElected(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.Run.Epochs = 1
+	h := newHarness(t, cfg, nil)
+	ranks := h.startAll(func(r uint32) rankScript {
+		if r == 0 {
+			return rankScript{msPerBatch: 2 * time.Millisecond, dieAfterBatches: 1}
+		}
+		return rankScript{msPerBatch: 2 * time.Millisecond}
+	})
+	h.mustComplete()
+	h.ledger.checkExactlyOnce(t, 1, 96)
+	roles := messagesOf[*cohortv1.SetEpochCallbackRole](ranks[2])
+	if len(roles) != 2 || roles[1].GetRank() != 1 {
+		t.Errorf("rank 2 roles %v, want rank 0 then rank 1", roles)
+	}
+	if ev := messagesOf[*cohortv1.Evaluate](ranks[1]); len(ev) != 1 || ev[0].GetTargetRank() != 1 {
+		t.Errorf("rank 1 Evaluate %v, want one targeting it", ev)
+	}
+	if rq := messagesOf[*cohortv1.RequestSessionId](ranks[1]); len(rq) != 1 {
+		t.Errorf("rank 1 (lowest survivor) RequestSessionId %v", rq)
+	}
+}
+
+// A death during a round: the round runs again under a new number on the
+// re-formed group, as AVERAGE when every survivor aborted and as a
+// BROADCAST from the lowest survivor that completed otherwise.
+func TestRoundReissuedAfterDeath(t *testing.T) {
+	cases := []struct {
+		name   string
+		script func(r uint32) rankScript
+		mode   cohortv1.SyncMode
+		root   uint32
+	}{
+		{
+			name: "every survivor aborted",
+			script: func(r uint32) rankScript {
+				if r == 2 {
+					return rankScript{dieOnRound: 1, dieOnRoundSet: true}
+				}
+				return rankScript{}
+			},
+			mode: cohortv1.SyncMode_SYNC_MODE_AVERAGE,
+		},
+		{
+			// Rank 2 enters the collective and dies; rank 0 completes, rank
+			// 1 sees the death first and aborts.
+			name: "one survivor completed",
+			script: func(r uint32) rankScript {
+				switch r {
+				case 2:
+					return rankScript{dieOnRound: 1, dieOnRoundSet: true, enterFirst: true}
+				case 1:
+					return rankScript{abortRound: 1, abortRoundSet: true}
+				}
+				return rankScript{}
+			},
+			mode: cohortv1.SyncMode_SYNC_MODE_BROADCAST,
+			root: 0,
+		},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := testConfig(t)
+			cfg.Run.Epochs = 1
+			h := newHarness(t, cfg, nil)
+			ranks := h.startAll(tc.script)
+			h.mustComplete()
+			h.ledger.checkExactlyOnce(t, 1, 96)
+			for _, f := range ranks[:2] {
+				syncs := messagesOf[*cohortv1.Sync](f)
+				if len(syncs) < 3 {
+					t.Fatalf("rank %d syncs %v", f.id, syncs)
+				}
+				again := syncs[2]
+				if again.GetRound() != 2 || again.GetMode() != tc.mode || again.GetRoot() != tc.root {
+					t.Errorf("rank %d: round after the abort is %v, want round 2 %v root %d", f.id, again, tc.mode, tc.root)
+				}
+				// NewSession must reach the rank before the round that runs
+				// on the new group.
+				var order []string
+				for _, m := range messagesOf[proto.Message](f) {
+					switch v := m.(type) {
+					case *cohortv1.NewSession:
+						order = append(order, "session")
+					case *cohortv1.Sync:
+						if v.GetRound() == 2 {
+							order = append(order, "round2")
+						}
+					}
+				}
+				if !slices.Equal(order, []string{"session", "round2"}) {
+					t.Errorf("rank %d: order %v, want NewSession before round 2", f.id, order)
+				}
+			}
+		})
+	}
+}
+
+// Fewer survivors than min_ranks: ShutdownWithSave, a complete
+// checkpoint from the survivors, status failed.
+func TestTooFewRanksSaves(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.Coordinator.MinRanks = 3
+	h := newHarness(t, cfg, nil)
+	ranks := h.startAll(func(r uint32) rankScript {
+		if r == 1 {
+			return rankScript{msPerBatch: 2 * time.Millisecond, dieAfterBatches: 5}
+		}
+		return rankScript{msPerBatch: 2 * time.Millisecond}
+	})
+	sum, err := h.wait()
+	if err == nil || sum.Status != StatusFailed || !strings.Contains(err.Error(), "min_ranks is 3") {
+		t.Fatalf("status %s, error %v", statusOf(sum), err)
+	}
+	for _, f := range []*fakeRank{ranks[0], ranks[2]} {
+		sw := messagesOf[*cohortv1.ShutdownWithSave](f)
+		if len(sw) != 1 || sw[0].GetReason() != cohortv1.ShutdownReason_SHUTDOWN_REASON_TOO_FEW_RANKS {
+			t.Errorf("rank %d ShutdownWithSave %v", f.id, sw)
+		}
+		if n := len(messagesOf[*cohortv1.ExtendPartition](f)); n != 0 {
+			t.Errorf("rank %d got %d ExtendPartition; a stopping run redistributes nothing", f.id, n)
+		}
+	}
+	if sum.Checkpoint == "" {
+		t.Fatal("no checkpoint in the summary")
+	}
+	m, err := ReadMeta(sum.Checkpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Reason != ReasonTooFewRanks || !slices.Equal(m.SavedRanks, []uint32{0, 2}) {
+		t.Errorf("meta reason %q, saved %v", m.Reason, m.SavedRanks)
+	}
+	for _, r := range m.SavedRanks {
+		if _, err := os.Stat(filepath.Join(sum.Checkpoint, "rank-"+string(rune('0'+r)), "state.json")); err != nil {
+			t.Errorf("rank %d state: %v", r, err)
+		}
+	}
+}

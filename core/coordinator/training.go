@@ -1,0 +1,555 @@
+package coordinator
+
+import (
+	"math"
+	"slices"
+	"time"
+
+	"github.com/cohortdl/cohort/core/config"
+	cohortv1 "github.com/cohortdl/cohort/shared/proto/cohort/v1"
+)
+
+// windowed reports whether the policy hands out work in windows that all
+// close at one round (sync, cadence), rather than streaming it (async).
+func (r *runner) windowed() bool { return r.policy != config.PolicyAsync }
+
+// shared reports whether the policy draws chunks from one epoch pool
+// instead of per-rank partitions: under cadence and async a faster rank
+// must be able to take more than an equal share.
+func (r *runner) shared() bool { return r.policy != config.PolicySync }
+
+// asyncChunk is the async policy's chunk in batches: small, so a round is
+// never held long by a rank finishing its chunk.
+func (r *runner) asyncChunk() uint64 {
+	if n := r.cfg.Coordinator.ChunkBatches; n > 0 {
+		return uint64(n)
+	}
+	return max(1, (uint64(r.cfg.Coordinator.SyncEvery)+3)/4)
+}
+
+// stepTraining makes one move of the training phase.
+func (r *runner) stepTraining() bool {
+	if !r.windowed() && r.work != nil && !r.stopReq && r.round == nil {
+		// Async: idle ranks get their next chunk at once (during a round
+		// they get it with the round's Update).
+		if r.dispatchIdle(nil) {
+			return true
+		}
+	}
+	if r.round != nil {
+		return false
+	}
+	if r.reissue != nil {
+		if r.session != nil {
+			return false
+		}
+		ri := r.reissue
+		r.reissue = nil
+		r.issueRound(ri.mode, ri.root, ri.initial)
+		return true
+	}
+	if r.work == nil {
+		return false // round 0 has not completed yet
+	}
+	busy := r.anyOutstanding()
+	if r.windowed() {
+		if busy {
+			return false
+		}
+		if r.win != nil {
+			r.closeWindow()
+		}
+		if r.unsynced() > 0 {
+			if r.session != nil {
+				return false
+			}
+			r.issueRound(cohortv1.SyncMode_SYNC_MODE_AVERAGE, 0, false)
+			return true
+		}
+		if r.stopReq {
+			r.beginSave(cohortv1.ShutdownReason_SHUTDOWN_REASON_INTERRUPTED, ReasonInterrupted, StatusStopped, nil)
+			return true
+		}
+		if r.work.remaining() > 0 {
+			r.nextWindow(nil)
+			return true
+		}
+		r.endEpoch()
+		return true
+	}
+
+	// Async.
+	if busy && r.session == nil && r.asyncRoundDue() {
+		r.issueRound(cohortv1.SyncMode_SYNC_MODE_AVERAGE, 0, false)
+		return true
+	}
+	if busy || (!r.stopReq && r.work.remaining() > 0) {
+		return false
+	}
+	if r.unsynced() > 0 {
+		if r.session != nil {
+			return false
+		}
+		r.issueRound(cohortv1.SyncMode_SYNC_MODE_AVERAGE, 0, false)
+		return true
+	}
+	if r.stopReq {
+		r.beginSave(cohortv1.ShutdownReason_SHUTDOWN_REASON_INTERRUPTED, ReasonInterrupted, StatusStopped, nil)
+		return true
+	}
+	r.endEpoch()
+	return true
+}
+
+func (r *runner) anyOutstanding() bool {
+	for _, id := range r.live() {
+		if len(r.ranks[id].outstanding) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// unsynced is the number of batches the live ranks trained since their
+// last completed round.
+func (r *runner) unsynced() uint64 {
+	var n uint64
+	for _, id := range r.live() {
+		n += r.ranks[id].sinceRound
+	}
+	return n
+}
+
+// asyncRoundDue: the slowest busy rank has trained sync_every batches
+// since the last round.
+func (r *runner) asyncRoundDue() bool {
+	slowest := uint64(math.MaxUint64)
+	for _, id := range r.live() {
+		if rs := r.ranks[id]; len(rs.outstanding) > 0 {
+			slowest = min(slowest, rs.sinceRound)
+		}
+	}
+	return slowest != math.MaxUint64 && slowest >= uint64(r.cfg.Coordinator.SyncEvery)
+}
+
+// startEpoch splits epoch e over the live ranks.
+func (r *runner) startEpoch(e uint64) {
+	r.epoch = e
+	r.work = newEpochWork(e, r.pickSpace, r.live(), r.shared())
+	r.agg = r.newAgg(EpochProgress{})
+	r.phase = phTraining
+	r.snap = r.progressNow()
+	r.log.Info("epoch started", "epoch", e, "samples", r.pickSpace, "ranks", len(r.live()))
+}
+
+func (r *runner) newAgg(prior EpochProgress) *epochAgg {
+	return &epochAgg{started: time.Now(), prior: prior, perRank: map[uint32]*rankAgg{}}
+}
+
+// startTraining runs when round 0 completes: a fresh run starts epoch 0, a
+// resumed one rebuilds the epoch in progress from its checkpoint.
+func (r *runner) startTraining() {
+	m := r.c.meta
+	if m == nil {
+		r.startEpoch(0)
+		return
+	}
+	r.roundsBefore = m.Rounds
+	r.stepsBefore = m.GlobalStep
+	r.finished = slices.Clone(m.Finished)
+	r.epoch = m.Epoch
+	if m.Epoch >= uint64(r.cfg.Run.Epochs) {
+		r.log.Info("the checkpoint holds a finished run; shutting down", "epoch", m.Epoch)
+		r.work = &epochWork{epoch: m.Epoch, parts: map[uint32][]Range{}}
+		r.agg = r.newAgg(EpochProgress{})
+		r.shutdown()
+		return
+	}
+	live := r.live()
+	w := &epochWork{epoch: m.Epoch, parts: map[uint32][]Range{}}
+	same := len(m.Remaining) == len(live) && len(m.Pool) == 0 && !r.shared()
+	for i, rr := range m.Remaining {
+		same = same && rr.Rank == live[i]
+	}
+	if same {
+		for _, rr := range m.Remaining {
+			w.parts[rr.Rank] = slices.Clone(rr.Ranges)
+		}
+	} else {
+		var all []Range
+		for _, rr := range m.Remaining {
+			all = append(all, rr.Ranges...)
+		}
+		all = append(all, m.Pool...)
+		if r.shared() {
+			w.pool = all
+		} else {
+			for i, rs := range splitRanges(all, equalSizes(sumRanges(all), len(live))) {
+				w.parts[live[i]] = rs
+			}
+		}
+	}
+	r.work = w
+	r.agg = r.newAgg(m.Partial)
+	r.snap = r.progressNow()
+	r.log.Info("resumed", "checkpoint", r.c.resume, "epoch", m.Epoch, "samples_left", w.remaining(),
+		"same_partitions", same)
+}
+
+// nextWindow hands each live rank its plan for the next window, in the
+// round's Update when version is set, else as StartEpoch.
+func (r *runner) nextWindow(version *uint64) {
+	live := r.live()
+	want := map[uint32]uint64{}
+	switch r.policy {
+	case config.PolicyCadence:
+		counts := r.cad.plan(live)
+		list := make([]uint64, len(live))
+		for i, id := range live {
+			list[i] = counts[id]
+		}
+		remainingBatches := (r.work.remaining() + r.batch - 1) / r.batch
+		list = scaleCounts(list, remainingBatches)
+		for i, id := range live {
+			want[id] = list[i] * r.batch
+		}
+	default:
+		for _, id := range live {
+			want[id] = uint64(r.cfg.Coordinator.SyncEvery) * r.batch
+		}
+	}
+	plans := map[uint32]*plan{}
+	for _, id := range live {
+		if c := r.work.take(id, want[id]); c.Size > 0 {
+			plans[id] = &plan{epoch: r.epoch, rng: c}
+		}
+	}
+	if len(plans) > 0 {
+		r.win = &window{opened: time.Now(), ranks: map[uint32]bool{}}
+		for id := range plans {
+			r.win.ranks[id] = true
+		}
+	}
+	r.deliver(live, plans, version)
+}
+
+// dispatchIdle gives every idle live rank (no plan outstanding) its next
+// async chunk; it reports whether it sent anything.
+func (r *runner) dispatchIdle(version *uint64) bool {
+	live := r.live()
+	plans := map[uint32]*plan{}
+	for _, id := range live {
+		if len(r.ranks[id].outstanding) > 0 {
+			continue
+		}
+		if c := r.work.take(id, r.asyncChunk()*r.batch); c.Size > 0 {
+			plans[id] = &plan{epoch: r.epoch, rng: c}
+		}
+	}
+	if version == nil && len(plans) == 0 {
+		return false
+	}
+	r.deliver(live, plans, version)
+	return len(plans) > 0
+}
+
+// deliver sends plans: with version, an Update to every live rank (with
+// its plan, if any); without, a StartEpoch to each rank that has one.
+func (r *runner) deliver(live []uint32, plans map[uint32]*plan, version *uint64) {
+	for _, id := range live {
+		rs := r.ranks[id]
+		p := plans[id]
+		if p != nil {
+			rs.outstanding = append(rs.outstanding, p)
+			if r.agg != nil {
+				r.agg.rank(id).windows++
+			}
+		}
+		switch {
+		case version != nil:
+			u := &cohortv1.Update{Version: *version}
+			if p != nil {
+				u.NextPlan = r.epochPlan(p)
+			}
+			r.send(rs, u)
+		case p != nil:
+			r.send(rs, &cohortv1.StartEpoch{Plan: r.epochPlan(p)})
+		}
+	}
+}
+
+func (r *runner) epochPlan(p *plan) *cohortv1.EpochPlan {
+	return &cohortv1.EpochPlan{
+		Epoch:           p.epoch,
+		PartitionOffset: p.rng.Offset,
+		PartitionSize:   p.rng.Size,
+		Seed:            uint64(r.cfg.Run.Seed),
+		PickSpace:       r.pickSpace,
+	}
+}
+
+// closeWindow records how long each rank of the window waited between its
+// last Metrics and the window's close (the Sync that follows at once).
+func (r *runner) closeWindow() {
+	now := time.Now()
+	for id := range r.win.ranks {
+		rs := r.ranks[id]
+		if rs.status != stLive || rs.lastMetrics.IsZero() {
+			continue
+		}
+		r.agg.addWait(id, now.Sub(rs.lastMetrics))
+	}
+	r.agg.windows++
+	r.lastWindowMS = float64(now.Sub(r.win.opened)) / float64(time.Millisecond)
+	r.win = nil
+}
+
+// onBatch attributes a trained batch to the rank's first plan it can
+// belong to; the counts say where a dead rank stopped.
+func (r *runner) onBatch(rs *rankState, m *cohortv1.Batch) {
+	if rs.status != stLive || r.work == nil {
+		return
+	}
+	n := uint64(m.GetSamples())
+	for _, p := range rs.outstanding {
+		if p.reported < p.rng.Size {
+			p.reported += min(n, p.rng.Size-p.reported)
+			break
+		}
+	}
+	rs.sinceRound++
+	rs.batches++
+	rs.samples += n
+	if r.cad != nil {
+		r.cad.observe(rs.id, m.GetBatchMs())
+	}
+	if r.agg != nil {
+		ra := r.agg.rank(rs.id)
+		ra.batches++
+		ra.samples += n
+		r.agg.trained += n
+		if now := time.Now(); now.Sub(r.lastProgress) >= 100*time.Millisecond {
+			r.lastProgress = now
+			r.emit(Progress{Kind: ProgressSamples, Done: r.agg.prior.Samples + r.agg.trained})
+		}
+	}
+}
+
+// onMetrics closes the plan it names.
+func (r *runner) onMetrics(rs *rankState, m *cohortv1.Metrics) {
+	if rs.status != stLive {
+		return
+	}
+	i := slices.IndexFunc(rs.outstanding, func(p *plan) bool {
+		return p.epoch == m.GetEpoch() && p.rng.Offset == m.GetPartitionOffset() && p.rng.Size == m.GetPartitionSize()
+	})
+	if i < 0 {
+		r.log.Warn("ignoring Metrics for a plan the rank does not hold", "rank", rs.id,
+			"epoch", m.GetEpoch(), "offset", m.GetPartitionOffset(), "size", m.GetPartitionSize())
+		return
+	}
+	rs.outstanding = slices.Delete(rs.outstanding, i, i+1)
+	rs.lastMetrics = time.Now()
+	if r.agg != nil {
+		r.agg.samples += m.GetSamples()
+		r.agg.batches += m.GetBatches()
+		if l := m.GetAvgLoss(); finite(l) && m.GetBatches() > 0 {
+			r.agg.lossSum += l * float64(m.GetBatches())
+			r.agg.lossBatches += m.GetBatches()
+		}
+	}
+}
+
+// issueRound sends Sync to every live rank.
+func (r *runner) issueRound(mode cohortv1.SyncMode, root uint32, initial bool) {
+	rd := &round{
+		num:     r.roundSeq,
+		mode:    mode,
+		root:    root,
+		issued:  time.Now(),
+		waiting: map[uint32]bool{},
+		acks:    map[uint32]*cohortv1.SyncAck{},
+		initial: initial,
+	}
+	r.roundSeq++
+	r.round = rd
+	msg := &cohortv1.Sync{Round: rd.num, Mode: mode, Root: root}
+	for _, id := range r.live() {
+		rd.waiting[id] = true
+		r.send(r.ranks[id], msg)
+	}
+	r.log.Debug("round issued", "round", rd.num, "mode", mode.String(), "root", root, "ranks", len(rd.waiting))
+}
+
+func (r *runner) onSyncAck(rs *rankState, m *cohortv1.SyncAck) {
+	rd := r.round
+	if rd == nil || m.GetRound() != rd.num || !rd.waiting[rs.id] {
+		r.log.Warn("ignoring a SyncAck for no round in flight", "rank", rs.id, "round", m.GetRound())
+		return
+	}
+	delete(rd.waiting, rs.id)
+	rd.acks[rs.id] = m
+	switch {
+	case m.GetAborted():
+		r.log.Info("round aborted on a rank", "rank", rs.id, "round", rd.num, "error", m.GetError())
+	case m.GetError() != "":
+		r.log.Warn("round failed on a rank", "rank", rs.id, "round", rd.num, "error", m.GetError())
+	default:
+		rs.sinceRound = 0
+	}
+	r.checkRound()
+}
+
+// checkRound resolves the round in flight once every live rank acked:
+// complete, or to be run again when any live rank aborted (as AVERAGE if
+// all did, else as a BROADCAST from the lowest that completed, so the
+// cohort cannot split).
+func (r *runner) checkRound() {
+	rd := r.round
+	if rd == nil || len(rd.waiting) > 0 {
+		return
+	}
+	var completed []uint32
+	aborted := false
+	for _, id := range r.live() {
+		ack := rd.acks[id]
+		if ack == nil {
+			continue
+		}
+		if ack.GetAborted() || ack.GetError() != "" {
+			aborted = true
+		} else {
+			completed = append(completed, id)
+		}
+	}
+	if len(completed) == 0 && !aborted {
+		return // no live member left; the death handling ends the run
+	}
+	if aborted {
+		ri := &reissue{mode: cohortv1.SyncMode_SYNC_MODE_AVERAGE, initial: rd.initial}
+		if rd.initial {
+			// Round 0 exists to make every rank start equal: only a
+			// broadcast does that.
+			ri.mode = cohortv1.SyncMode_SYNC_MODE_BROADCAST
+			ri.root = r.live()[0]
+		}
+		if len(completed) > 0 {
+			ri.mode, ri.root = cohortv1.SyncMode_SYNC_MODE_BROADCAST, completed[0]
+		}
+		r.log.Info("round will run again on the re-formed group", "round", rd.num,
+			"mode", ri.mode.String(), "root", ri.root)
+		r.round = nil
+		r.reissue = ri
+		return
+	}
+	r.completeRound(rd)
+}
+
+// completeRound closes a round: statistics, the checkpoint snapshot, then
+// Update (with the next plans) and SetGlobalStep to every live rank.
+func (r *runner) completeRound(rd *round) {
+	r.round = nil
+	ms := float64(time.Since(rd.issued)) / float64(time.Millisecond)
+	var bytes float64
+	minMS := math.Inf(1)
+	for id, ack := range rd.acks {
+		if r.ranks[id].status != stLive {
+			continue
+		}
+		bytes += float64(ack.GetBytesMoved())
+		if v := ack.GetRoundMs(); finite(v) && v >= 0 {
+			minMS = min(minMS, v)
+		}
+	}
+	r.rounds++
+	r.roundMS += ms
+	r.bytes += bytes
+	if rd.initial {
+		r.log.Info("round 0 complete: every rank holds rank 0's parameters", "ms", ms)
+		r.startTraining()
+		if r.phase != phTraining {
+			return
+		}
+	} else {
+		r.agg.rounds++
+		r.agg.roundMS += ms
+		if !r.windowed() && !math.IsInf(minMS, 1) {
+			for id, ack := range rd.acks {
+				if v := ack.GetRoundMs(); r.ranks[id].status == stLive && finite(v) {
+					r.agg.addWait(id, time.Duration((v-minMS)*float64(time.Millisecond)))
+				}
+			}
+		}
+		if r.cad != nil && r.lastWindowMS > 0 {
+			if r.cad.observeWindow(ms, r.lastWindowMS) {
+				r.log.Debug("cadence window grew", "base", r.cad.base, "round_ms", ms, "window_ms", r.lastWindowMS)
+			}
+			r.lastWindowMS = 0
+		}
+		r.snap = r.progressNow()
+	}
+	version := rd.num
+	switch {
+	case r.stopReq:
+		r.deliver(r.live(), nil, &version)
+	case r.windowed() && r.work.remaining() > 0:
+		r.nextWindow(&version)
+	case !r.windowed():
+		r.dispatchIdle(&version)
+	default:
+		r.deliver(r.live(), nil, &version)
+	}
+	r.broadcast(&cohortv1.SetGlobalStep{GlobalStep: r.globalStep()})
+}
+
+func (r *runner) globalStep() uint64 {
+	n := r.stepsBefore
+	for _, rs := range r.ranks {
+		n += rs.batches
+	}
+	return n
+}
+
+// progressNow is the state of the epoch as the models of the last round
+// see it: everything not yet dispatched plus every plan still open.
+func (r *runner) progressNow() progress {
+	p := progress{epoch: r.epoch, remaining: map[uint32][]Range{}}
+	if r.work == nil {
+		return p
+	}
+	for _, id := range r.live() {
+		var rs []Range
+		for _, pl := range r.ranks[id].outstanding {
+			rs = append(rs, pl.rng)
+		}
+		rs = append(rs, r.work.parts[id]...)
+		p.remaining[id] = rs
+	}
+	p.pool = slices.Clone(r.work.pool)
+	if a := r.agg; a != nil {
+		p.partial = EpochProgress{
+			Samples:     a.prior.Samples + a.samples,
+			Batches:     a.prior.Batches + a.batches,
+			LossSum:     a.prior.LossSum + a.lossSum,
+			LossBatches: a.prior.LossBatches + a.lossBatches,
+			Seconds:     a.prior.Seconds + time.Since(a.started).Seconds(),
+		}
+	}
+	return p
+}
+
+// freshProgress is the start of epoch e, split over the live ranks.
+func (r *runner) freshProgress(e uint64) progress {
+	p := progress{epoch: e, remaining: map[uint32][]Range{}}
+	if e >= uint64(r.cfg.Run.Epochs) {
+		return p
+	}
+	w := newEpochWork(e, r.pickSpace, r.live(), r.shared())
+	for _, id := range r.live() {
+		p.remaining[id] = w.parts[id]
+	}
+	p.pool = w.pool
+	return p
+}
+
+func finite(x float64) bool { return !math.IsNaN(x) && !math.IsInf(x, 0) }
