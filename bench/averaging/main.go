@@ -1,0 +1,277 @@
+// Command averaging benchmarks cohort's CPU averaging against
+// torch.distributed's gloo all-reduce, in the same run and at the same
+// sizes: N local ranks, each holding the given megabytes of float32, end
+// with the element-wise mean.
+//
+// cohort's side is the real thing: the reduce server in this process, and
+// one cohort-averaging-cpu plugin process per rank (started through
+// go-plugin as a rank's core would), each averaging its own /dev/shm arena.
+// A round is timed from the moment every rank is asked to average until the
+// last returns. gloo's side is peers/gloo_allreduce.py, whose JSON line is
+// read. For both, one warm-up round precedes the timed ones and the median
+// is reported; the ratio is cohort / gloo (below 1: cohort is faster).
+//
+//	go run ./bench/averaging                 # 2 and 4 ranks, 100 MB, 5 rounds
+//	go run ./bench/averaging -ranks 4 -mb 100 -iters 7 -plugin bin/plugins/cohort-averaging-cpu
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	goplugin "github.com/hashicorp/go-plugin"
+
+	corearena "github.com/cohortdl/cohort/core/arena"
+	"github.com/cohortdl/cohort/core/coordinator/reduce"
+	"github.com/cohortdl/cohort/shared/arena"
+	"github.com/cohortdl/cohort/shared/plugin"
+)
+
+func main() {
+	ranksFlag := flag.String("ranks", "2,4", "comma-separated rank counts")
+	mb := flag.Float64("mb", 100, "float32 payload per rank, in MB (1e6 bytes)")
+	iters := flag.Int("iters", 5, "timed rounds per size (after one warm-up)")
+	pluginPath := flag.String("plugin", "", "cohort-averaging-cpu binary (default: build it)")
+	settings := flag.String("settings", "{}", "the averager's settings JSON")
+	python := flag.String("python", "/usr/bin/python3", "python with torch")
+	gloo := flag.String("gloo", "", "gloo peer script (default: ../shared/peers/gloo_allreduce.py from the repository root)")
+	noGloo := flag.Bool("no-gloo", false, "skip the gloo peer")
+	flag.BoolVar(&verbose, "v", false, "print every rank's round timings")
+	flag.Parse()
+
+	if err := run(*ranksFlag, *mb, *iters, *pluginPath, *settings, *python, *gloo, *noGloo); err != nil {
+		fmt.Fprintln(os.Stderr, "bench/averaging:", err)
+		os.Exit(1)
+	}
+}
+
+var verbose bool
+
+type result struct {
+	Ranks    int     `json:"ranks"`
+	Bytes    int64   `json:"bytes"`
+	CohortS  float64 `json:"cohort_median_s"`
+	CohortLo float64 `json:"cohort_min_s"`
+	CohortHi float64 `json:"cohort_max_s"`
+	GlooS    float64 `json:"gloo_median_s,omitempty"`
+	Ratio    float64 `json:"ratio,omitempty"`
+}
+
+func run(ranksFlag string, mb float64, iters int, pluginPath, settings, python, gloo string, noGloo bool) error {
+	root, err := repoRoot()
+	if err != nil {
+		return err
+	}
+	if pluginPath == "" {
+		dir, err := os.MkdirTemp("", "cohort-bench-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(dir)
+		pluginPath = filepath.Join(dir, "cohort-averaging-cpu")
+		cmd := exec.Command("go", "build", "-o", pluginPath, "./plugins/averaging-cpu")
+		cmd.Dir, cmd.Stdout, cmd.Stderr = root, os.Stderr, os.Stderr
+		if err := cmd.Run(); err != nil {
+			return fmt.Errorf("build the plugin: %w", err)
+		}
+	}
+	if gloo == "" {
+		gloo = filepath.Join(root, "..", "shared", "peers", "gloo_allreduce.py")
+	}
+	var sizes []int
+	for _, s := range strings.Split(ranksFlag, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil || n < 1 {
+			return fmt.Errorf("bad -ranks %q", ranksFlag)
+		}
+		sizes = append(sizes, n)
+	}
+	elems := int64(mb * 1e6 / 4)
+	fmt.Printf("cohort CPU averaging vs gloo all-reduce: %.0f MB of float32 per rank (%d elements), median of %d rounds after a warm-up\n", mb, elems, iters)
+	fmt.Printf("plugin %s, settings %s\n\n", pluginPath, settings)
+	fmt.Printf("%6s  %12s  %12s  %12s  %12s  %8s\n", "ranks", "cohort ms", "min ms", "max ms", "gloo ms", "ratio")
+	var out []result
+	for _, n := range sizes {
+		times, err := benchCohort(n, elems, iters, pluginPath, settings)
+		if err != nil {
+			return fmt.Errorf("%d ranks: %w", n, err)
+		}
+		sort.Float64s(times)
+		r := result{Ranks: n, Bytes: elems * 4, CohortS: times[len(times)/2], CohortLo: times[0], CohortHi: times[len(times)-1]}
+		glooCol, ratioCol := "-", "-"
+		if !noGloo {
+			g, err := benchGloo(python, gloo, n, mb, iters)
+			if err != nil {
+				return fmt.Errorf("gloo, %d ranks: %w", n, err)
+			}
+			r.GlooS, r.Ratio = g, r.CohortS/g
+			glooCol, ratioCol = fmt.Sprintf("%.1f", g*1e3), fmt.Sprintf("%.3f", r.Ratio)
+		}
+		fmt.Printf("%6d  %12.1f  %12.1f  %12.1f  %12s  %8s\n", n, r.CohortS*1e3, r.CohortLo*1e3, r.CohortHi*1e3, glooCol, ratioCol)
+		out = append(out, r)
+	}
+	fmt.Println()
+	for _, r := range out {
+		b, _ := json.Marshal(r)
+		fmt.Println(string(b))
+	}
+	return nil
+}
+
+// benchCohort runs iters+1 rounds of n plugin processes and returns the
+// timed rounds' wall times in seconds.
+func benchCohort(n int, elems int64, iters int, pluginPath, settings string) ([]float64, error) {
+	ctx := context.Background()
+	layout, err := arena.Pack([]arena.Entry{{Name: "params", DType: arena.F32, Shape: []int64{elems}, Role: arena.Parameter}})
+	if err != nil {
+		return nil, err
+	}
+	key := make([]byte, 32)
+	rand.Read(key)
+	runID := fmt.Sprintf("bench-%d-%d", os.Getpid(), n)
+	logger := hclog.New(&hclog.LoggerOptions{Name: "bench", Level: hclog.Warn, Output: os.Stderr})
+	srv, err := reduce.Listen(ctx, reduce.Config{Addr: "127.0.0.1:0", Key: key, RunID: runID, World: uint32(n), Layout: &layout, Logger: logger})
+	if err != nil {
+		return nil, err
+	}
+	defer srv.Close()
+
+	arenas := make([]*corearena.Arena, n)
+	clients := make([]*goplugin.Client, n)
+	avgs := make([]plugin.Averager, n)
+	defer func() {
+		for i := range avgs {
+			if avgs[i] != nil {
+				sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+				avgs[i].Shutdown(sctx)
+				cancel()
+			}
+			if clients[i] != nil {
+				clients[i].Kill()
+			}
+			if arenas[i] != nil {
+				arenas[i].Remove()
+			}
+		}
+	}()
+	for r := 0; r < n; r++ {
+		if arenas[r], err = corearena.Create("", fmt.Sprintf("cohort-bench-r%d", r), layout); err != nil {
+			return nil, err
+		}
+		clients[r] = goplugin.NewClient(plugin.ClientConfig(plugin.ClientOptions{Cmd: exec.Command(pluginPath), Logger: logger}))
+		if avgs[r], err = plugin.DispenseAverager(clients[r]); err != nil {
+			return nil, err
+		}
+	}
+	if err := parallel(n, func(r int) error {
+		return avgs[r].Configure(ctx, plugin.AveragerConfig{
+			Rank: uint32(r), WorldSize: uint32(n), Arena: arenas[r].Descriptor(), Endpoint: srv.Addr(),
+			DataKey: key, Settings: json.RawMessage(settings), RunID: runID,
+		})
+	}); err != nil {
+		return nil, fmt.Errorf("configure: %w", err)
+	}
+	var times []float64
+	for round := 0; round <= iters; round++ {
+		for r, a := range arenas {
+			f, _ := a.Float32s(0)
+			v := float32(r + 1)
+			for i := range f {
+				f[i] = v
+			}
+		}
+		start := time.Now()
+		res := make([]plugin.RoundResult, n)
+		if err := parallel(n, func(r int) error {
+			var err error
+			res[r], err = avgs[r].Average(ctx, plugin.Round{Round: uint64(round), Steps: 1})
+			return err
+		}); err != nil {
+			return nil, fmt.Errorf("round %d: %w", round, err)
+		}
+		d := time.Since(start).Seconds()
+		want := float32(n+1) / 2
+		for r, a := range arenas {
+			f, _ := a.Float32s(0)
+			if math.Abs(float64(f[0]-want)) > 1e-4 || math.Abs(float64(f[len(f)-1]-want)) > 1e-4 {
+				return nil, fmt.Errorf("round %d: rank %d holds %v, want %v", round, r, f[0], want)
+			}
+		}
+		if round > 0 {
+			times = append(times, d)
+		}
+		if verbose {
+			for r, x := range res {
+				fmt.Fprintf(os.Stderr, "  round %d rank %d: total %.1f ms, reduce %.1f ms, wait %.1f ms, %d bytes over the data channel\n", round, r, x.TotalMS, x.ReduceMS, x.WaitMS, x.BytesMoved)
+			}
+		}
+	}
+	return times, nil
+}
+
+func parallel(n int, f func(int) error) error {
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = f(i)
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+func benchGloo(python, script string, n int, mb float64, iters int) (float64, error) {
+	cmd := exec.Command(python, script, "--ranks", strconv.Itoa(n), "--mb", strconv.FormatFloat(mb, 'f', -1, 64), "--iters", strconv.Itoa(iters))
+	var stdout bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, os.Stderr
+	if err := cmd.Run(); err != nil {
+		return 0, fmt.Errorf("%s: %w", strings.Join(cmd.Args, " "), err)
+	}
+	for _, line := range strings.Split(stdout.String(), "\n") {
+		var r struct {
+			Peer    string  `json:"peer"`
+			MedianS float64 `json:"median_s"`
+		}
+		if json.Unmarshal([]byte(line), &r) == nil && r.Peer == "gloo" {
+			return r.MedianS, nil
+		}
+	}
+	return 0, fmt.Errorf("no JSON result line from %s: %q", script, stdout.String())
+}
+
+// repoRoot is the directory holding go.mod, at or above the working
+// directory.
+func repoRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New("not inside the cohort repository (no go.mod above the working directory)")
+		}
+		dir = parent
+	}
+}

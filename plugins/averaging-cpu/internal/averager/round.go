@@ -1,0 +1,431 @@
+package averager
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/cohortdl/cohort/shared/plugin"
+	rdc "github.com/cohortdl/cohort/shared/reduce"
+	"github.com/cohortdl/cohort/shared/reduce/numeric"
+)
+
+// errServer marks an error the server decided (a failed round): no need to
+// tell it.
+type serverFail struct{ reason string }
+
+func (e *serverFail) Error() string { return e.reason }
+func (e *serverFail) Unwrap() error { return ErrRoundFailed }
+
+// rnd is one round in progress on this rank.
+type rnd struct {
+	c       *client
+	ctx     context.Context
+	id      uint64
+	abortCh <-chan struct{}
+	reason  func() string
+	wait    time.Duration
+}
+
+// next waits for the server's next message for this round of one of the
+// wanted kinds, applying topologies and skipping what is left of earlier
+// rounds.
+func (r *rnd) next(want ...rdc.Kind) (inMsg, error) {
+	c := r.c
+	t0 := time.Now()
+	defer func() { r.wait += time.Since(t0) }()
+	for {
+		if c.fatal != nil {
+			return inMsg{}, c.fatal
+		}
+		var m inMsg
+		select {
+		case m = <-c.inbox:
+		case <-r.abortCh:
+			return inMsg{}, fmt.Errorf("%w: %s", ErrAborted, r.reason())
+		case <-r.ctx.Done():
+			return inMsg{}, r.ctx.Err()
+		}
+		switch {
+		case m.err != nil:
+			c.fatal = fmt.Errorf("data channel to the reduce server lost: %w", m.err)
+			return inMsg{}, c.fatal
+		case m.kind == rdc.KindTopology:
+			if err := c.applyTopology(m.topo); err != nil {
+				return inMsg{}, err
+			}
+			continue
+		case m.round < r.id:
+			continue // the tail of a round that ended here earlier
+		case m.round == r.id && m.kind == rdc.KindFail:
+			return inMsg{}, &serverFail{reason: "the reduce server failed the round: " + m.fail.Reason}
+		case m.round == r.id && slices.Contains(want, m.kind):
+			return m, nil
+		}
+		return inMsg{}, fmt.Errorf("reduce server sent %v for round %d while this rank waits for %v of round %d", m.kind, m.round, want, r.id)
+	}
+}
+
+func (r *rnd) send(kind rdc.Kind, parts ...[]byte) error {
+	if err := r.c.conn.Send(r.ctx, kind, parts...); err != nil {
+		r.c.fatal = fmt.Errorf("data channel to the reduce server lost: %w", err)
+		return r.c.fatal
+	}
+	return nil
+}
+
+// round runs one averaging round. root is the broadcast root's global
+// rank.
+func (c *client) round(ctx context.Context, rq plugin.Round, root uint32, sess uint64, abortCh <-chan struct{}, reason func() string) (res plugin.RoundResult, err error) {
+	if c.fatal != nil {
+		return res, c.fatal
+	}
+	start := time.Now()
+	bytes0 := c.conn.BytesSent() + c.conn.BytesReceived()
+	r := &rnd{c: c, ctx: ctx, id: rq.Round, abortCh: abortCh, reason: reason}
+	weight := numeric.GammaMass(rq.Steps, c.cfg.gamma)
+	outerOn := c.outer != nil
+	var planned, stepping bool
+	defer func() {
+		if err == nil {
+			return
+		}
+		var sf *serverFail
+		if !errors.As(err, &sf) && !errors.Is(err, ErrAborted) && c.fatal == nil {
+			// Tell the server, so no peer waits for this rank.
+			c.conn.SendAsync(rdc.KindAbort, rdc.Abort{Round: rq.Round, Reason: err.Error()}.Encode())
+		}
+		if planned && stepping {
+			// Some slices of the outer state may have stepped: restart it.
+			c.outerSteps, c.outerID = 0, [8]byte{}
+		}
+	}()
+	ann := rdc.Announce{Round: rq.Round, Session: sess, Steps: rq.Steps, Weight: weight, Broadcast: rq.Broadcast, Root: root}
+	if outerOn {
+		ann.OuterSteps, ann.OuterID = c.outerSteps, c.outerID
+	}
+	if err := r.send(rdc.KindAnnounce, ann.Encode()); err != nil {
+		return res, err
+	}
+	m, err := r.next(rdc.KindPlan)
+	if err != nil {
+		return res, err
+	}
+	plan := m.plan
+	planned = true
+	if err := c.checkPlan(plan, root); err != nil {
+		return res, err
+	}
+	res.Weight, res.TotalWeight = weight, plan.TotalWeight
+	if plan.Broadcast {
+		res.Weight, res.TotalWeight = 0, 1
+		if c.rank == plan.Root {
+			res.Weight = 1
+		}
+	}
+	if !plan.Realized {
+		norm := math.Sqrt(c.ownSquares())
+		res.PreNorm, res.PostNorm = norm, norm
+		res.TotalMS = ms(time.Since(start))
+		res.WaitMS = ms(r.wait)
+		res.BytesMoved = c.conn.BytesSent() + c.conn.BytesReceived() - bytes0
+		return res, nil
+	}
+	stepping = outerOn && !plan.Broadcast
+	seed := plan.Seed || c.outerSteps == 0
+	j := c.job(plan, seed)
+	var reduce time.Duration
+	var st numeric.Stats
+	if plan.Hosts == 1 {
+		t := time.Now()
+		st = j.run(phaseApply)
+		reduce += time.Since(t)
+	} else {
+		me := j.p
+		if j.needFold {
+			t := time.Now()
+			j.run(phaseFold)
+			reduce += time.Since(t)
+		}
+		if err := r.send(rdc.KindFolded, rdc.RoundRef{Round: r.id}.Encode()); err != nil {
+			return res, err
+		}
+		if me == 0 { // the host's leader
+			if j.needFold {
+				if _, err := r.next(rdc.KindSend); err != nil {
+					return res, err
+				}
+				hdr := rdc.BulkHeader{Round: r.id, Weight: j.hostWeight, Movers: j.hostMovers, Wire: j.wire}
+				if err := r.send(rdc.KindFold, hdr.Encode(), c.sendArea(j.wire)); err != nil {
+					return res, err
+				}
+			}
+			m, err := r.next(rdc.KindConsensus)
+			if err != nil {
+				return res, err
+			}
+			want := rdc.BulkHeader{Round: r.id, Weight: plan.TotalWeight, Movers: plan.TotalMovers, Wire: j.wire}
+			if plan.Broadcast {
+				want.Weight, want.Movers = 1, 1
+			}
+			if m.bulk != want {
+				return res, fmt.Errorf("consensus of round %d is %+v, the plan said %+v", r.id, m.bulk, want)
+			}
+			if err := r.send(rdc.KindReceived, rdc.RoundRef{Round: r.id}.Encode()); err != nil {
+				return res, err
+			}
+		}
+		if _, err := r.next(rdc.KindApply); err != nil {
+			return res, err
+		}
+		t := time.Now()
+		st = j.run(phaseApplyConsensus)
+		reduce += time.Since(t)
+	}
+	done := rdc.Done{Round: r.id, Post2: st.Post2}
+	for i, q := range j.ranks {
+		done.Parts = append(done.Parts, rdc.Partial{Rank: q, Diff2: st.Diff2[i], Pre2: st.Pre2[i]})
+	}
+	if err := r.send(rdc.KindDone, done.Encode()); err != nil {
+		return res, err
+	}
+	m, err = r.next(rdc.KindResult)
+	if err != nil {
+		return res, err
+	}
+	if stepping {
+		if seed {
+			c.outerSteps, c.outerID = 1, [8]byte{}
+		} else {
+			c.outerSteps++
+		}
+	}
+	res.Realized = true
+	res.PreNorm, res.PostNorm = math.Sqrt(m.res.Pre2), math.Sqrt(m.res.Post2)
+	if res.PostNorm > 1e-10 {
+		res.Divergence = math.Sqrt(m.res.Diff2) / res.PostNorm
+	}
+	res.ReduceMS, res.WaitMS, res.TotalMS = ms(reduce), ms(r.wait), ms(time.Since(start))
+	res.BytesMoved = c.conn.BytesSent() + c.conn.BytesReceived() - bytes0
+	return res, nil
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// checkPlan refuses a plan that does not match what this rank knows.
+func (c *client) checkPlan(p rdc.Plan, root uint32) error {
+	if c.topo == nil || p.Topology != c.topo.gen {
+		return fmt.Errorf("plan of round %d is for topology %d, this rank has %v", p.Round, p.Topology, c.topo)
+	}
+	if p.Hosts != c.topo.hosts {
+		return fmt.Errorf("plan of round %d spans %d hosts, the topology %d", p.Round, p.Hosts, c.topo.hosts)
+	}
+	if len(p.Parts) != len(c.topo.ranks) {
+		return fmt.Errorf("plan of round %d has %d ranks on this host, the topology %d", p.Round, len(p.Parts), len(c.topo.ranks))
+	}
+	for i, q := range p.Parts {
+		if q.Rank != c.topo.ranks[i] {
+			return fmt.Errorf("plan of round %d lists rank %d where the topology has %d", p.Round, q.Rank, c.topo.ranks[i])
+		}
+	}
+	if p.Broadcast && p.Root != root {
+		return fmt.Errorf("plan of round %d broadcasts from rank %d, this rank asked for %d", p.Round, p.Root, root)
+	}
+	return nil
+}
+
+// ownSquares is Σ x² over this rank's parameters.
+func (c *client) ownSquares() float64 {
+	own := c.floats(c.rank)
+	var mu sync.Mutex
+	var total float64
+	numeric.Parallel(c.np, c.threads(1), func(lo, hi int) {
+		var s float64
+		c.pieces(lo, hi, func(sp span, x0, x1 int) {
+			o := sp.off + x0 - sp.idx
+			s += numeric.SumSquares(own[o : o+x1-x0])
+		})
+		mu.Lock()
+		total += s
+		mu.Unlock()
+	})
+	return total
+}
+
+// pieces calls f for every part of a span inside reduce elements [lo, hi).
+func (c *client) pieces(lo, hi int, f func(sp span, x0, x1 int)) {
+	for _, sp := range c.spans {
+		a, b := max(lo, sp.idx), min(hi, sp.idx+sp.n)
+		if a < b {
+			f(sp, a, b)
+		}
+	}
+}
+
+// The host's fold segment holds 8 bytes per element (n elements):
+//
+//	[0, 4n)   the f32 fold, sent as is on an f32 wire and in broadcasts
+//	[4n, 6n)  its bf16 encoding, sent on a bf16 wire
+//	[4n, 8n)  an f32 consensus, received by the leader
+//	[6n, 8n)  a bf16 consensus
+//
+// A consensus arrives only after the fold went out, so the areas may
+// overlap.
+func (c *client) sendArea(w rdc.Wire) []byte {
+	n := c.np + c.nb
+	b := c.fold.Bytes()
+	if w == rdc.WireBF16 {
+		return b[4*n : 6*n]
+	}
+	return b[:4*n]
+}
+
+type phase int
+
+const (
+	phaseApply          phase = iota // single host: reduce from the arenas
+	phaseFold                        // several hosts: fold into the segment
+	phaseApplyConsensus              // several hosts: apply the consensus
+)
+
+// job is this rank's share of a round on its host.
+type job struct {
+	c          *client
+	plan       rdc.Plan
+	ranks      []uint32
+	arenas     [][]float32
+	w, m       []float64 // parameter and buffer weights per host rank
+	p          int       // this rank's slice
+	rootIdx    int       // the broadcast root among the host's ranks, or -1
+	needFold   bool
+	hostWeight float64
+	hostMovers float64
+	seed       bool
+	wire       rdc.Wire // of this round's folds and consensus
+}
+
+func (c *client) job(p rdc.Plan, seed bool) *job {
+	j := &job{c: c, plan: p, rootIdx: -1, seed: seed, wire: c.cfg.wire}
+	if p.Broadcast {
+		j.wire = rdc.WireF32
+	}
+	for i, q := range p.Parts {
+		j.ranks = append(j.ranks, q.Rank)
+		j.arenas = append(j.arenas, c.floats(q.Rank))
+		j.w = append(j.w, q.Weight)
+		mv := 0.0
+		if q.Weight > 0 {
+			mv = 1
+		}
+		j.m = append(j.m, mv)
+		j.hostWeight += q.Weight
+		j.hostMovers += mv
+		if q.Rank == c.rank {
+			j.p = i
+		}
+		if p.Broadcast && q.Rank == p.Root {
+			j.rootIdx = i
+		}
+	}
+	if p.Broadcast {
+		j.needFold = j.rootIdx >= 0
+	} else {
+		j.needFold = j.hostWeight > 0
+	}
+	return j
+}
+
+// run does this rank's slice of phase ph with its threads and returns the
+// divergence sums over the parameters.
+func (j *job) run(ph phase) numeric.Stats {
+	c := j.c
+	l := len(j.ranks)
+	total := numeric.NewStats(l)
+	lo, hi := numeric.Split(c.np+c.nb, l, j.p)
+	var mu sync.Mutex
+	numeric.Parallel(hi-lo, c.threads(l), func(a, b int) {
+		st := numeric.NewStats(l)
+		junk := numeric.NewStats(l)
+		dst := make([][]float32, l)
+		c.pieces(lo+a, lo+b, func(sp span, x0, x1 int) {
+			o := sp.off + x0 - sp.idx
+			for i, ar := range j.arenas {
+				dst[i] = ar[o : o+x1-x0]
+			}
+			switch ph {
+			case phaseFold:
+				j.fold(dst, sp, x0, x1)
+			default:
+				ap := numeric.Apply{Dst: dst}
+				if ph == phaseApplyConsensus {
+					j.consensus(&ap, x0, x1)
+				} else if j.plan.Broadcast {
+					ap.Root = j.rootIdx
+				} else if sp.param {
+					ap.Weights, ap.Scale = j.w, 1/j.plan.TotalWeight
+				} else {
+					ap.Weights, ap.Scale = j.m, 1/j.plan.TotalMovers
+				}
+				if !j.plan.Broadcast {
+					ap.Blend = c.cfg.alpha
+					if sp.param && c.outer != nil {
+						ob := numeric.Float32s(c.outer.Bytes())
+						ap.Outer, ap.Prev, ap.Vel, ap.Seed = c.cfg.outer, ob[x0:x1], ob[c.np+x0:c.np+x1], j.seed
+					}
+				}
+				if sp.param {
+					ap.Run(&st)
+				} else {
+					ap.Run(&junk)
+				}
+			}
+		})
+		mu.Lock()
+		total.Add(st)
+		mu.Unlock()
+	})
+	return total
+}
+
+// fold writes the host's weighted sum of reduce elements [x0, x1) into the
+// fold segment (and its bf16 encoding when the wire is bf16).
+func (j *job) fold(src [][]float32, sp span, x0, x1 int) {
+	n := j.c.np + j.c.nb
+	seg := j.c.fold.Bytes()
+	f32 := numeric.Float32s(seg[:4*n])[x0:x1]
+	var b16 []uint16
+	if j.wire == rdc.WireBF16 {
+		b16 = numeric.Uint16s(seg[4*n : 6*n])[x0:x1]
+	}
+	switch {
+	case j.plan.Broadcast && b16 != nil:
+		numeric.FoldRoot(nil, b16, src, j.rootIdx, nil)
+	case j.plan.Broadcast:
+		numeric.FoldRoot(f32, nil, src, j.rootIdx, nil)
+	default:
+		w := j.w
+		if !sp.param {
+			w = j.m
+		}
+		if b16 != nil {
+			numeric.FoldBF16(b16, src, w, nil)
+		} else {
+			numeric.Fold(f32, src, w, nil)
+		}
+	}
+}
+
+// consensus points ap at the received consensus for elements [x0, x1).
+func (j *job) consensus(ap *numeric.Apply, x0, x1 int) {
+	n := j.c.np + j.c.nb
+	seg := j.c.fold.Bytes()
+	if j.wire == rdc.WireBF16 {
+		ap.ConsBF16 = numeric.Uint16s(seg[6*n : 8*n])[x0:x1]
+	} else {
+		ap.ConsF32 = numeric.Float32s(seg[4*n : 8*n])[x0:x1]
+	}
+}

@@ -1,0 +1,165 @@
+package averager
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"time"
+
+	rdc "github.com/cohortdl/cohort/shared/reduce"
+	"github.com/cohortdl/cohort/shared/reduce/numeric"
+)
+
+// Settings is the `averager "cpu"` config block (AveragerConfig.Settings as
+// JSON). Unknown keys are errors.
+type Settings struct {
+	// Gamma weighs a rank's parameters by steps^gamma (default 1).
+	Gamma *float64 `json:"gamma"`
+	// Wire is the element encoding between hosts: "f32" (default) or
+	// "bf16" (half the bytes, rounded to nearest even; sums stay f32).
+	// Ranks of one host never encode: they reduce through shared memory.
+	Wire string `json:"wire"`
+	// EASGDAlpha, in (0, 1], makes the averager leave
+	// local + alpha·(consensus − local) in the arena instead of the
+	// consensus (not in broadcast rounds). It is the same blend as the
+	// trainer's Adopt blendAlpha: use one or the other, not both (with
+	// this set, the core adopts with blendAlpha 0, i.e. overwrite).
+	// Default 0: off.
+	EASGDAlpha *float64 `json:"easgd_alpha"`
+	// Outer is the outer optimizer: "none" (default), "slowmo" or
+	// "diloco". With diloco the trainer should reset its inner optimizer
+	// after each round.
+	Outer string `json:"outer"`
+	// OuterLR (default 1.0 for slowmo, 0.7 for diloco) and OuterMomentum
+	// (default 0.9) are its hyper-parameters.
+	OuterLR       *float64 `json:"outer_lr"`
+	OuterMomentum *float64 `json:"outer_momentum"`
+	// Host names the shared-memory domain: "" (default) detects it (same
+	// kernel and same /dev/shm mount = same host); "rank" makes every rank
+	// its own host, so all parameters cross TCP (for tests, or ranks in
+	// separate containers); any other value is an explicit name.
+	Host string `json:"host"`
+	// Threads is how many goroutines this rank reduces its slice with;
+	// 0 (default) shares the machine's CPUs among the host's ranks.
+	Threads int `json:"threads"`
+	// Timeout bounds every read and write of the data channel (the server
+	// and the rank ping each other while idle), as a duration string.
+	// Default "30s".
+	Timeout string `json:"timeout"`
+	// ConnectTimeout bounds reaching the reduce server at Configure.
+	// Default "60s".
+	ConnectTimeout string `json:"connect_timeout"`
+	// ShmDir is where the host's shared segments live; default the
+	// directory of the rank's arena.
+	ShmDir string `json:"shm_dir"`
+}
+
+// config is Settings validated, with defaults filled in.
+type config struct {
+	gamma          float64
+	wire           rdc.Wire
+	alpha          float32
+	outer          numeric.Outer
+	host           string
+	threads        int
+	timeout        time.Duration
+	connectTimeout time.Duration
+	shmDir         string
+}
+
+func parseSettings(raw json.RawMessage) (config, error) {
+	var s Settings
+	if len(bytes.TrimSpace(raw)) > 0 && !bytes.Equal(bytes.TrimSpace(raw), []byte("null")) {
+		dec := json.NewDecoder(bytes.NewReader(raw))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&s); err != nil {
+			return config{}, fmt.Errorf("averager settings: %w", err)
+		}
+		if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+			return config{}, errors.New("averager settings: trailing data after the JSON object")
+		}
+	}
+	c := config{gamma: 1, wire: rdc.WireF32, host: s.Host, threads: s.Threads, timeout: rdc.DefaultTimeout,
+		connectTimeout: 60 * time.Second, shmDir: s.ShmDir}
+	bad := func(format string, a ...any) (config, error) {
+		return config{}, fmt.Errorf("averager settings: "+format, a...)
+	}
+	finite := func(v float64) bool { return !math.IsNaN(v) && !math.IsInf(v, 0) }
+	if s.Gamma != nil {
+		if g := *s.Gamma; !finite(g) || g < 0 || g > 4 {
+			return bad("gamma = %v: want a number in [0, 4]", g)
+		}
+		c.gamma = *s.Gamma
+	}
+	switch s.Wire {
+	case "", "f32":
+	case "bf16":
+		c.wire = rdc.WireBF16
+	default:
+		return bad("wire = %q: want \"f32\" or \"bf16\"", s.Wire)
+	}
+	if s.EASGDAlpha != nil {
+		if a := *s.EASGDAlpha; !finite(a) || a < 0 || a > 1 {
+			return bad("easgd_alpha = %v: want 0 (off) or a value in (0, 1]", a)
+		}
+		c.alpha = float32(*s.EASGDAlpha)
+	}
+	kind, err := numeric.ParseOuter(s.Outer)
+	if err != nil {
+		return bad("%v", err)
+	}
+	c.outer.Kind = kind
+	switch {
+	case kind == numeric.OuterNone && (s.OuterLR != nil || s.OuterMomentum != nil):
+		return bad("outer_lr and outer_momentum need outer = \"slowmo\" or \"diloco\"")
+	case kind == numeric.OuterSlowMo:
+		c.outer.LR, c.outer.Mu = 1.0, 0.9
+	case kind == numeric.OuterDiLoCo:
+		c.outer.LR, c.outer.Mu = 0.7, 0.9
+	}
+	if s.OuterLR != nil {
+		if v := *s.OuterLR; !finite(v) || v <= 0 || v > 16 {
+			return bad("outer_lr = %v: want a value in (0, 16]", v)
+		}
+		c.outer.LR = float32(*s.OuterLR)
+	}
+	if s.OuterMomentum != nil {
+		if v := *s.OuterMomentum; !finite(v) || v < 0 || v >= 1 {
+			return bad("outer_momentum = %v: want a value in [0, 1)", v)
+		}
+		c.outer.Mu = float32(*s.OuterMomentum)
+	}
+	if s.Threads < 0 || s.Threads > 1024 {
+		return bad("threads = %d: want 0 (auto) to 1024", s.Threads)
+	}
+	dur := func(name, v string, def time.Duration) (time.Duration, error) {
+		if v == "" {
+			return def, nil
+		}
+		d, err := time.ParseDuration(v)
+		if err != nil || d < 100*time.Millisecond || d > 24*time.Hour {
+			return 0, fmt.Errorf("averager settings: %s = %q: want a duration from 100ms to 24h", name, v)
+		}
+		return d, nil
+	}
+	if c.timeout, err = dur("timeout", s.Timeout, c.timeout); err != nil {
+		return config{}, err
+	}
+	if c.connectTimeout, err = dur("connect_timeout", s.ConnectTimeout, c.connectTimeout); err != nil {
+		return config{}, err
+	}
+	return c, nil
+}
+
+// digest fingerprints the settings that must be equal across the cohort.
+func (c config) digest() [16]byte {
+	s := fmt.Sprintf("gamma=%v wire=%v alpha=%v outer=%v lr=%v mu=%v", c.gamma, c.wire, c.alpha, c.outer.Kind, c.outer.LR, c.outer.Mu)
+	h := sha256.Sum256([]byte(s))
+	var d [16]byte
+	copy(d[:], h[:])
+	return d
+}

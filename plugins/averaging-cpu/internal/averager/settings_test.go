@@ -1,0 +1,106 @@
+package averager
+
+import (
+	"github.com/cohortdl/cohort/shared/arena"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cohortdl/cohort/shared/plugin"
+	rdc "github.com/cohortdl/cohort/shared/reduce"
+	"github.com/cohortdl/cohort/shared/reduce/numeric"
+)
+
+func TestSettings(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		err  string
+		want func(c config) bool
+	}{
+		{in: ``, want: func(c config) bool {
+			return c.gamma == 1 && c.wire == rdc.WireF32 && c.outer.Kind == numeric.OuterNone && c.alpha == 0 && c.timeout == 30*time.Second
+		}},
+		{in: `null`, want: func(c config) bool { return c.gamma == 1 }},
+		{in: `{"gamma": 0.5, "wire": "bf16"}`, want: func(c config) bool { return c.gamma == 0.5 && c.wire == rdc.WireBF16 }},
+		{in: `{"outer": "slowmo"}`, want: func(c config) bool { return c.outer == numeric.Outer{Kind: numeric.OuterSlowMo, LR: 1, Mu: 0.9} }},
+		{in: `{"outer": "diloco"}`, want: func(c config) bool { return c.outer == numeric.Outer{Kind: numeric.OuterDiLoCo, LR: 0.7, Mu: 0.9} }},
+		{in: `{"outer": "diloco", "outer_lr": 0.5, "outer_momentum": 0}`, want: func(c config) bool { return c.outer.LR == 0.5 && c.outer.Mu == 0 }},
+		{in: `{"easgd_alpha": 0.5, "host": "rank", "threads": 3, "timeout": "2s"}`, want: func(c config) bool {
+			return c.alpha == 0.5 && c.host == "rank" && c.threads == 3 && c.timeout == 2*time.Second
+		}},
+		{in: `{"gama": 1}`, err: `unknown field "gama"`},
+		{in: `{"gamma": -1}`, err: "gamma"},
+		{in: `{"wire": "f16"}`, err: "wire"},
+		{in: `{"outer": "adam"}`, err: "unknown outer optimizer"},
+		{in: `{"outer_lr": 1}`, err: "need outer"},
+		{in: `{"outer": "slowmo", "outer_momentum": 1}`, err: "outer_momentum"},
+		{in: `{"easgd_alpha": 1.5}`, err: "easgd_alpha"},
+		{in: `{"timeout": "forever"}`, err: "timeout"},
+		{in: `{"threads": -1}`, err: "threads"},
+		{in: `{} {}`, err: "trailing"},
+		{in: `[1]`, err: "averager settings"},
+	} {
+		c, err := parseSettings([]byte(tc.in))
+		switch {
+		case tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err)):
+			t.Errorf("%s: error %v, want one containing %q", tc.in, err, tc.err)
+		case tc.err == "" && err != nil:
+			t.Errorf("%s: %v", tc.in, err)
+		case tc.err == "" && !tc.want(c):
+			t.Errorf("%s: got %+v", tc.in, c)
+		}
+	}
+	a, _ := parseSettings([]byte(`{"gamma": 1, "host": "rank", "threads": 2}`))
+	b, _ := parseSettings([]byte(`{}`))
+	if a.digest() != b.digest() {
+		t.Error("host and threads are local: they must not change the cohort digest")
+	}
+	d, _ := parseSettings([]byte(`{"wire": "bf16"}`))
+	if d.digest() == b.digest() {
+		t.Error("the wire must change the digest")
+	}
+}
+
+func TestConfigureErrors(t *testing.T) {
+	c := newCohort(t, cohortOpts{world: 1})
+	cfg := c.config(0, nil)
+	for _, tc := range []struct {
+		name string
+		mod  func(cfg *plugin.AveragerConfig)
+		err  string
+	}{
+		{"short key", func(c *plugin.AveragerConfig) { c.DataKey = []byte("x") }, "data key"},
+		{"bad rank", func(c *plugin.AveragerConfig) { c.Rank = 5 }, "out of range"},
+		{"no endpoint", func(c *plugin.AveragerConfig) { c.Endpoint = "" }, "endpoint"},
+		{"bad settings", func(c *plugin.AveragerConfig) { c.Settings = []byte(`{"nope":1}`) }, "unknown field"},
+		{"wrong key", func(c *plugin.AveragerConfig) {
+			c.DataKey = []byte("another key, thirty-two bytes!!!")
+			c.Settings = []byte(`{"connect_timeout": "1s"}`)
+		}, "wrong data key is never answered"},
+		{"wrong run", func(c *plugin.AveragerConfig) { c.RunID = "other" }, "another run"},
+	} {
+		x := cfg
+		tc.mod(&x)
+		err := New(nil).Configure(t.Context(), x)
+		if err == nil || !strings.Contains(err.Error(), tc.err) {
+			t.Errorf("%s: %v, want %q", tc.name, err, tc.err)
+		}
+	}
+}
+
+func TestSpans(t *testing.T) {
+	l, _ := arena.Pack([]arena.Entry{
+		{Name: "b", DType: arena.F32, Shape: []int64{3}, Role: arena.Buffer},
+		{Name: "w", DType: arena.F32, Shape: []int64{5}, Role: arena.Parameter},
+		{Name: "steps", DType: arena.I64, Shape: []int64{1}, Role: arena.Buffer},
+		{Name: "empty", DType: arena.F32, Shape: []int64{0}, Role: arena.Parameter},
+	})
+	spans, np, nb, err := buildSpans(l)
+	if err != nil || np != 5 || nb != 3 || len(spans) != 2 || !spans[0].param || spans[0].idx != 0 || spans[1].idx != 5 || spans[1].off != 0 {
+		t.Fatalf("spans %+v %d %d %v", spans, np, nb, err)
+	}
+	l, _ = arena.Pack([]arena.Entry{{Name: "half", DType: arena.BF16, Shape: []int64{4}, Role: arena.Parameter}})
+	if _, _, _, err := buildSpans(l); err == nil || !strings.Contains(err.Error(), "f32 parameters only") {
+		t.Fatalf("bf16 parameter: %v", err)
+	}
+}

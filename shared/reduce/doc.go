@@ -1,0 +1,88 @@
+// Package reduce owns the bytes of the CPU averaging data channel: the TCP
+// connection from each rank's averaging plugin (plugins/averaging-cpu) to the
+// reduce server (core/coordinator/reduce). It holds the key schedule, the
+// handshake, the authenticated frames and the codec of every message. The
+// arithmetic both ends run (weights, bf16, the reduce kernels, the outer
+// optimizers) lives in reduce/numeric.
+//
+// All integers are little-endian. A rank opens a connection with a 144-byte
+// hello; the server answers with a 40-byte ack:
+//
+//	hello  magic u32 | version u32 | rank u32 | world u32 | wire u32 | flags u32 |
+//	       params u64 | buffers u64 | run [16] | layout [32] | settings [16] |
+//	       host [16] | nonce [16] | tag [8]
+//	ack    magic u32 | version u32 | status u32 | reserved u32 | nonce [16] | tag [8]
+//
+// params and buffers count the f32 elements the rank reduces (the geometry
+// of every bulk frame); run, layout and settings are digests that must match
+// across the cohort; host names the shared-memory domain the rank lives in;
+// the two nonces make every connection's keys unique. The hello's tag is
+// HMAC-SHA256 under the handshake key over its first 136 bytes; the ack's
+// covers its first 32 bytes followed by the whole hello, so an ack answers
+// exactly one hello. A hello whose tag fails is never answered. A hello the
+// server refuses (wrong world, run, layout or settings, a rank out of range
+// or already present) is answered with a tagged ack whose status says why,
+// so the rank can log the reason.
+//
+// After the handshake every message is one frame:
+//
+//	frame  magic u32 | kind u16 | flags u16 | length u64 | payload | tag [8]
+//
+// The tag is the first 8 bytes of HMAC-SHA256, under the connection's key
+// for the frame's direction, over an implicit sequence number (u64, 0 for a
+// direction's first frame, never sent), the 16-byte header and the payload.
+// A connection's key for a direction is HMAC-SHA256(direction key, hello |
+// ack[0:32]): frames are bound to the handshake that opened their
+// connection, and a replayed, dropped, reordered, reflected or spliced frame
+// fails. The tag trails the payload so a large frame streams out while it is
+// hashed.
+//
+// A reader checks magic, flags, kind (known, and flowing its way) and length
+// (at most MaxControlPayload for a control kind; exactly the geometry's size
+// for a bulk kind) before it reads or allocates anything, reads the payload
+// into the destination its caller chose, and returns nothing until the tag
+// verifies. Every read has a deadline. One goroutine owns each socket's
+// writes. Every refusal wraps one of the exported sentinel errors.
+package reduce
+
+import "errors"
+
+// Protocol constants. The magic values are cohort's own, distinct from the
+// control protocol's, so a peer dialling the wrong port fails at once.
+const (
+	Version uint32 = 1
+
+	HelloMagic uint32 = 0xC04ED001
+	AckMagic   uint32 = 0xC04ED002
+	FrameMagic uint32 = 0xC04ED003
+
+	// HelloSize and AckSize are the handshake's fixed sizes.
+	HelloSize = 144
+	AckSize   = 40
+
+	// MaxControlPayload bounds the payload of every non-bulk frame.
+	MaxControlPayload = 1 << 20
+
+	// MaxElements bounds the f32 elements a hello may declare: the arena's
+	// own limit in 4-byte elements.
+	MaxElements = 1 << 38
+
+	// MinKeyLen is the shortest data key DeriveKeys accepts.
+	MinKeyLen = 16
+
+	headerSize = 16
+	tagSize    = 8
+)
+
+// Sentinel errors. Every refusal of bytes read from a peer wraps exactly one
+// of them; the message around it says what was seen and from whom.
+var (
+	ErrBadMagic    = errors.New("reduce: bad magic")
+	ErrBadVersion  = errors.New("reduce: unsupported version")
+	ErrUnknownKind = errors.New("reduce: unknown frame kind")
+	ErrTooLarge    = errors.New("reduce: declared size over the limit")
+	ErrTruncated   = errors.New("reduce: truncated")
+	ErrBadTag      = errors.New("reduce: authentication failed")
+	ErrRefused     = errors.New("reduce: handshake refused")
+	ErrMalformed   = errors.New("reduce: malformed message")
+)

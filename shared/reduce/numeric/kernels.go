@@ -1,0 +1,460 @@
+package numeric
+
+import "unsafe"
+
+// blk is the block the kernels work in: a block of every source stays in
+// L1 between a kernel's passes over it.
+const blk = 512
+
+// Stats are the divergence sums of an Apply: per destination the sum of
+// squared differences between its value before and the value applied, and
+// of its squared values before; and once the sum of squared values applied.
+// Within a block they accumulate in float32, across blocks in float64.
+type Stats struct {
+	Diff2, Pre2 []float64
+	Post2       float64
+}
+
+// NewStats returns zeroed Stats for n destinations.
+func NewStats(n int) Stats { return Stats{Diff2: make([]float64, n), Pre2: make([]float64, n)} }
+
+// Add adds o's sums to s's (same number of destinations).
+func (s *Stats) Add(o Stats) {
+	for i := range s.Diff2 {
+		s.Diff2[i] += o.Diff2[i]
+		s.Pre2[i] += o.Pre2[i]
+	}
+	s.Post2 += o.Post2
+}
+
+// Apply computes one value per element from a source and writes it into
+// every destination, in place, accumulating Stats on the way.
+//
+// The source is, in order of precedence: ConsF32 or ConsBF16 (a consensus
+// already divided), Weights (the weighted mean: Σ Weights[j]·Dst[j] summed
+// in float32, zero weights skipped, then multiplied once by Scale, which is
+// 1/Σweights), or Dst[Root] (a broadcast).
+//
+// Each block is done in two passes: the values are formed in a small
+// buffer (reading every destination once from memory), then the
+// destinations are updated two at a time from L1, which keeps the loops'
+// state in registers.
+type Apply struct {
+	// Dst holds each destination's values before and receives the result;
+	// all the same length.
+	Dst [][]float32
+
+	ConsF32  []float32
+	ConsBF16 []uint16
+	Weights  []float64
+	Scale    float64
+	Root     int
+
+	// Outer, when its Kind is not OuterNone, steps the value with the state
+	// Prev and Vel (same length as the destinations) before it is applied.
+	Outer     Outer
+	Prev, Vel []float32
+	Seed      bool
+
+	// Blend in (0, 1) makes each destination pre + Blend·(value − pre) (an
+	// EASGD blend); 0 or 1 overwrites. The Stats compare with the value.
+	Blend float32
+}
+
+// Run applies a over all elements, adding to st (len(a.Dst) destinations).
+func (a *Apply) Run(st *Stats) {
+	if len(a.Dst) == 0 {
+		return
+	}
+	n := len(a.Dst[0])
+	blend := a.Blend > 0 && a.Blend < 1
+	mean := a.ConsF32 == nil && a.ConsBF16 == nil && a.Weights != nil
+	if mean && len(a.Dst) == 2 && a.Outer.Kind == OuterNone && !blend {
+		// Two ranks fit one pass in registers.
+		fused2(a.Dst[0], a.Dst[1], float32(a.Weights[0]), float32(a.Weights[1]), float32(a.Scale), st)
+		return
+	}
+	var ws weighted
+	if mean {
+		ws = newWeighted(a.Dst, a.Weights)
+	}
+	var val [blk]float32
+	for b := 0; b < n; b += blk {
+		e := min(b+blk, n)
+		v := val[:e-b]
+		switch {
+		case a.ConsF32 != nil:
+			copy(v, a.ConsF32[b:e])
+		case a.ConsBF16 != nil:
+			DecodeBF16(v, a.ConsBF16[b:e])
+		case mean:
+			ws.sum(v, b, e)
+		default:
+			copy(v, a.Dst[a.Root][b:e])
+		}
+		switch {
+		case mean && a.Outer.Kind == OuterNone:
+			st.Post2 += scaleSquares(v, float32(a.Scale))
+		default:
+			if mean {
+				scaleSquares(v, float32(a.Scale))
+			}
+			if a.Outer.Kind != OuterNone {
+				a.Outer.Step(v, a.Prev[b:e], a.Vel[b:e], a.Seed)
+			}
+			st.Post2 += blockSquares(v)
+		}
+		j := 0
+		for ; j+1 < len(a.Dst); j += 2 {
+			var d0, d1, p0, p1 float32
+			if blend {
+				d0, d1, p0, p1 = pairBlend(a.Dst[j][b:e], a.Dst[j+1][b:e], v, a.Blend)
+			} else {
+				d0, d1, p0, p1 = pair(a.Dst[j][b:e], a.Dst[j+1][b:e], v)
+			}
+			st.Diff2[j] += float64(d0)
+			st.Diff2[j+1] += float64(d1)
+			st.Pre2[j] += float64(p0)
+			st.Pre2[j+1] += float64(p1)
+		}
+		if j < len(a.Dst) {
+			al := float32(1)
+			if blend {
+				al = a.Blend
+			}
+			d0, p0 := single(a.Dst[j][b:e], v, al)
+			st.Diff2[j] += float64(d0)
+			st.Pre2[j] += float64(p0)
+		}
+	}
+}
+
+// fused2 is Run for two destinations and plain weights, in one pass:
+// (x0·w0 + x1·w1)·inv, as the weighted path, with the same float32 sums.
+func fused2(x0, x1 []float32, w0, w1, inv float32, st *Stats) {
+	n := len(x0)
+	x1 = x1[:n]
+	var D0, D1, P0, P1, Q float64
+	for b := 0; b < n; b += fusedBlock {
+		e := min(b+fusedBlock, n)
+		y0, y1 := x0[b:e], x1[b:e]
+		y1 = y1[:len(y0)]
+		var d0, d1, p0, p1, q float32
+		for i, a0 := range y0 {
+			a1 := y1[i]
+			s := (a0*w0 + a1*w1) * inv
+			e0, e1 := a0-s, a1-s
+			d0 += e0 * e0
+			d1 += e1 * e1
+			p0 += a0 * a0
+			p1 += a1 * a1
+			q += s * s
+			y0[i], y1[i] = s, s
+		}
+		D0, D1, P0, P1, Q = D0+float64(d0), D1+float64(d1), P0+float64(p0), P1+float64(p1), Q+float64(q)
+	}
+	st.Diff2[0] += D0
+	st.Diff2[1] += D1
+	st.Pre2[0] += P0
+	st.Pre2[1] += P1
+	st.Post2 += Q
+}
+
+// fusedBlock bounds fused2's float32 sums.
+const fusedBlock = 256
+
+// pair updates two destinations from v and returns their sums.
+func pair(y0, y1, v []float32) (d0, d1, p0, p1 float32) {
+	y0, y1 = y0[:len(v)], y1[:len(v)]
+	for i, s := range v {
+		a0, a1 := y0[i], y1[i]
+		e0, e1 := a0-s, a1-s
+		d0 += e0 * e0
+		d1 += e1 * e1
+		p0 += a0 * a0
+		p1 += a1 * a1
+		y0[i], y1[i] = s, s
+	}
+	return
+}
+
+func pairBlend(y0, y1, v []float32, al float32) (d0, d1, p0, p1 float32) {
+	y0, y1 = y0[:len(v)], y1[:len(v)]
+	for i, s := range v {
+		a0, a1 := y0[i], y1[i]
+		e0, e1 := a0-s, a1-s
+		d0 += e0 * e0
+		d1 += e1 * e1
+		p0 += a0 * a0
+		p1 += a1 * a1
+		y0[i], y1[i] = a0-al*e0, a1-al*e1
+	}
+	return
+}
+
+// single updates one destination: y + al·(v − y) (al 1 overwrites).
+func single(y, v []float32, al float32) (d0, p0 float32) {
+	y = y[:len(v)]
+	if al == 1 {
+		for i, s := range v {
+			a := y[i]
+			e := a - s
+			d0 += e * e
+			p0 += a * a
+			y[i] = s
+		}
+		return
+	}
+	for i, s := range v {
+		a := y[i]
+		e := a - s
+		d0 += e * e
+		p0 += a * a
+		y[i] = a - al*e
+	}
+	return
+}
+
+// weighted is a set of sources with their non-zero weights, as float32.
+type weighted struct {
+	src [][]float32
+	w   []float32
+}
+
+func newWeighted(src [][]float32, w []float64) weighted {
+	var ws weighted
+	for j, x := range w {
+		if x != 0 {
+			ws.src = append(ws.src, src[j])
+			ws.w = append(ws.w, float32(x))
+		}
+	}
+	return ws
+}
+
+// sum writes Σ w[j]·src[j][b:e] into v, in float32, up to four sources a
+// pass.
+func (ws weighted) sum(v []float32, b, e int) {
+	if len(ws.src) == 0 {
+		clear(v)
+		return
+	}
+	for k := 0; k < len(ws.src); k += 4 {
+		src, w := ws.src[k:min(k+4, len(ws.src))], ws.w[k:min(k+4, len(ws.src))]
+		add := k > 0
+		switch len(src) {
+		case 1:
+			x0 := src[0][b:e]
+			x0 = x0[:len(v)]
+			w0 := w[0]
+			if add {
+				for i := range v {
+					v[i] += x0[i] * w0
+				}
+			} else {
+				for i := range v {
+					v[i] = x0[i] * w0
+				}
+			}
+		case 2:
+			x0, x1 := src[0][b:e], src[1][b:e]
+			x0, x1 = x0[:len(v)], x1[:len(v)]
+			w0, w1 := w[0], w[1]
+			if add {
+				for i := range v {
+					v[i] += x0[i]*w0 + x1[i]*w1
+				}
+			} else {
+				for i := range v {
+					v[i] = x0[i]*w0 + x1[i]*w1
+				}
+			}
+		case 3:
+			x0, x1, x2 := src[0][b:e], src[1][b:e], src[2][b:e]
+			x0, x1, x2 = x0[:len(v)], x1[:len(v)], x2[:len(v)]
+			w0, w1, w2 := w[0], w[1], w[2]
+			if add {
+				for i := range v {
+					v[i] += x0[i]*w0 + x1[i]*w1 + x2[i]*w2
+				}
+			} else {
+				for i := range v {
+					v[i] = x0[i]*w0 + x1[i]*w1 + x2[i]*w2
+				}
+			}
+		default:
+			x0, x1, x2, x3 := src[0][b:e], src[1][b:e], src[2][b:e], src[3][b:e]
+			x0, x1, x2, x3 = x0[:len(v)], x1[:len(v)], x2[:len(v)], x3[:len(v)]
+			w0, w1, w2, w3 := w[0], w[1], w[2], w[3]
+			if add {
+				for i := range v {
+					v[i] += x0[i]*w0 + x1[i]*w1 + x2[i]*w2 + x3[i]*w3
+				}
+			} else {
+				for i := range v {
+					v[i] = x0[i]*w0 + x1[i]*w1 + x2[i]*w2 + x3[i]*w3
+				}
+			}
+		}
+	}
+}
+
+// scaleSquares multiplies v by scale (the one division) and returns Σ v².
+func scaleSquares(v []float32, scale float32) float64 {
+	var q0, q1 float32
+	i := 0
+	for ; i+1 < len(v); i += 2 {
+		a, b := v[i]*scale, v[i+1]*scale
+		v[i], v[i+1] = a, b
+		q0 += a * a
+		q1 += b * b
+	}
+	if i < len(v) {
+		a := v[i] * scale
+		v[i] = a
+		q0 += a * a
+	}
+	return float64(q0) + float64(q1)
+}
+
+// Fold writes the host sum Σ w[j]·src[j] (float32, zero weights skipped)
+// into dst, undivided, and adds Σ src[j]² to pre2[j] unless pre2 is nil.
+func Fold(dst []float32, src [][]float32, w []float64, pre2 []float64) {
+	ws := newWeighted(src, w)
+	n := len(dst)
+	for b := 0; b < n; b += blk {
+		e := min(b+blk, n)
+		ws.sum(dst[b:e], b, e)
+		addSquares(pre2, src, b, e)
+	}
+}
+
+// FoldBF16 is Fold with the sum encoded to bfloat16.
+func FoldBF16(dst []uint16, src [][]float32, w []float64, pre2 []float64) {
+	ws := newWeighted(src, w)
+	var v [blk]float32
+	n := len(dst)
+	for b := 0; b < n; b += blk {
+		e := min(b+blk, n)
+		ws.sum(v[:e-b], b, e)
+		EncodeBF16(dst[b:e], v[:e-b])
+		addSquares(pre2, src, b, e)
+	}
+}
+
+// FoldRoot is the fold of a broadcast: src[root] copied (f32) into dst or
+// encoded (bf16) into dst16, whichever is not nil, with pre2 as in Fold.
+func FoldRoot(dst []float32, dst16 []uint16, src [][]float32, root int, pre2 []float64) {
+	n := len(src[root])
+	for b := 0; b < n; b += blk {
+		e := min(b+blk, n)
+		if dst != nil {
+			copy(dst[b:e], src[root][b:e])
+		} else {
+			EncodeBF16(dst16[b:e], src[root][b:e])
+		}
+		addSquares(pre2, src, b, e)
+	}
+}
+
+func addSquares(pre2 []float64, src [][]float32, b, e int) {
+	if pre2 == nil {
+		return
+	}
+	for j, s := range src {
+		pre2[j] += SumSquares(s[b:e])
+	}
+}
+
+// blockSquares is Σ x² over at most a block, accumulated in float32 (the
+// block is short enough for that to be exact to ~1e-5 relative) and
+// returned as float64.
+func blockSquares(x []float32) float64 {
+	var p0, p1 float32
+	i := 0
+	for ; i+1 < len(x); i += 2 {
+		p0 += x[i] * x[i]
+		p1 += x[i+1] * x[i+1]
+	}
+	if i < len(x) {
+		p0 += x[i] * x[i]
+	}
+	return float64(p0) + float64(p1)
+}
+
+// SumSquares returns Σ x², block sums in float32 added in float64.
+func SumSquares(x []float32) float64 {
+	var s float64
+	for b := 0; b < len(x); b += blk {
+		s += blockSquares(x[b:min(b+blk, len(x))])
+	}
+	return s
+}
+
+// Combine writes (Σ src[h]) · scale into dst: the reduce server's sum of
+// host folds, accumulated in float32 in host order, then divided once (scale
+// is 1/Σweight as float32). No sources writes zeros.
+func Combine(dst []float32, src [][]float32, scale float32) {
+	if len(src) == 0 {
+		clear(dst)
+		return
+	}
+	copy(dst, src[0])
+	for _, s := range src[1:] {
+		s = s[:len(dst)]
+		for i := range dst {
+			dst[i] += s[i]
+		}
+	}
+	if scale != 1 {
+		for i := range dst {
+			dst[i] *= scale
+		}
+	}
+}
+
+// CombineBF16 is Combine over bfloat16 frames: each element is decoded,
+// summed in float32, scaled, and encoded again.
+func CombineBF16(dst []uint16, src [][]uint16, scale float32) {
+	if len(src) == 0 {
+		clear(dst)
+		return
+	}
+	var v [blk]float32
+	n := len(dst)
+	for b := 0; b < n; b += blk {
+		e := min(b+blk, n)
+		w := v[:e-b]
+		DecodeBF16(w, src[0][b:e])
+		for _, s := range src[1:] {
+			x := s[b:e]
+			x = x[:len(w)]
+			for i := range w {
+				w[i] += FromBF16(x[i])
+			}
+		}
+		if scale != 1 {
+			for i := range w {
+				w[i] *= scale
+			}
+		}
+		EncodeBF16(dst[b:e], w)
+	}
+}
+
+// Float32s views b (4-byte aligned, length a multiple of 4) as float32
+// values without copying; the platform is little-endian, as the wire.
+func Float32s(b []byte) []float32 {
+	if len(b) < 4 {
+		return nil
+	}
+	return unsafe.Slice((*float32)(unsafe.Pointer(&b[0])), len(b)/4)
+}
+
+// Uint16s views b (2-byte aligned) as uint16 values without copying.
+func Uint16s(b []byte) []uint16 {
+	if len(b) < 2 {
+		return nil
+	}
+	return unsafe.Slice((*uint16)(unsafe.Pointer(&b[0])), len(b)/2)
+}
