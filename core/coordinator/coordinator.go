@@ -27,15 +27,23 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/cohortdl/cohort/core/config"
+	"github.com/cohortdl/cohort/core/coordinator/reduce"
 	"github.com/cohortdl/cohort/core/wire"
 )
 
 // ReduceServer is the meeting point of the "cpu" averager: the coordinator
-// only hands its address to the ranks.
+// hands its address to the ranks and tells it which ranks died.
 type ReduceServer interface {
 	// Endpoint is the address a rank's averager dials.
 	Endpoint() string
+	// MarkDead takes a rank out of every later round.
+	MarkDead(rank uint32)
 }
+
+// reduceServer adapts the built-in reduce server.
+type reduceServer struct{ *reduce.Server }
+
+func (s reduceServer) Endpoint() string { return s.Addr() }
 
 // Options configure a Coordinator. Config and Keys are required.
 type Options struct {
@@ -51,8 +59,9 @@ type Options struct {
 	// Resume is a checkpoint to continue from: a checkpoint directory, a
 	// run's out directory or its checkpoints directory.
 	Resume string
-	// ReduceServer serves averager "cpu"; without one that averager is
-	// refused at startup.
+	// ReduceServer serves averager "cpu"; when nil the coordinator starts
+	// its own reduce server for that averager, on the control listener's
+	// host.
 	ReduceServer ReduceServer
 	Logger       hclog.Logger
 	// Progress, when set, is called on the coordinator's loop as the run
@@ -112,6 +121,8 @@ type Coordinator struct {
 	out      string
 	runID    string
 	endpoint string
+	reducer  ReduceServer
+	ownRed   *reduce.Server
 	resume   string
 	meta     *Meta
 	store    *ckptStore
@@ -150,6 +161,9 @@ func New(opts Options) (_ *Coordinator, err error) {
 		if err != nil && opts.Listener != nil {
 			opts.Listener.Close()
 		}
+		if err != nil && c.ownRed != nil {
+			c.ownRed.Close()
+		}
 	}()
 
 	if c.runID, err = newRunID(); err != nil {
@@ -172,10 +186,19 @@ func New(opts Options) (_ *Coordinator, err error) {
 	// The averaging endpoint is checked before anything listens, so a
 	// misconfigured run fails at once rather than after forming.
 	if cfg.Averager.Name == "cpu" {
-		if opts.ReduceServer == nil {
-			return nil, errors.New(`coordinator: averager "cpu" needs the coordinator's reduce server, and none is configured; choose another averager`)
+		c.reducer = opts.ReduceServer
+		if c.reducer == nil {
+			if c.ownRed, err = c.startReduceServer(); err != nil {
+				return nil, err
+			}
+			c.reducer = reduceServer{c.ownRed}
 		}
-		c.endpoint = opts.ReduceServer.Endpoint()
+		c.endpoint = c.reducer.Endpoint()
+		if h, port, err := net.SplitHostPort(c.endpoint); err == nil {
+			if ip := net.ParseIP(h); ip != nil && ip.IsUnspecified() {
+				c.endpoint = ":" + port
+			}
+		}
 	} else {
 		// One directory per run, so files a previous run left behind can
 		// never be taken for this run's.
@@ -237,9 +260,40 @@ func (c *Coordinator) Stop() {
 	c.stopOnce.Do(func() { close(c.stopCh) })
 }
 
-// Close releases the listener of a Coordinator that will not Run.
+// Close releases the listener (and the reduce server) of a Coordinator
+// that will not Run.
 func (c *Coordinator) Close() error {
-	return c.ln.Close()
+	err := c.ln.Close()
+	if c.ownRed != nil {
+		err = errors.Join(err, c.ownRed.Close())
+	}
+	return err
+}
+
+// startReduceServer listens for averager "cpu" on the host the control
+// server listens on. When that host is unspecified (all interfaces) the
+// endpoint handed to ranks is ":port", which a rank completes with the
+// coordinator host it dialled.
+func (c *Coordinator) startReduceServer() (*reduce.Server, error) {
+	host, _, err := net.SplitHostPort(c.cfg.Coordinator.Listen)
+	if err != nil {
+		return nil, fmt.Errorf("coordinator: listen address %q: %w", c.cfg.Coordinator.Listen, err)
+	}
+	key, err := c.opts.Keys.Derive(wire.AveragingDataKeyLabel)
+	if err != nil {
+		return nil, fmt.Errorf("coordinator: reduce server key: %w", err)
+	}
+	srv, err := reduce.Listen(context.Background(), reduce.Config{
+		Addr:   net.JoinHostPort(host, "0"),
+		Key:    key,
+		RunID:  c.runID,
+		World:  uint32(c.cfg.Run.Ranks),
+		Logger: c.log.Named("reduce"),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("coordinator: start the reduce server: %w", err)
+	}
+	return srv, nil
 }
 
 // Run runs the cohort until the run completes, fails, is stopped, or ctx
@@ -255,6 +309,15 @@ func (c *Coordinator) Run(ctx context.Context) (*Summary, error) {
 	}
 	r := newRunner(c)
 	sum, runErr := r.run(ctx)
+	if c.ownRed != nil {
+		st := c.ownRed.Stats()
+		if st.Rounds > 0 {
+			sum.Averaging.BytesPerRound = float64(st.BulkBytes) / float64(st.Rounds)
+		}
+		if err := c.ownRed.Close(); err != nil {
+			c.log.Warn("closing the reduce server", "error", err)
+		}
+	}
 	if err := writeJSONAtomic(filepath.Join(c.out, SummaryFile), sum); err != nil {
 		c.log.Error("writing the run summary failed", "error", err)
 		if runErr == nil {

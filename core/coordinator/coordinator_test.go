@@ -297,18 +297,38 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-// Averager "cpu" needs a reduce server: without one New fails; with one
-// its endpoint is what Admit carries.
+// Averager "cpu" meets at a reduce server: without one given the
+// coordinator starts its own on the control listener's host and hands its
+// address out; a given one's endpoint is what Admit carries, and it hears
+// of every death.
 func TestAveragingEndpoint(t *testing.T) {
 	cfg := testConfig(t)
 	cfg.Averager = config.Plugin{Name: "cpu", Settings: []byte(`{}`)}
 	keys, _ := wire.DeriveKeys(testSecret)
-	if _, err := New(Options{Config: cfg, Keys: keys}); err == nil || !strings.Contains(err.Error(), `averager "cpu" needs the coordinator's reduce server`) {
-		t.Fatalf("New without a reduce server: %v", err)
+	own, err := New(Options{Config: cfg, Keys: keys})
+	if err != nil {
+		t.Fatalf("New starting its own reduce server: %v", err)
 	}
+	if host, port, err := net.SplitHostPort(own.endpoint); err != nil || host != "127.0.0.1" || port == "0" {
+		t.Errorf("own reduce server endpoint %q, want 127.0.0.1:<port>", own.endpoint)
+	}
+	if conn, err := net.Dial("tcp", own.endpoint); err != nil {
+		t.Errorf("own reduce server is not listening: %v", err)
+	} else {
+		conn.Close()
+	}
+	if err := own.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if conn, err := net.Dial("tcp", own.endpoint); err == nil {
+		conn.Close()
+		t.Error("reduce server still listening after Close")
+	}
+
 	cfg.Run.Ranks = 1
 	cfg.Run.Epochs = 1
-	h := newHarness(t, cfg, func(o *Options) { o.ReduceServer = fixedEndpoint("10.0.0.1:7000") })
+	red := &fixedEndpoint{addr: "10.0.0.1:7000"}
+	h := newHarness(t, cfg, func(o *Options) { o.ReduceServer = red })
 	ranks := h.startAll(nil)
 	h.mustComplete()
 	if got := ranks[0].admit.GetAveragingEndpoint(); got != "10.0.0.1:7000" {
@@ -316,9 +336,19 @@ func TestAveragingEndpoint(t *testing.T) {
 	}
 }
 
-type fixedEndpoint string
+type fixedEndpoint struct {
+	addr string
+	mu   sync.Mutex
+	dead []uint32
+}
 
-func (e fixedEndpoint) Endpoint() string { return string(e) }
+func (e *fixedEndpoint) Endpoint() string { return e.addr }
+
+func (e *fixedEndpoint) MarkDead(rank uint32) {
+	e.mu.Lock()
+	e.dead = append(e.dead, rank)
+	e.mu.Unlock()
+}
 
 // Frames a rank should not send (a second Ready, answers to questions
 // never asked, Metrics for plans it does not hold, NaN and infinite

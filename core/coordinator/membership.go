@@ -40,6 +40,9 @@ func (r *runner) depart(rs *rankState, event, reason string, status rankStatus) 
 	if r.cad != nil {
 		r.cad.forget(rs.id)
 	}
+	if red := r.c.reducer; red != nil {
+		red.MarkDead(rs.id)
+	}
 	unfinished := r.unfinishedOf(rs)
 	survivors := r.live()
 

@@ -17,6 +17,12 @@ const (
 	labelDerivedBase = "cohort/derive/"
 )
 
+// AveragingDataKeyLabel is the Keys.Derive label of the key an averager's
+// own data channel authenticates with: the rank hands it to its averaging
+// plugin, the coordinator to its reduce server. The plugin never sees the
+// run secret itself.
+const AveragingDataKeyLabel = "averaging data"
+
 // Keys holds the keys derived from a run's secret: one for the handshake and
 // one for each frame direction, so a frame reflected back at its sender
 // fails. Make one with DeriveKeys; the zero Keys is refused everywhere. A Keys

@@ -278,8 +278,9 @@ func (w *worker) fireEpochFn(ctx context.Context, epoch uint64) error {
 
 // round runs one averaging round (docs/protocol.md, "Averaging rounds").
 // A round that failed because a peer died (or because the worker is
-// stopping) is acknowledged as aborted and the worker carries on; any other
-// averaging failure ends the worker.
+// stopping, or because the averager says so with plugin.ErrRoundAborted) is
+// acknowledged as aborted and the worker carries on; any other averaging
+// failure ends the worker.
 func (w *worker) round(ctx context.Context, m *cohortv1.Sync) error {
 	start := time.Now()
 	n := m.GetRound()
@@ -328,7 +329,7 @@ func (w *worker) round(ctx context.Context, m *cohortv1.Sync) error {
 	abortedBy := w.guard.end()
 	cancel(nil)
 	if err != nil {
-		if abortedBy == nil && !errors.Is(err, errPeerDied) && w.guard.aborts() == w.sessionAborts && w.stopCtx.Err() == nil {
+		if abortedBy == nil && !errors.Is(err, errPeerDied) && !errors.Is(err, plugin.ErrRoundAborted) && w.guard.aborts() == w.sessionAborts && w.stopCtx.Err() == nil {
 			return fmt.Errorf("averaging round %d: %w", n, err)
 		}
 		return w.abortedAck(ctx, ack, start, err)

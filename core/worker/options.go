@@ -22,8 +22,8 @@ const (
 )
 
 // DataKeyLabel names the key, derived from the run secret, that the
-// averager authenticates its own data channel with.
-const DataKeyLabel = "averaging data"
+// averager's own data channel authenticates with.
+const DataKeyLabel = wire.AveragingDataKeyLabel
 
 // Options configure one rank worker.
 type Options struct {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -229,7 +230,7 @@ func (w *worker) setUp(ctx context.Context) error {
 		Rank:      w.o.Rank,
 		WorldSize: w.o.World,
 		Arena:     w.arena.Descriptor(),
-		Endpoint:  w.admit.GetAveragingEndpoint(),
+		Endpoint:  averagingEndpoint(w.admit.GetAveragingEndpoint(), w.o.Coordinator),
 		DataKey:   dataKey,
 		Settings:  w.o.Averager.Settings,
 		RunID:     w.admit.GetRunId(),
@@ -244,6 +245,20 @@ func (w *worker) setUp(ctx context.Context) error {
 	}
 	w.avg.Store(&a)
 	return nil
+}
+
+// averagingEndpoint completes an endpoint of the form ":port" (a reduce
+// server listening on every interface of the coordinator's host) with the
+// host this rank dialled the coordinator at.
+func averagingEndpoint(endpoint, coordinator string) string {
+	if !strings.HasPrefix(endpoint, ":") {
+		return endpoint
+	}
+	host, _, err := net.SplitHostPort(coordinator)
+	if err != nil {
+		return endpoint
+	}
+	return net.JoinHostPort(host, endpoint[1:])
 }
 
 // resumeDir picks the checkpoint directory to load: dir/rank-<rank>, else

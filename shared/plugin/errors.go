@@ -20,11 +20,21 @@ import (
 // error when that context is what ended the call, so errors.Is(err,
 // context.Canceled) holds.
 
+// ErrRoundAborted is wrapped by an averager's error for a round that ended
+// without a result for a reason the cohort recovers from (a peer died,
+// Abort was called, the backend failed the round for everyone): the rank
+// reports the round aborted and waits for the coordinator to re-form the
+// group, instead of exiting. It crosses the plugin boundary as gRPC status
+// Aborted, and errors.Is finds it on the host.
+var ErrRoundAborted = errors.New("averaging round aborted")
+
 // statusError is what a server adapter returns for an implementation error.
 func statusError(err error) error {
 	switch {
 	case err == nil:
 		return nil
+	case errors.Is(err, ErrRoundAborted):
+		return status.Error(codes.Aborted, err.Error())
 	case errors.Is(err, context.Canceled):
 		return status.Error(codes.Canceled, err.Error())
 	case errors.Is(err, context.DeadlineExceeded):
@@ -68,13 +78,18 @@ type remoteError struct {
 
 func (e *remoteError) Error() string {
 	switch e.st.Code() {
-	case codes.Unknown:
+	case codes.Unknown, codes.Aborted:
 		// The implementation's own error: its text, as the plugin wrote it.
 		return e.op + ": " + e.st.Message()
 	case codes.Unimplemented:
 		return e.op + ": not served by this plugin (wrong plugin kind or protocol version): " + e.st.Message()
 	}
 	return fmt.Sprintf("%s: %s (%v)", e.op, e.st.Message(), e.st.Code())
+}
+
+// Is lets errors.Is see an aborted round through the boundary.
+func (e *remoteError) Is(target error) bool {
+	return target == ErrRoundAborted && e.st.Code() == codes.Aborted
 }
 
 // GRPCStatus lets status.FromError and status.Code see the original status.

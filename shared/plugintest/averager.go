@@ -27,7 +27,7 @@ const AveragerName = "mock"
 
 // ErrAborted is wrapped by the error of a round that Abort, NewSession or
 // Shutdown stopped, and of every round of an aborted session.
-var ErrAborted = errors.New("averaging round aborted")
+var ErrAborted = plugin.ErrRoundAborted
 
 // A contribution file: this header, then the raw little-endian values of
 // every f32 entry of the layout, in layout order.

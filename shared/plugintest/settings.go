@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"strconv"
 	"time"
 )
 
@@ -31,6 +32,9 @@ type TrainerSettings struct {
 	// SleepPerBatch is a time.Duration string: every batch takes at least
 	// this long, to make a slow rank.
 	SleepPerBatch string `json:"sleep_per_batch,omitempty"`
+	// SleepPerBatchByRank overrides SleepPerBatch for the ranks it names
+	// (keys are decimal ranks): one config file, ranks of unequal speed.
+	SleepPerBatchByRank map[string]string `json:"sleep_per_batch_by_rank,omitempty"`
 	// Ledger, when set, is a file to which every batch appends the sample
 	// indices it trained, one "rank epoch index" line each, in one write.
 	Ledger string `json:"ledger,omitempty"`
@@ -82,8 +86,9 @@ func decodeStrict(raw json.RawMessage, v any) error {
 	return nil
 }
 
-// parseTrainerSettings decodes and checks a trainer config block.
-func parseTrainerSettings(raw json.RawMessage) (TrainerSettings, time.Duration, error) {
+// parseTrainerSettings decodes and checks a trainer config block; the
+// sleep returned is rank's.
+func parseTrainerSettings(raw json.RawMessage, rank uint32) (TrainerSettings, time.Duration, error) {
 	s := DefaultTrainerSettings()
 	if err := decodeStrict(raw, &s); err != nil {
 		return TrainerSettings{}, 0, fmt.Errorf("mock trainer settings: %w", err)
@@ -112,6 +117,19 @@ func parseTrainerSettings(raw json.RawMessage) (TrainerSettings, time.Duration, 
 	}
 	if sleep < 0 {
 		return bad("sleep_per_batch = %v, want 0 or more", sleep)
+	}
+	for key, v := range s.SleepPerBatchByRank {
+		r, err := strconv.ParseUint(key, 10, 32)
+		if err != nil {
+			return bad("sleep_per_batch_by_rank: key %q is not a rank", key)
+		}
+		d, err := time.ParseDuration(v)
+		if err != nil || d < 0 {
+			return bad("sleep_per_batch_by_rank[%q] = %q, want a duration of 0 or more", key, v)
+		}
+		if uint32(r) == rank {
+			sleep = d
+		}
 	}
 	return s, sleep, nil
 }

@@ -91,7 +91,7 @@ func (t *Trainer) Configure(_ context.Context, cfg plugin.TrainerConfig) (plugin
 	if cfg.WorldSize == 0 || cfg.Rank >= cfg.WorldSize {
 		return plugin.TrainerSetup{}, fmt.Errorf("mock trainer: rank %d of a world of %d", cfg.Rank, cfg.WorldSize)
 	}
-	s, sleep, err := parseTrainerSettings(cfg.Settings)
+	s, sleep, err := parseTrainerSettings(cfg.Settings, cfg.Rank)
 	if err != nil {
 		return plugin.TrainerSetup{}, err
 	}

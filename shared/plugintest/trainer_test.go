@@ -118,6 +118,9 @@ func TestTrainerSettings(t *testing.T) {
 		{name: "bad sleep", json: `{"sleep_per_batch": "soon"}`, wantErr: "sleep_per_batch"},
 		{name: "negative sleep", json: `{"sleep_per_batch": "-1s"}`, wantErr: "sleep_per_batch"},
 		{name: "ledger in a missing dir", json: `{"ledger": "/nonexistent/dir/ledger"}`, wantErr: "ledger"},
+		{name: "sleep by rank", json: `{"sleep_per_batch_by_rank": {"0": "2ms", "7": "1s"}}`, features: 16, samples: 2048, eval: 512, batch: 32},
+		{name: "sleep by rank, bad key", json: `{"sleep_per_batch_by_rank": {"zero": "2ms"}}`, wantErr: "not a rank"},
+		{name: "sleep by rank, bad value", json: `{"sleep_per_batch_by_rank": {"0": "-2ms"}}`, wantErr: "sleep_per_batch_by_rank"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -359,11 +362,28 @@ func TestTrainerSleepPerBatch(t *testing.T) {
 		}
 	}
 
+	// One config file, ranks of unequal speed: rank 1 sleeps, rank 0 not.
+	s.SleepPerBatch = "0"
+	s.SleepPerBatchByRank = map[string]string{"1": "20ms"}
+	slow, _ := configure(t, 1, 2, 1, s)
+	for _, r := range train(t, slow, fullEpoch(1, 0, 3)) {
+		if r.BatchMS < 20 {
+			t.Errorf("rank 1 batch took %.2f ms with its sleep_per_batch_by_rank 20ms", r.BatchMS)
+		}
+	}
+	fast, _ := configure(t, 0, 2, 1, s)
+	start := time.Now()
+	train(t, fast, fullEpoch(1, 0, 3))
+	if d := time.Since(start); d >= 60*time.Millisecond {
+		t.Errorf("rank 0 took %v for 3 batches; the by-rank sleep of rank 1 leaked to it", d)
+	}
+	s.SleepPerBatchByRank = nil
+
 	s.SleepPerBatch = "1h"
 	tr, _ = configure(t, 0, 1, 1, s)
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
-	start := time.Now()
+	start = time.Now()
 	err := tr.Train(ctx, fullEpoch(1, 0, 3), func(plugin.BatchReport) error { return nil })
 	if !errors.Is(err, context.DeadlineExceeded) || time.Since(start) > 5*time.Second {
 		t.Fatalf("Train in a 1h sleep returned %v after %v; want the deadline, promptly", err, time.Since(start))

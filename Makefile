@@ -1,0 +1,85 @@
+# cohort's build. `make run` and `make test` work on a fresh Debian machine as
+# root: each installs what it needs first.
+
+GO          ?= go
+BIN         := bin
+PLUGINS     := $(BIN)/plugins
+TOOLS       := $(CURDIR)/.tools
+PROTO_DIR   := shared/proto
+PROTOS      := $(wildcard $(PROTO_DIR)/cohort/v1/*.proto)
+# Pinned code generators: the committed .pb.go files name these versions.
+PROTOC_GEN_GO_VERSION      := v1.36.12
+PROTOC_GEN_GO_GRPC_VERSION := v1.5.1
+FUZZTIME    ?= 20s
+# Debian packages the build, tests and the default run need.
+DEB_PACKAGES := protobuf-compiler
+
+.PHONY: all build test run proto proto-check bench fuzz deps clean tools
+
+all: build
+
+deps:
+	@missing=""; for p in $(DEB_PACKAGES); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "ok installed" || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing:$$missing"; \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing; \
+	fi
+
+tools: $(TOOLS)/protoc-gen-go $(TOOLS)/protoc-gen-go-grpc
+
+$(TOOLS)/protoc-gen-go:
+	GOBIN=$(TOOLS) $(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION)
+
+$(TOOLS)/protoc-gen-go-grpc:
+	GOBIN=$(TOOLS) $(GO) install google.golang.org/grpc/cmd/protoc-gen-go-grpc@$(PROTOC_GEN_GO_GRPC_VERSION)
+
+# proto regenerates the committed Go code from the .proto files.
+proto: deps tools
+	PATH=$(TOOLS):$$PATH protoc -I $(PROTO_DIR) \
+	  --go_out=$(PROTO_DIR) --go_opt=paths=source_relative \
+	  --go-grpc_out=$(PROTO_DIR) --go-grpc_opt=paths=source_relative \
+	  $(PROTOS)
+
+# proto-check fails when the committed generated code is stale.
+proto-check: deps tools
+	@tmp=$$(mktemp -d); trap 'rm -rf $$tmp' EXIT; \
+	PATH=$(TOOLS):$$PATH protoc -I $(PROTO_DIR) \
+	  --go_out=$$tmp --go_opt=paths=source_relative \
+	  --go-grpc_out=$$tmp --go-grpc_opt=paths=source_relative \
+	  $(PROTOS) && \
+	if ! diff -r -q $$tmp/cohort/v1 $(PROTO_DIR)/cohort/v1 -x '*.proto'; then \
+	  echo "generated code in $(PROTO_DIR) is stale: run 'make proto' and commit"; exit 1; \
+	fi; echo "generated protobuf code is up to date"
+
+build:
+	@mkdir -p $(PLUGINS)
+	$(GO) build -o $(BIN)/ ./cmd/cohort
+	$(GO) build -o $(PLUGINS)/ ./cmd/cohort-trainer-mock ./cmd/cohort-averaging-mock ./plugins/averaging-cpu
+
+test: deps proto-check
+	$(GO) vet ./...
+	$(GO) test -race -count=1 ./core/... ./shared/... ./plugins/...
+	$(GO) test -count=1 ./cmd/...
+
+run: deps build
+	$(BIN)/cohort run
+
+# fuzz runs every fuzz target for FUZZTIME each.
+fuzz:
+	@set -e; for pkg in $$($(GO) list ./...); do \
+	  dir=$$($(GO) list -f '{{.Dir}}' $$pkg); \
+	  for f in $$(grep -ho '^func Fuzz[A-Za-z0-9_]*' $$dir/*_test.go 2>/dev/null | sed 's/^func //'); do \
+	    echo "== $$pkg $$f"; $(GO) test -run=NONE -fuzz="^$$f$$" -fuzztime=$(FUZZTIME) $$pkg; \
+	  done; \
+	done
+
+# bench prints cohort's figures next to the peers' (../shared/peers),
+# measured in the same run, as ratios.
+bench: build
+	$(GO) run ./bench/averaging -plugin $(PLUGINS)/cohort-averaging-cpu
+
+clean:
+	rm -rf $(BIN) $(TOOLS)
