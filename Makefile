@@ -57,7 +57,8 @@ proto-check: deps tools
 build:
 	@mkdir -p $(PLUGINS)
 	$(GO) build -o $(BIN)/ ./cmd/cohort
-	$(GO) build -o $(PLUGINS)/ ./cmd/cohort-trainer-mock ./cmd/cohort-averaging-mock ./plugins/averaging-cpu
+	$(GO) build -o $(PLUGINS)/ ./cmd/cohort-trainer-mock ./cmd/cohort-averaging-mock
+	$(GO) build -o $(PLUGINS)/cohort-averaging-cpu ./plugins/averaging-cpu
 
 test: deps proto-check
 	$(GO) vet ./...

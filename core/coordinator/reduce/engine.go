@@ -182,6 +182,9 @@ func (e *engine) remove(r uint32, why string, err error, lost bool) {
 		e.s.connected.Add(-1)
 	}
 	switch {
+	case err != nil && e.s.ctx.Err() != nil:
+		// The server is closing: a connection cut mid-goodbye is expected.
+		e.log.Debug("rank's connection closed with the server", "rank", r, "error", err.Error())
 	case err != nil && !errors.Is(err, errBye):
 		e.log.Error("rank leaves the cohort", "rank", r, "why", why, "error", err.Error())
 		if lost && e.s.cfg.OnRankLost != nil {
