@@ -283,6 +283,9 @@ func TestPluginAveragerRPCs(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), ErrAborted.Error()) || !strings.Contains(err.Error(), "peer 1 is dead") {
 			t.Errorf("aborted round = %v", err)
 		}
+		if !errors.Is(err, plugin.ErrRoundAborted) {
+			t.Errorf("aborted round %v is not plugin.ErrRoundAborted on the host side", err)
+		}
 	case <-time.After(2 * time.Second):
 		t.Fatal("Abort did not end the plugin's round within 2s")
 	}
@@ -298,6 +301,16 @@ func TestPluginAveragerRPCs(t *testing.T) {
 		t.Error("a session without this rank was accepted")
 	}
 	round(1, 0, 3)
+
+	// The mock keeps no state between rounds: it saves nothing and loads
+	// from an empty directory without complaint.
+	stateDir := t.TempDir()
+	if files, err := remote.SaveState(ctx, stateDir); err != nil || len(files) != 0 {
+		t.Errorf("SaveState = %v, %v; want no files", files, err)
+	}
+	if err := remote.LoadState(ctx, stateDir); err != nil {
+		t.Errorf("LoadState: %v", err)
+	}
 
 	if err := remote.Shutdown(ctx); err != nil {
 		t.Fatal(err)

@@ -34,12 +34,12 @@ const Version = "0.1.0"
 
 // ErrAborted is wrapped by the error of a round that Abort stopped, and of
 // every Average after it until NewSession or Configure.
-var ErrAborted = errors.New("averaging round aborted")
+var ErrAborted = fmt.Errorf("%w by Abort", plugin.ErrRoundAborted)
 
 // ErrRoundFailed is wrapped by the error of a round the reduce server
 // failed for the whole cohort (a rank died or aborted in it, or the ranks
 // disagreed); the next round may succeed.
-var ErrRoundFailed = errors.New("averaging round failed")
+var ErrRoundFailed = fmt.Errorf("%w: failed by the reduce server", plugin.ErrRoundAborted)
 
 // Averager is the CPU averager. Average, Configure, Shutdown, SaveState and
 // LoadState run one at a time; Abort, NewSessionID and Describe may run
