@@ -73,7 +73,7 @@ fuzz:
 	@set -e; for pkg in $$($(GO) list ./...); do \
 	  dir=$$($(GO) list -f '{{.Dir}}' $$pkg); \
 	  for f in $$(grep -ho '^func Fuzz[A-Za-z0-9_]*' $$dir/*_test.go 2>/dev/null | sed 's/^func //'); do \
-	    echo "== $$pkg $$f"; $(GO) test -run=NONE -fuzz="^$$f$$" -fuzztime=$(FUZZTIME) $$pkg; \
+	    echo "== $$pkg $$f"; $(GO) test -run=NONE -fuzz="^$$f$$" -fuzztime=$(FUZZTIME) -fuzzminimizetime=2s $$pkg; \
 	  done; \
 	done
 
