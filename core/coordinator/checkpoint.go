@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/cohortdl/cohort/shared/atomicfile"
 )
 
 // Checkpoint layout: OUT/checkpoints/ckpt-NNNNNN, each holding one
@@ -242,7 +244,7 @@ func (s *ckptStore) commit(tmp string, m *Meta) (string, error) {
 	if err := os.Rename(tmp, final); err != nil {
 		return "", fmt.Errorf("checkpoint %d: %w", m.Version, err)
 	}
-	if err := syncDir(s.dir); err != nil {
+	if err := atomicfile.SyncDir(s.dir); err != nil {
 		return "", fmt.Errorf("checkpoint %d: %w", m.Version, err)
 	}
 	return final, nil

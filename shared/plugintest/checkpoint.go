@@ -10,6 +10,8 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+
+	"github.com/cohortdl/cohort/shared/atomicfile"
 )
 
 // CheckpointFile is the name of the mock trainer's checkpoint in a
@@ -40,7 +42,7 @@ func (t *Trainer) SaveCheckpoint(_ context.Context, dir string) ([]string, error
 	t.mu.Unlock()
 
 	path := filepath.Join(dir, CheckpointFile)
-	if err := writeFileAtomic(path, buf); err != nil {
+	if err := atomicfile.WriteBytes(path, buf); err != nil {
 		return nil, fmt.Errorf("mock trainer: save checkpoint: %w", err)
 	}
 	return []string{path}, nil
@@ -135,40 +137,4 @@ func readFileExact(path string, want int64) ([]byte, error) {
 		return nil, fmt.Errorf("read %s: %w", path, err)
 	}
 	return buf, nil
-}
-
-// writeFileAtomic replaces path with data: a temp file in the same
-// directory, fsync, rename, and an fsync of the directory so the rename
-// survives a crash.
-func writeFileAtomic(path string, data []byte) (err error) {
-	dir := filepath.Dir(path)
-	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".*.tmp")
-	if err != nil {
-		return err
-	}
-	tmp := f.Name()
-	defer func() {
-		if err != nil {
-			f.Close()
-			os.Remove(tmp)
-		}
-	}()
-	if _, err = f.Write(data); err != nil {
-		return err
-	}
-	if err = f.Sync(); err != nil {
-		return err
-	}
-	if err = f.Close(); err != nil {
-		return err
-	}
-	if err = os.Rename(tmp, path); err != nil {
-		return err
-	}
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
 }

@@ -12,6 +12,8 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/cohortdl/cohort/shared/atomicfile"
+
 	"encoding/binary"
 
 	"github.com/cohortdl/cohort/shared/reduce/numeric"
@@ -49,48 +51,29 @@ func (a *Averager) SaveState(ctx context.Context, dir string) ([]string, error) 
 		return nil, nil
 	}
 	path := filepath.Join(dir, StateFile)
-	tmp, err := os.CreateTemp(dir, ".averager-cpu-outer-*")
+	err := atomicfile.Write(path, func(out io.Writer) error {
+		h := sha256.New()
+		w := io.MultiWriter(out, h)
+		var hdr [stateHeader]byte
+		copy(hdr[:16], stateMagic)
+		le.PutUint32(hdr[16:], uint32(c.cfg.outer.Kind))
+		le.PutUint32(hdr[20:], math.Float32bits(c.cfg.outer.LR))
+		le.PutUint32(hdr[24:], math.Float32bits(c.cfg.outer.Mu))
+		le.PutUint64(hdr[32:], c.outerSteps)
+		d := c.layout.Digest()
+		copy(hdr[40:72], d[:])
+		le.PutUint64(hdr[72:], uint64(c.np))
+		if _, err := w.Write(hdr[:]); err != nil {
+			return err
+		}
+		if _, err := w.Write(c.outer.Bytes()); err != nil {
+			return err
+		}
+		_, err := out.Write(h.Sum(nil))
+		return err
+	})
 	if err != nil {
 		return nil, fmt.Errorf("averager: save state: %w", err)
-	}
-	defer os.Remove(tmp.Name())
-	h := sha256.New()
-	w := bufio.NewWriterSize(io.MultiWriter(tmp, h), 1<<20)
-	var hdr [stateHeader]byte
-	copy(hdr[:16], stateMagic)
-	le.PutUint32(hdr[16:], uint32(c.cfg.outer.Kind))
-	le.PutUint32(hdr[20:], math.Float32bits(c.cfg.outer.LR))
-	le.PutUint32(hdr[24:], math.Float32bits(c.cfg.outer.Mu))
-	le.PutUint64(hdr[32:], c.outerSteps)
-	d := c.layout.Digest()
-	copy(hdr[40:72], d[:])
-	le.PutUint64(hdr[72:], uint64(c.np))
-	w.Write(hdr[:])
-	if _, err := w.Write(c.outer.Bytes()); err != nil {
-		tmp.Close()
-		return nil, fmt.Errorf("averager: save state: %w", err)
-	}
-	if err := w.Flush(); err != nil {
-		tmp.Close()
-		return nil, fmt.Errorf("averager: save state: %w", err)
-	}
-	if _, err := tmp.Write(h.Sum(nil)); err != nil {
-		tmp.Close()
-		return nil, fmt.Errorf("averager: save state: %w", err)
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return nil, fmt.Errorf("averager: save state: %w", err)
-	}
-	if err := tmp.Close(); err != nil {
-		return nil, fmt.Errorf("averager: save state: %w", err)
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return nil, fmt.Errorf("averager: save state: %w", err)
-	}
-	if df, err := os.Open(dir); err == nil {
-		df.Sync()
-		df.Close()
 	}
 	return []string{path}, nil
 }
