@@ -12,7 +12,7 @@ PROTOC_GEN_GO_VERSION      := v1.36.12
 PROTOC_GEN_GO_GRPC_VERSION := v1.5.1
 FUZZTIME    ?= 20s
 # Debian packages the build, tests and the default run need.
-DEB_PACKAGES := protobuf-compiler
+DEB_PACKAGES := protobuf-compiler g++ libtorch-dev libopenblas0-pthread python3-torch dataset-fashion-mnist
 
 .PHONY: all build test run proto proto-check bench fuzz deps clean tools
 
@@ -54,11 +54,13 @@ proto-check: deps tools
 	  echo "generated code in $(PROTO_DIR) is stale: run 'make proto' and commit"; exit 1; \
 	fi; echo "generated protobuf code is up to date"
 
-build:
+build: deps
 	@mkdir -p $(PLUGINS)
 	$(GO) build -o $(BIN)/ ./cmd/cohort
 	$(GO) build -o $(PLUGINS)/ ./cmd/cohort-trainer-mock ./cmd/cohort-averaging-mock
 	$(GO) build -o $(PLUGINS)/cohort-averaging-cpu ./plugins/averaging-cpu
+	$(GO) build -o $(PLUGINS)/cohort-trainer-libtorch ./plugins/trainer-libtorch
+	$(MAKE) --no-print-directory -f plugins/trainer-libtorch/shim.mk SHIM_OUT=$(CURDIR)/$(PLUGINS)/libcohort_torch_shim.so
 
 test: deps proto-check
 	$(GO) vet ./...

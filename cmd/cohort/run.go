@@ -238,7 +238,7 @@ func (l *launcher) run() int {
 
 	for r := range l.cfg.Run.Ranks {
 		args := []string{"worker", "--coordinator", coord.Addr().String(), "--rank", strconv.Itoa(r),
-			"--world", strconv.Itoa(l.cfg.Run.Ranks), "--config", cfgFile}
+			"--world", strconv.Itoa(l.cfg.Run.Ranks), "--local-ranks", strconv.Itoa(l.cfg.Run.Ranks), "--config", cfgFile}
 		if l.verbosity > 0 {
 			args = append(args, "-"+strings.Repeat("v", l.verbosity))
 		}

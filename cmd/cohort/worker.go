@@ -39,6 +39,7 @@ func workerCommand(args []string) int {
 	coordinator := fs.String("coordinator", "", "the coordinator's control address, HOST:PORT (required)")
 	rank := fs.Int("rank", -1, "this worker's global rank, 0..N-1 (required)")
 	world := fs.Int("world", 0, "the number of ranks in the run (required)")
+	localRanks := fs.Int("local-ranks", 1, "ranks of this run on this host; trainers share the cores among them")
 	cfgPath := fs.String("config", "", "HCL config file (default: the built-in configuration)")
 	secretFile := fs.String("secret-file", "", "file holding the run secret")
 	v := fs.Bool("v", false, "debug logging")
@@ -64,6 +65,8 @@ func workerCommand(args []string) int {
 		return usageErr("--world must be at least 1")
 	case *rank < 0 || *rank >= *world:
 		return usageErr("--rank must be in 0..%d", *world-1)
+	case *localRanks < 1 || *localRanks > *world:
+		return usageErr("--local-ranks must be in 1..%d", *world)
 	}
 
 	level := hclog.Info
@@ -92,6 +95,7 @@ func workerCommand(args []string) int {
 	o := worker.FromConfig(cfg)
 	o.Coordinator = *coordinator
 	o.Rank, o.World = uint32(*rank), uint32(*world)
+	o.LocalRanks = uint32(*localRanks)
 	o.Secret = secret
 	o.Logger = logger
 	o.Withhold = []string{envSecret, envSecretFile}

@@ -164,7 +164,7 @@ func TestDefaults(t *testing.T) {
 			HeartbeatTimeout: 30 * time.Second,
 			FormationTimeout: 60 * time.Second,
 			Policy:           PolicySync,
-			SyncEvery:        50,
+			SyncEvery:        10,
 			MinRanks:         1,
 			OverheadTarget:   0.1,
 			EASGDAlpha:       0.5,

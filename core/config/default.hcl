@@ -13,7 +13,7 @@ coordinator {
   heartbeat_timeout = "30s"         # rank silence that declares it dead (at least 1s)
   formation_timeout = "60s"         # how long to wait for every rank to join
   policy            = "sync"        # sync | cadence | async
-  sync_every        = 50            # batches between averaging rounds, for sync
+  sync_every        = 10            # batches between averaging rounds, for sync
   min_ranks         = 1             # fewest live ranks that may carry on
   checkpoint_every  = 0             # epochs; 0: only on ShutdownWithSave
   chunk_batches     = 0             # progressive dispatch chunk; 0: the policy's default

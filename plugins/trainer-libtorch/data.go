@@ -1,0 +1,212 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"unsafe"
+)
+
+// maxLabel bounds a class label.
+const maxLabel = 1 << 24
+
+// dataset is one split in memory: features row-major (uint8 scaled to [0,1]
+// when gathered, or float32) and either class labels or float targets.
+type dataset struct {
+	name     string // for messages
+	n        int
+	shape    []int64 // per sample
+	features int
+	u8       []uint8
+	f32      []float32
+	labels   []int64   // cross_entropy
+	targets  []float32 // mse
+	width    int       // targets per sample
+	maxLabel int64
+}
+
+// u8Scale maps a byte to the float32 value torch's x.float().div(255) gives.
+var u8Scale = func() (t [256]float32) {
+	for i := range t {
+		t[i] = float32(i) / 255
+	}
+	return t
+}()
+
+// newDataset pairs a features array with a labels array. Classification
+// (cross_entropy) needs integer labels, one per sample; regression (mse)
+// takes any numeric targets, width = product of their trailing dimensions.
+func newDataset(name string, x, y *array, xName, yName string, loss string) (*dataset, error) {
+	if len(x.shape) < 1 || x.shape[0] == 0 {
+		return nil, fmt.Errorf("%s features %s: %w", name, xName, errNoSamples)
+	}
+	if len(y.shape) < 1 || y.shape[0] != x.shape[0] {
+		return nil, fmt.Errorf("%s: %s holds %d samples, but %s has shape %v", name, xName, x.shape[0], yName, y.shape)
+	}
+	d := &dataset{name: name, n: x.shape[0], features: 1}
+	for _, v := range x.shape[1:] {
+		d.shape = append(d.shape, int64(v))
+		d.features *= v
+	}
+	if len(d.shape) == 0 {
+		d.shape = []int64{1}
+	}
+	if d.features == 0 {
+		return nil, fmt.Errorf("%s features %s: shape %v has no values per sample", name, xName, x.shape)
+	}
+	switch {
+	case x.kind == kindU8:
+		d.u8 = x.raw
+	case x.kind == kindF32 && !x.bigEndian && uintptr(unsafe.Pointer(unsafe.SliceData(x.raw)))%4 == 0:
+		d.f32 = unsafe.Slice((*float32)(unsafe.Pointer(unsafe.SliceData(x.raw))), len(x.raw)/4)
+	default:
+		d.f32 = make([]float32, x.elements())
+		for i := range d.f32 {
+			d.f32[i] = float32(x.float(i))
+		}
+	}
+	for i := range d.f32 {
+		if !finite(float64(d.f32[i])) {
+			return nil, fmt.Errorf("%s features %s: value %d is %v", name, xName, i, d.f32[i])
+		}
+	}
+
+	per := y.elements() / y.shape[0]
+	if loss == "cross_entropy" {
+		if y.kind.isFloat() {
+			return nil, fmt.Errorf("%s labels %s are %s: cross_entropy needs integer class labels (use loss = \"mse\" for float targets)", name, yName, y.kind)
+		}
+		if per != 1 {
+			return nil, fmt.Errorf("%s labels %s have shape %v: cross_entropy needs one class label per sample", name, yName, y.shape)
+		}
+		d.labels = make([]int64, d.n)
+		for i := range d.labels {
+			v, ok := y.integer(i)
+			if !ok || v < 0 || v >= maxLabel {
+				return nil, fmt.Errorf("%s labels %s: label %d of sample %d is not a class index 0..%d", name, yName, v, i, maxLabel-1)
+			}
+			d.labels[i] = v
+			d.maxLabel = max(d.maxLabel, v)
+		}
+		return d, nil
+	}
+	if per == 0 {
+		return nil, fmt.Errorf("%s targets %s have shape %v: no values per sample", name, yName, y.shape)
+	}
+	d.width = per
+	d.targets = make([]float32, y.elements())
+	for i := range d.targets {
+		v := y.float(i)
+		if !finite(v) || math.Abs(v) > math.MaxFloat32 {
+			return nil, fmt.Errorf("%s targets %s: value %d is %v", name, yName, i, v)
+		}
+		d.targets[i] = float32(v)
+	}
+	return d, nil
+}
+
+// gather writes the samples' features into x (len(idx) rows) and their
+// labels or targets into y or t.
+func (d *dataset) gather(idx []uint64, x []float32, y []int64, t []float32) {
+	f := d.features
+	for r, s := range idx {
+		i := int(s)
+		row := x[r*f : (r+1)*f]
+		if d.u8 != nil {
+			src := d.u8[i*f : (i+1)*f]
+			row = row[:len(src)]
+			for j, v := range src {
+				row[j] = u8Scale[v]
+			}
+		} else {
+			copy(row, d.f32[i*f:(i+1)*f])
+		}
+		if d.labels != nil {
+			y[r] = d.labels[i]
+		} else {
+			copy(t[r*d.width:(r+1)*d.width], d.targets[i*d.width:(i+1)*d.width])
+		}
+	}
+}
+
+// idxNames are the files of an IDX data directory (each may be gzipped).
+var idxNames = [4]string{"train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"}
+
+// findIDX returns dir/base or dir/base.gz, whichever exists ("" if none).
+func findIDX(dir, base string) string {
+	for _, p := range []string{filepath.Join(dir, base), filepath.Join(dir, base+".gz")} {
+		if st, err := os.Stat(p); err == nil && st.Mode().IsRegular() {
+			return p
+		}
+	}
+	return ""
+}
+
+// loadData loads the training split and, when there is one, the test split.
+func loadData(s *Settings) (train, eval *dataset, err error) {
+	if s.DataX != "" {
+		train, err = loadPair("training split", s.DataX, s.DataY, decodeNPY, s.Loss)
+		if err != nil || s.EvalX == "" {
+			return train, nil, err
+		}
+		eval, err = loadPair("test split", s.EvalX, s.EvalY, decodeNPY, s.Loss)
+		return train, eval, err
+	}
+	st, err := os.Stat(s.Data)
+	if err != nil {
+		return nil, nil, fmt.Errorf("data = %q: %w", s.Data, err)
+	}
+	if !st.IsDir() {
+		return nil, nil, fmt.Errorf("data = %q is not a directory of IDX files", s.Data)
+	}
+	var paths [4]string
+	for i, base := range idxNames {
+		paths[i] = findIDX(s.Data, base)
+	}
+	if paths[0] == "" || paths[1] == "" {
+		return nil, nil, fmt.Errorf("data = %q: want %s and %s there (each may end in .gz)", s.Data, idxNames[0], idxNames[1])
+	}
+	train, err = loadPair("training split", paths[0], paths[1], decodeIDX, s.Loss)
+	if err != nil {
+		return nil, nil, err
+	}
+	switch {
+	case paths[2] == "" && paths[3] == "":
+		return train, nil, nil
+	case paths[2] == "" || paths[3] == "":
+		return nil, nil, fmt.Errorf("data = %q: the test split needs both %s and %s", s.Data, idxNames[2], idxNames[3])
+	}
+	eval, err = loadPair("test split", paths[2], paths[3], decodeIDX, s.Loss)
+	return train, eval, err
+}
+
+func loadPair(name, xPath, yPath string, dec func(io.Reader, int64) (*array, error), loss string) (*dataset, error) {
+	x, err := decodeFile(xPath, dec)
+	if err != nil {
+		return nil, err
+	}
+	y, err := decodeFile(yPath, dec)
+	if err != nil {
+		return nil, err
+	}
+	return newDataset(name, x, y, xPath, yPath, loss)
+}
+
+// checkCompatible refuses a test split whose samples differ from training.
+func checkCompatible(train, eval *dataset) error {
+	if eval == nil {
+		return nil
+	}
+	if eval.features != train.features {
+		return fmt.Errorf("the test split has %d features per sample (%v), the training split %d (%v)", eval.features, eval.shape, train.features, train.shape)
+	}
+	if eval.width != train.width {
+		return fmt.Errorf("the test split has %d targets per sample, the training split %d", eval.width, train.width)
+	}
+	return nil
+}
+
+var errNoEval = errors.New("libtorch trainer: no test split to evaluate on (data has no t10k-* files, or eval_x/eval_y are not set)")

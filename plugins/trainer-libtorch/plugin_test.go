@@ -1,0 +1,150 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	goplugin "github.com/hashicorp/go-plugin"
+
+	"github.com/cohortdl/cohort/shared/plugin"
+)
+
+// buildPlugin builds the plugin binary into a temporary directory.
+func buildPlugin(t *testing.T) string {
+	t.Helper()
+	goBin := filepath.Join(runtime.GOROOT(), "bin", "go")
+	if _, err := os.Stat(goBin); err != nil {
+		goBin = "go"
+	}
+	bin := filepath.Join(t.TempDir(), "cohort-trainer-libtorch")
+	if out, err := exec.Command(goBin, "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// envWithout is the environment minus the named variable.
+func envWithout(name string) []string {
+	var out []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, name+"=") {
+			out = append(out, kv)
+		}
+	}
+	return out
+}
+
+// TestPluginProcess runs the real binary through go-plugin, with the shim
+// found next to it, and drives a short run over gRPC.
+func TestPluginProcess(t *testing.T) {
+	needTorch(t)
+	bin := buildPlugin(t)
+	if err := os.Symlink(os.Getenv(shimEnv), filepath.Join(filepath.Dir(bin), shimFile)); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin)
+	cmd.Env = envWithout(shimEnv)
+	var logs syncBuffer
+	logger := hclog.New(&hclog.LoggerOptions{Name: "host", Output: &logs, Level: hclog.Debug})
+	client := goplugin.NewClient(plugin.ClientConfig(plugin.ClientOptions{Cmd: cmd, Logger: logger, StartTimeout: time.Minute}))
+	defer client.Kill()
+	tr, err := plugin.DispenseTrainer(client)
+	if err != nil {
+		t.Fatalf("%v\nplugin log:\n%s", err, logs.String())
+	}
+	ctx := context.Background()
+	desc, err := tr.Describe(ctx)
+	if err != nil || desc.Name != "libtorch" {
+		t.Fatalf("%+v %v", desc, err)
+	}
+	setup, err := tr.Configure(ctx, plugin.TrainerConfig{
+		WorldSize: 2, Rank: 1, LocalRanks: 2, Seed: 3,
+		Settings: settingsJSON(t, merge(synthData(t, 256, 8, 3), map[string]any{"hidden": []int{16}})),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := newArena(t, setup.Layout)
+	zc, err := tr.Attach(ctx, d)
+	if err != nil || !zc {
+		t.Fatalf("Attach: %v %v", zc, err)
+	}
+	var reports int
+	if err := tr.Train(ctx, plugin.Plan{Epoch: 0, Seed: 1, PickSpace: 256, PartitionOffset: 128, PartitionSize: 128}, func(r plugin.BatchReport) error {
+		reports++
+		return nil
+	}); err != nil || reports != 2 {
+		t.Fatalf("Train: %d reports, %v", reports, err)
+	}
+	pub, err := tr.Publish(ctx)
+	if err != nil || pub.Steps != 2 || pub.ParamNorm <= 0 {
+		t.Fatalf("Publish %+v %v", pub, err)
+	}
+	ev, err := tr.Evaluate(ctx)
+	if err != nil || ev.Accuracy == nil || ev.Samples != 128 {
+		t.Fatalf("Evaluate %+v %v", ev, err)
+	}
+	files, err := tr.SaveCheckpoint(ctx, t.TempDir())
+	if err != nil || len(files) != 3 {
+		t.Fatalf("SaveCheckpoint %v %v", files, err)
+	}
+	if _, err := tr.Configure(ctx, plugin.TrainerConfig{WorldSize: 1, Settings: []byte(`{"optimiser": "sgd"}`)}); err == nil || !strings.Contains(err.Error(), "unknown field \"optimiser\"") {
+		t.Fatalf("a bad setting over gRPC: %v", err)
+	}
+	if err := tr.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(logs.String(), "configured") {
+		t.Errorf("the plugin's log did not reach the host:\n%s", logs.String())
+	}
+}
+
+// syncBuffer is a bytes.Buffer for concurrent writers (go-plugin logs from
+// its own goroutines).
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestPluginMissingShim: without a shim the binary exits with an error that
+// names every path it tried.
+func TestPluginMissingShim(t *testing.T) {
+	bin := buildPlugin(t)
+	hs := plugin.Handshake()
+	missing := filepath.Join(t.TempDir(), "libcohort_torch_shim.so")
+	cmd := exec.Command(bin)
+	cmd.Env = append(envWithout(shimEnv), shimEnv+"="+missing, hs.MagicCookieKey+"="+hs.MagicCookieValue)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	if err == nil {
+		t.Fatal("the plugin started without a shim")
+	}
+	if !strings.Contains(stderr.String(), missing+" (no such file)") || !strings.Contains(stderr.String(), "cannot load the libtorch shim") {
+		t.Fatalf("stderr does not name the missing shim:\n%s", stderr.String())
+	}
+	if stdout.Len() != 0 {
+		t.Fatalf("the plugin wrote to stdout: %q", stdout.String())
+	}
+}

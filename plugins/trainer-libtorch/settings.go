@@ -1,0 +1,316 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"reflect"
+	"regexp"
+	"sort"
+	"strings"
+)
+
+// DefaultData is where the data set is read from when the config names none.
+const DefaultData = "/usr/share/datasets/fashion-mnist"
+
+// Settings is the trainer's config block (TrainerConfig.Settings as JSON).
+// Omitted keys take the defaults below; unknown keys are an error. The
+// plugin README documents every key.
+type Settings struct {
+	Model      string  `json:"model"`
+	Hidden     []int64 `json:"hidden"`
+	InputShape []int64 `json:"input_shape"`
+	Outputs    int64   `json:"outputs"`
+	Loss       string  `json:"loss"`
+
+	Data  string `json:"data"`
+	DataX string `json:"data_x"`
+	DataY string `json:"data_y"`
+	EvalX string `json:"eval_x"`
+	EvalY string `json:"eval_y"`
+
+	BatchSize     uint32 `json:"batch_size"`
+	EvalBatchSize uint32 `json:"eval_batch_size"`
+
+	Optimizer   string    `json:"optimizer"`
+	LR          *float64  `json:"lr"`
+	Momentum    *float64  `json:"momentum"`
+	Nesterov    *bool     `json:"nesterov"`
+	WeightDecay *float64  `json:"weight_decay"`
+	Betas       []float64 `json:"betas"`
+	Eps         *float64  `json:"eps"`
+	MaxGradNorm float64   `json:"max_grad_norm"`
+
+	LRSchedule    string   `json:"lr_schedule"`
+	LRWarmupSteps uint64   `json:"lr_warmup_steps"`
+	LRTotalSteps  *uint64  `json:"lr_total_steps"`
+	LRMin         *float64 `json:"lr_min"`
+	LRStepSize    *uint64  `json:"lr_step_size"`
+	LRGamma       *float64 `json:"lr_gamma"`
+
+	Threads int    `json:"threads"`
+	Device  string `json:"device"`
+}
+
+// Bounds on settings.
+const (
+	maxLayerWidth = 1 << 20
+	maxLayers     = 64
+	maxBatch      = 1 << 20
+	maxOutputs    = 1 << 24
+	maxThreads    = 1024
+)
+
+var cudaDevice = regexp.MustCompile(`^cuda(:[0-9]{1,3})?$`)
+
+// parseSettings decodes raw (empty or null: every default), fills in the
+// defaults and checks every value.
+func parseSettings(raw json.RawMessage) (Settings, error) {
+	var s Settings
+	if err := decodeStrict(raw, &s); err != nil {
+		return Settings{}, fmt.Errorf("libtorch trainer settings: %w", err)
+	}
+	if err := s.fill(); err != nil {
+		return Settings{}, fmt.Errorf("libtorch trainer settings: %w", err)
+	}
+	return s, nil
+}
+
+// decodeStrict decodes raw into v, refusing unknown keys and trailing data.
+func decodeStrict(raw json.RawMessage, v any) error {
+	trimmed := bytes.TrimSpace(raw)
+	if len(trimmed) == 0 || bytes.Equal(trimmed, []byte("null")) {
+		return nil
+	}
+	dec := json.NewDecoder(bytes.NewReader(trimmed))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		if strings.Contains(err.Error(), "unknown field") {
+			return fmt.Errorf("%v (known keys: %s)", err, strings.Join(settingKeys(), ", "))
+		}
+		return err
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return errors.New("trailing data after the settings object")
+	}
+	return nil
+}
+
+// settingKeys lists the JSON keys of Settings.
+func settingKeys() []string {
+	t := reflect.TypeOf(Settings{})
+	keys := make([]string, 0, t.NumField())
+	for i := range t.NumField() {
+		keys = append(keys, strings.Split(t.Field(i).Tag.Get("json"), ",")[0])
+	}
+	sort.Strings(keys)
+	return keys
+}
+
+func f64(v float64) *float64 { return &v }
+
+func finite(v float64) bool { return !math.IsNaN(v) && !math.IsInf(v, 0) }
+
+// fill applies the defaults and validates.
+func (s *Settings) fill() error {
+	if s.Model == "" {
+		s.Model = "mlp"
+	}
+	switch {
+	case s.Model == "mlp" && s.Hidden == nil:
+		s.Hidden = []int64{256}
+	case s.Model != "mlp" && s.Hidden != nil:
+		return fmt.Errorf("hidden applies to model = \"mlp\" only (model is %q)", s.Model)
+	}
+	if len(s.Hidden) > maxLayers {
+		return fmt.Errorf("hidden lists %d layers, at most %d", len(s.Hidden), maxLayers)
+	}
+	for _, h := range s.Hidden {
+		if h < 1 || h > maxLayerWidth {
+			return fmt.Errorf("hidden = %v: every width must be 1..%d", s.Hidden, maxLayerWidth)
+		}
+	}
+	if len(s.InputShape) > maxDims {
+		return fmt.Errorf("input_shape = %v: at most %d dimensions", s.InputShape, maxDims)
+	}
+	for _, d := range s.InputShape {
+		if d < 1 || d > maxArrayBytes {
+			return fmt.Errorf("input_shape = %v: every dimension must be at least 1", s.InputShape)
+		}
+	}
+	if s.Outputs < 0 || s.Outputs > maxOutputs {
+		return fmt.Errorf("outputs = %d, want 0 (from the labels) or 1..%d", s.Outputs, maxOutputs)
+	}
+	if s.Loss == "" {
+		s.Loss = "cross_entropy"
+	}
+	if s.Loss != "cross_entropy" && s.Loss != "mse" {
+		return fmt.Errorf("loss = %q, want \"cross_entropy\" or \"mse\"", s.Loss)
+	}
+
+	npy := s.DataX != "" || s.DataY != "" || s.EvalX != "" || s.EvalY != ""
+	switch {
+	case npy && s.Data != "":
+		return errors.New("set either data (a directory of IDX files) or data_x/data_y (.npy files), not both")
+	case npy && (s.DataX == "" || s.DataY == ""):
+		return errors.New("data_x and data_y go together: features and labels of the training split")
+	case (s.EvalX == "") != (s.EvalY == ""):
+		return errors.New("eval_x and eval_y go together: features and labels of the test split")
+	case !npy && s.Data == "":
+		s.Data = DefaultData
+	}
+
+	if s.BatchSize == 0 {
+		s.BatchSize = 64
+	}
+	if s.EvalBatchSize == 0 {
+		s.EvalBatchSize = 1000
+	}
+	if s.BatchSize > maxBatch || s.EvalBatchSize > maxBatch {
+		return fmt.Errorf("batch_size %d / eval_batch_size %d: at most %d", s.BatchSize, s.EvalBatchSize, maxBatch)
+	}
+
+	if s.Optimizer == "" {
+		s.Optimizer = "sgd"
+	}
+	switch s.Optimizer {
+	case "sgd":
+		if s.Betas != nil || s.Eps != nil {
+			return errors.New("betas and eps apply to optimizer = \"adam\" or \"adamw\"")
+		}
+		if s.LR == nil {
+			s.LR = f64(0.05)
+		}
+		if s.Momentum == nil {
+			s.Momentum = f64(0.9)
+		}
+		if s.WeightDecay == nil {
+			s.WeightDecay = f64(0)
+		}
+		if s.Nesterov == nil {
+			s.Nesterov = new(bool)
+		}
+		if m := *s.Momentum; !(m >= 0 && m < 1) {
+			return fmt.Errorf("momentum = %v, want 0 <= momentum < 1", m)
+		}
+		if *s.Nesterov && *s.Momentum == 0 {
+			return errors.New("nesterov needs a momentum above 0")
+		}
+	case "adam", "adamw":
+		if s.Momentum != nil || s.Nesterov != nil {
+			return fmt.Errorf("momentum and nesterov apply to optimizer = \"sgd\" (optimizer is %q; use betas)", s.Optimizer)
+		}
+		if s.LR == nil {
+			s.LR = f64(0.001)
+		}
+		if s.WeightDecay == nil {
+			s.WeightDecay = f64(0)
+			if s.Optimizer == "adamw" {
+				s.WeightDecay = f64(0.01)
+			}
+		}
+		if s.Betas == nil {
+			s.Betas = []float64{0.9, 0.999}
+		}
+		if len(s.Betas) != 2 || !(s.Betas[0] >= 0 && s.Betas[0] < 1) || !(s.Betas[1] >= 0 && s.Betas[1] < 1) {
+			return fmt.Errorf("betas = %v, want two values in [0, 1)", s.Betas)
+		}
+		if s.Eps == nil {
+			s.Eps = f64(1e-8)
+		}
+		if e := *s.Eps; !(e > 0) || !finite(e) {
+			return fmt.Errorf("eps = %v, want a finite number above 0", e)
+		}
+	default:
+		return fmt.Errorf("optimizer = %q, want \"sgd\", \"adam\" or \"adamw\"", s.Optimizer)
+	}
+	if lr := *s.LR; !(lr > 0) || !finite(lr) {
+		return fmt.Errorf("lr = %v, want a finite number above 0", lr)
+	}
+	if wd := *s.WeightDecay; !(wd >= 0) || !finite(wd) {
+		return fmt.Errorf("weight_decay = %v, want a finite number, 0 or more", wd)
+	}
+	if g := s.MaxGradNorm; !(g >= 0) || !finite(g) {
+		return fmt.Errorf("max_grad_norm = %v, want 0 (off) or a finite number above 0", g)
+	}
+
+	if err := s.fillSchedule(); err != nil {
+		return err
+	}
+
+	if s.Threads < 0 || s.Threads > maxThreads {
+		return fmt.Errorf("threads = %d, want 0 (cores / local ranks) or 1..%d", s.Threads, maxThreads)
+	}
+	if s.Device == "" {
+		s.Device = "cpu"
+	}
+	if s.Device != "cpu" && !cudaDevice.MatchString(s.Device) {
+		return fmt.Errorf("device = %q, want \"cpu\", \"cuda\" or \"cuda:N\"", s.Device)
+	}
+	return nil
+}
+
+func (s *Settings) fillSchedule() error {
+	if s.LRSchedule == "" {
+		s.LRSchedule = "constant"
+	}
+	cosine := s.LRTotalSteps != nil || s.LRMin != nil
+	step := s.LRStepSize != nil || s.LRGamma != nil
+	switch s.LRSchedule {
+	case "constant":
+		if cosine || step {
+			return errors.New("lr_total_steps, lr_min, lr_step_size and lr_gamma need lr_schedule = \"cosine\" or \"step\"")
+		}
+	case "cosine":
+		if step {
+			return errors.New("lr_step_size and lr_gamma apply to lr_schedule = \"step\"")
+		}
+		if s.LRTotalSteps == nil || *s.LRTotalSteps == 0 {
+			return errors.New("lr_schedule = \"cosine\" needs lr_total_steps (at least 1)")
+		}
+		if s.LRMin == nil {
+			s.LRMin = f64(0)
+		}
+		if m := *s.LRMin; !(m >= 0 && m <= *s.LR) {
+			return fmt.Errorf("lr_min = %v, want 0 <= lr_min <= lr (%v)", m, *s.LR)
+		}
+	case "step":
+		if cosine {
+			return errors.New("lr_total_steps and lr_min apply to lr_schedule = \"cosine\"")
+		}
+		if s.LRStepSize == nil || *s.LRStepSize == 0 {
+			return errors.New("lr_schedule = \"step\" needs lr_step_size (at least 1)")
+		}
+		if s.LRGamma == nil {
+			s.LRGamma = f64(0.1)
+		}
+		if g := *s.LRGamma; !(g > 0) || !finite(g) {
+			return fmt.Errorf("lr_gamma = %v, want a finite number above 0", g)
+		}
+	default:
+		return fmt.Errorf("lr_schedule = %q, want \"constant\", \"cosine\" or \"step\"", s.LRSchedule)
+	}
+	return nil
+}
+
+// lrAt is the learning rate of schedule step t: the schedule, times a
+// linear warm-up over the first lr_warmup_steps steps.
+func (s *Settings) lrAt(t uint64) float64 {
+	base := *s.LR
+	lr := base
+	switch s.LRSchedule {
+	case "cosine":
+		total := *s.LRTotalSteps
+		frac := float64(min(t, total)) / float64(total)
+		lr = *s.LRMin + (base-*s.LRMin)*(1+math.Cos(math.Pi*frac))/2
+	case "step":
+		lr = base * math.Pow(*s.LRGamma, float64(t / *s.LRStepSize))
+	}
+	if w := s.LRWarmupSteps; t < w {
+		lr *= float64(t+1) / float64(w)
+	}
+	return lr
+}

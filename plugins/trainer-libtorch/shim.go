@@ -1,0 +1,427 @@
+//go:build cgo
+
+package main
+
+/*
+#cgo CFLAGS: -I${SRCDIR}/shim
+#cgo LDFLAGS: -ldl
+#include <dlfcn.h>
+#include <stdlib.h>
+#include "cohort_torch_shim.h"
+
+typedef uint32_t (*ct_abi_fn)(void);
+typedef const ct_api *(*ct_api_fn)(void);
+
+static uint32_t go_ct_call_abi(void *f) { return ((ct_abi_fn)f)(); }
+static const ct_api *go_ct_call_api(void *f) { return ((ct_api_fn)f)(); }
+
+static const char *go_ct_torch_version(const ct_api *a) { return a->torch_version(); }
+static int32_t go_ct_cuda_device_count(const ct_api *a) { return a->cuda_device_count(); }
+static ct_model *go_ct_create(const ct_api *a, const ct_config *c, char *e, size_t n) { return a->create(c, e, n); }
+static void go_ct_destroy(const ct_api *a, ct_model *m) { a->destroy(m); }
+static int64_t go_ct_tensor_count(const ct_api *a, ct_model *m) { return a->tensor_count(m); }
+static int go_ct_tensor_info(const ct_api *a, ct_model *m, int64_t i, ct_tensor_info *o, char *e, size_t n) {
+	return a->tensor_info(m, i, o, e, n);
+}
+static int go_ct_attach(const ct_api *a, ct_model *m, void *base, uint64_t size, const uint64_t *off, int64_t k,
+		int32_t force, int32_t *zc, char *e, size_t n) {
+	return a->attach(m, base, size, off, k, force, zc, e, n);
+}
+static int go_ct_publish(const ct_api *a, ct_model *m, double *norm, char *e, size_t n) { return a->publish(m, norm, e, n); }
+static int go_ct_adopt(const ct_api *a, ct_model *m, double alpha, double *norm, char *e, size_t n) {
+	return a->adopt(m, alpha, norm, e, n);
+}
+static int go_ct_param_norm(const ct_api *a, ct_model *m, double *norm, char *e, size_t n) { return a->param_norm(m, norm, e, n); }
+static int go_ct_train_step(const ct_api *a, ct_model *m, const float *x, int64_t b, const int64_t *y, const float *t,
+		int64_t w, double lr, double *loss, char *e, size_t n) {
+	return a->train_step(m, x, b, y, t, w, lr, loss, e, n);
+}
+static int go_ct_evaluate(const ct_api *a, ct_model *m, const float *x, int64_t b, const int64_t *y, const float *t,
+		int64_t w, double *loss, int64_t *correct, char *e, size_t n) {
+	return a->evaluate(m, x, b, y, t, w, loss, correct, e, n);
+}
+static int go_ct_forward(const ct_api *a, ct_model *m, const float *x, int64_t b, float *out, int64_t cap,
+		int64_t *shape, int32_t *ndim, char *e, size_t n) {
+	return a->forward(m, x, b, out, cap, shape, ndim, e, n);
+}
+static int go_ct_save(const ct_api *a, ct_model *m, const char *mp, const char *op, char *e, size_t n) {
+	return a->save(m, mp, op, e, n);
+}
+static int go_ct_load(const ct_api *a, ct_model *m, const char *mp, const char *op, char *e, size_t n) {
+	return a->load(m, mp, op, e, n);
+}
+*/
+import "C"
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"unsafe"
+
+	"github.com/cohortdl/cohort/shared/arena"
+)
+
+// shimABI is the ABI version this plugin was built for; a shim reporting
+// another one is refused before its function table is read.
+const shimABI = uint32(C.COHORT_TORCH_SHIM_ABI)
+
+// errBufLen is the size of the buffer the shim writes its messages into.
+const errBufLen = 4096
+
+// shim is the loaded C++ library.
+type shim struct {
+	path string
+	api  *C.ct_api
+	// TorchVersion is libtorch's version string.
+	TorchVersion string
+	// CUDADevices is how many CUDA devices libtorch sees.
+	CUDADevices int
+}
+
+var (
+	shimOnce   sync.Once
+	loadedShim *shim
+	shimErr    error
+)
+
+// loadShim finds and loads the shim once per process; see shimCandidates
+// for where it looks.
+func loadShim() (*shim, error) {
+	shimOnce.Do(func() {
+		passiveOpenMP()
+		loadedShim, shimErr = openShim(shimCandidates())
+	})
+	return loadedShim, shimErr
+}
+
+// openShim loads the first candidate that opens and whose ABI matches. The
+// error lists every path with the reason it was refused.
+func openShim(paths []string) (*shim, error) {
+	var tried []string
+	for _, p := range paths {
+		s, err := openShimAt(p)
+		if err == nil {
+			return s, nil
+		}
+		tried = append(tried, fmt.Sprintf("%s (%v)", p, err))
+	}
+	return nil, fmt.Errorf("libtorch trainer: cannot load the libtorch shim %s (ABI %d); tried: %s. Build it with `make -f plugins/trainer-libtorch/shim.mk` (LIBTORCH=/path for another libtorch) or point %s at it",
+		shimFile, shimABI, strings.Join(tried, "; "), shimEnv)
+}
+
+func openShimAt(path string) (*shim, error) {
+	if _, err := os.Stat(path); err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, errors.New("no such file")
+		}
+		return nil, err
+	}
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return nil, err
+	}
+	cpath := C.CString(abs)
+	defer C.free(unsafe.Pointer(cpath))
+	h := C.dlopen(cpath, C.RTLD_NOW|C.RTLD_LOCAL)
+	if h == nil {
+		return nil, fmt.Errorf("dlopen: %s", C.GoString(C.dlerror()))
+	}
+	// A library that loaded stays loaded, even when it is refused below:
+	// what it pulled in (libtorch) does not support being unloaded.
+	sym := func(name string) unsafe.Pointer {
+		cname := C.CString(name)
+		defer C.free(unsafe.Pointer(cname))
+		return C.dlsym(h, cname)
+	}
+	abiFn, apiFn := sym("cohort_torch_shim_abi_version"), sym("cohort_torch_shim_api")
+	if abiFn == nil || apiFn == nil {
+		return nil, errors.New("not a cohort libtorch shim: it exports no cohort_torch_shim_abi_version / cohort_torch_shim_api")
+	}
+	if v := uint32(C.go_ct_call_abi(abiFn)); v != shimABI {
+		return nil, fmt.Errorf("shim ABI version %d, this plugin needs %d: rebuild the shim from this source tree", v, shimABI)
+	}
+	api := C.go_ct_call_api(apiFn)
+	if api == nil || uint32(api.abi) != shimABI {
+		return nil, errors.New("the shim's function table does not match its ABI version")
+	}
+	return &shim{
+		path:         abs,
+		api:          api,
+		TorchVersion: C.GoString(C.go_ct_torch_version(api)),
+		CUDADevices:  int(C.go_ct_cuda_device_count(api)),
+	}, nil
+}
+
+// passiveOpenMP makes OpenMP's idle threads sleep instead of spin unless
+// the environment already chose (OMP_WAIT_POLICY, read once when libgomp
+// loads with the shim). Spinning threads of several ranks on one host, or
+// of one rank on a busy host, fight for the cores: on a shared 2-core
+// machine an epoch of the default MLP at 2 threads took 2.2-7 s spinning
+// and 0.85 s passive.
+func passiveOpenMP() {
+	if _, set := os.LookupEnv("OMP_WAIT_POLICY"); !set {
+		os.Setenv("OMP_WAIT_POLICY", "PASSIVE")
+	}
+}
+
+// shimError turns a failed call's message buffer into an error.
+func shimError(op string, buf []byte) error {
+	msg := buf
+	if i := indexNUL(buf); i >= 0 {
+		msg = buf[:i]
+	}
+	if len(msg) == 0 {
+		return fmt.Errorf("libtorch %s failed without a message", op)
+	}
+	return fmt.Errorf("libtorch %s: %s", op, msg)
+}
+
+func indexNUL(b []byte) int {
+	for i, c := range b {
+		if c == 0 {
+			return i
+		}
+	}
+	return -1
+}
+
+func errPtr(buf []byte) (*C.char, C.size_t) {
+	return (*C.char)(unsafe.Pointer(&buf[0])), C.size_t(len(buf))
+}
+
+// model is one model in the shim. Its methods are not safe for concurrent
+// use; the trainer serializes them.
+type model struct {
+	s *shim
+	m *C.ct_model
+}
+
+// cInt64s copies v into C memory; the caller frees it.
+func cInt64s(v []int64) *C.int64_t {
+	if len(v) == 0 {
+		return nil
+	}
+	p := (*C.int64_t)(C.malloc(C.size_t(len(v)) * 8))
+	copy(unsafe.Slice((*int64)(unsafe.Pointer(p)), len(v)), v)
+	return p
+}
+
+func (s *shim) newModel(spec modelSpec) (*model, error) {
+	var cfg C.ct_config
+	cfg.struct_size = C.uint32_t(unsafe.Sizeof(cfg))
+	cmodel := C.CString(spec.Model)
+	defer C.free(unsafe.Pointer(cmodel))
+	cdev := C.CString(spec.Device)
+	defer C.free(unsafe.Pointer(cdev))
+	hidden, shape := cInt64s(spec.Hidden), cInt64s(spec.InputShape)
+	defer C.free(unsafe.Pointer(hidden))
+	defer C.free(unsafe.Pointer(shape))
+	cfg.model = cmodel
+	cfg.hidden, cfg.n_hidden = hidden, C.int32_t(len(spec.Hidden))
+	cfg.input_shape, cfg.input_ndim = shape, C.int32_t(len(spec.InputShape))
+	cfg.outputs = C.int64_t(spec.Outputs)
+	cfg.loss = C.int32_t(spec.Loss)
+	cfg.optimizer = C.int32_t(spec.Optimizer)
+	cfg.lr = C.double(spec.LR)
+	cfg.momentum = C.double(spec.Momentum)
+	if spec.Nesterov {
+		cfg.nesterov = 1
+	}
+	cfg.weight_decay = C.double(spec.WeightDecay)
+	cfg.beta1, cfg.beta2, cfg.eps = C.double(spec.Beta1), C.double(spec.Beta2), C.double(spec.Eps)
+	cfg.max_grad_norm = C.double(spec.MaxGradNorm)
+	cfg.seed = C.uint64_t(spec.Seed)
+	cfg.threads = C.int32_t(spec.Threads)
+	cfg.device = cdev
+	cfg.rank = C.uint32_t(spec.Rank)
+	buf := make([]byte, errBufLen)
+	e, n := errPtr(buf)
+	m := C.go_ct_create(s.api, &cfg, e, n)
+	if m == nil {
+		return nil, shimError("model", buf)
+	}
+	return &model{s: s, m: m}, nil
+}
+
+func (m *model) close() {
+	if m != nil && m.m != nil {
+		C.go_ct_destroy(m.s.api, m.m)
+		m.m = nil
+	}
+}
+
+func (m *model) tensors() ([]tensorInfo, error) {
+	count := int64(C.go_ct_tensor_count(m.s.api, m.m))
+	out := make([]tensorInfo, 0, count)
+	buf := make([]byte, errBufLen)
+	e, n := errPtr(buf)
+	for i := int64(0); i < count; i++ {
+		var info C.ct_tensor_info
+		rc := C.go_ct_tensor_info(m.s.api, m.m, C.int64_t(i), &info, e, n)
+		if rc != 0 {
+			return nil, shimError("tensor info", buf)
+		}
+		shape := make([]int64, int(info.ndim))
+		if info.ndim > 0 {
+			copy(shape, unsafe.Slice((*int64)(unsafe.Pointer(info.shape)), int(info.ndim)))
+		}
+		out = append(out, tensorInfo{
+			Name:  C.GoString(info.name),
+			DType: arena.DType(info.dtype),
+			Role:  arena.Role(info.role),
+			Shape: shape,
+			Bytes: uint64(info.bytes),
+		})
+	}
+	return out, nil
+}
+
+// attach places the tensors in the mapped block at the given offsets.
+func (m *model) attach(block []byte, offsets []uint64, forceCopy bool) (bool, error) {
+	var base unsafe.Pointer
+	if len(block) > 0 {
+		base = unsafe.Pointer(&block[0])
+	}
+	var offp *C.uint64_t
+	if len(offsets) > 0 {
+		offp = (*C.uint64_t)(unsafe.Pointer(&offsets[0]))
+	}
+	var force, zc C.int32_t
+	if forceCopy {
+		force = 1
+	}
+	buf := make([]byte, errBufLen)
+	e, n := errPtr(buf)
+	rc := C.go_ct_attach(m.s.api, m.m, base, C.uint64_t(len(block)), offp, C.int64_t(len(offsets)), force, &zc, e, n)
+	if rc != 0 {
+		return false, shimError("attach", buf)
+	}
+	return zc == 1, nil
+}
+
+func (m *model) publish() (float64, error) {
+	var norm C.double
+	buf := make([]byte, errBufLen)
+	e, n := errPtr(buf)
+	rc := C.go_ct_publish(m.s.api, m.m, &norm, e, n)
+	if rc != 0 {
+		return 0, shimError("publish", buf)
+	}
+	return float64(norm), nil
+}
+
+func (m *model) adopt(alpha float64) (float64, error) {
+	var norm C.double
+	buf := make([]byte, errBufLen)
+	e, n := errPtr(buf)
+	rc := C.go_ct_adopt(m.s.api, m.m, C.double(alpha), &norm, e, n)
+	if rc != 0 {
+		return 0, shimError("adopt", buf)
+	}
+	return float64(norm), nil
+}
+
+func (m *model) norm() (float64, error) {
+	var norm C.double
+	buf := make([]byte, errBufLen)
+	e, n := errPtr(buf)
+	rc := C.go_ct_param_norm(m.s.api, m.m, &norm, e, n)
+	if rc != 0 {
+		return 0, shimError("norm", buf)
+	}
+	return float64(norm), nil
+}
+
+// batchPtrs are the C views of one batch's Go buffers; they are valid for
+// the duration of one call.
+func batchPtrs(x []float32, labels []int64, targets []float32) (*C.float, *C.int64_t, *C.float) {
+	var xp, tp *C.float
+	var yp *C.int64_t
+	if len(x) > 0 {
+		xp = (*C.float)(unsafe.Pointer(&x[0]))
+	}
+	if len(labels) > 0 {
+		yp = (*C.int64_t)(unsafe.Pointer(&labels[0]))
+	}
+	if len(targets) > 0 {
+		tp = (*C.float)(unsafe.Pointer(&targets[0]))
+	}
+	return xp, yp, tp
+}
+
+// trainStep runs one optimizer step on rows samples.
+func (m *model) trainStep(x []float32, rows int, labels []int64, targets []float32, width int, lr float64, buf []byte) (float64, error) {
+	xp, yp, tp := batchPtrs(x, labels, targets)
+	var loss C.double
+	e, n := errPtr(buf)
+	rc := C.go_ct_train_step(m.s.api, m.m, xp, C.int64_t(rows), yp, tp, C.int64_t(width), C.double(lr), &loss, e, n)
+	if rc != 0 {
+		return 0, shimError("train step", buf)
+	}
+	return float64(loss), nil
+}
+
+// evaluate adds the summed loss and correct count of rows samples.
+func (m *model) evaluate(x []float32, rows int, labels []int64, targets []float32, width int, buf []byte) (float64, int64, error) {
+	xp, yp, tp := batchPtrs(x, labels, targets)
+	var loss C.double
+	var correct C.int64_t
+	e, n := errPtr(buf)
+	rc := C.go_ct_evaluate(m.s.api, m.m, xp, C.int64_t(rows), yp, tp, C.int64_t(width), &loss, &correct, e, n)
+	if rc != 0 {
+		return 0, 0, shimError("evaluate", buf)
+	}
+	return float64(loss), int64(correct), nil
+}
+
+// forward runs the model in eval mode on rows samples and returns the
+// output's shape and, when out is large enough, its values in out.
+func (m *model) forward(x []float32, rows int, out []float32) ([]int64, error) {
+	xp, _, _ := batchPtrs(x, nil, nil)
+	var outp *C.float
+	if len(out) > 0 {
+		outp = (*C.float)(unsafe.Pointer(&out[0]))
+	}
+	var shape [8]C.int64_t
+	var ndim C.int32_t
+	buf := make([]byte, errBufLen)
+	e, n := errPtr(buf)
+	rc := C.go_ct_forward(m.s.api, m.m, xp, C.int64_t(rows), outp, C.int64_t(len(out)), &shape[0], &ndim, e, n)
+	if rc != 0 {
+		return nil, shimError("forward", buf)
+	}
+	dims := make([]int64, int(ndim))
+	for i := range dims {
+		dims[i] = int64(shape[i])
+	}
+	return dims, nil
+}
+
+func (m *model) save(modelPath, optimPath string) error {
+	return m.pathCall("save checkpoint", modelPath, optimPath, func(mp, op *C.char, e *C.char, n C.size_t) C.int {
+		return C.go_ct_save(m.s.api, m.m, mp, op, e, n)
+	})
+}
+
+func (m *model) load(modelPath, optimPath string) error {
+	return m.pathCall("load checkpoint", modelPath, optimPath, func(mp, op *C.char, e *C.char, n C.size_t) C.int {
+		return C.go_ct_load(m.s.api, m.m, mp, op, e, n)
+	})
+}
+
+func (m *model) pathCall(op, a, b string, f func(a, b *C.char, e *C.char, n C.size_t) C.int) error {
+	ca, cb := C.CString(a), C.CString(b)
+	defer C.free(unsafe.Pointer(ca))
+	defer C.free(unsafe.Pointer(cb))
+	buf := make([]byte, errBufLen)
+	e, n := errPtr(buf)
+	rc := f(ca, cb, e, n)
+	if rc != 0 {
+		return shimError(op, buf)
+	}
+	return nil
+}

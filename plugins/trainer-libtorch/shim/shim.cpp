@@ -1,0 +1,719 @@
+// libcohort_torch_shim: the libtorch side of cohort's trainer plugin, behind
+// the C ABI of cohort_torch_shim.h. The Go plugin dlopens this library at run
+// time, so only this file is rebuilt for another libtorch.
+//
+// Every entry point catches c10::Error, std::exception and anything else and
+// returns the message through the err buffer: a C++ exception never unwinds
+// into Go, and a bad model or input never aborts the process.
+
+#include "cohort_torch_shim.h"
+
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include <torch/script.h>
+#include <torch/torch.h>
+
+namespace {
+
+namespace F = torch::nn::functional;
+
+// ---------------------------------------------------------------- errors
+
+void set_err(char *err, size_t errlen, std::string msg) {
+  if (err == nullptr || errlen == 0) {
+    return;
+  }
+  while (!msg.empty() && (msg.back() == '\n' || msg.back() == ' ')) {
+    msg.pop_back();
+  }
+  size_t n = std::min(msg.size(), errlen - 1);
+  std::memcpy(err, msg.data(), n);
+  err[n] = '\0';
+}
+
+// guard runs f, turning every exception into -1 and a message.
+template <class Fn>
+int guard(char *err, size_t errlen, Fn &&f) {
+  try {
+    f();
+    return 0;
+  } catch (const c10::Error &e) {
+    set_err(err, errlen, e.what_without_backtrace());
+  } catch (const std::exception &e) {
+    set_err(err, errlen, e.what());
+  } catch (...) {
+    set_err(err, errlen, "unknown C++ exception in the libtorch shim");
+  }
+  return -1;
+}
+
+[[noreturn]] void fail(const std::string &msg) { throw std::runtime_error(msg); }
+
+std::string shape_str(at::IntArrayRef s) {
+  std::ostringstream o;
+  o << '[';
+  for (size_t i = 0; i < s.size(); ++i) {
+    o << (i ? ", " : "") << s[i];
+  }
+  o << ']';
+  return o.str();
+}
+
+// ---------------------------------------------------------------- types
+
+int32_t arena_dtype(at::ScalarType t) {
+  switch (t) {
+  case at::kFloat:
+    return CT_DTYPE_F32;
+  case at::kDouble:
+    return CT_DTYPE_F64;
+  case at::kBFloat16:
+    return CT_DTYPE_BF16;
+  case at::kHalf:
+    return CT_DTYPE_F16;
+  case at::kLong:
+    return CT_DTYPE_I64;
+  case at::kInt:
+    return CT_DTYPE_I32;
+  default:
+    return 0;
+  }
+}
+
+// ---------------------------------------------------------------- models
+
+// MLP: in -> hidden... (ReLU after each) -> out, layers fc1, fc2, ...
+struct MLPImpl : torch::nn::Module {
+  std::vector<torch::nn::Linear> layers;
+
+  MLPImpl(int64_t in, const std::vector<int64_t> &hidden, int64_t out) {
+    int64_t prev = in;
+    for (size_t i = 0; i <= hidden.size(); ++i) {
+      int64_t width = i < hidden.size() ? hidden[i] : out;
+      layers.push_back(register_module("fc" + std::to_string(i + 1), torch::nn::Linear(prev, width)));
+      prev = width;
+    }
+  }
+
+  torch::Tensor forward(torch::Tensor x) {
+    x = x.flatten(1);
+    for (size_t i = 0; i + 1 < layers.size(); ++i) {
+      x = torch::relu(layers[i]->forward(x));
+    }
+    return layers.back()->forward(x);
+  }
+};
+
+// CNN: conv 3x3 (16) -> ReLU -> maxpool 2 -> conv 3x3 (32) -> ReLU -> maxpool 2
+// -> fc1 (128) -> ReLU -> fc2 (out), for [channels, height, width] inputs.
+struct CNNImpl : torch::nn::Module {
+  torch::nn::Conv2d conv1{nullptr}, conv2{nullptr};
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+
+  CNNImpl(int64_t c, int64_t h, int64_t w, int64_t out) {
+    conv1 = register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(c, 16, 3).padding(1)));
+    conv2 = register_module("conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(16, 32, 3).padding(1)));
+    fc1 = register_module("fc1", torch::nn::Linear(32 * (h / 4) * (w / 4), 128));
+    fc2 = register_module("fc2", torch::nn::Linear(128, out));
+  }
+
+  torch::Tensor forward(torch::Tensor x) {
+    x = F::max_pool2d(torch::relu(conv1->forward(x)), F::MaxPool2dFuncOptions(2));
+    x = F::max_pool2d(torch::relu(conv2->forward(x)), F::MaxPool2dFuncOptions(2));
+    x = torch::relu(fc1->forward(x.flatten(1)));
+    return fc2->forward(x);
+  }
+};
+
+// One tensor of the model as the arena sees it.
+struct Entry {
+  std::string name;
+  torch::Tensor t; // the module's own tensor (same TensorImpl)
+  int32_t role = 0;
+  int32_t dtype = 0;
+  std::vector<int64_t> shape;
+  uint64_t bytes = 0;
+  bool view = false;     // t's data lives in the arena
+  torch::Tensor arena;   // the arena's memory for this tensor (CPU)
+  torch::Tensor published; // view mode: t as of the last publish
+};
+
+void set_threads(int n) {
+  at::set_num_threads(n);
+  // OpenBLAS keeps its own pool; libtorch does not size it.
+  for (const char *lib : {"libopenblas.so.0", "libblas.so.3", "libopenblasp.so.0"}) {
+    void *h = dlopen(lib, RTLD_NOW | RTLD_NOLOAD);
+    if (h == nullptr) {
+      continue;
+    }
+    using SetFn = void (*)(int);
+    if (auto f = reinterpret_cast<SetFn>(dlsym(h, "openblas_set_num_threads"))) {
+      f(n);
+    }
+    dlclose(h);
+  }
+}
+
+torch::Device pick_device(const std::string &spec, uint32_t rank) {
+  if (spec.empty() || spec == "cpu") {
+    return torch::Device(torch::kCPU);
+  }
+  if (spec.rfind("cuda", 0) != 0) {
+    fail("device \"" + spec + "\": want \"cpu\", \"cuda\" or \"cuda:N\"");
+  }
+  int64_t count = static_cast<int64_t>(torch::cuda::device_count());
+  if (count == 0) {
+    fail("device \"" + spec + "\": this libtorch (" TORCH_VERSION
+         ") sees no CUDA device; build the shim against a CUDA libtorch (LIBTORCH=/path) on a GPU host, or use device = \"cpu\"");
+  }
+  if (spec == "cuda") {
+    return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(rank % count));
+  }
+  torch::Device d(spec); // throws on a malformed spec
+  if (d.index() >= count) {
+    fail("device \"" + spec + "\": only " + std::to_string(count) + " CUDA devices");
+  }
+  return d;
+}
+
+} // namespace
+
+struct ct_model {
+  std::shared_ptr<torch::nn::Module> native;
+  std::function<torch::Tensor(const torch::Tensor &)> native_forward;
+  std::unique_ptr<torch::jit::Module> script;
+  std::vector<Entry> entries;
+  std::vector<torch::Tensor> trainable;
+  std::unique_ptr<torch::optim::Optimizer> opt;
+  int32_t loss = 0;
+  double max_grad_norm = 0;
+  torch::Device device{torch::kCPU};
+  torch::ScalarType input_type = torch::kFloat;
+  std::vector<int64_t> input_shape; // per sample
+  int64_t features = 0;
+  bool training = true;
+  bool attached = false;
+
+  void set_training(bool on) {
+    if (training == on) {
+      return;
+    }
+    if (native) {
+      native->train(on);
+    } else {
+      script->train(on);
+    }
+    training = on;
+  }
+
+  // input views n rows of x as the model's input batch on its device.
+  torch::Tensor input(const float *x, int64_t n) {
+    if (x == nullptr || n <= 0) {
+      fail("empty batch");
+    }
+    std::vector<int64_t> shape{n};
+    shape.insert(shape.end(), input_shape.begin(), input_shape.end());
+    auto t = torch::from_blob(const_cast<float *>(x), shape, torch::kFloat);
+    if (input_type != torch::kFloat || device != torch::Device(torch::kCPU)) {
+      t = t.to(device, input_type);
+    }
+    return t;
+  }
+
+  torch::Tensor forward(const torch::Tensor &x) {
+    if (native) {
+      return native_forward(x);
+    }
+    auto out = script->forward({x});
+    if (!out.isTensor()) {
+      fail("the TorchScript module's forward returned " + out.tagKind() + ", not a tensor");
+    }
+    return out.toTensor();
+  }
+
+  // loss_of computes the loss of out against a batch of labels or targets.
+  torch::Tensor loss_of(const torch::Tensor &out, const int64_t *labels, const float *targets, int64_t n,
+                        int64_t width, bool sum) {
+    if (loss == CT_LOSS_CROSS_ENTROPY) {
+      if (labels == nullptr) {
+        fail("cross_entropy needs class labels");
+      }
+      if (out.dim() != 2 || out.size(0) != n) {
+        fail("cross_entropy needs the model to output [batch, classes] = [" + std::to_string(n) +
+             ", C]; it output " + shape_str(out.sizes()));
+      }
+      const int64_t classes = out.size(1);
+      for (int64_t i = 0; i < n; ++i) {
+        if (labels[i] < 0 || labels[i] >= classes) {
+          fail("label " + std::to_string(labels[i]) + " does not fit the model's " + std::to_string(classes) +
+               " outputs (classes 0.." + std::to_string(classes - 1) + ")");
+        }
+      }
+      auto y = torch::from_blob(const_cast<int64_t *>(labels), {n}, torch::kLong);
+      return at::cross_entropy_loss(out, y.to(out.device()), {}, sum ? at::Reduction::Sum : at::Reduction::Mean);
+    }
+    if (targets == nullptr) {
+      fail("mse needs float targets");
+    }
+    if (out.dim() < 1 || out.size(0) != n || out.numel() != n * width) {
+      fail("mse: the model output " + shape_str(out.sizes()) + " for a batch of " + std::to_string(n) +
+           ", but the targets have " + std::to_string(width) + " values per sample");
+    }
+    auto t = torch::from_blob(const_cast<float *>(targets), {n, width}, torch::kFloat).to(out.device(), out.scalar_type());
+    return at::mse_loss(out.reshape({n, width}), t, sum ? at::Reduction::Sum : at::Reduction::Mean);
+  }
+
+  double norm() {
+    torch::NoGradGuard ng;
+    double s = 0;
+    for (auto &e : entries) {
+      if (e.role == CT_ROLE_PARAMETER && e.t.is_floating_point()) {
+        double v = e.t.norm().item<double>();
+        s += v * v;
+      }
+    }
+    return std::sqrt(s);
+  }
+};
+
+namespace {
+
+ct_model *create(const ct_config *cfg, char *err, size_t errlen) {
+  ct_model *out = nullptr;
+  guard(err, errlen, [&] {
+    if (cfg == nullptr || cfg->struct_size != sizeof(ct_config)) {
+      fail("ct_config of " + std::to_string(cfg ? cfg->struct_size : 0) + " bytes, the shim expects " +
+           std::to_string(sizeof(ct_config)) + ": the plugin and the shim were built from different headers");
+    }
+    auto m = std::make_unique<ct_model>();
+    if (cfg->threads > 0) {
+      set_threads(cfg->threads);
+    }
+    m->device = pick_device(cfg->device ? cfg->device : "cpu", cfg->rank);
+    m->loss = cfg->loss;
+    m->max_grad_norm = cfg->max_grad_norm;
+    if (m->loss != CT_LOSS_CROSS_ENTROPY && m->loss != CT_LOSS_MSE) {
+      fail("unknown loss code " + std::to_string(m->loss));
+    }
+    if (cfg->input_ndim <= 0 || cfg->input_shape == nullptr) {
+      fail("no input shape");
+    }
+    m->input_shape.assign(cfg->input_shape, cfg->input_shape + cfg->input_ndim);
+    m->features = 1;
+    for (int64_t d : m->input_shape) {
+      if (d <= 0) {
+        fail("input shape " + shape_str(m->input_shape) + " has a dimension below 1");
+      }
+      m->features *= d;
+    }
+    std::string model = cfg->model ? cfg->model : "";
+    if (model == "mlp" || model == "cnn") {
+      if (cfg->outputs <= 0) {
+        fail(model + ": " + std::to_string(cfg->outputs) + " outputs");
+      }
+      torch::manual_seed(cfg->seed);
+      if (model == "mlp") {
+        std::vector<int64_t> hidden(cfg->hidden, cfg->hidden + std::max(cfg->n_hidden, 0));
+        auto mlp = std::make_shared<MLPImpl>(m->features, hidden, cfg->outputs);
+        m->native = mlp;
+        m->native_forward = [mlp](const torch::Tensor &x) { return mlp->forward(x); };
+      } else {
+        if (m->input_shape.size() != 3 || m->input_shape[1] < 4 || m->input_shape[2] < 4) {
+          fail("cnn needs [channels, height, width] inputs of at least 4x4; the data gives " +
+               shape_str(m->input_shape));
+        }
+        auto cnn = std::make_shared<CNNImpl>(m->input_shape[0], m->input_shape[1], m->input_shape[2], cfg->outputs);
+        m->native = cnn;
+        m->native_forward = [cnn](const torch::Tensor &x) { return cnn->forward(x); };
+      }
+      m->native->to(m->device);
+      m->native->train(true);
+    } else {
+      m->script = std::make_unique<torch::jit::Module>(torch::jit::load(model, m->device));
+      m->script->train(true);
+    }
+    m->training = true;
+
+    // The layout: parameters, then buffers, each tensor once.
+    std::unordered_set<const void *> seen;
+    auto add = [&](const std::string &name, const torch::Tensor &t, int32_t role) {
+      if (!t.defined() || !seen.insert(t.unsafeGetTensorImpl()).second) {
+        return;
+      }
+      int32_t dt = arena_dtype(t.scalar_type());
+      if (dt == 0) {
+        fail("tensor \"" + name + "\" is " + std::string(c10::toString(t.scalar_type())) +
+             ", which the arena cannot hold (f32, f64, bf16, f16, i64, i32)");
+      }
+      Entry e;
+      e.name = name;
+      e.t = t;
+      e.role = role;
+      e.dtype = dt;
+      e.shape = t.sizes().vec();
+      e.bytes = static_cast<uint64_t>(t.numel()) * t.element_size();
+      m->entries.push_back(std::move(e));
+      if (role == CT_ROLE_PARAMETER && t.requires_grad()) {
+        m->trainable.push_back(t);
+      }
+    };
+    if (m->native) {
+      for (const auto &p : m->native->named_parameters(true)) {
+        add(p.key(), p.value(), CT_ROLE_PARAMETER);
+      }
+      for (const auto &b : m->native->named_buffers(true)) {
+        add(b.key(), b.value(), CT_ROLE_BUFFER);
+      }
+    } else {
+      for (const auto &p : m->script->named_parameters(true)) {
+        add(p.name, p.value, CT_ROLE_PARAMETER);
+      }
+      for (const auto &b : m->script->named_buffers(true)) {
+        add(b.name, b.value, CT_ROLE_BUFFER);
+      }
+    }
+    if (m->trainable.empty()) {
+      fail("model \"" + model + "\" has no trainable parameters");
+    }
+    for (auto &e : m->entries) {
+      if (e.role == CT_ROLE_PARAMETER && e.t.is_floating_point()) {
+        m->input_type = e.t.scalar_type();
+        break;
+      }
+    }
+
+    switch (cfg->optimizer) {
+    case CT_OPT_SGD:
+      m->opt = std::make_unique<torch::optim::SGD>(
+          m->trainable, torch::optim::SGDOptions(cfg->lr)
+                            .momentum(cfg->momentum)
+                            .nesterov(cfg->nesterov != 0)
+                            .weight_decay(cfg->weight_decay));
+      break;
+    case CT_OPT_ADAM:
+      m->opt = std::make_unique<torch::optim::Adam>(
+          m->trainable, torch::optim::AdamOptions(cfg->lr)
+                            .betas(std::make_tuple(cfg->beta1, cfg->beta2))
+                            .eps(cfg->eps)
+                            .weight_decay(cfg->weight_decay));
+      break;
+    case CT_OPT_ADAMW:
+      m->opt = std::make_unique<torch::optim::AdamW>(
+          m->trainable, torch::optim::AdamWOptions(cfg->lr)
+                            .betas(std::make_tuple(cfg->beta1, cfg->beta2))
+                            .eps(cfg->eps)
+                            .weight_decay(cfg->weight_decay));
+      break;
+    default:
+      fail("unknown optimizer code " + std::to_string(cfg->optimizer));
+    }
+    out = m.release();
+  });
+  return out;
+}
+
+void destroy(ct_model *m) {
+  try {
+    delete m;
+  } catch (...) {
+  }
+}
+
+int64_t tensor_count(const ct_model *m) { return m ? static_cast<int64_t>(m->entries.size()) : 0; }
+
+int tensor_info(const ct_model *m, int64_t i, ct_tensor_info *out, char *err, size_t errlen) {
+  return guard(err, errlen, [&] {
+    if (m == nullptr || out == nullptr || i < 0 || i >= static_cast<int64_t>(m->entries.size())) {
+      fail("no tensor " + std::to_string(i));
+    }
+    const Entry &e = m->entries[i];
+    out->name = e.name.c_str();
+    out->dtype = e.dtype;
+    out->role = e.role;
+    out->ndim = static_cast<int32_t>(e.shape.size());
+    out->shape = e.shape.data();
+    out->bytes = e.bytes;
+  });
+}
+
+int attach(ct_model *m, void *base, uint64_t size, const uint64_t *offsets, int64_t n, int32_t force_copy,
+           int32_t *zero_copy, char *err, size_t errlen) {
+  return guard(err, errlen, [&] {
+    if (n != static_cast<int64_t>(m->entries.size())) {
+      fail("arena has " + std::to_string(n) + " tensors, the model " + std::to_string(m->entries.size()));
+    }
+    if (base == nullptr && size > 0) {
+      fail("no arena memory");
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      const Entry &e = m->entries[i];
+      uint64_t esize = e.t.element_size();
+      if (offsets[i] > size || e.bytes > size - offsets[i] || offsets[i] % esize != 0) {
+        fail("tensor \"" + e.name + "\": " + std::to_string(e.bytes) + " bytes at offset " +
+             std::to_string(offsets[i]) + " do not fit an arena of " + std::to_string(size) + " bytes");
+      }
+    }
+    torch::NoGradGuard ng;
+    bool all = true;
+    for (int64_t i = 0; i < n; ++i) {
+      Entry &e = m->entries[i];
+      auto mem = torch::from_blob(static_cast<char *>(base) + offsets[i], e.shape,
+                                  torch::TensorOptions().dtype(e.t.scalar_type()).device(torch::kCPU));
+      mem.copy_(e.t);
+      if (!force_copy && e.t.device().is_cpu()) {
+        e.t.set_data(mem);
+        e.view = true;
+      } else {
+        if (e.view) {
+          // A view of the previous arena, which is about to be unmapped.
+          e.t.set_data(e.t.detach().clone());
+        }
+        e.view = false;
+        all = false;
+      }
+      e.arena = mem;
+      e.published = torch::Tensor();
+    }
+    m->attached = true;
+    *zero_copy = all ? 1 : 0;
+  });
+}
+
+int publish(ct_model *m, double *norm, char *err, size_t errlen) {
+  return guard(err, errlen, [&] {
+    if (!m->attached) {
+      fail("publish before attach");
+    }
+    torch::NoGradGuard ng;
+    for (auto &e : m->entries) {
+      if (!e.view) {
+        e.arena.copy_(e.t);
+      } else if (e.t.is_floating_point()) {
+        if (!e.published.defined()) {
+          e.published = torch::empty_like(e.t);
+        }
+        e.published.copy_(e.t);
+      }
+    }
+    *norm = m->norm();
+  });
+}
+
+int adopt(ct_model *m, double alpha, double *norm, char *err, size_t errlen) {
+  return guard(err, errlen, [&] {
+    if (!m->attached) {
+      fail("adopt before attach");
+    }
+    if (!(alpha >= 0 && alpha <= 1)) {
+      fail("blend alpha " + std::to_string(alpha) + " is outside [0, 1]");
+    }
+    bool blend = alpha > 0 && alpha < 1;
+    torch::NoGradGuard ng;
+    for (auto &e : m->entries) {
+      bool fl = e.t.is_floating_point();
+      if (e.view) {
+        if (blend && fl) {
+          if (!e.published.defined()) {
+            fail("adopt with blend alpha " + std::to_string(alpha) + " before any publish");
+          }
+          e.t.mul_(alpha).add_(e.published, 1 - alpha);
+        }
+      } else if (blend && fl) {
+        e.t.mul_(1 - alpha).add_(e.arena.to(e.t.device()), alpha);
+      } else if (!blend) {
+        e.t.copy_(e.arena);
+      }
+    }
+    *norm = m->norm();
+  });
+}
+
+int param_norm(ct_model *m, double *norm, char *err, size_t errlen) {
+  return guard(err, errlen, [&] { *norm = m->norm(); });
+}
+
+int train_step(ct_model *m, const float *x, int64_t batch, const int64_t *labels, const float *targets,
+               int64_t width, double lr, double *loss, char *err, size_t errlen) {
+  return guard(err, errlen, [&] {
+    m->set_training(true);
+    auto out = m->forward(m->input(x, batch));
+    auto l = m->loss_of(out, labels, targets, batch, width, false);
+    m->opt->zero_grad();
+    l.backward();
+    if (m->max_grad_norm > 0) {
+      torch::nn::utils::clip_grad_norm_(m->trainable, m->max_grad_norm);
+    }
+    for (auto &g : m->opt->param_groups()) {
+      g.options().set_lr(lr);
+    }
+    m->opt->step();
+    *loss = l.item<double>();
+  });
+}
+
+int evaluate(ct_model *m, const float *x, int64_t n, const int64_t *labels, const float *targets, int64_t width,
+             double *loss_sum, int64_t *correct, char *err, size_t errlen) {
+  return guard(err, errlen, [&] {
+    torch::NoGradGuard ng;
+    m->set_training(false);
+    auto out = m->forward(m->input(x, n));
+    auto l = m->loss_of(out, labels, targets, n, width, true).item<double>();
+    if (m->loss == CT_LOSS_MSE) {
+      l /= static_cast<double>(width);
+    } else {
+      auto y = torch::from_blob(const_cast<int64_t *>(labels), {n}, torch::kLong).to(out.device());
+      *correct += out.argmax(1).eq(y).sum().item<int64_t>();
+    }
+    *loss_sum += l;
+  });
+}
+
+int forward(ct_model *m, const float *x, int64_t n, float *out, int64_t out_cap, int64_t *shape, int32_t *ndim,
+            char *err, size_t errlen) {
+  return guard(err, errlen, [&] {
+    torch::NoGradGuard ng;
+    m->set_training(false);
+    auto y = m->forward(m->input(x, n)).to(torch::kCPU, torch::kFloat).contiguous();
+    if (y.dim() > 8) {
+      fail("the model output has " + std::to_string(y.dim()) + " dimensions");
+    }
+    *ndim = static_cast<int32_t>(y.dim());
+    for (int64_t i = 0; i < y.dim(); ++i) {
+      shape[i] = y.size(i);
+    }
+    if (out != nullptr && out_cap >= y.numel()) {
+      std::memcpy(out, y.data_ptr<float>(), y.numel() * sizeof(float));
+    }
+  });
+}
+
+// read_nested reads the tensor named a.b.c from nested archives a / b.
+torch::Tensor read_nested(torch::serialize::InputArchive &ar, const std::string &name, bool is_buffer) {
+  auto dot = name.find('.');
+  if (dot == std::string::npos) {
+    torch::Tensor t;
+    ar.read(name, t, is_buffer);
+    return t;
+  }
+  torch::serialize::InputArchive child;
+  ar.read(name.substr(0, dot), child);
+  return read_nested(child, name.substr(dot + 1), is_buffer);
+}
+
+int save(ct_model *m, const char *model_path, const char *optim_path, char *err, size_t errlen) {
+  return guard(err, errlen, [&] {
+    if (m->native) {
+      torch::serialize::OutputArchive ar;
+      m->native->save(ar);
+      ar.save_to(model_path);
+    } else {
+      m->script->save(model_path);
+    }
+    torch::serialize::OutputArchive oa;
+    m->opt->save(oa);
+    oa.save_to(optim_path);
+  });
+}
+
+int load(ct_model *m, const char *model_path, const char *optim_path, char *err, size_t errlen) {
+  return guard(err, errlen, [&] {
+    std::vector<torch::Tensor> vals(m->entries.size());
+    if (m->native) {
+      torch::serialize::InputArchive ar;
+      ar.load_from(model_path, m->device);
+      for (size_t i = 0; i < m->entries.size(); ++i) {
+        const Entry &e = m->entries[i];
+        try {
+          vals[i] = read_nested(ar, e.name, e.role == CT_ROLE_BUFFER);
+        } catch (const c10::Error &ex) {
+          fail(std::string(model_path) + " has no tensor \"" + e.name + "\": not a checkpoint of this model");
+        }
+      }
+    } else {
+      auto loaded = torch::jit::load(model_path, m->device);
+      std::unordered_map<std::string, torch::Tensor> byname;
+      for (const auto &p : loaded.named_parameters(true)) {
+        byname.emplace(p.name, p.value);
+      }
+      for (const auto &b : loaded.named_buffers(true)) {
+        byname.emplace(b.name, b.value);
+      }
+      for (size_t i = 0; i < m->entries.size(); ++i) {
+        auto it = byname.find(m->entries[i].name);
+        if (it == byname.end()) {
+          fail(std::string(model_path) + " has no tensor \"" + m->entries[i].name + "\": not a checkpoint of this model");
+        }
+        vals[i] = it->second;
+      }
+    }
+    for (size_t i = 0; i < m->entries.size(); ++i) {
+      const Entry &e = m->entries[i];
+      if (!vals[i].defined() || vals[i].sizes().vec() != e.shape || vals[i].scalar_type() != e.t.scalar_type()) {
+        fail(std::string(model_path) + ": tensor \"" + e.name + "\" is " +
+             (vals[i].defined() ? std::string(c10::toString(vals[i].scalar_type())) + shape_str(vals[i].sizes()) : "missing") +
+             ", the model has " + c10::toString(e.t.scalar_type()) + shape_str(e.shape));
+      }
+    }
+    // The optimizer before the parameters: a file that does not fit fails
+    // here and leaves the parameters as they were (the optimizer state is
+    // cleared first, so a restore never mixes old and saved moments).
+    torch::serialize::InputArchive oa;
+    oa.load_from(optim_path, m->device);
+    m->opt->state().clear();
+    m->opt->load(oa);
+    torch::NoGradGuard ng;
+    for (size_t i = 0; i < m->entries.size(); ++i) {
+      m->entries[i].t.copy_(vals[i]);
+    }
+  });
+}
+
+const char *torch_version() { return TORCH_VERSION; }
+
+int32_t cuda_device_count() {
+  try {
+    return static_cast<int32_t>(torch::cuda::device_count());
+  } catch (...) {
+    return 0;
+  }
+}
+
+const ct_api api_table = {
+    COHORT_TORCH_SHIM_ABI,
+    torch_version,
+    cuda_device_count,
+    create,
+    destroy,
+    tensor_count,
+    tensor_info,
+    attach,
+    publish,
+    adopt,
+    param_norm,
+    train_step,
+    evaluate,
+    forward,
+    save,
+    load,
+};
+
+} // namespace
+
+extern "C" {
+
+__attribute__((visibility("default"))) uint32_t cohort_torch_shim_abi_version(void) { return COHORT_TORCH_SHIM_ABI; }
+
+__attribute__((visibility("default"))) const ct_api *cohort_torch_shim_api(void) { return &api_table; }
+
+} // extern "C"
