@@ -1219,8 +1219,10 @@ func (x *Admit) GetEpochs() uint64 {
 	return 0
 }
 
-// Ready is a rank's first frame: what its trainer holds, so the coordinator
-// can size partitions and check that every rank trains the same model.
+// Ready ends a rank's setup (only Heartbeats precede it, so a slow model
+// load is not taken for a death): what its trainer holds, so the
+// coordinator can size partitions and check that every rank trains the
+// same model.
 type Ready struct {
 	state          protoimpl.MessageState `protogen:"open.v1"`
 	Rank           uint32                 `protobuf:"varint,1,opt,name=rank,proto3" json:"rank,omitempty"`
