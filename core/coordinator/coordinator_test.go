@@ -106,8 +106,8 @@ func TestSyncRunCompletes(t *testing.T) {
 	if sum.Averaging.Rounds != 5 || sum.Averaging.Backend != "mock" || sum.Averaging.BytesPerRound != 300 {
 		t.Errorf("averaging summary %+v: want 5 rounds of 300 bytes, backend mock", sum.Averaging)
 	}
-	if sum.GlobalStep != 24 {
-		t.Errorf("global step %d, want 24 (batches over all ranks)", sum.GlobalStep)
+	if sum.GlobalStep != 8 {
+		t.Errorf("global step %d, want 8 (24 batches over all ranks / 3 ranks)", sum.GlobalStep)
 	}
 	mu.Lock()
 	var kinds []ProgressKind

@@ -502,12 +502,17 @@ func (r *runner) completeRound(rd *round) {
 	r.broadcast(&cohortv1.SetGlobalStep{GlobalStep: r.globalStep()})
 }
 
+// globalStep is the cohort's optimizer step count in one rank's terms: the
+// batches every rank trained, divided by the world size. A trainer's
+// learning-rate schedule follows it, so it advances as a single rank's own
+// count would (and as a DDP run of the same world's would), whichever rank
+// did the work.
 func (r *runner) globalStep() uint64 {
-	n := r.stepsBefore
+	var batches uint64
 	for _, rs := range r.ranks {
-		n += rs.batches
+		batches += rs.batches
 	}
-	return n
+	return r.stepsBefore + batches/uint64(r.world)
 }
 
 // progressNow is the state of the epoch as the models of the last round

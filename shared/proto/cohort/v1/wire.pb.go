@@ -547,6 +547,9 @@ func (*Throttle) Descriptor() ([]byte, []int) {
 	return file_cohort_v1_wire_proto_rawDescGZIP(), []int{4}
 }
 
+// SetGlobalStep carries the cohort's optimizer step count in one rank's
+// terms (batches trained by every rank / world size); learning-rate
+// schedules follow it.
 type SetGlobalStep struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	GlobalStep    uint64                 `protobuf:"varint,1,opt,name=global_step,json=globalStep,proto3" json:"global_step,omitempty"`
