@@ -83,6 +83,7 @@ fuzz:
 # measured in the same run, as ratios.
 bench: build
 	$(GO) run ./bench/averaging -plugin $(PLUGINS)/cohort-averaging-cpu
+	$(GO) run ./bench/training -cohort $(BIN)/cohort
 
 clean:
 	rm -rf $(BIN) $(TOOLS)

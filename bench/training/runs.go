@@ -1,0 +1,483 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"compress/gzip"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/cohortdl/cohort/core/config"
+	"github.com/cohortdl/cohort/core/coordinator"
+)
+
+// What both sides of every comparison share and the flags do not set.
+const (
+	momentum = 0.9
+	averager = "cpu"
+)
+
+// The built-in coordinator policy, for the printed description.
+var (
+	defaultPolicy    = string(config.Default().Coordinator.Policy)
+	defaultSyncEvery = config.Default().Coordinator.SyncEvery
+)
+
+// runConfig is one cohort run's config file.
+type runConfig struct {
+	Seed      int
+	Policy    string // "" leaves the built-in policy
+	SyncEvery int    // 0 leaves the built-in sync_every
+	PluginDir string
+	Data      string
+	Batch     int
+	LR        float64
+	Threads   int
+}
+
+// hcl renders the config file: the trainer block names every setting of
+// the comparison explicitly, so a change of the built-in defaults cannot
+// change what is compared.
+func (c runConfig) hcl() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "run {\n  seed = %d\n}\n\n", c.Seed)
+	if c.Policy != "" || c.SyncEvery > 0 {
+		b.WriteString("coordinator {\n")
+		if c.Policy != "" {
+			fmt.Fprintf(&b, "  policy     = %s\n", hclString(c.Policy))
+		}
+		if c.SyncEvery > 0 {
+			fmt.Fprintf(&b, "  sync_every = %d\n", c.SyncEvery)
+		}
+		b.WriteString("}\n\n")
+	}
+	if c.PluginDir != "" {
+		fmt.Fprintf(&b, "worker {\n  plugin_dir = %s\n}\n\n", hclString(c.PluginDir))
+	}
+	fmt.Fprintf(&b, `trainer "libtorch" {
+  model      = "mlp"
+  hidden     = [256]
+  data       = %s
+  batch_size = %d
+  optimizer  = "sgd"
+  lr         = %s
+  momentum   = %s
+  threads    = %d
+}
+
+averager %s {
+}
+`, hclString(c.Data), c.Batch, strconv.FormatFloat(c.LR, 'g', -1, 64), strconv.FormatFloat(momentum, 'g', -1, 64),
+		c.Threads, hclString(averager))
+	return b.String()
+}
+
+// hclString quotes s as an HCL string literal: Go's escapes, and the
+// template introducers $${ and %%{ doubled so they stay literal.
+func hclString(s string) string {
+	q := strconv.Quote(s)
+	q = strings.ReplaceAll(q, "${", "$${")
+	return strings.ReplaceAll(q, "%{", "%%{")
+}
+
+// pluginDir is plugins/ next to the cohort binary, where make build puts
+// them.
+func pluginDir(cohort string) string { return filepath.Join(filepath.Dir(cohort), "plugins") }
+
+// cohortRun runs `cohort run` with cfg from the repository root and returns
+// its summary and the command's wall time.
+func (h *harness) cohortRun(cfg runConfig, ranks, epochs int) (*coordinator.Summary, float64, error) {
+	h.n++
+	dir := filepath.Join(h.tmp, fmt.Sprintf("cohort-%02d", h.n))
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, 0, err
+	}
+	cfgPath := filepath.Join(dir, "cohort.hcl")
+	if err := os.WriteFile(cfgPath, []byte(cfg.hcl()), 0o644); err != nil {
+		return nil, 0, err
+	}
+	out := filepath.Join(dir, "out")
+	cmd := exec.Command(h.o.cohort, "run", "--config", cfgPath, "--ranks", strconv.Itoa(ranks),
+		"--epochs", strconv.Itoa(epochs), "--out", out)
+	cmd.Dir = h.root
+	start := time.Now()
+	logs, err := h.runLogged(cmd)
+	wall := time.Since(start).Seconds()
+	if err != nil {
+		return nil, 0, fmt.Errorf("%s: %w\n%s", strings.Join(cmd.Args, " "), err, tail(logs, 4000))
+	}
+	sum, err := coordinator.ReadSummary(filepath.Join(out, coordinator.SummaryFile))
+	if err != nil {
+		return nil, 0, err
+	}
+	if sum.Status != coordinator.StatusCompleted || len(sum.Epochs) != epochs {
+		return nil, 0, fmt.Errorf("cohort run: status %q, %d of %d epochs: %s", sum.Status, len(sum.Epochs), epochs, sum.Error)
+	}
+	return sum, wall, nil
+}
+
+// runLogged runs cmd with stdout and stderr into one buffer (and to stderr
+// with -v), and returns what it wrote.
+func (h *harness) runLogged(cmd *exec.Cmd) (string, error) {
+	var buf bytes.Buffer
+	var w io.Writer = &buf
+	if h.o.verbose {
+		w = io.MultiWriter(&buf, os.Stderr)
+	}
+	cmd.Stdout, cmd.Stderr = w, w
+	err := cmd.Run()
+	return buf.String(), err
+}
+
+func tail(s string, n int) string {
+	if len(s) > n {
+		return "…" + s[len(s)-n:]
+	}
+	return s
+}
+
+// peerResult is the DDP peer's output: its final line and its epoch lines.
+type peerResult struct {
+	Peer            string      `json:"peer"`
+	FinalAccuracy   float64     `json:"final_accuracy"`
+	SecondsToTarget *float64    `json:"seconds_to_target"`
+	WallS           float64     `json:"wall_s"`
+	ProcessWallS    float64     `json:"process_wall_s"`
+	Epochs          []peerEpoch `json:"-"`
+}
+
+type peerEpoch struct {
+	Epoch    *int    `json:"epoch"`
+	Accuracy float64 `json:"test_accuracy"`
+	ElapsedS float64 `json:"elapsed_s"`
+}
+
+// parsePeer reads the peer's stdout: one JSON line per epoch, then the
+// result line (the one naming the peer). Other lines are ignored.
+func parsePeer(out string) (peerResult, error) {
+	var res peerResult
+	found := false
+	for _, line := range strings.Split(out, "\n") {
+		line = strings.TrimSpace(line)
+		if !strings.HasPrefix(line, "{") {
+			continue
+		}
+		var probe struct {
+			Peer  string `json:"peer"`
+			Epoch *int   `json:"epoch"`
+		}
+		if json.Unmarshal([]byte(line), &probe) != nil {
+			continue
+		}
+		switch {
+		case probe.Peer != "":
+			epochs := res.Epochs
+			res = peerResult{}
+			if err := json.Unmarshal([]byte(line), &res); err != nil {
+				return peerResult{}, fmt.Errorf("peer result line %q: %w", line, err)
+			}
+			res.Epochs = epochs
+			found = true
+		case probe.Epoch != nil:
+			var e peerEpoch
+			if err := json.Unmarshal([]byte(line), &e); err != nil {
+				return peerResult{}, fmt.Errorf("peer epoch line %q: %w", line, err)
+			}
+			res.Epochs = append(res.Epochs, e)
+		}
+	}
+	if !found {
+		return peerResult{}, fmt.Errorf("no result line in the peer's output %q", tail(out, 2000))
+	}
+	return res, nil
+}
+
+// peerRun runs the DDP peer with the comparison's settings.
+func (h *harness) peerRun(seed int) (peerResult, error) {
+	o := h.o
+	cmd := exec.Command(o.python, o.peer, "--ranks", strconv.Itoa(o.ranks), "--epochs", strconv.Itoa(o.epochs),
+		"--lr", strconv.FormatFloat(o.lr, 'g', -1, 64), "--batch", strconv.Itoa(o.batch),
+		"--seed", strconv.Itoa(seed), "--target", strconv.FormatFloat(o.target, 'g', -1, 64))
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if o.verbose {
+		cmd.Stdout, cmd.Stderr = io.MultiWriter(&stdout, os.Stderr), io.MultiWriter(&stderr, os.Stderr)
+	}
+	if err := cmd.Run(); err != nil {
+		return peerResult{}, fmt.Errorf("%s: %w\n%s", strings.Join(cmd.Args, " "), err, tail(stderr.String(), 4000))
+	}
+	res, err := parsePeer(stdout.String())
+	if err != nil {
+		return peerResult{}, fmt.Errorf("%s: %w", strings.Join(cmd.Args, " "), err)
+	}
+	if len(res.Epochs) != o.epochs {
+		return peerResult{}, fmt.Errorf("%s: %d epoch lines, want %d", strings.Join(cmd.Args, " "), len(res.Epochs), o.epochs)
+	}
+	return res, nil
+}
+
+// buildRef builds the libtorch reference loop (make keeps it up to date).
+func (h *harness) buildRef() error {
+	cmd := exec.Command("make", "--no-print-directory", "-f", "plugins/trainer-libtorch/shim.mk", "ref", "REF_OUT="+h.o.ref)
+	cmd.Dir = h.root
+	if logs, err := h.runLogged(cmd); err != nil {
+		return fmt.Errorf("build the reference loop: %w\n%s", err, tail(logs, 4000))
+	}
+	return nil
+}
+
+// ompWaitPolicy is what the reference runs with: the environment's, else
+// PASSIVE, which the plugin sets for itself in the same case.
+func ompWaitPolicy() string {
+	if v := os.Getenv("OMP_WAIT_POLICY"); v != "" {
+		return v
+	}
+	return "PASSIVE"
+}
+
+// refRun runs the reference loop for the comparison's epochs and returns
+// its seconds per epoch.
+func (h *harness) refRun(images, labels string, n, features, threads int) ([]float64, error) {
+	o := h.o
+	cmd := exec.Command(o.ref, images, labels, strconv.Itoa(n), strconv.Itoa(features), strconv.Itoa(o.epochs),
+		strconv.Itoa(threads), strconv.Itoa(o.batch))
+	cmd.Env = append(os.Environ(), "OMP_WAIT_POLICY="+ompWaitPolicy())
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		return nil, fmt.Errorf("%s: %w\n%s", strings.Join(cmd.Args, " "), err, tail(stderr.String(), 4000))
+	}
+	if o.verbose {
+		os.Stderr.Write(stdout.Bytes())
+	}
+	ms, err := parseRef(stdout.String())
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", o.ref, err)
+	}
+	if len(ms) != o.epochs {
+		return nil, fmt.Errorf("%s: %d epochs timed, want %d", o.ref, len(ms), o.epochs)
+	}
+	s := make([]float64, len(ms))
+	for i, v := range ms {
+		s[i] = round4(v / 1e3)
+	}
+	return s, nil
+}
+
+// parseRef reads the reference's JSON line and returns its milliseconds
+// per epoch.
+func parseRef(out string) ([]float64, error) {
+	var res struct {
+		MS []float64 `json:"ms_per_epoch"`
+	}
+	if err := json.Unmarshal([]byte(strings.TrimSpace(out)), &res); err != nil || len(res.MS) == 0 {
+		return nil, fmt.Errorf("unexpected output %q (%v)", tail(out, 2000), err)
+	}
+	for _, v := range res.MS {
+		if !(v > 0) || math.IsInf(v, 0) {
+			return nil, fmt.Errorf("bad epoch time %v in %q", v, out)
+		}
+	}
+	return res.MS, nil
+}
+
+// The training split's IDX files, without their optional .gz.
+var trainFiles = [2]string{"train-images-idx3-ubyte", "train-labels-idx1-ubyte"}
+
+// findIDX returns the path of name or name.gz in dir.
+func findIDX(dir, name string) (string, error) {
+	for _, p := range []string{filepath.Join(dir, name), filepath.Join(dir, name+".gz")} {
+		if _, err := os.Stat(p); err == nil {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("neither %s nor %s.gz in %s (apt-get install dataset-fashion-mnist)", name, name, dir)
+}
+
+// trainOnlyData is a directory with links to the training files and no
+// test files: the trainer then has nothing to evaluate.
+func (h *harness) trainOnlyData() (string, error) {
+	dir := filepath.Join(h.tmp, "train-only")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	for _, name := range trainFiles {
+		src, err := findIDX(dataDir, name)
+		if err != nil {
+			return "", err
+		}
+		dst := filepath.Join(dir, filepath.Base(src))
+		if _, err := os.Lstat(dst); err == nil {
+			continue
+		}
+		if err := os.Symlink(src, dst); err != nil {
+			return "", err
+		}
+	}
+	return dir, nil
+}
+
+// rawTrainingSet writes the training images and labels as the raw uint8
+// files the reference reads, and returns their paths, the sample count and
+// the features per sample.
+func (h *harness) rawTrainingSet() (images, labels string, n, features int, err error) {
+	var arrays [2][]byte
+	var dims [2][]int
+	for i, name := range trainFiles {
+		path, err := findIDX(dataDir, name)
+		if err != nil {
+			return "", "", 0, 0, err
+		}
+		if dims[i], arrays[i], err = readIDXFile(path); err != nil {
+			return "", "", 0, 0, err
+		}
+	}
+	if len(dims[1]) != 1 || dims[0][0] != dims[1][0] {
+		return "", "", 0, 0, fmt.Errorf("images %v and labels %v do not match", dims[0], dims[1])
+	}
+	n = dims[0][0]
+	features = len(arrays[0]) / max(n, 1)
+	images, labels = filepath.Join(h.tmp, "images.u8"), filepath.Join(h.tmp, "labels.u8")
+	if err := os.WriteFile(images, arrays[0], 0o600); err != nil {
+		return "", "", 0, 0, err
+	}
+	if err := os.WriteFile(labels, arrays[1], 0o600); err != nil {
+		return "", "", 0, 0, err
+	}
+	return images, labels, n, features, nil
+}
+
+func readIDXFile(path string) ([]int, []byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer f.Close()
+	dims, data, err := readIDX(f)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return dims, data, nil
+}
+
+// maxIDXBytes bounds what readIDX accepts; Fashion-MNIST's training images
+// are 47 MB.
+const maxIDXBytes = 1 << 30
+
+// readIDX reads an unsigned-byte IDX array, gzipped or not, and returns its
+// dimensions and data.
+func readIDX(r io.Reader) ([]int, []byte, error) {
+	br := bufio.NewReader(r)
+	if magic, err := br.Peek(2); err == nil && magic[0] == 0x1f && magic[1] == 0x8b {
+		zr, err := gzip.NewReader(br)
+		if err != nil {
+			return nil, nil, err
+		}
+		defer zr.Close()
+		br = bufio.NewReader(zr)
+	}
+	var head [4]byte
+	if _, err := io.ReadFull(br, head[:]); err != nil {
+		return nil, nil, fmt.Errorf("IDX header: %w", err)
+	}
+	if head[0] != 0 || head[1] != 0 {
+		return nil, nil, fmt.Errorf("not an IDX file: magic % x", head)
+	}
+	if head[2] != 0x08 {
+		return nil, nil, fmt.Errorf("IDX element type 0x%02x, want unsigned bytes (0x08)", head[2])
+	}
+	ndim := int(head[3])
+	if ndim == 0 {
+		return nil, nil, errors.New("IDX array of no dimensions")
+	}
+	dims := make([]int, ndim)
+	total := 1
+	for i := range dims {
+		var d uint32
+		if err := binary.Read(br, binary.BigEndian, &d); err != nil {
+			return nil, nil, fmt.Errorf("IDX dimension %d: %w", i, err)
+		}
+		dims[i] = int(d)
+		if d == 0 || total > maxIDXBytes/int(d) {
+			return nil, nil, fmt.Errorf("IDX dimensions %v: empty or over %d bytes", dims[:i+1], maxIDXBytes)
+		}
+		total *= int(d)
+	}
+	data := make([]byte, total)
+	if _, err := io.ReadFull(br, data); err != nil {
+		return nil, nil, fmt.Errorf("IDX data (%v): %w", dims, err)
+	}
+	if n, _ := br.Read(make([]byte, 1)); n > 0 {
+		return nil, nil, fmt.Errorf("IDX data (%v): trailing bytes", dims)
+	}
+	return dims, data, nil
+}
+
+// epochStats is a run's per-epoch seconds and accuracies.
+type epochStats struct {
+	seconds  []float64
+	accuracy []float64
+	total    float64
+}
+
+// epochFigures takes the summary's epochs; every one must carry an
+// accuracy.
+func epochFigures(es []coordinator.EpochSummary) (epochStats, error) {
+	var e epochStats
+	if len(es) == 0 {
+		return e, errors.New("the summary lists no epochs")
+	}
+	for _, s := range es {
+		if s.Accuracy == nil {
+			return e, fmt.Errorf("epoch %d has no accuracy: the trainer did not evaluate", s.Epoch+1)
+		}
+		e.seconds = append(e.seconds, round4(s.Seconds))
+		e.accuracy = append(e.accuracy, *s.Accuracy)
+		e.total += s.Seconds
+	}
+	return e, nil
+}
+
+// timeToTarget is the cumulative seconds up to and including the first
+// epoch whose accuracy is at least target; false when none is.
+func timeToTarget(seconds, accuracy []float64, target float64) (float64, bool) {
+	t := 0.0
+	for i, s := range seconds {
+		t += s
+		if i < len(accuracy) && accuracy[i] >= target {
+			return t, true
+		}
+	}
+	return 0, false
+}
+
+// median of xs (the mean of the middle two for an even count); 0 when
+// empty.
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	m := len(s) / 2
+	if len(s)%2 == 1 {
+		return s[m]
+	}
+	return (s[m-1] + s[m]) / 2
+}
+
+func round3(x float64) float64 { return math.Round(x*1e3) / 1e3 }
+func round4(x float64) float64 { return math.Round(x*1e4) / 1e4 }
+
+func ptr[T any](v T) *T { return &v }

@@ -1,0 +1,272 @@
+package main
+
+import (
+	"bytes"
+	"compress/gzip"
+	"encoding/json"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/cohortdl/cohort/core/config"
+	"github.com/cohortdl/cohort/core/coordinator"
+)
+
+func TestTimeToTarget(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		seconds  []float64
+		accuracy []float64
+		target   float64
+		want     float64
+		ok       bool
+	}{
+		{"first epoch", []float64{1, 2, 3}, []float64{0.86, 0.87, 0.88}, 0.85, 1, true},
+		{"last epoch", []float64{0.9, 0.95, 0.85}, []float64{0.81, 0.84, 0.8539}, 0.85, 2.7, true},
+		{"exactly the target counts", []float64{1, 1}, []float64{0.8, 0.85}, 0.85, 2, true},
+		{"first crossing, not the last", []float64{1, 1, 1}, []float64{0.86, 0.84, 0.87}, 0.85, 1, true},
+		{"never reached", []float64{1, 1, 1}, []float64{0.8, 0.84, 0.849}, 0.85, 0, false},
+		{"no epochs", nil, nil, 0.85, 0, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, ok := timeToTarget(tc.seconds, tc.accuracy, tc.target)
+			if ok != tc.ok || round4(got) != tc.want {
+				t.Fatalf("timeToTarget = %v, %v; want %v, %v", got, ok, tc.want, tc.ok)
+			}
+		})
+	}
+}
+
+func TestEpochFigures(t *testing.T) {
+	acc := func(v float64) *float64 { return &v }
+	e, err := epochFigures([]coordinator.EpochSummary{
+		{Epoch: 0, Seconds: 0.95221, Accuracy: acc(0.8151)},
+		{Epoch: 1, Seconds: 0.979, Accuracy: acc(0.8463)},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(e.seconds, []float64{0.9522, 0.979}) || !reflect.DeepEqual(e.accuracy, []float64{0.8151, 0.8463}) {
+		t.Fatalf("got %+v", e)
+	}
+	if _, err := epochFigures([]coordinator.EpochSummary{{Epoch: 0, Seconds: 1}}); err == nil || !strings.Contains(err.Error(), "no accuracy") {
+		t.Fatalf("an epoch without accuracy: %v", err)
+	}
+	if _, err := epochFigures(nil); err == nil {
+		t.Fatal("no epochs: no error")
+	}
+}
+
+func TestParsePeer(t *testing.T) {
+	const full = `some warning from torch
+{"epoch": 0, "test_accuracy": 0.8262, "loss": 0.3028, "elapsed_s": 3.2}
+{"epoch": 1, "test_accuracy": 0.847, "loss": 0.304, "elapsed_s": 5.445}
+{"epoch": 2, "test_accuracy": 0.8607, "loss": 0.4493, "elapsed_s": 8.189}
+{"peer": "torch-ddp-gloo", "ranks": 4, "epochs": 3, "final_accuracy": 0.8607, "seconds_to_target": 8.189002414000242, "target": 0.85, "wall_s": 8.193, "process_wall_s": 11.993}
+`
+	ttt := 8.189002414000242
+	for _, tc := range []struct {
+		name    string
+		out     string
+		want    peerResult
+		wantErr string
+	}{
+		{"full", full, peerResult{Peer: "torch-ddp-gloo", FinalAccuracy: 0.8607, SecondsToTarget: &ttt, WallS: 8.193, ProcessWallS: 11.993,
+			Epochs: []peerEpoch{{ptr(0), 0.8262, 3.2}, {ptr(1), 0.847, 5.445}, {ptr(2), 0.8607, 8.189}}}, ""},
+		{"target not reached", `{"epoch": 0, "test_accuracy": 0.8, "loss": 0.5, "elapsed_s": 3}
+{"peer": "torch-ddp-gloo", "ranks": 4, "epochs": 1, "final_accuracy": 0.8, "seconds_to_target": null, "target": 0.85, "wall_s": 3, "process_wall_s": 6}`,
+			peerResult{Peer: "torch-ddp-gloo", FinalAccuracy: 0.8, WallS: 3, ProcessWallS: 6, Epochs: []peerEpoch{{ptr(0), 0.8, 3}}}, ""},
+		{"no result line", `{"epoch": 0, "test_accuracy": 0.8, "loss": 0.5, "elapsed_s": 3}`, peerResult{}, "no result line"},
+		{"empty", "", peerResult{}, "no result line"},
+		{"bad result line", `{"peer": "x", "final_accuracy": "high"}`, peerResult{}, "peer result line"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := parsePeer(tc.out)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("err = %v, want one containing %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(got, tc.want) {
+				t.Fatalf("got  %+v\nwant %+v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestParseRef(t *testing.T) {
+	for _, tc := range []struct {
+		out  string
+		want []float64
+	}{
+		{`{"ms_per_epoch": [745.451, 754.027, 768.243], "threads": 1, "final_loss": 0.536437}` + "\n", []float64{745.451, 754.027, 768.243}},
+		{`{"ms_per_epoch": [], "threads": 1}`, nil},
+		{`{"ms_per_epoch": [12, -1]}`, nil},
+		{"cohort-torch-ref-epoch: cannot read", nil},
+	} {
+		got, err := parseRef(tc.out)
+		if (err != nil) != (tc.want == nil) || !reflect.DeepEqual(got, tc.want) {
+			t.Errorf("parseRef(%q) = %v, %v; want %v", tc.out, got, err, tc.want)
+		}
+	}
+}
+
+func idxBytes(dims []uint32, data []byte) []byte {
+	b := []byte{0, 0, 0x08, byte(len(dims))}
+	for _, d := range dims {
+		b = append(b, byte(d>>24), byte(d>>16), byte(d>>8), byte(d))
+	}
+	return append(b, data...)
+}
+
+func gz(b []byte) []byte {
+	var buf bytes.Buffer
+	w := gzip.NewWriter(&buf)
+	w.Write(b)
+	w.Close()
+	return buf.Bytes()
+}
+
+func TestReadIDX(t *testing.T) {
+	img := idxBytes([]uint32{2, 2, 3}, []byte{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12})
+	for _, tc := range []struct {
+		name     string
+		in       []byte
+		wantDims []int
+		wantErr  string
+	}{
+		{"raw", img, []int{2, 2, 3}, ""},
+		{"gzipped", gz(img), []int{2, 2, 3}, ""},
+		{"labels", idxBytes([]uint32{3}, []byte{7, 8, 9}), []int{3}, ""},
+		{"bad magic", append([]byte{1}, img[1:]...), nil, "not an IDX file"},
+		{"float elements", append([]byte{0, 0, 0x0d}, img[3:]...), nil, "element type 0x0d"},
+		{"truncated", img[:len(img)-1], nil, "IDX data"},
+		{"trailing bytes", append(img, 0), nil, "trailing bytes"},
+		{"zero dimension", idxBytes([]uint32{0, 4}, nil), nil, "empty or over"},
+		{"huge", idxBytes([]uint32{1 << 16, 1 << 16}, nil), nil, "empty or over"},
+		{"short header", []byte{0, 0}, nil, "IDX header"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dims, data, err := readIDX(bytes.NewReader(tc.in))
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("err = %v, want one containing %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(dims, tc.wantDims) {
+				t.Fatalf("dims %v, want %v", dims, tc.wantDims)
+			}
+			n := 1
+			for _, d := range dims {
+				n *= d
+			}
+			raw := tc.in
+			if tc.name == "gzipped" {
+				raw = img
+			}
+			if !bytes.Equal(data, raw[len(raw)-n:]) {
+				t.Fatalf("data %v, want %v", data, raw[len(raw)-n:])
+			}
+		})
+	}
+}
+
+// The generated config parses and carries exactly the compared settings.
+func TestConfigHCL(t *testing.T) {
+	def := config.Default()
+	for _, tc := range []struct {
+		name       string
+		cfg        runConfig
+		wantPolicy config.Policy
+		wantEvery  int
+	}{
+		{"defaults", runConfig{Seed: 2, PluginDir: "/x/bin/plugins", Data: "/data/fm", Batch: 64, LR: 0.05, Threads: 1},
+			def.Coordinator.Policy, def.Coordinator.SyncEvery},
+		{"policy and sync_every", runConfig{Seed: 1, Policy: "cadence", SyncEvery: 25, Data: `/tmp/a "b" ${c}`, Batch: 32, LR: 0.1, Threads: 2},
+			config.PolicyCadence, 25},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			src := tc.cfg.hcl()
+			c, err := config.Parse([]byte(src), "bench.hcl")
+			if err != nil {
+				t.Fatalf("%v\n%s", err, src)
+			}
+			if c.Run.Seed != int64(tc.cfg.Seed) || c.Coordinator.Policy != tc.wantPolicy || c.Coordinator.SyncEvery != tc.wantEvery {
+				t.Fatalf("run %+v coordinator %+v\n%s", c.Run, c.Coordinator, src)
+			}
+			if tc.cfg.PluginDir != "" && c.Worker.PluginDir != tc.cfg.PluginDir {
+				t.Fatalf("plugin_dir %q", c.Worker.PluginDir)
+			}
+			if c.Trainer.Name != "libtorch" || c.Averager.Name != averager {
+				t.Fatalf("trainer %q averager %q", c.Trainer.Name, c.Averager.Name)
+			}
+			var got map[string]any
+			if err := json.Unmarshal(c.Trainer.Settings, &got); err != nil {
+				t.Fatal(err)
+			}
+			want := map[string]any{
+				"model": "mlp", "hidden": []any{256.0}, "data": tc.cfg.Data, "batch_size": float64(tc.cfg.Batch),
+				"optimizer": "sgd", "lr": tc.cfg.LR, "momentum": momentum, "threads": float64(tc.cfg.Threads),
+			}
+			if !reflect.DeepEqual(got, want) {
+				t.Fatalf("trainer settings %v, want %v", got, want)
+			}
+		})
+	}
+}
+
+func TestMeanFigures(t *testing.T) {
+	seed := func(c, p *float64, cAcc, pAcc float64) ddpSeed {
+		return ddpSeed{ddpFigures: ddpFigures{CohortToTargetS: c, PeerToTargetS: p, CohortAccuracy: cAcc, PeerAccuracy: pAcc}}
+	}
+	m, paired, cr, pr := meanFigures([]ddpSeed{
+		seed(ptr(3.0), ptr(9.0), 0.85, 0.86),
+		seed(nil, ptr(6.0), 0.84, 0.86),
+		seed(ptr(2.0), ptr(8.0), 0.86, 0.85),
+	})
+	if paired != 2 || cr != 2 || pr != 3 {
+		t.Fatalf("paired %d, cohort reached %d, peer reached %d", paired, cr, pr)
+	}
+	if *m.CohortToTargetS != 2.5 || *m.PeerToTargetS != round3(23.0/3) || m.Ratio == nil || *m.Ratio != round4(5.0/17) {
+		t.Fatalf("times %v %v ratio %v", *m.CohortToTargetS, *m.PeerToTargetS, m.Ratio)
+	}
+	if m.CohortAccuracy != 0.85 || m.AccDiffPoints != round3(100*(2.55-2.57)/3) {
+		t.Fatalf("accuracy %v, diff %v", m.CohortAccuracy, m.AccDiffPoints)
+	}
+	for _, tc := range []struct {
+		cohortReached, peerReached, seeds int
+		ratio                             *float64
+		want                              bool
+	}{
+		{3, 3, 3, ptr(0.5), true},
+		{3, 3, 3, ptr(0.71), false},
+		{2, 3, 3, ptr(0.3), false}, // cohort missed the target in a seed
+		{3, 0, 3, nil, true},       // only cohort reached it
+		{0, 0, 3, nil, false},
+	} {
+		if got := ratioPass(tc.cohortReached, tc.peerReached, tc.seeds, tc.ratio); got != tc.want {
+			t.Errorf("ratioPass(%d, %d, %d, %v) = %v", tc.cohortReached, tc.peerReached, tc.seeds, tc.ratio, got)
+		}
+	}
+}
+
+func TestMedian(t *testing.T) {
+	for _, tc := range []struct {
+		in   []float64
+		want float64
+	}{
+		{nil, 0}, {[]float64{3}, 3}, {[]float64{3, 1, 2}, 2}, {[]float64{4, 1, 3, 2}, 2.5},
+	} {
+		if got := median(tc.in); got != tc.want {
+			t.Errorf("median(%v) = %v, want %v", tc.in, got, tc.want)
+		}
+	}
+}
