@@ -299,6 +299,11 @@ func (l *launcher) report(sum *coordinator.Summary, err error) int {
 		return exitFailed
 	}
 	msg := fmt.Sprintf("run %s", sum.Status)
+	if n := len(sum.Epochs); n > 0 {
+		if acc := sum.Epochs[n-1].Accuracy; acc != nil {
+			msg += fmt.Sprintf("; final test accuracy %.2f%%", 100**acc)
+		}
+	}
 	if sum.Checkpoint != "" {
 		msg += "; last checkpoint " + sum.Checkpoint
 	}
