@@ -1,7 +1,6 @@
 package coordinator
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -15,6 +14,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/cohortdl/cohort/shared/plugintest"
 
 	"github.com/hashicorp/go-hclog"
 	"google.golang.org/protobuf/proto"
@@ -524,24 +525,6 @@ func (f *fakeRank) syncRound(ctx context.Context, v *cohortv1.Sync, send func(pr
 	return send(ack)
 }
 
-// syncBuffer is a log sink safe for the coordinator's goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // harness runs a real Coordinator on a loopback port against fake ranks.
 type harness struct {
 	t      *testing.T
@@ -551,7 +534,7 @@ type harness struct {
 	coord  *Coordinator
 	addr   string
 	out    string
-	logs   *syncBuffer
+	logs   *plugintest.LogBuffer
 	group  *fakeGroup
 	ledger *ledger
 	ranks  []*fakeRank
@@ -590,7 +573,7 @@ func newHarness(t *testing.T, cfg *config.Config, mutate func(*Options)) *harnes
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := &harness{t: t, cfg: cfg, keys: keys, world: uint32(cfg.Run.Ranks), logs: &syncBuffer{},
+	h := &harness{t: t, cfg: cfg, keys: keys, world: uint32(cfg.Run.Ranks), logs: &plugintest.LogBuffer{},
 		group: newFakeGroup(), ledger: newLedger(), done: make(chan struct{})}
 	h.opts = Options{
 		Config:      cfg,

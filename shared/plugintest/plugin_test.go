@@ -444,31 +444,13 @@ func dataPlaneRank(t *testing.T, r int, tr plugin.Trainer, av plugin.Averager, s
 	return a, nil
 }
 
-// syncBuffer collects a logger's output.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // TestPluginNoisyStdout starts the trainer with junk on stdout before the
 // handshake (fmt and a raw write(2)) and again in Configure: the plugin
 // must start, work, and the junk must surface in the host's log.
 func TestPluginNoisyStdout(t *testing.T) {
 	trBin, _ := BuildPlugins(t)
 	ctx := context.Background()
-	var log syncBuffer
+	var log LogBuffer
 	logger := hclog.New(&hclog.LoggerOptions{Name: "host", Level: hclog.Debug, Output: &log})
 	c := StartClient(t, trBin, logger, NoiseEnv+"=1")
 	tr, err := plugin.DispenseTrainer(c)
@@ -515,7 +497,7 @@ func TestPluginParentDeath(t *testing.T) {
 	}
 	host := exec.Command(os.Args[0], "-test.run=^$")
 	host.Env = append(os.Environ(), hostEnv+"="+avBin)
-	var stderr syncBuffer
+	var stderr LogBuffer
 	host.Stderr = &stderr
 	out, err := host.StdoutPipe()
 	if err != nil {

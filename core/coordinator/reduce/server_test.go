@@ -1,7 +1,6 @@
 package reduce
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"errors"
@@ -12,6 +11,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/cohortdl/cohort/shared/plugintest"
 
 	"github.com/hashicorp/go-hclog"
 
@@ -25,26 +26,9 @@ var (
 
 const runID = "run-1"
 
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-func startServer(t *testing.T, world uint32) (*Server, *syncBuffer) {
+func startServer(t *testing.T, world uint32) (*Server, *plugintest.LogBuffer) {
 	t.Helper()
-	logs := &syncBuffer{}
+	logs := &plugintest.LogBuffer{}
 	s, err := Listen(context.Background(), Config{
 		Addr: "127.0.0.1:0", Key: key, RunID: runID, World: world, Timeout: 3 * time.Second,
 		Logger: hclog.New(&hclog.LoggerOptions{Output: logs, Level: hclog.Debug}),

@@ -1,7 +1,6 @@
 package averager
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -12,6 +11,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/cohortdl/cohort/shared/plugintest"
 
 	"github.com/hashicorp/go-hclog"
 
@@ -44,28 +45,10 @@ func testLayout(t testing.TB, scale int) arena.Layout {
 	return l
 }
 
-// syncBuffer is a log sink tests can read while the server writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 type cohort struct {
 	t      testing.TB
 	srv    *reduce.Server
-	log    *syncBuffer
+	log    *plugintest.LogBuffer
 	dir    string
 	layout arena.Layout
 	maps   []*arena.Mapping
@@ -85,7 +68,7 @@ func newCohort(t testing.TB, o cohortOpts) *cohort {
 	if o.scale == 0 {
 		o.scale = 1
 	}
-	c := &cohort{t: t, log: &syncBuffer{}, dir: t.TempDir(), layout: testLayout(t, o.scale)}
+	c := &cohort{t: t, log: &plugintest.LogBuffer{}, dir: t.TempDir(), layout: testLayout(t, o.scale)}
 	logger := hclog.New(&hclog.LoggerOptions{Output: c.log, Level: hclog.Debug})
 	timeout := o.timeout
 	if timeout == 0 {

@@ -1,0 +1,27 @@
+package plugintest
+
+import (
+	"bytes"
+	"sync"
+)
+
+// LogBuffer collects log output written from many goroutines (a logger
+// shared by a coordinator, a plugin client and their helpers) for a test to
+// read.
+type LogBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *LogBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+// String is everything written so far.
+func (l *LogBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
