@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -370,6 +371,88 @@ func TestCheckpointRestoresBitwise(t *testing.T) {
 				t.Fatalf("a damaged checkpoint: %v", err)
 			}
 		})
+	}
+}
+
+// osThread runs functions on an OS thread of its own, as Go's scheduler may
+// run any call of the plugin on any thread.
+type osThread chan func()
+
+func newOSThread(t *testing.T) osThread {
+	c := make(osThread)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
+		for f := range c {
+			f()
+		}
+	}()
+	t.Cleanup(func() { close(c) })
+	return c
+}
+
+func (c osThread) run(f func() error) error {
+	done := make(chan error)
+	c <- func() { done <- f() }
+	return <-done
+}
+
+// TestThreadsHoldOnEveryOSThread: a model computes with its own `threads`
+// on whichever OS thread a call lands. libtorch's OpenMP backend keeps the
+// intra-op thread count per OS thread, so a thread that served a model with
+// another setting must not carry its count into this one. The BatchNorm of
+// net.pt sums its batch statistics in one slice per thread, so the count
+// shows in the bits: the same training on a thread that last ran a
+// threads = 2 model must give the same arena as on a fresh one.
+func TestThreadsHoldOnEveryOSThread(t *testing.T) {
+	dir := scriptModels(t)
+	data := synthData(t, 256, 8, 3)
+	ctx := context.Background()
+	cfg := func(kv map[string]any) plugin.TrainerConfig {
+		return plugin.TrainerConfig{WorldSize: 1, LocalRanks: 1, Seed: 7, Settings: settingsJSON(t, merge(data, kv))}
+	}
+	one := cfg(map[string]any{"model": filepath.Join(dir, "net.pt"), "optimizer": "adam", "threads": 1})
+	epoch := func(tr *Trainer, e uint64) func() error {
+		return func() error {
+			return tr.Train(ctx, fullPlan(e, 256), func(plugin.BatchReport) error { return nil })
+		}
+	}
+	busy, fresh := newOSThread(t), newOSThread(t)
+
+	// busy serves a model with threads = 2 first.
+	two := newTestTrainer(t)
+	var setup plugin.TrainerSetup
+	if err := busy.run(func() (err error) {
+		setup, err = two.Configure(ctx, cfg(map[string]any{"hidden": []int{16}, "threads": 2}))
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	attach(t, two, setup)
+	if err := busy.run(epoch(two, 0)); err != nil {
+		t.Fatal(err)
+	}
+
+	// The same threads = 1 model, configured on fresh, trained on busy and
+	// on fresh.
+	arenas := make([][]byte, 2)
+	for i, on := range []osThread{busy, fresh} {
+		tr := newTestTrainer(t)
+		if err := fresh.run(func() (err error) {
+			setup, err = tr.Configure(ctx, one)
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		d, _ := attach(t, tr, setup)
+		for e := range uint64(2) {
+			if err := on.run(epoch(tr, e)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		arenas[i] = slices.Clone(openMapping(t, d).Bytes())
+	}
+	if !bytes.Equal(arenas[0], arenas[1]) {
+		t.Fatal("training a threads = 1 model on an OS thread that ran a threads = 2 model gave other bits than on a fresh thread: the thread count did not follow the model")
 	}
 }
 

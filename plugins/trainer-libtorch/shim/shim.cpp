@@ -149,19 +149,70 @@ struct Entry {
   torch::Tensor published; // view mode: t as of the last publish
 };
 
-void set_threads(int n) {
-  at::set_num_threads(n);
-  // OpenBLAS keeps its own pool; libtorch does not size it.
-  for (const char *lib : {"libopenblas.so.0", "libblas.so.3", "libopenblasp.so.0"}) {
-    void *h = dlopen(lib, RTLD_NOW | RTLD_NOLOAD);
-    if (h == nullptr) {
-      continue;
+// An OpenBLAS thread pool: process-wide, and not sized by libtorch. Debian
+// links libtorch to libblas.so.3 and libopenblas.so.0, which may be two
+// copies of OpenBLAS with a pool each.
+struct BlasPool {
+  void (*set)(int);
+  int (*get)();
+};
+
+const std::vector<BlasPool> &blas_pools() {
+  static const std::vector<BlasPool> pools = [] {
+    std::vector<BlasPool> out;
+    for (const char *lib : {"libopenblas.so.0", "libblas.so.3", "libopenblasp.so.0"}) {
+      void *h = dlopen(lib, RTLD_NOW | RTLD_NOLOAD);
+      if (h == nullptr) {
+        continue;
+      }
+      auto set = reinterpret_cast<void (*)(int)>(dlsym(h, "openblas_set_num_threads"));
+      auto get = reinterpret_cast<int (*)()>(dlsym(h, "openblas_get_num_threads"));
+      bool dup = std::any_of(out.begin(), out.end(), [&](const BlasPool &p) { return p.set == set; });
+      if (set == nullptr || get == nullptr || dup) {
+        dlclose(h);
+        continue;
+      }
+      out.push_back({set, get}); // h stays open: the pointers outlive this call
     }
-    using SetFn = void (*)(int);
-    if (auto f = reinterpret_cast<SetFn>(dlsym(h, "openblas_set_num_threads"))) {
-      f(n);
+    return out;
+  }();
+  return pools;
+}
+
+// use_threads makes the calling OS thread compute with n intra-op threads
+// (libtorch and OpenBLAS); every entry point that computes calls it with
+// the model's setting. Setting the count once in create is not enough:
+// libtorch's OpenMP backend keeps it per OS thread (omp_set_num_threads sets
+// the calling thread's ICV, and a thread's first parallel op copies the
+// process-wide value of that moment), and a Go caller lands on whatever OS
+// thread the scheduler picks -- one that served a model with another
+// setting keeps that model's count. The count changes the bits, not only the
+// speed: some kernels split their reductions by it (BatchNorm's batch
+// statistics are summed in one slice per thread), so training on, and a
+// restore from a checkpoint, would not reproduce.
+void use_threads(int n) {
+  if (n <= 0) {
+    return; // libtorch's default
+  }
+#if AT_PARALLEL_OPENMP
+  if (at::get_num_threads() != n) {
+    at::set_num_threads(n);
+  }
+#else
+  // The other backends keep one pool for the process, which warns when
+  // resized after its first use: ask once per thread and setting.
+  thread_local int asked = 0;
+  if (asked != n) {
+    if (at::get_num_threads() != n) {
+      at::set_num_threads(n);
     }
-    dlclose(h);
+    asked = n;
+  }
+#endif
+  for (const auto &p : blas_pools()) {
+    if (p.get() != n) {
+      p.set(n);
+    }
   }
 }
 
@@ -200,6 +251,7 @@ struct ct_model {
   double max_grad_norm = 0;
   torch::Device device{torch::kCPU};
   torch::ScalarType input_type = torch::kFloat;
+  int threads = 0; // intra-op threads of every call (0: libtorch's default); see use_threads
   std::vector<int64_t> input_shape; // per sample
   int64_t features = 0;
   bool training = true;
@@ -297,9 +349,8 @@ ct_model *create(const ct_config *cfg, char *err, size_t errlen) {
            std::to_string(sizeof(ct_config)) + ": the plugin and the shim were built from different headers");
     }
     auto m = std::make_unique<ct_model>();
-    if (cfg->threads > 0) {
-      set_threads(cfg->threads);
-    }
+    m->threads = std::max(cfg->threads, 0);
+    use_threads(m->threads);
     m->device = pick_device(cfg->device ? cfg->device : "cpu", cfg->rank);
     m->loss = cfg->loss;
     m->max_grad_norm = cfg->max_grad_norm;
@@ -450,6 +501,7 @@ int tensor_info(const ct_model *m, int64_t i, ct_tensor_info *out, char *err, si
 int attach(ct_model *m, void *base, uint64_t size, const uint64_t *offsets, int64_t n, int32_t force_copy,
            int32_t *zero_copy, char *err, size_t errlen) {
   return guard(err, errlen, [&] {
+    use_threads(m->threads);
     if (n != static_cast<int64_t>(m->entries.size())) {
       fail("arena has " + std::to_string(n) + " tensors, the model " + std::to_string(m->entries.size()));
     }
@@ -492,6 +544,7 @@ int attach(ct_model *m, void *base, uint64_t size, const uint64_t *offsets, int6
 
 int publish(ct_model *m, double *norm, char *err, size_t errlen) {
   return guard(err, errlen, [&] {
+    use_threads(m->threads);
     if (!m->attached) {
       fail("publish before attach");
     }
@@ -512,6 +565,7 @@ int publish(ct_model *m, double *norm, char *err, size_t errlen) {
 
 int adopt(ct_model *m, double alpha, double *norm, char *err, size_t errlen) {
   return guard(err, errlen, [&] {
+    use_threads(m->threads);
     if (!m->attached) {
       fail("adopt before attach");
     }
@@ -540,12 +594,16 @@ int adopt(ct_model *m, double alpha, double *norm, char *err, size_t errlen) {
 }
 
 int param_norm(ct_model *m, double *norm, char *err, size_t errlen) {
-  return guard(err, errlen, [&] { *norm = m->norm(); });
+  return guard(err, errlen, [&] {
+    use_threads(m->threads);
+    *norm = m->norm();
+  });
 }
 
 int train_step(ct_model *m, const float *x, int64_t batch, const int64_t *labels, const float *targets,
                int64_t width, double lr, double *loss, char *err, size_t errlen) {
   return guard(err, errlen, [&] {
+    use_threads(m->threads);
     m->set_training(true);
     auto out = m->forward(m->input(x, batch));
     auto l = m->loss_of(out, labels, targets, batch, width, false);
@@ -565,6 +623,7 @@ int train_step(ct_model *m, const float *x, int64_t batch, const int64_t *labels
 int evaluate(ct_model *m, const float *x, int64_t n, const int64_t *labels, const float *targets, int64_t width,
              double *loss_sum, int64_t *correct, char *err, size_t errlen) {
   return guard(err, errlen, [&] {
+    use_threads(m->threads);
     torch::NoGradGuard ng;
     m->set_training(false);
     auto out = m->forward(m->input(x, n));
@@ -582,6 +641,7 @@ int evaluate(ct_model *m, const float *x, int64_t n, const int64_t *labels, cons
 int forward(ct_model *m, const float *x, int64_t n, float *out, int64_t out_cap, int64_t *shape, int32_t *ndim,
             char *err, size_t errlen) {
   return guard(err, errlen, [&] {
+    use_threads(m->threads);
     torch::NoGradGuard ng;
     m->set_training(false);
     auto y = m->forward(m->input(x, n)).to(torch::kCPU, torch::kFloat).contiguous();
@@ -613,6 +673,7 @@ torch::Tensor read_nested(torch::serialize::InputArchive &ar, const std::string 
 
 int save(ct_model *m, const char *model_path, const char *optim_path, char *err, size_t errlen) {
   return guard(err, errlen, [&] {
+    use_threads(m->threads);
     if (m->native) {
       torch::serialize::OutputArchive ar;
       m->native->save(ar);
@@ -628,6 +689,7 @@ int save(ct_model *m, const char *model_path, const char *optim_path, char *err,
 
 int load(ct_model *m, const char *model_path, const char *optim_path, char *err, size_t errlen) {
   return guard(err, errlen, [&] {
+    use_threads(m->threads);
     std::vector<torch::Tensor> vals(m->entries.size());
     if (m->native) {
       torch::serialize::InputArchive ar;
