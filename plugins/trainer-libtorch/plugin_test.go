@@ -8,9 +8,10 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/cohortdl/cohort/shared/plugintest"
 
 	"github.com/hashicorp/go-hclog"
 	goplugin "github.com/hashicorp/go-plugin"
@@ -53,7 +54,7 @@ func TestPluginProcess(t *testing.T) {
 	}
 	cmd := exec.Command(bin)
 	cmd.Env = envWithout(shimEnv)
-	var logs syncBuffer
+	var logs plugintest.LogBuffer
 	logger := hclog.New(&hclog.LoggerOptions{Name: "host", Output: &logs, Level: hclog.Debug})
 	client := goplugin.NewClient(plugin.ClientConfig(plugin.ClientOptions{Cmd: cmd, Logger: logger, StartTimeout: time.Minute}))
 	defer client.Kill()
@@ -106,25 +107,6 @@ func TestPluginProcess(t *testing.T) {
 	if !strings.Contains(logs.String(), "configured") {
 		t.Errorf("the plugin's log did not reach the host:\n%s", logs.String())
 	}
-}
-
-// syncBuffer is a bytes.Buffer for concurrent writers (go-plugin logs from
-// its own goroutines).
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // TestPluginMissingShim: without a shim the binary exits with an error that
