@@ -44,6 +44,8 @@ type Trainer struct {
 
 	// trainMu is held by Train for its whole run.
 	trainMu sync.Mutex
+	// picker is Train's (under trainMu): an epoch's plans share a shuffle.
+	picker plugin.Picker
 
 	mu        sync.Mutex
 	cfg       plugin.TrainerConfig
@@ -393,17 +395,16 @@ func (t *Trainer) Train(ctx context.Context, plan plugin.Plan, report func(plugi
 	}
 	t.mu.Unlock()
 
-	end := plan.PartitionOffset + plan.PartitionSize
-	switch {
-	case plan.PickSpace > maxPickSpace:
+	if plan.PickSpace > maxPickSpace {
 		return fmt.Errorf("libtorch trainer: pick space %d exceeds the limit of %d", plan.PickSpace, maxPickSpace)
-	case end < plan.PartitionOffset || end > plan.PickSpace:
-		return fmt.Errorf("libtorch trainer: partition [%d, +%d) does not fit a pick space of %d", plan.PartitionOffset, plan.PartitionSize, plan.PickSpace)
 	}
-	if plan.PartitionSize == 0 {
+	picks, err := t.picker.Picks(plan)
+	if err != nil {
+		return fmt.Errorf("libtorch trainer: %w", err)
+	}
+	if len(picks) == 0 {
 		return nil
 	}
-	picks := plan.Picks()
 	idx := make([]uint64, min(batch, uint64(len(picks))))
 	for b := uint64(0); len(picks) > 0; b++ {
 		if err := ctx.Err(); err != nil {

@@ -49,6 +49,8 @@ type Trainer struct {
 
 	// trainMu is held by Train for its whole run.
 	trainMu sync.Mutex
+	// picker is Train's (under trainMu): an epoch's plans share a shuffle.
+	picker plugin.Picker
 
 	mu       sync.Mutex
 	cfg      plugin.TrainerConfig
@@ -187,17 +189,16 @@ func (t *Trainer) Train(ctx context.Context, plan plugin.Plan, report func(plugi
 	if !configured {
 		return errors.New("mock trainer: Train before Configure")
 	}
-	end := plan.PartitionOffset + plan.PartitionSize
-	switch {
-	case plan.PickSpace > MaxPickSpace:
+	if plan.PickSpace > MaxPickSpace {
 		return fmt.Errorf("mock trainer: pick space %d exceeds the mock's limit of %d", plan.PickSpace, MaxPickSpace)
-	case end < plan.PartitionOffset || end > plan.PickSpace:
-		return fmt.Errorf("mock trainer: partition [%d, +%d) does not fit a pick space of %d", plan.PartitionOffset, plan.PartitionSize, plan.PickSpace)
 	}
-	if plan.PartitionSize == 0 {
+	picks, err := t.picker.Picks(plan)
+	if err != nil {
+		return fmt.Errorf("mock trainer: %w", err)
+	}
+	if len(picks) == 0 {
 		return nil
 	}
-	picks := Permutation(plan.Seed, plan.Epoch, plan.PickSpace)[plan.PartitionOffset:end]
 	idx := make([]uint64, 0, min(batchSize, plan.PartitionSize))
 	var line []byte
 	for b := uint64(0); len(picks) > 0; b++ {
