@@ -211,7 +211,13 @@ func (w *worker) watchdog(ctx context.Context) {
 func (w *worker) abortRound(ctx context.Context, reason string) {
 	cancel := w.guard.abort(fmt.Errorf("%w: %s", errRoundAborted, reason))
 	if avg := w.averagerRef(); avg != nil {
-		w.log.Info("aborting the averaging round", "reason", reason, "in_flight", cancel != nil)
+		// Teardown aborts as a matter of course; only an abort that stops a
+		// round in flight is news.
+		logf := w.log.Debug
+		if cancel != nil {
+			logf = w.log.Info
+		}
+		logf("aborting the averaging round", "reason", reason, "in_flight", cancel != nil)
 		actx, done := context.WithTimeout(ctx, abortTimeout)
 		if err := avg.Abort(actx, reason); err != nil {
 			w.log.Warn("averager abort failed", "error", err)
