@@ -33,6 +33,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cohortdl/cohort/bench/internal/repo"
+
 	"github.com/hashicorp/go-hclog"
 	goplugin "github.com/hashicorp/go-plugin"
 
@@ -73,7 +75,7 @@ type result struct {
 }
 
 func run(ranksFlag string, mb float64, iters int, pluginPath, settings, python, gloo string, noGloo bool) error {
-	root, err := repoRoot()
+	root, err := repo.Root()
 	if err != nil {
 		return err
 	}
@@ -255,23 +257,4 @@ func benchGloo(python, script string, n int, mb float64, iters int) (float64, er
 		}
 	}
 	return 0, fmt.Errorf("no JSON result line from %s: %q", script, stdout.String())
-}
-
-// repoRoot is the directory holding go.mod, at or above the working
-// directory.
-func repoRoot() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", errors.New("not inside the cohort repository (no go.mod above the working directory)")
-		}
-		dir = parent
-	}
 }

@@ -44,6 +44,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cohortdl/cohort/bench/internal/repo"
+
 	"github.com/cohortdl/cohort/core/config"
 )
 
@@ -182,7 +184,7 @@ type settingsJSON struct {
 
 func run(o options) error {
 	start := time.Now()
-	root, err := repoRoot()
+	root, err := repo.Root()
 	if err != nil {
 		return err
 	}
@@ -596,23 +598,4 @@ func describePolicy(policy string, syncEvery int) string {
 		d += " (the built-in default)"
 	}
 	return d
-}
-
-// repoRoot is the directory holding go.mod, at or above the working
-// directory.
-func repoRoot() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", errors.New("not inside the cohort repository (no go.mod above the working directory)")
-		}
-		dir = parent
-	}
 }
