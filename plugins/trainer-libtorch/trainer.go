@@ -44,6 +44,9 @@ type Trainer struct {
 
 	// trainMu is held by Train for its whole run.
 	trainMu sync.Mutex
+	// thread runs every Train's batch loop (see computeThread); Shutdown
+	// stops it.
+	thread *computeThread
 	// picker is Train's (under trainMu): an epoch's plans share a shuffle.
 	picker plugin.Picker
 
@@ -89,7 +92,7 @@ func NewTrainer(logger hclog.Logger) (*Trainer, error) {
 		return nil, err
 	}
 	logger.Debug("loaded the libtorch shim", "path", s.path, "libtorch", s.TorchVersion, "cuda_devices", s.CUDADevices)
-	return &Trainer{logger: logger, shim: s, errBuf: make([]byte, errBufLen)}, nil
+	return &Trainer{logger: logger, shim: s, errBuf: make([]byte, errBufLen), thread: newComputeThread()}, nil
 }
 
 // Describe names the plugin and its libtorch.
@@ -379,11 +382,19 @@ func (t *Trainer) Train(ctx context.Context, plan plugin.Plan, report func(plugi
 		return errors.New("libtorch trainer: Train is already running")
 	}
 	defer t.trainMu.Unlock()
-	// The whole batch loop calls libtorch from one OS thread: libtorch
-	// keeps per-thread state, an OpenMP team per calling thread above all.
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
+	// The whole batch loop runs on the trainer's own OS thread, the same
+	// one for every Train of its lifetime: libtorch and OpenBLAS keep state
+	// per thread, and a thread that changes at every call (each short Train
+	// of a sync_every window) starts cold.
+	var err error
+	if rerr := t.thread.run(func() { err = t.trainOnThread(ctx, plan, report) }); rerr != nil {
+		return errors.New("libtorch trainer: Train after Shutdown")
+	}
+	return err
+}
 
+// trainOnThread is Train's batch loop, on t.thread.
+func (t *Trainer) trainOnThread(ctx context.Context, plan plugin.Plan, report func(plugin.BatchReport) error) error {
 	t.mu.Lock()
 	if t.model == nil {
 		t.mu.Unlock()
@@ -577,6 +588,9 @@ func (t *Trainer) Shutdown(context.Context) error {
 	defer t.mu.Unlock()
 	t.shutdown = true
 	t.gen++
+	// A running Train stops at its next batch (gen changed) and the thread
+	// exits after it.
+	t.thread.stop()
 	if err := t.releaseLocked(); err != nil {
 		return fmt.Errorf("libtorch trainer: shutdown: %w", err)
 	}

@@ -15,9 +15,11 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/cohortdl/cohort/shared/arena"
 	"github.com/cohortdl/cohort/shared/plugin"
+	"golang.org/x/sys/unix"
 )
 
 var (
@@ -809,5 +811,52 @@ func TestConcurrentCalls(t *testing.T) {
 	}
 	if err := <-done; err == nil || !strings.Contains(err.Error(), "shut down or reconfigured") {
 		t.Fatalf("Train across a Shutdown: %v", err)
+	}
+}
+
+// TestTrainThreadOwnership: every batch of every Train runs on one OS
+// thread, the trainer's own, whichever goroutine (and so OS thread) calls
+// Train -- gRPC serves each call on its own -- and not on the caller's.
+func TestTrainThreadOwnership(t *testing.T) {
+	tr := newTestTrainer(t)
+	setup := configure(t, tr, merge(synthData(t, 64, 8, 3), map[string]any{"threads": 1, "batch_size": 8}))
+	attach(t, tr, setup)
+	tids := map[int]int{}
+	tr.traceBatch = func(uint64, []uint64) { tids[unix.Gettid()]++ }
+	callers := map[int]bool{}
+	for i := range 6 {
+		done := make(chan error, 1)
+		go func() {
+			// Each caller holds its own OS thread, as a fresh one would.
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			callers[unix.Gettid()] = true
+			done <- tr.Train(context.Background(), plugin.Plan{Epoch: uint64(i), Seed: 1, PickSpace: 64, PartitionSize: 16}, func(plugin.BatchReport) error { return nil })
+		}()
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(tids) != 1 {
+		t.Fatalf("batches ran on %d OS threads (%v), want 1", len(tids), tids)
+	}
+	for tid, n := range tids {
+		if n != 12 {
+			t.Fatalf("%d batches on the trainer's thread, want 12", n)
+		}
+		if callers[tid] {
+			t.Fatalf("batches ran on a caller's thread %d", tid)
+		}
+	}
+	if err := tr.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-tr.thread.done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the compute thread did not exit after Shutdown")
+	}
+	if err := tr.Train(context.Background(), fullPlan(0, 64), func(plugin.BatchReport) error { return nil }); err == nil {
+		t.Fatal("Train after Shutdown succeeded")
 	}
 }
