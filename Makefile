@@ -11,6 +11,9 @@ PROTOS      := $(wildcard $(PROTO_DIR)/cohort/v1/*.proto)
 PROTOC_GEN_GO_VERSION      := v1.36.12
 PROTOC_GEN_GO_GRPC_VERSION := v1.5.1
 FUZZTIME    ?= 20s
+# go-nvml's cgo build includes nvml.h, whose deprecation warnings run to
+# thousands of lines on a fresh build cache.
+export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 # Debian packages the build, tests and the default run need.
 DEB_PACKAGES := protobuf-compiler g++ libtorch-dev libopenblas0-pthread python3-torch dataset-fashion-mnist
 
