@@ -17,6 +17,7 @@ commands:
   run          train on this machine: a coordinator and N rank workers
   coordinator  run the coordinator alone (multi-host runs)
   worker       run one rank worker against a coordinator
+  plugins      list the plugins a worker would find, and their checksum status
   version      print the version
 
 Run 'cohort <command> -h' for a command's flags.
@@ -36,6 +37,8 @@ func main() {
 		code = coordinatorCommand(args)
 	case "worker":
 		code = workerCommand(args)
+	case "plugins":
+		code = pluginsCommand(args)
 	case "version", "-version", "--version":
 		fmt.Println("cohort", version)
 	case "help", "-h", "--help":

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"syscall"
 
 	"github.com/hashicorp/go-hclog"
@@ -99,9 +98,7 @@ func workerCommand(args []string) int {
 	o.Secret = secret
 	o.Logger = logger
 	o.Withhold = []string{envSecret, envSecretFile}
-	if exe, err := os.Executable(); err == nil {
-		o.PluginDirs = append(o.PluginDirs, filepath.Join(filepath.Dir(exe), "plugins"))
-	}
+	o.PluginDirs = pluginDirs(cfg)
 
 	signals := []os.Signal{syscall.SIGTERM}
 	if os.Getenv(envRunChild) == "1" {

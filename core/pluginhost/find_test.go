@@ -113,3 +113,56 @@ func TestStartRefusesTamperedBinary(t *testing.T) {
 		t.Fatalf("StartAverager of a tampered binary = %v", err)
 	}
 }
+
+func TestList(t *testing.T) {
+	first, second := t.TempDir(), t.TempDir()
+	t.Setenv("PATH", "")
+	writeExe(t, first, "cohort-averaging-cpu", "#!/bin/sh\n")
+	good := writeExe(t, first, "cohort-trainer-mock", "#!/bin/sh\necho good\n")
+	tampered := writeExe(t, first, "cohort-trainer-libtorch", "#!/bin/sh\necho v1\n")
+	os.WriteFile(filepath.Join(first, pluginhost.SumsFile), []byte(sumLine(t, good)+sumLine(t, tampered)), 0o644)
+	writeExe(t, first, "cohort-trainer-libtorch", "#!/bin/sh\necho v2\n")
+	// Shadowed by the first directory's copy, as Find would pick.
+	writeExe(t, second, "cohort-trainer-mock", "#!/bin/sh\n")
+	writeExe(t, second, "cohort-averaging-nccl", "#!/bin/sh\n")
+	// Not plugins: a data file, a bare prefix, something else.
+	os.WriteFile(filepath.Join(second, "cohort-averaging-data"), []byte("x"), 0o644)
+	writeExe(t, second, "cohort-trainer-", "#!/bin/sh\n")
+	writeExe(t, second, "cohort", "#!/bin/sh\n")
+
+	type row struct {
+		kind  pluginhost.Kind
+		name  string
+		dir   string
+		state string
+	}
+	var got []row
+	for _, l := range pluginhost.List([]string{first, second}) {
+		state := "ok"
+		switch {
+		case l.Err != nil && strings.Contains(l.Err.Error(), "does not list"):
+			state = "unlisted"
+		case l.Err != nil && strings.Contains(l.Err.Error(), "does not match"):
+			state = "tampered"
+		case l.Err != nil:
+			state = l.Err.Error()
+		case l.Checksum != nil:
+			state = "verified"
+		}
+		got = append(got, row{l.Kind, l.Name, filepath.Dir(l.Path), state})
+	}
+	want := []row{
+		{pluginhost.Averager, "cpu", first, "unlisted"},
+		{pluginhost.Trainer, "libtorch", first, "tampered"},
+		{pluginhost.Trainer, "mock", first, "verified"},
+		{pluginhost.Averager, "nccl", second, "ok"},
+	}
+	if len(got) != len(want) {
+		t.Fatalf("List = %+v, want %+v", got, want)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Errorf("row %d = %+v, want %+v", i, got[i], want[i])
+		}
+	}
+}

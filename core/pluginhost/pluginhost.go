@@ -11,14 +11,17 @@ package pluginhost
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -97,6 +100,76 @@ func Find(dirs []string, kind Kind, name string) (Located, error) {
 	}
 	loc.Checksum = sum
 	return loc, nil
+}
+
+// Listing is one plugin binary found by List.
+type Listing struct {
+	Located
+	// Err says why the plugin would be refused (an unlisted or malformed
+	// SHA256SUMS entry, or a binary that does not match it); nil when it
+	// would run.
+	Err error
+}
+
+// List finds every plugin binary in dirs, then on PATH, in Find's order:
+// where a name stands twice, the first one found is the one Find picks and
+// the only one listed.
+func List(dirs []string) []Listing {
+	var out []Listing
+	seen := map[string]bool{}
+	search := append(slices.Clone(dirs), filepath.SplitList(os.Getenv("PATH"))...)
+	for _, d := range search {
+		ents, err := os.ReadDir(d)
+		if err != nil {
+			continue
+		}
+		for _, e := range ents {
+			kind, name, ok := parseBinaryName(e.Name())
+			if !ok || seen[e.Name()] {
+				continue
+			}
+			p := filepath.Join(d, e.Name())
+			if st, err := os.Stat(p); err != nil || !st.Mode().IsRegular() || st.Mode().Perm()&0o111 == 0 {
+				continue
+			}
+			seen[e.Name()] = true
+			l := Listing{Located: Located{Kind: kind, Name: name, Path: p}}
+			l.Checksum, l.Err = listedChecksum(filepath.Join(d, SumsFile), e.Name())
+			if l.Err == nil && l.Checksum != nil {
+				l.Err = verify(p, l.Checksum)
+			}
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+func parseBinaryName(file string) (Kind, string, bool) {
+	if name, ok := strings.CutPrefix(file, BinaryName(Trainer, "")); ok && name != "" {
+		return Trainer, name, true
+	}
+	if name, ok := strings.CutPrefix(file, BinaryName(Averager, "")); ok && name != "" {
+		return Averager, name, true
+	}
+	return "", "", false
+}
+
+// verify checks path against its listed SHA-256, as go-plugin will before
+// running it.
+func verify(path string, sum []byte) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return fmt.Errorf("read %s: %w", path, err)
+	}
+	if !bytes.Equal(h.Sum(nil), sum) {
+		return fmt.Errorf("%s does not match its %s entry", path, SumsFile)
+	}
+	return nil
 }
 
 // listedChecksum returns bin's checksum from a SHA256SUMS file, nil when the
