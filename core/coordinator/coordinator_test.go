@@ -299,8 +299,8 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 
 // Averager "cpu" meets at a reduce server: without one given the
 // coordinator starts its own on the control listener's host and hands its
-// address out; a given one's endpoint is what Admit carries, and it hears
-// of every death.
+// address out; a given one's endpoint is what Admit carries (that it hears
+// of deaths is checked in TestDeadRankRedistributed).
 func TestAveragingEndpoint(t *testing.T) {
 	cfg := testConfig(t)
 	cfg.Averager = config.Plugin{Name: "cpu", Settings: []byte(`{}`)}

@@ -10,6 +10,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/cohortdl/cohort/core/config"
 	cohortv1 "github.com/cohortdl/cohort/shared/proto/cohort/v1"
 )
 
@@ -31,7 +32,11 @@ func TestDeadRankRedistributed(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := testConfig(t)
 			cfg.Coordinator.HeartbeatTimeout = time.Second
-			h := newHarness(t, cfg, nil)
+			// Averager "cpu" meets at a reduce server, which must hear of
+			// the death too (the scripted ranks average nothing).
+			cfg.Averager = config.Plugin{Name: "cpu", Settings: []byte(`{}`)}
+			red := &fixedEndpoint{addr: "127.0.0.1:1"}
+			h := newHarness(t, cfg, func(o *Options) { o.ReduceServer = red })
 			ranks := h.startAll(func(r uint32) rankScript {
 				if r == 2 {
 					return tc.script
@@ -40,6 +45,11 @@ func TestDeadRankRedistributed(t *testing.T) {
 			})
 			sum := h.mustComplete()
 			h.ledger.checkExactlyOnce(t, 2, 96)
+			red.mu.Lock()
+			if !slices.Equal(red.dead, []uint32{2}) {
+				t.Errorf("reduce server told of deaths %v, want [2]", red.dead)
+			}
+			red.mu.Unlock()
 
 			if len(sum.MembershipEvents) != 1 {
 				t.Fatalf("membership events %+v, want one", sum.MembershipEvents)
