@@ -1,7 +1,7 @@
 // Command cohort-trainer-libtorch is cohort's trainer plugin over libtorch.
 //
 // The Go side (this package) parses the settings, reads the data (IDX and
-// .npy, bounds-checked), derives each plan's samples from Plan.Picks, maps
+// .npy, bounds-checked), derives each plan's samples through plugin.Picker, maps
 // the arena and checkpoints; the model, its optimizer and every tensor op
 // live in libcohort_torch_shim.so, a thin C++ library over libtorch that this
 // binary dlopens at run time (libdl only: no link-time libtorch). The shim is

@@ -374,7 +374,7 @@ func (t *Trainer) Attach(_ context.Context, d arena.Descriptor) (bool, error) {
 	return zc, nil
 }
 
-// Train runs the plan's picks (Plan.Picks; pick p trains sample
+// Train runs the plan's picks (plugin.Picker; pick p trains sample
 // p % samples) in batches of batch_size, the last one possibly short,
 // reporting after every batch. ctx is checked between batches.
 func (t *Trainer) Train(ctx context.Context, plan plugin.Plan, report func(plugin.BatchReport) error) error {

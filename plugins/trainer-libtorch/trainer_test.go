@@ -621,7 +621,7 @@ func TestBadInputsAreErrors(t *testing.T) {
 }
 
 // TestPlanPicksAreTrained: the samples trained are exactly the plan's
-// Plan.Picks(), pick p training sample p % samples, in batches.
+// the plan's slice of plugin.Permutation, pick p training sample p % samples, in batches.
 func TestPlanPicksAreTrained(t *testing.T) {
 	tr := newTestTrainer(t)
 	setup := configure(t, tr, merge(synthData(t, 512, 8, 3), map[string]any{"threads": 1, "batch_size": 50}))
