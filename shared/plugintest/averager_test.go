@@ -399,27 +399,44 @@ func TestAveragerAbortAndNewSession(t *testing.T) {
 
 func TestAveragerShutdownEndsRound(t *testing.T) {
 	_, ranks := avgGroup(t, 2, DefaultAveragerSettings())
+	a := ranks[0].avg
 	errc := make(chan error, 1)
 	go func() {
-		_, err := ranks[0].avg.Average(context.Background(), plugin.Round{Round: 0, Steps: 1})
+		_, err := a.Average(context.Background(), plugin.Round{Round: 0, Steps: 1})
 		errc <- err
 	}()
-	time.Sleep(30 * time.Millisecond)
-	if _, err := ranks[0].avg.Average(context.Background(), plugin.Round{Round: 0, Steps: 1}); err == nil || !strings.Contains(err.Error(), "in flight") {
+	// The round is in flight once its contribution is on disk: it then
+	// waits for rank 1, which never comes.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, err := os.Stat(a.rankFile(0, 0)); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("rank 0's round never wrote its contribution")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if _, err := a.Average(context.Background(), plugin.Round{Round: 0, Steps: 1}); err == nil || !strings.Contains(err.Error(), "in flight") {
 		t.Errorf("a second concurrent round: %v, want refused", err)
 	}
-	if err := ranks[0].avg.Shutdown(context.Background()); err != nil {
+	if err := a.Shutdown(context.Background()); err != nil {
 		t.Fatal(err)
 	}
+	// Shutdown must not return while the round still holds the averager.
+	if !a.roundMu.TryLock() {
+		t.Fatal("Shutdown returned before the round it ended")
+	}
+	a.roundMu.Unlock()
 	select {
 	case err := <-errc:
 		if !errors.Is(err, ErrAborted) {
 			t.Errorf("round ended by Shutdown: %v, want ErrAborted", err)
 		}
-	default:
-		t.Fatal("Shutdown returned before the round it ended")
+	case <-time.After(10 * time.Second):
+		t.Fatal("the round ended by Shutdown never returned")
 	}
-	if _, err := ranks[0].avg.Average(context.Background(), plugin.Round{Round: 1, Steps: 1}); err == nil || !strings.Contains(err.Error(), "not configured") {
+	if _, err := a.Average(context.Background(), plugin.Round{Round: 1, Steps: 1}); err == nil || !strings.Contains(err.Error(), "not configured") {
 		t.Errorf("a round after Shutdown: %v, want not configured", err)
 	}
 }
