@@ -115,13 +115,15 @@ func ClientHandshake(ctx context.Context, nc net.Conn, keys Keys, hello Hello, o
 			}
 			return fmt.Errorf("wire: read ack from %s: got %d of %d bytes: %w", nc.RemoteAddr(), n, ackSize, ioErr(ctx, err))
 		}
+		// Verified here, so a bad ack is reported as such even when the
+		// coordinator hung up right after it and clearing the deadline fails.
+		if err := verifyAck(ab[:], hb[:], keys.handshake); err != nil {
+			return fmt.Errorf("wire: handshake with %s: %w", nc.RemoteAddr(), err)
+		}
 		return nil
 	})
 	if err != nil {
 		return nil, err
-	}
-	if err := verifyAck(ab[:], hb[:], keys.handshake); err != nil {
-		return nil, fmt.Errorf("wire: handshake with %s: %w", nc.RemoteAddr(), err)
 	}
 	return newConn(nc, keys, hello, hb[:], dirToCoord, o), nil
 }

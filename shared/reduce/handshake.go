@@ -250,6 +250,7 @@ func ClientHandshake(ctx context.Context, nc net.Conn, k Keys, h Hello, opts Opt
 	}
 	hb := encodeHello(h, nonce, k.hs)
 	var ab [AckSize]byte
+	var st Status
 	err = withDeadline(ctx, nc, opts.Timeout, func() error {
 		if _, err := nc.Write(hb[:]); err != nil {
 			return fmt.Errorf("reduce: send hello to %s: %w", nc.RemoteAddr(), err)
@@ -261,14 +262,21 @@ func ClientHandshake(ctx context.Context, nc net.Conn, k Keys, h Hello, opts Opt
 			}
 			return fmt.Errorf("reduce: read ack from %s: got %d of %d bytes: %w", nc.RemoteAddr(), n, AckSize, err)
 		}
+		// Decoded here, so a bad ack or a refusal is reported as such even
+		// when the server hung up right after it and clearing the deadline
+		// fails.
+		var err error
+		if st, err = decodeAck(ab[:], hb[:], k); err != nil {
+			return fmt.Errorf("reduce: handshake with %s: %w", nc.RemoteAddr(), err)
+		}
 		return nil
 	})
-	if err != nil {
+	switch {
+	case err != nil && st != Accepted:
+		// A refusal outranks the failure to clear the deadline that follows
+		// the server's hang-up.
+	case err != nil:
 		return nil, err
-	}
-	st, err := decodeAck(ab[:], hb[:], k)
-	if err != nil {
-		return nil, fmt.Errorf("reduce: handshake with %s: %w", nc.RemoteAddr(), err)
 	}
 	if st != Accepted {
 		return nil, fmt.Errorf("%w: server %s refused rank %d: %w", ErrRefused, nc.RemoteAddr(), h.Rank, &Refusal{Status: st})
