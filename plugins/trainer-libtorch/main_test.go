@@ -40,7 +40,11 @@ func TestMain(m *testing.M) {
 			os.Setenv(shimEnv, path)
 		}
 	}
-	os.Exit(m.Run())
+	code := m.Run()
+	if scriptDir != "" {
+		os.RemoveAll(scriptDir) // scriptModels' directory outlives each test
+	}
+	os.Exit(code)
 }
 
 // buildShim runs shim.mk; skip is set when libtorch's headers are absent.
