@@ -181,10 +181,11 @@ func benchCohort(n int, elems int64, iters int, pluginPath, settings string) ([]
 		}
 	}
 	if err := parallel(n, func(r int) error {
-		return avgs[r].Configure(ctx, plugin.AveragerConfig{
+		_, err := avgs[r].Configure(ctx, plugin.AveragerConfig{
 			Rank: uint32(r), WorldSize: uint32(n), Arena: arenas[r].Descriptor(), Endpoint: srv.Addr(),
 			DataKey: key, Settings: json.RawMessage(settings), RunID: runID,
 		})
+		return err
 	}); err != nil {
 		return nil, fmt.Errorf("configure: %w", err)
 	}

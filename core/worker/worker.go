@@ -42,6 +42,7 @@ type worker struct {
 	// publish and save.
 	trainerReady bool
 	averager     plugin.Averager
+	avgTraits    plugin.AveragerTraits
 	avg          atomic.Pointer[plugin.Averager] // for the bridge and watchdog, once configured
 	sampler      *resources.Sampler
 	lastSample   atomic.Pointer[cohortv1.ResourceSample]
@@ -226,7 +227,7 @@ func (w *worker) setUp(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("derive averaging data key: %w", err)
 	}
-	err = a.Configure(ctx, plugin.AveragerConfig{
+	w.avgTraits, err = a.Configure(ctx, plugin.AveragerConfig{
 		Rank:      w.o.Rank,
 		WorldSize: w.o.World,
 		Arena:     w.arena.Descriptor(),
@@ -326,6 +327,7 @@ func (w *worker) sendReady(ctx context.Context) error {
 		Trainer:        w.o.Trainer.Name,
 		Averager:       w.o.Averager.Name,
 		BatchSize:      w.setup.BatchSize,
+		SoloIdentity:   w.avgTraits.SoloIdentity,
 	})
 	if err != nil {
 		return fmt.Errorf("send Ready: %w", err)

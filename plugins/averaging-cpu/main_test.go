@@ -96,8 +96,9 @@ func runProcesses(t *testing.T, bin, host string) {
 		}
 	}
 	run(func(r int) error {
-		return avgs[r].Configure(ctx, plugin.AveragerConfig{Rank: uint32(r), WorldSize: world, Arena: maps[r].Descriptor(),
+		_, err := avgs[r].Configure(ctx, plugin.AveragerConfig{Rank: uint32(r), WorldSize: world, Arena: maps[r].Descriptor(),
 			Endpoint: srv.Addr(), DataKey: key, Settings: settings, RunID: "proc"})
+		return err
 	})
 	steps := []uint64{1, 0, 3} // rank 1 idle
 	run(func(r int) error {

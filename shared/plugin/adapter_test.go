@@ -182,15 +182,17 @@ func TestAveragerRoundTrip(t *testing.T) {
 				Settings: json.RawMessage(`{"gamma":1.0,"wire":"bf16"}`),
 				RunID:    "run-2024-06-01T12:00:00Z",
 			},
+			out: AveragerTraits{SoloIdentity: true},
 			invoke: func(ctx context.Context, c Averager, in any) (any, error) {
-				return nil, c.Configure(ctx, in.(AveragerConfig))
+				return c.Configure(ctx, in.(AveragerConfig))
 			},
 		},
 		{
 			name: "Configure/minimal", op: "Averager.Configure", method: "Configure",
-			in: AveragerConfig{WorldSize: 1, Arena: arena.Descriptor{Path: "/dev/shm/a"}},
+			in:  AveragerConfig{WorldSize: 1, Arena: arena.Descriptor{Path: "/dev/shm/a"}},
+			out: AveragerTraits{},
 			invoke: func(ctx context.Context, c Averager, in any) (any, error) {
-				return nil, c.Configure(ctx, in.(AveragerConfig))
+				return c.Configure(ctx, in.(AveragerConfig))
 			},
 		},
 		{
@@ -545,7 +547,7 @@ func TestInvalidLayouts(t *testing.T) {
 		t.Run("Averager.Configure/"+tc.name, func(t *testing.T) {
 			rec := &recorder{}
 			av := serveAverager(t, &fakeAverager{call: rec.call})
-			if err := av.Configure(context.Background(), AveragerConfig{Arena: tc.desc}); err == nil {
+			if _, err := av.Configure(context.Background(), AveragerConfig{Arena: tc.desc}); err == nil {
 				t.Fatal("invalid descriptor accepted")
 			} else if status.Code(err) != tc.code {
 				t.Errorf("error %q has code %v, want %v", err, status.Code(err), tc.code)

@@ -29,10 +29,11 @@ func (s *averagerServer) Configure(ctx context.Context, req *pb.AveragerConfigur
 	if err != nil {
 		return nil, invalidRequest("Configure", err)
 	}
-	if err := s.impl.Configure(ctx, cfg); err != nil {
+	traits, err := s.impl.Configure(ctx, cfg)
+	if err != nil {
 		return nil, statusError(err)
 	}
-	return &pb.AveragerConfigureResponse{}, nil
+	return &pb.AveragerConfigureResponse{SoloIdentity: traits.SoloIdentity}, nil
 }
 
 func (s *averagerServer) Average(ctx context.Context, req *pb.AverageRequest) (*pb.AverageResponse, error) {
@@ -104,14 +105,17 @@ func (c *averagerClient) Describe(ctx context.Context) (Description, error) {
 	return fromprotoDescription(resp), nil
 }
 
-func (c *averagerClient) Configure(ctx context.Context, cfg AveragerConfig) error {
+func (c *averagerClient) Configure(ctx context.Context, cfg AveragerConfig) (AveragerTraits, error) {
 	const op = "Averager.Configure"
 	req, err := toprotoAveragerConfig(cfg)
 	if err != nil {
-		return errors.New(op + ": " + err.Error())
+		return AveragerTraits{}, errors.New(op + ": " + err.Error())
 	}
-	_, err = c.rpc.Configure(ctx, req)
-	return callError(ctx, op, err)
+	resp, err := c.rpc.Configure(ctx, req)
+	if err != nil {
+		return AveragerTraits{}, callError(ctx, op, err)
+	}
+	return AveragerTraits{SoloIdentity: resp.GetSoloIdentity()}, nil
 }
 
 func (c *averagerClient) Average(ctx context.Context, r Round) (RoundResult, error) {

@@ -116,6 +116,17 @@ type AveragerConfig struct {
 	RunID    string
 }
 
+// AveragerTraits is what Configure tells the core about the averager's
+// rounds under its settings.
+type AveragerTraits struct {
+	// SoloIdentity: a round whose session has one member leaves the arena
+	// bit for bit as it is (a plain weighted mean, no outer optimizer), so
+	// the core skips the rounds of a cohort down to one rank. An averager
+	// whose lone round still changes something (an outer optimizer's step,
+	// say) must leave it false.
+	SoloIdentity bool
+}
+
 // Round asks for one averaging round.
 type Round struct {
 	Round uint64
@@ -155,7 +166,7 @@ type Session struct {
 // Averager merges the arena's parameters across ranks, in place.
 type Averager interface {
 	Describe(ctx context.Context) (Description, error)
-	Configure(ctx context.Context, cfg AveragerConfig) error
+	Configure(ctx context.Context, cfg AveragerConfig) (AveragerTraits, error)
 	// Average runs one round; it returns when the arena holds the result.
 	Average(ctx context.Context, r Round) (RoundResult, error)
 	NewSessionID(ctx context.Context) ([]byte, error)

@@ -119,9 +119,9 @@ func (f *fakeAverager) Describe(ctx context.Context) (Description, error) {
 	return as[Description](out), err
 }
 
-func (f *fakeAverager) Configure(ctx context.Context, cfg AveragerConfig) error {
-	_, err := f.call(ctx, "Configure", cfg)
-	return err
+func (f *fakeAverager) Configure(ctx context.Context, cfg AveragerConfig) (AveragerTraits, error) {
+	out, err := f.call(ctx, "Configure", cfg)
+	return as[AveragerTraits](out), err
 }
 
 func (f *fakeAverager) Average(ctx context.Context, r Round) (RoundResult, error) {

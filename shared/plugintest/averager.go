@@ -181,19 +181,19 @@ func hash64(b []byte) uint64 {
 
 // Configure maps the arena, creates the rendezvous directory when missing
 // and starts session generation 0 with members 0..WorldSize-1.
-func (a *Averager) Configure(_ context.Context, cfg plugin.AveragerConfig) error {
+func (a *Averager) Configure(_ context.Context, cfg plugin.AveragerConfig) (plugin.AveragerTraits, error) {
 	if cfg.WorldSize == 0 || cfg.Rank >= cfg.WorldSize {
-		return fmt.Errorf("mock averager: rank %d of a world of %d", cfg.Rank, cfg.WorldSize)
+		return plugin.AveragerTraits{}, fmt.Errorf("mock averager: rank %d of a world of %d", cfg.Rank, cfg.WorldSize)
 	}
 	if cfg.Endpoint == "" {
-		return errors.New("mock averager: no endpoint: it must be the rendezvous directory")
+		return plugin.AveragerTraits{}, errors.New("mock averager: no endpoint: it must be the rendezvous directory")
 	}
 	s, poll, err := parseAveragerSettings(cfg.Settings)
 	if err != nil {
-		return err
+		return plugin.AveragerTraits{}, err
 	}
 	if err := os.MkdirAll(cfg.Endpoint, 0o700); err != nil {
-		return fmt.Errorf("mock averager: rendezvous directory: %w", err)
+		return plugin.AveragerTraits{}, fmt.Errorf("mock averager: rendezvous directory: %w", err)
 	}
 	var floats []int
 	count := 0
@@ -205,7 +205,7 @@ func (a *Averager) Configure(_ context.Context, cfg plugin.AveragerConfig) error
 	}
 	m, err := arena.Open(cfg.Arena)
 	if err != nil {
-		return fmt.Errorf("mock averager: %w", err)
+		return plugin.AveragerTraits{}, fmt.Errorf("mock averager: %w", err)
 	}
 
 	a.roundMu.Lock()
@@ -230,7 +230,7 @@ func (a *Averager) Configure(_ context.Context, cfg plugin.AveragerConfig) error
 	a.configured, a.rank, a.members, a.gen, a.sessionHash = true, cfg.Rank, members, 0, hash64(nil)
 	a.renewAbortLocked("reconfigured")
 	a.logger.Debug("configured", "rank", cfg.Rank, "world", cfg.WorldSize, "dir", cfg.Endpoint, "floats", count)
-	return nil
+	return plugin.AveragerTraits{SoloIdentity: !s.LoneRounds}, nil
 }
 
 // renewAbortLocked aborts the current session's rounds and starts a new,

@@ -52,7 +52,7 @@ func avgGroup(t *testing.T, n int, settings AveragerSettings) (string, []*avgRan
 		a := newArena(t, layout)
 		fill(t, a.Mapping, r)
 		avg := NewAverager(nil)
-		if err := avg.Configure(context.Background(), plugin.AveragerConfig{
+		if _, err := avg.Configure(context.Background(), plugin.AveragerConfig{
 			Rank: uint32(r), WorldSize: uint32(n), Arena: a.Descriptor(), Endpoint: dir, Settings: settings.JSON(), RunID: "test-run",
 		}); err != nil {
 			t.Fatalf("rank %d Configure: %v", r, err)
@@ -524,7 +524,7 @@ func TestAveragerConfigErrors(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			cfg := ok
 			c.mutate(&cfg)
-			if err := NewAverager(nil).Configure(context.Background(), cfg); err == nil {
+			if _, err := NewAverager(nil).Configure(context.Background(), cfg); err == nil {
 				t.Fatalf("Configure(%+v) succeeded", cfg)
 			}
 		})
@@ -534,7 +534,7 @@ func TestAveragerConfigErrors(t *testing.T) {
 	if err := avg.NewSession(context.Background(), plugin.Session{NewWorldSize: 1, Members: []uint32{0}}); err == nil {
 		t.Error("NewSession before Configure succeeded")
 	}
-	if err := avg.Configure(context.Background(), ok); err != nil {
+	if _, err := avg.Configure(context.Background(), ok); err != nil {
 		t.Fatal(err)
 	}
 	defer avg.Shutdown(context.Background())
@@ -572,7 +572,7 @@ func TestTrainersAverageInProcess(t *testing.T) {
 		tr, setup := configure(t, uint32(r), world, seed, small())
 		trainers[r], arenas[r], samples = tr, attach(t, tr, setup), setup.Samples
 		avg := NewAverager(nil)
-		if err := avg.Configure(ctx, plugin.AveragerConfig{Rank: uint32(r), WorldSize: world, Arena: arenas[r].Descriptor(), Endpoint: dir}); err != nil {
+		if _, err := avg.Configure(ctx, plugin.AveragerConfig{Rank: uint32(r), WorldSize: world, Arena: arenas[r].Descriptor(), Endpoint: dir}); err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { avg.Shutdown(ctx) })

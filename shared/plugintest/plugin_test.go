@@ -225,12 +225,12 @@ func TestPluginAveragerRPCs(t *testing.T) {
 		fill(t, arenas[i].Mapping, i)
 		s := DefaultAveragerSettings()
 		s.Gamma = 0.5
-		if err := a.Configure(ctx, plugin.AveragerConfig{Rank: uint32(i), WorldSize: 2, Arena: arenas[i].Descriptor(),
+		if _, err := a.Configure(ctx, plugin.AveragerConfig{Rank: uint32(i), WorldSize: 2, Arena: arenas[i].Descriptor(),
 			Endpoint: dir, DataKey: []byte("k"), Settings: s.JSON(), RunID: "rpc"}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := remote.Configure(ctx, plugin.AveragerConfig{Rank: 0, WorldSize: 2, Arena: arenas[0].Descriptor(), Settings: []byte(`{"gamma": -2}`)}); err == nil {
+	if _, err := remote.Configure(ctx, plugin.AveragerConfig{Rank: 0, WorldSize: 2, Arena: arenas[0].Descriptor(), Settings: []byte(`{"gamma": -2}`)}); err == nil {
 		t.Error("Configure with a bad config succeeded")
 	}
 	round := func(r uint64, steps ...uint64) []plugin.RoundResult {
@@ -431,7 +431,7 @@ func dataPlaneRank(t *testing.T, r int, tr plugin.Trainer, av plugin.Averager, s
 	if _, err := tr.Attach(ctx, a.Descriptor()); err != nil {
 		return nil, err
 	}
-	if err := av.Configure(ctx, plugin.AveragerConfig{Rank: uint32(r), WorldSize: 2, Arena: a.Descriptor(), Endpoint: dir}); err != nil {
+	if _, err := av.Configure(ctx, plugin.AveragerConfig{Rank: uint32(r), WorldSize: 2, Arena: a.Descriptor(), Endpoint: dir}); err != nil {
 		return nil, err
 	}
 	plan := plugin.Plan{Seed: 17, PickSpace: s.Samples, PartitionOffset: uint64(r) * 2, PartitionSize: 2}

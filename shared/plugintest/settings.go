@@ -141,6 +141,10 @@ type AveragerSettings struct {
 	// Poll is a time.Duration string: how often a waiting round looks for
 	// its peers' files.
 	Poll string `json:"poll"`
+	// LoneRounds makes Configure deny that a lone rank's round is the
+	// identity (it is, for this plain mean), so the core runs the rounds of
+	// a one-rank cohort instead of skipping them: for testing that path.
+	LoneRounds bool `json:"lone_rounds"`
 }
 
 // DefaultAveragerSettings are the settings of an empty config block.

@@ -69,6 +69,13 @@ func (a *Apply) Run(st *Stats) {
 	n := len(a.Dst[0])
 	blend := a.Blend > 0 && a.Blend < 1
 	mean := a.ConsF32 == nil && a.ConsBF16 == nil && a.Weights != nil
+	root := a.Root
+	if j, ok := sole(a.Weights); mean && ok {
+		// The mean of one contributor is its values, exactly: x·w·(1/w)
+		// in float32 is not always x, and a lone rank's round must leave
+		// its arena as it was.
+		mean, root = false, j
+	}
 	if mean && len(a.Dst) == 2 && a.Outer.Kind == OuterNone && !blend {
 		// Two ranks fit one pass in registers.
 		fused2(a.Dst[0], a.Dst[1], float32(a.Weights[0]), float32(a.Weights[1]), float32(a.Scale), st)
@@ -90,7 +97,7 @@ func (a *Apply) Run(st *Stats) {
 		case mean:
 			ws.sum(v, b, e)
 		default:
-			copy(v, a.Dst[a.Root][b:e])
+			copy(v, a.Dst[root][b:e])
 		}
 		switch {
 		case mean && a.Outer.Kind == OuterNone:
@@ -127,6 +134,20 @@ func (a *Apply) Run(st *Stats) {
 			st.Pre2[j] += float64(p0)
 		}
 	}
+}
+
+// sole reports the index of the only non-zero weight, if exactly one is.
+func sole(w []float64) (int, bool) {
+	at := -1
+	for j, x := range w {
+		if x != 0 {
+			if at >= 0 {
+				return 0, false
+			}
+			at = j
+		}
+	}
+	return at, at >= 0
 }
 
 // fused2 is Run for two destinations and plain weights, in one pass:

@@ -3,6 +3,7 @@ package numeric
 import (
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 )
 
@@ -84,6 +85,7 @@ func TestApplyWeightedMean(t *testing.T) {
 		{"idle ranks", 777, []float64{0, 5, 0, 2}},
 		{"gamma", 2049, []float64{math.Sqrt(3), math.Sqrt(7)}},
 		{"one", 10, []float64{4}},
+		{"one of three", 1031, []float64{0, 3, 0}},
 		{"three", 999, []float64{1, 0, 2}},
 		{"six", 1500, []float64{1, 2, 0, 4, 5, 6}},
 		{"nine", 700, []float64{1, 1, 1, 1, 1, 1, 1, 1, 3}},
@@ -121,6 +123,10 @@ func TestApplyWeightedMean(t *testing.T) {
 			if rel := math.Sqrt(d2 / r2); rel > 1e-6 {
 				t.Fatalf("relative error %.3g", rel)
 			}
+			if j, ok := soleNonZero(tc.weights); ok && !slices.Equal(dst[0], pre[j]) {
+				// A lone rank's round is skipped on the strength of this.
+				t.Fatalf("the mean of contributor %d alone is not its values bit for bit", j)
+			}
 			for j := range dst {
 				for i := range ref {
 					if dst[j][i] != dst[0][i] {
@@ -142,6 +148,19 @@ func TestApplyWeightedMean(t *testing.T) {
 			}
 		})
 	}
+}
+
+func soleNonZero(w []float64) (int, bool) {
+	at := -1
+	for j, x := range w {
+		if x != 0 {
+			if at >= 0 {
+				return 0, false
+			}
+			at = j
+		}
+	}
+	return at, at >= 0
 }
 
 func near(a, b, rel float64) bool { return math.Abs(a-b) <= rel*math.Max(math.Abs(b), 1e-30) }

@@ -83,7 +83,7 @@ func (a *Averager) Describe(context.Context) (plugin.Description, error) {
 // with keys derived from cfg.DataKey and announces where its arena lives.
 // A second Configure replaces the first. It starts a new session: a
 // previous Abort no longer applies.
-func (a *Averager) Configure(ctx context.Context, cfg plugin.AveragerConfig) error {
+func (a *Averager) Configure(ctx context.Context, cfg plugin.AveragerConfig) (plugin.AveragerTraits, error) {
 	a.opMu.Lock()
 	defer a.opMu.Unlock()
 	if a.c != nil {
@@ -92,7 +92,7 @@ func (a *Averager) Configure(ctx context.Context, cfg plugin.AveragerConfig) err
 	}
 	c, err := newClient(ctx, a.log, cfg)
 	if err != nil {
-		return err
+		return plugin.AveragerTraits{}, err
 	}
 	a.c = c
 	a.mu.Lock()
@@ -101,7 +101,7 @@ func (a *Averager) Configure(ctx context.Context, cfg plugin.AveragerConfig) err
 	a.sessGen = 0
 	a.resetAbortLocked()
 	a.mu.Unlock()
-	return nil
+	return plugin.AveragerTraits{SoloIdentity: c.cfg.soloIdentity()}, nil
 }
 
 func (a *Averager) resetAbortLocked() {

@@ -485,3 +485,57 @@ func writeFile(t *testing.T, p string, b []byte) {
 		t.Fatal(err)
 	}
 }
+
+// TestSoloIdentity holds Configure's SoloIdentity to the truth: on a cohort
+// of one rank, whose values move between rounds as training moves them,
+// rounds leave the arena bit for bit as they found it exactly when
+// Configure said so. The core skips a lone rank's rounds on that word.
+func TestSoloIdentity(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		set  map[string]any
+		want bool
+	}{
+		{"defaults", nil, true},
+		{"gamma and easgd", map[string]any{"gamma": 0.5, "easgd_alpha": 0.3}, true},
+		{"own host over tcp", map[string]any{"host": "rank"}, true},
+		{"bf16 wire", map[string]any{"wire": "bf16", "host": "rank"}, true},
+		{"slowmo", map[string]any{"outer": "slowmo"}, false},
+		{"diloco", map[string]any{"outer": "diloco"}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newCohort(t, cohortOpts{world: 1, settings: []map[string]any{tc.set}})
+			if traits := c.traits[0]; traits.SoloIdentity != tc.want {
+				t.Fatalf("SoloIdentity = %v, want %v", traits.SoloIdentity, tc.want)
+			}
+			c.fill(7)
+			identity := true
+			for round := range 4 {
+				// Training between rounds.
+				for i, e := range c.layout.Entries {
+					if e.DType == arena.F32 {
+						f, _ := c.maps[0].Float32s(i)
+						for k := range f {
+							f[k] += 0.01 * float32(round+k%5)
+						}
+					}
+				}
+				pre := c.snapshot()
+				if _, err := c.avgs[0].Average(t.Context(), plugin.Round{Round: uint64(round), Steps: 3}); err != nil {
+					t.Fatalf("round %d: %v", round, err)
+				}
+				post := c.snapshot()
+				for i := range pre[0] {
+					for k := range pre[0][i] {
+						if math.Float32bits(pre[0][i][k]) != math.Float32bits(post[0][i][k]) {
+							identity = false
+						}
+					}
+				}
+			}
+			if identity != tc.want {
+				t.Errorf("lone rounds left the arena as it was: %v; Configure said %v", identity, tc.want)
+			}
+		})
+	}
+}

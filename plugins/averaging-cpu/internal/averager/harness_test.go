@@ -53,6 +53,7 @@ type cohort struct {
 	layout arena.Layout
 	maps   []*arena.Mapping
 	avgs   []*Averager
+	traits []plugin.AveragerTraits // what each rank's Configure said
 }
 
 type cohortOpts struct {
@@ -96,6 +97,7 @@ func newCohort(t testing.TB, o cohortOpts) *cohort {
 	})
 	c.maps = make([]*arena.Mapping, o.world)
 	c.avgs = make([]*Averager, o.world)
+	c.traits = make([]plugin.AveragerTraits, o.world)
 	for r := 0; r < o.world; r++ {
 		c.maps[r] = makeArena(t, c.dir, r, c.layout)
 	}
@@ -110,7 +112,7 @@ func newCohort(t testing.TB, o cohortOpts) *cohort {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			errs[r] = c.avgs[r].Configure(context.Background(), c.config(r, set))
+			c.traits[r], errs[r] = c.avgs[r].Configure(context.Background(), c.config(r, set))
 		}()
 	}
 	wg.Wait()

@@ -155,6 +155,15 @@ func parseSettings(raw json.RawMessage) (config, error) {
 	return c, nil
 }
 
+// soloIdentity reports whether a round with one member leaves the arena as
+// it is: the weighted mean of one contributor is its own values exactly
+// (numeric.Apply copies them), an EASGD blend towards them moves nothing, and
+// a lone member is a host of its own, so no wire format touches its values.
+// An outer optimizer still steps.
+func (c config) soloIdentity() bool {
+	return c.outer.Kind == numeric.OuterNone
+}
+
 // digest fingerprints the settings that must be equal across the cohort.
 func (c config) digest() [16]byte {
 	s := fmt.Sprintf("gamma=%v wire=%v alpha=%v outer=%v lr=%v mu=%v", c.gamma, c.wire, c.alpha, c.outer.Kind, c.outer.LR, c.outer.Mu)

@@ -81,7 +81,7 @@ func TestConfigureErrors(t *testing.T) {
 	} {
 		x := cfg
 		tc.mod(&x)
-		err := New(nil).Configure(t.Context(), x)
+		_, err := New(nil).Configure(t.Context(), x)
 		if err == nil || !strings.Contains(err.Error(), tc.err) {
 			t.Errorf("%s: %v, want %q", tc.name, err, tc.err)
 		}

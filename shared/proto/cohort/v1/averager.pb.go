@@ -123,7 +123,11 @@ func (x *AveragerConfigureRequest) GetRunId() string {
 }
 
 type AveragerConfigureResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// A round whose session has this rank alone leaves the arena bit for bit
+	// as it is (a plain weighted mean, no outer optimizer): the core may skip
+	// a lone rank's rounds.
+	SoloIdentity  bool `protobuf:"varint,1,opt,name=solo_identity,json=soloIdentity,proto3" json:"solo_identity,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -156,6 +160,13 @@ func (x *AveragerConfigureResponse) ProtoReflect() protoreflect.Message {
 // Deprecated: Use AveragerConfigureResponse.ProtoReflect.Descriptor instead.
 func (*AveragerConfigureResponse) Descriptor() ([]byte, []int) {
 	return file_cohort_v1_averager_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *AveragerConfigureResponse) GetSoloIdentity() bool {
+	if x != nil {
+		return x.SoloIdentity
+	}
+	return false
 }
 
 type AverageRequest struct {
@@ -668,8 +679,9 @@ const file_cohort_v1_averager_proto_rawDesc = "" +
 	"\bendpoint\x18\x04 \x01(\tR\bendpoint\x12\x19\n" +
 	"\bdata_key\x18\x05 \x01(\fR\adataKey\x12#\n" +
 	"\rsettings_json\x18\x06 \x01(\fR\fsettingsJson\x12\x15\n" +
-	"\x06run_id\x18\a \x01(\tR\x05runId\"\x1b\n" +
-	"\x19AveragerConfigureResponse\"n\n" +
+	"\x06run_id\x18\a \x01(\tR\x05runId\"@\n" +
+	"\x19AveragerConfigureResponse\x12#\n" +
+	"\rsolo_identity\x18\x01 \x01(\bR\fsoloIdentity\"n\n" +
 	"\x0eAverageRequest\x12\x14\n" +
 	"\x05round\x18\x01 \x01(\x04R\x05round\x12\x14\n" +
 	"\x05steps\x18\x02 \x01(\x04R\x05steps\x12\x1c\n" +

@@ -1234,10 +1234,13 @@ type Ready struct {
 	ParameterCount uint64                 `protobuf:"varint,4,opt,name=parameter_count,json=parameterCount,proto3" json:"parameter_count,omitempty"`
 	ParameterBytes uint64                 `protobuf:"varint,5,opt,name=parameter_bytes,json=parameterBytes,proto3" json:"parameter_bytes,omitempty"`
 	// SHA-256 over the parameter layout (names, dtypes, shapes).
-	LayoutDigest  []byte `protobuf:"bytes,6,opt,name=layout_digest,json=layoutDigest,proto3" json:"layout_digest,omitempty"`
-	Trainer       string `protobuf:"bytes,7,opt,name=trainer,proto3" json:"trainer,omitempty"`
-	Averager      string `protobuf:"bytes,8,opt,name=averager,proto3" json:"averager,omitempty"`
-	BatchSize     uint32 `protobuf:"varint,9,opt,name=batch_size,json=batchSize,proto3" json:"batch_size,omitempty"`
+	LayoutDigest []byte `protobuf:"bytes,6,opt,name=layout_digest,json=layoutDigest,proto3" json:"layout_digest,omitempty"`
+	Trainer      string `protobuf:"bytes,7,opt,name=trainer,proto3" json:"trainer,omitempty"`
+	Averager     string `protobuf:"bytes,8,opt,name=averager,proto3" json:"averager,omitempty"`
+	BatchSize    uint32 `protobuf:"varint,9,opt,name=batch_size,json=batchSize,proto3" json:"batch_size,omitempty"`
+	// The averager's round alone is the identity (its Configure said so): the
+	// coordinator skips the rounds of a cohort down to this one rank.
+	SoloIdentity  bool `protobuf:"varint,10,opt,name=solo_identity,json=soloIdentity,proto3" json:"solo_identity,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1333,6 +1336,13 @@ func (x *Ready) GetBatchSize() uint32 {
 		return x.BatchSize
 	}
 	return 0
+}
+
+func (x *Ready) GetSoloIdentity() bool {
+	if x != nil {
+		return x.SoloIdentity
+	}
+	return false
 }
 
 type Batch struct {
@@ -2454,7 +2464,7 @@ const file_cohort_v1_wire_proto_rawDesc = "" +
 	"\x12averaging_endpoint\x18\x03 \x01(\tR\x11averagingEndpoint\x12\x1d\n" +
 	"\n" +
 	"resume_dir\x18\x04 \x01(\tR\tresumeDir\x12\x16\n" +
-	"\x06epochs\x18\x05 \x01(\x04R\x06epochs\"\xa4\x02\n" +
+	"\x06epochs\x18\x05 \x01(\x04R\x06epochs\"\xc9\x02\n" +
 	"\x05Ready\x12\x12\n" +
 	"\x04rank\x18\x01 \x01(\rR\x04rank\x12\x18\n" +
 	"\asamples\x18\x02 \x01(\x04R\asamples\x12!\n" +
@@ -2465,7 +2475,9 @@ const file_cohort_v1_wire_proto_rawDesc = "" +
 	"\atrainer\x18\a \x01(\tR\atrainer\x12\x1a\n" +
 	"\baverager\x18\b \x01(\tR\baverager\x12\x1d\n" +
 	"\n" +
-	"batch_size\x18\t \x01(\rR\tbatchSize\"\xb2\x02\n" +
+	"batch_size\x18\t \x01(\rR\tbatchSize\x12#\n" +
+	"\rsolo_identity\x18\n" +
+	" \x01(\bR\fsoloIdentity\"\xb2\x02\n" +
 	"\x05Batch\x12\x12\n" +
 	"\x04rank\x18\x01 \x01(\rR\x04rank\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x19\n" +
