@@ -375,3 +375,73 @@ func TestHostileFramesAreShrugged(t *testing.T) {
 		t.Error("the ignored frames were not logged")
 	}
 }
+
+// A cohort of one rank whose averager's lone round is the identity runs no
+// rounds after round 0; its plans grow to about 200 ms of its measured
+// batch time, and its next plan always waits queued behind the one it
+// trains. Without that word from the averager the rounds run. A trainer
+// without a test split is not asked to evaluate.
+func TestSoloCohort(t *testing.T) {
+	for _, tc := range []struct {
+		name         string
+		solo, noEval bool
+	}{
+		{"solo", true, false},
+		{"solo without test split", true, true},
+		{"lone rounds", false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := testConfig(t)
+			cfg.Run.Ranks = 1
+			h := newHarness(t, cfg, nil)
+			ranks := h.startAll(func(uint32) rankScript {
+				return rankScript{msPerBatch: 60 * time.Millisecond, solo: tc.solo, noEval: tc.noEval}
+			})
+			sum := h.mustComplete()
+			f := ranks[0]
+			h.ledger.checkExactlyOnce(t, 2, 96)
+			syncs := messagesOf[*cohortv1.Sync](f)
+			evals := messagesOf[*cohortv1.Evaluate](f)
+			steps := messagesOf[*cohortv1.SetGlobalStep](f)
+			f.mu.Lock()
+			plans := slices.Clone(f.plans)
+			f.mu.Unlock()
+			if len(steps) == 0 || steps[len(steps)-1].GetGlobalStep() != 24 {
+				t.Errorf("SetGlobalStep %v, want the last at 24 (2 epochs of 12 batches)", steps)
+			}
+			if tc.noEval != (len(evals) == 0) {
+				t.Errorf("%d Evaluate with a test split: %v", len(evals), !tc.noEval)
+			}
+			for _, e := range sum.Epochs {
+				if (e.Accuracy == nil) != tc.noEval {
+					t.Errorf("epoch %d accuracy %v", e.Epoch, e.Accuracy)
+				}
+			}
+			if !tc.solo {
+				if len(syncs) < 2 {
+					t.Fatalf("lone rounds: %d Sync, want rounds after round 0", len(syncs))
+				}
+				return
+			}
+			if len(syncs) != 1 || syncs[0].GetRound() != 0 {
+				t.Fatalf("Sync %v, want round 0 only", syncs)
+			}
+			grown := false
+			for i, p := range plans {
+				last := i == len(plans)-1 || plans[i+1].epoch != p.epoch
+				// 200 ms of 60 ms batches of 8 samples: 3 batches, once
+				// batch times are known; sync_every's 2 before.
+				if p.size > 24 || (i < 2 && p.size != 16) {
+					t.Errorf("plan %d: %d samples, want 16 before batch times are known, then at most 24", i, p.size)
+				}
+				grown = grown || p.size == 24
+				if !last && p.queued == 0 {
+					t.Errorf("plan %d (epoch %d, offset %d) finished with no plan queued behind it", i, p.epoch, p.offset)
+				}
+			}
+			if !grown {
+				t.Error("no plan grew to 200 ms of batches")
+			}
+		})
+	}
+}

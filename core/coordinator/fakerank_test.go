@@ -163,6 +163,10 @@ type rankScript struct {
 	failSave bool
 	// noHeartbeat turns the heartbeat goroutine off.
 	noHeartbeat bool
+	// solo: Ready says the averager's lone round is the identity.
+	solo bool
+	// noEval: Ready says the trainer has no test split.
+	noEval bool
 }
 
 // planRec is one plan a rank received.
@@ -172,6 +176,8 @@ type planRec struct {
 	offset uint64
 	size   uint64
 	window int // rounds completed on this rank before it ran
+	// queued is how many commands waited behind the plan when it finished.
+	queued int
 }
 
 // fakeRank is one scripted rank.
@@ -395,6 +401,9 @@ func (f *fakeRank) play(ctx context.Context) error {
 				beQuiet()
 			}
 		}
+		f.mu.Lock()
+		f.plans[len(f.plans)-1].queued = len(cmds)
+		f.mu.Unlock()
 		loss := 0.5
 		if s.junk {
 			loss = math.Inf(1)
@@ -425,7 +434,11 @@ func (f *fakeRank) play(ctx context.Context) error {
 			f.mu.Lock()
 			f.admit = v
 			f.mu.Unlock()
-			ready := &cohortv1.Ready{Rank: f.id, Samples: samples, LayoutDigest: digest, BatchSize: uint32(batch), Trainer: "scripted", Averager: "scripted"}
+			ready := &cohortv1.Ready{Rank: f.id, Samples: samples, EvalSamples: 32, LayoutDigest: digest, BatchSize: uint32(batch),
+				Trainer: "scripted", Averager: "scripted", SoloIdentity: s.solo}
+			if s.noEval {
+				ready.EvalSamples = 0
+			}
 			err = send(ready)
 			if s.junk && err == nil {
 				err = sendJunk(ready)

@@ -13,6 +13,13 @@ import (
 func (r *runner) endEpoch() {
 	r.phase = phEval
 	r.work = nil
+	if live := r.live(); len(live) > 0 && r.ranks[live[0]].ready.GetEvalSamples() == 0 {
+		// The trainers hold no test split (every rank loads the same data):
+		// asking would only fail.
+		r.log.Debug("no evaluation: the trainer has no test split", "epoch", r.epoch)
+		r.closeEpoch()
+		return
+	}
 	r.sendEvaluate()
 }
 
@@ -47,6 +54,11 @@ func (r *runner) onEvalResult(rs *rankState, m *cohortv1.EvalResult) {
 			r.agg.accuracy = &a
 		}
 	}
+	r.closeEpoch()
+}
+
+// closeEpoch records the evaluated epoch, then checkpoints or moves on.
+func (r *runner) closeEpoch() {
 	r.recordEpoch()
 	if every := r.cfg.Coordinator.CheckpointEvery; every > 0 && (r.epoch+1)%uint64(every) == 0 {
 		r.beginCheckpoint()

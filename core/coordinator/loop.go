@@ -59,6 +59,8 @@ type rankState struct {
 	lastMetrics time.Time
 	batches     uint64
 	samples     uint64
+	// batchMS is a moving average of the rank's reported batch times.
+	batchMS float64
 }
 
 // round is an averaging round in flight.

@@ -29,6 +29,9 @@ func (r *runner) asyncChunk() uint64 {
 
 // stepTraining makes one move of the training phase.
 func (r *runner) stepTraining() bool {
+	if r.round == nil && r.reissue == nil && r.work != nil && r.solo() {
+		return r.stepSolo()
+	}
 	if !r.windowed() && r.work != nil && !r.stopReq && r.round == nil {
 		// Async: idle ranks get their next chunk at once (during a round
 		// they get it with the round's Update).
@@ -92,6 +95,58 @@ func (r *runner) stepTraining() bool {
 		}
 		r.issueRound(cohortv1.SyncMode_SYNC_MODE_AVERAGE, 0, false)
 		return true
+	}
+	if r.stopReq {
+		r.beginSave(cohortv1.ShutdownReason_SHUTDOWN_REASON_INTERRUPTED, ReasonInterrupted, StatusStopped, nil)
+		return true
+	}
+	r.endEpoch()
+	return true
+}
+
+// solo reports whether the cohort is down to one rank whose averager said
+// a round alone leaves its arena as it is (Ready.solo_identity): rounds
+// would change nothing, so there are none.
+func (r *runner) solo() bool {
+	live := r.live()
+	return len(live) == 1 && r.session == nil && r.ranks[live[0]].ready.GetSoloIdentity()
+}
+
+// soloPlanTime is about how much training a solo plan holds. With no round
+// to bound it, a plan's size only bounds how soon a stop takes effect (the
+// plan in training and the one queued behind it finish first), while each
+// plan costs a Train call through the plugin boundary.
+const soloPlanTime = 200 * time.Millisecond
+
+// stepSolo moves a solo cohort: no rounds, and plans of at least
+// sync_every batches (about soloPlanTime of the rank's measured batch time)
+// with the next one always queued behind the one the rank trains, so it
+// never waits on the coordinator between plans. Where a round would close
+// the work (the rank idle with batches since the last one) the checkpoint
+// snapshot and the global step are brought up to date as a round would.
+func (r *runner) stepSolo() bool {
+	id := r.live()[0]
+	rs := r.ranks[id]
+	if !r.stopReq && len(rs.outstanding) < 2 {
+		batches := uint64(r.cfg.Coordinator.SyncEvery)
+		if rs.batchMS > 0 {
+			batches = max(batches, uint64(float64(soloPlanTime/time.Millisecond)/rs.batchMS))
+		}
+		if c := r.work.take(id, batches*r.batch); c.Size > 0 {
+			r.deliver([]uint32{id}, map[uint32]*plan{id: {epoch: r.epoch, rng: c}}, nil)
+			return true
+		}
+	}
+	if len(rs.outstanding) > 0 {
+		return false
+	}
+	if r.win != nil {
+		r.closeWindow() // opened before the cohort was down to this rank
+	}
+	if rs.sinceRound > 0 {
+		rs.sinceRound = 0
+		r.snap = r.progressNow()
+		r.broadcast(&cohortv1.SetGlobalStep{GlobalStep: r.globalStep()})
 	}
 	if r.stopReq {
 		r.beginSave(cohortv1.ShutdownReason_SHUTDOWN_REASON_INTERRUPTED, ReasonInterrupted, StatusStopped, nil)
@@ -320,6 +375,12 @@ func (r *runner) onBatch(rs *rankState, m *cohortv1.Batch) {
 	rs.sinceRound++
 	rs.batches++
 	rs.samples += n
+	if ms := m.GetBatchMs(); finite(ms) && ms > 0 {
+		if rs.batchMS == 0 {
+			rs.batchMS = ms
+		}
+		rs.batchMS += 0.2 * (ms - rs.batchMS)
+	}
 	if r.cad != nil {
 		r.cad.observe(rs.id, m.GetBatchMs())
 	}

@@ -22,8 +22,10 @@ type loopState struct {
 	// plans run in order; extensions go first (see extend).
 	plans     []queuedPlan
 	throttled bool
-	// globalStep is the coordinator's last SetGlobalStep, passed to Train.
+	// globalStep is the coordinator's last SetGlobalStep; stepFresh says
+	// the next plan has not passed it to Train yet.
 	globalStep uint64
+	stepFresh  bool
 	// role is the epoch-callback rank, once the coordinator named one.
 	role *uint32
 	// fired is the epoch whose first plan last fired the callback check.
@@ -117,7 +119,7 @@ func (w *worker) handle(ctx context.Context, c command) (exit, clean bool, err e
 		w.throttled = true
 		w.log.Debug("throttled")
 	case *cohortv1.SetGlobalStep:
-		w.globalStep = m.GetGlobalStep()
+		w.globalStep, w.stepFresh = m.GetGlobalStep(), true
 	case *cohortv1.Checkpoint:
 		if m.GetTargetRank() == w.o.Rank {
 			err = w.checkpoint(ctx, m)
@@ -197,7 +199,11 @@ type planStats struct {
 func (w *worker) runNextPlan(ctx context.Context) error {
 	p := w.plans[0].plan
 	w.plans = w.plans[1:]
-	p.GlobalStep = w.globalStep
+	// Passed once: between SetGlobalSteps the trainer counts on from it (a
+	// cohort of one rank runs many plans without a round).
+	if w.stepFresh {
+		p.GlobalStep, w.stepFresh = w.globalStep, false
+	}
 
 	w.endWait(time.Now())
 	defer func() { w.beginWait(time.Now()) }()

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -769,5 +770,62 @@ func TestStopAbortsStalledRound(t *testing.T) {
 	expect[*cohortv1.Exiting](l)
 	if err := run.wait(frameWait); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// stepTrainer is the mock trainer that records each plan's GlobalStep.
+type stepTrainer struct {
+	*plugintest.Trainer
+	mu    sync.Mutex
+	steps []uint64
+}
+
+func (s *stepTrainer) Train(ctx context.Context, p plugin.Plan, report func(plugin.BatchReport) error) error {
+	s.mu.Lock()
+	s.steps = append(s.steps, p.GlobalStep)
+	s.mu.Unlock()
+	return s.Trainer.Train(ctx, p, report)
+}
+
+// TestGlobalStepPassedOnce: a SetGlobalStep reaches the trainer with the
+// next plan only; the plans after it carry 0, so the trainer counts on
+// from it instead of going back to it at every plan (a one-rank cohort
+// runs many plans between SetGlobalSteps). Ready passes on the averager's
+// SoloIdentity.
+func TestGlobalStepPassedOnce(t *testing.T) {
+	for _, lone := range []bool{false, true} {
+		c := newCoordinator(t)
+		o := c.options(0, 1, trainerSettings())
+		tr := &stepTrainer{Trainer: plugintest.NewTrainer(nil)}
+		o.Plugins = worker.InProcess(tr, plugintest.NewAverager(nil))
+		if lone {
+			s := plugintest.DefaultAveragerSettings()
+			s.LoneRounds = true
+			o.Averager.Settings = s.JSON()
+		}
+		run := start(t, o)
+		l := c.accept(&cohortv1.Admit{RunId: "steps", Seed: 3, AveragingEndpoint: t.TempDir()})
+		if r := expect[*cohortv1.Ready](l); r.GetSoloIdentity() == lone {
+			t.Fatalf("lone_rounds %v: Ready.solo_identity = %v", lone, r.GetSoloIdentity())
+		}
+		l.send(&cohortv1.SetGlobalStep{GlobalStep: 40})
+		for i := range 3 {
+			l.send(&cohortv1.StartEpoch{Plan: plan(0, uint64(32*i), 32, 3, 256)})
+			expectPlan(l, 2)
+		}
+		l.send(&cohortv1.SetGlobalStep{GlobalStep: 77})
+		l.send(&cohortv1.StartEpoch{Plan: plan(0, 96, 32, 3, 256)})
+		expectPlan(l, 2)
+		l.send(&cohortv1.Shutdown{})
+		expect[*cohortv1.Exiting](l)
+		if err := run.wait(frameWait); err != nil {
+			t.Fatal(err)
+		}
+		tr.mu.Lock()
+		got := slices.Clone(tr.steps)
+		tr.mu.Unlock()
+		if want := []uint64{40, 0, 0, 77}; !slices.Equal(got, want) {
+			t.Errorf("plans' global steps %v, want %v", got, want)
+		}
 	}
 }

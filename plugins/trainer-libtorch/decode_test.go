@@ -232,3 +232,25 @@ func FuzzDecodeNPY(f *testing.F) {
 		decodeBoth(t, decodeNPY, b)
 	})
 }
+
+// TestScaleRow: the unrolled byte scaling agrees with u8Scale element by
+// element at every length around its stride of eight, tail included.
+func TestScaleRow(t *testing.T) {
+	for n := range 27 {
+		src := make([]uint8, n)
+		for i := range src {
+			src[i] = uint8(37*i + n)
+		}
+		row := make([]float32, n+1)
+		row[n] = -1 // past the row: untouched
+		scaleRow(row, src)
+		for i, v := range src {
+			if row[i] != u8Scale[v] {
+				t.Fatalf("length %d: element %d is %v, want %v", n, i, row[i], u8Scale[v])
+			}
+		}
+		if row[n] != -1 {
+			t.Fatalf("length %d: wrote past the row", n)
+		}
+	}
+}

@@ -44,7 +44,8 @@ type Plan struct {
 	Seed            uint64
 	PickSpace       uint64
 	// GlobalStep is the cohort's optimizer step count before this plan;
-	// learning-rate schedules follow it, not the rank's own count.
+	// learning-rate schedules follow it, not the rank's own count. 0 means
+	// no new count since the last plan's: the trainer counts on from that.
 	GlobalStep uint64
 }
 
