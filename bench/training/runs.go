@@ -206,7 +206,7 @@ func parsePeer(out string) (peerResult, error) {
 // peerRun runs the DDP peer with the comparison's settings.
 func (h *harness) peerRun(seed int) (peerResult, error) {
 	o := h.o
-	cmd := exec.Command(o.python, o.peer, "--ranks", strconv.Itoa(o.ranks), "--epochs", strconv.Itoa(o.epochs),
+	cmd := exec.Command(o.python, o.peer, "--ranks", strconv.Itoa(o.ranks), "--epochs", strconv.Itoa(o.targetEpochs),
 		"--lr", strconv.FormatFloat(o.lr, 'g', -1, 64), "--batch", strconv.Itoa(o.batch),
 		"--seed", strconv.Itoa(seed), "--target", strconv.FormatFloat(o.target, 'g', -1, 64))
 	var stdout, stderr bytes.Buffer
@@ -221,8 +221,8 @@ func (h *harness) peerRun(seed int) (peerResult, error) {
 	if err != nil {
 		return peerResult{}, fmt.Errorf("%s: %w", strings.Join(cmd.Args, " "), err)
 	}
-	if len(res.Epochs) != o.epochs {
-		return peerResult{}, fmt.Errorf("%s: %d epoch lines, want %d", strings.Join(cmd.Args, " "), len(res.Epochs), o.epochs)
+	if len(res.Epochs) != o.targetEpochs {
+		return peerResult{}, fmt.Errorf("%s: %d epoch lines, want %d", strings.Join(cmd.Args, " "), len(res.Epochs), o.targetEpochs)
 	}
 	return res, nil
 }
