@@ -73,6 +73,7 @@ type options struct {
 	ranks         int
 	epochs        int
 	targetEpochs  int
+	repeats       int
 	target        float64
 	seeds         int
 	lr            float64
@@ -95,6 +96,7 @@ func main() {
 	flag.StringVar(&o.cohort, "cohort", "bin/cohort", "the cohort binary (its plugins are looked up in plugins/ next to it)")
 	flag.IntVar(&o.ranks, "ranks", 4, "ranks of the cohort vs DDP comparison")
 	flag.IntVar(&o.epochs, "epochs", 3, "epochs of the 1-rank runs; final accuracy of the DDP comparison is read after this many")
+	flag.IntVar(&o.repeats, "repeats", 3, "runs of each side, taken in turn, in the 1-rank comparison")
 	flag.IntVar(&o.targetEpochs, "target-epochs", 6, "epochs of the DDP comparison's runs, in which each side's time to the target is read")
 	flag.Float64Var(&o.target, "target", 0.85, "target test accuracy")
 	flag.IntVar(&o.seeds, "seeds", 3, "seeds 1..N of the cohort vs DDP comparison")
@@ -151,8 +153,8 @@ func parseInts(s string) ([]int, error) {
 
 func (o *options) check() error {
 	switch {
-	case o.ranks < 1, o.epochs < 1, o.seeds < 1, o.batch < 1, o.threads < 1:
-		return errors.New("-ranks, -epochs, -seeds, -batch and -threads must be at least 1")
+	case o.ranks < 1, o.epochs < 1, o.seeds < 1, o.batch < 1, o.threads < 1, o.repeats < 1:
+		return errors.New("-ranks, -epochs, -seeds, -batch, -threads and -repeats must be at least 1")
 	case o.targetEpochs < o.epochs:
 		return errors.New("-target-epochs must be at least -epochs")
 	case !(o.target > 0 && o.target <= 1):
@@ -497,7 +499,8 @@ func (h *harness) single() (*singleReport, error) {
 	rep := &singleReport{Averager: averager, Goal: goalSingleRatio, Pass: true}
 	fmt.Printf("cohort on 1 rank vs plain libtorch in one process (%s): MLP 784-256-10, batch %d, SGD lr %g momentum %g, %d epochs, seed 1, averager %s, policy %s\n",
 		filepath.Base(h.o.ref), o.batch, o.lr, momentum, o.epochs, averager, describePolicy(o.policy, o.syncEvery))
-	fmt.Println("Training seconds per epoch, the median of the epochs. cohort trains on the training files only (no t10k files: no evaluation),")
+	fmt.Printf("Training seconds per epoch, the median of every epoch of %d runs of each, cohort's and the reference's taken in turn\n", o.repeats)
+	fmt.Println("(timing on a shared machine drifts by 10-20% between back-to-back runs). cohort trains on the training files only (no t10k files: no evaluation),")
 	fmt.Println("so its epoch seconds are training plus whatever rounds it runs; the reference warms up 50 batches first and runs with")
 	fmt.Printf("OMP_WAIT_POLICY=%s, as the plugin does.\n", ompWaitPolicy())
 
@@ -517,30 +520,34 @@ func (h *harness) single() (*singleReport, error) {
 	for _, th := range o.singleThreads {
 		cfg := runConfig{Seed: 1, Policy: o.policy, SyncEvery: o.syncEvery, PluginDir: pluginDir(o.cohort),
 			Data: trainOnly, Batch: o.batch, LR: o.lr, Threads: th}
-		sum, _, err := h.cohortRun(cfg, 1, o.epochs)
-		if err != nil {
-			return nil, fmt.Errorf("1 rank, %d threads: %w", th, err)
-		}
 		row := singleRow{Threads: th}
-		var rounds uint64
+		var rounds, plans, epochs uint64
 		var roundMS float64
-		var plans uint64
-		for _, e := range sum.Epochs {
-			row.CohortEpochS = append(row.CohortEpochS, round4(e.Seconds))
-			rounds += e.Rounds
-			roundMS += e.MeanRoundMS * float64(e.Rounds)
-			for _, r := range e.Ranks {
-				plans += r.Windows
+		for range o.repeats {
+			sum, _, err := h.cohortRun(cfg, 1, o.epochs)
+			if err != nil {
+				return nil, fmt.Errorf("1 rank, %d threads: %w", th, err)
 			}
+			for _, e := range sum.Epochs {
+				row.CohortEpochS = append(row.CohortEpochS, round4(e.Seconds))
+				rounds += e.Rounds
+				roundMS += e.MeanRoundMS * float64(e.Rounds)
+				for _, r := range e.Ranks {
+					plans += r.Windows
+				}
+				epochs++
+			}
+			ref, err := h.refRun(images, labels, n, features, th)
+			if err != nil {
+				return nil, err
+			}
+			row.RefEpochS = append(row.RefEpochS, ref...)
 		}
 		row.CohortMedianS = median(row.CohortEpochS)
-		row.PlansPerEpoch = round3(float64(plans) / float64(len(sum.Epochs)))
-		row.RoundsPerEpoch = round3(float64(rounds) / float64(len(sum.Epochs)))
+		row.PlansPerEpoch = round3(float64(plans) / float64(epochs))
+		row.RoundsPerEpoch = round3(float64(rounds) / float64(epochs))
 		if rounds > 0 {
 			row.MeanRoundMS = round3(roundMS / float64(rounds))
-		}
-		if row.RefEpochS, err = h.refRun(images, labels, n, features, th); err != nil {
-			return nil, err
 		}
 		row.RefMedianS = median(row.RefEpochS)
 		row.Ratio = round4(row.CohortMedianS / row.RefMedianS)

