@@ -67,6 +67,31 @@ func TestSyncRunCompletes(t *testing.T) {
 				t.Errorf("rank %d: plan of %d samples exceeds sync_every × batch = %d", f.id, p.size, cfg.Coordinator.SyncEvery*batch)
 			}
 		}
+		// A window's plans come with the Sync that closes the window
+		// before (with the global step), not with Update a round trip
+		// later; only an epoch's first window starts otherwise (round 0's
+		// Update, then StartEpoch).
+		carried := 0
+		for _, s := range syncs {
+			if s.GetNextPlan() != nil {
+				carried++
+				if s.GlobalStep == nil {
+					t.Errorf("rank %d: Sync %d carries a plan but no global step", f.id, s.GetRound())
+				}
+			}
+		}
+		updated := 0
+		for _, u := range messagesOf[*cohortv1.Update](f) {
+			if u.GetNextPlan() != nil {
+				updated++
+				if u.GetVersion() != 0 {
+					t.Errorf("rank %d: Update %d carries a plan in a run without aborted rounds", f.id, u.GetVersion())
+				}
+			}
+		}
+		if starts := len(messagesOf[*cohortv1.StartEpoch](f)); carried == 0 || carried+starts+updated != len(f.plans) {
+			t.Errorf("rank %d: %d plans came with a Sync, %d with StartEpoch and %d with Update, of %d", f.id, carried, starts, updated, len(f.plans))
+		}
 		// Each window is one plan per rank: no rank runs two plans between
 		// rounds.
 		seen := map[int]int{}

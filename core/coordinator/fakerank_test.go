@@ -361,6 +361,7 @@ func (f *fakeRank) play(ctx context.Context) error {
 	}
 	junkSent := false
 
+	var queuedPlans func() int // plans waiting in the rank's own queue
 	trainPlan := func(via string, epoch, off, size uint64) error {
 		f.mu.Lock()
 		f.plans = append(f.plans, planRec{via: via, epoch: epoch, offset: off, size: size, window: f.roundsDone})
@@ -402,7 +403,7 @@ func (f *fakeRank) play(ctx context.Context) error {
 			}
 		}
 		f.mu.Lock()
-		f.plans[len(f.plans)-1].queued = len(cmds)
+		f.plans[len(f.plans)-1].queued = len(cmds) + queuedPlans()
 		f.mu.Unlock()
 		loss := 0.5
 		if s.junk {
@@ -427,7 +428,42 @@ func (f *fakeRank) play(ctx context.Context) error {
 		return send(res)
 	}
 
-	for m := range cmds {
+	// Plans queue as a worker's do: extensions ahead of queued plans (after
+	// earlier extensions), plans that came with a Sync held until a round
+	// succeeds, and every queued command handled before the next plan.
+	type queued struct {
+		via string
+		p   *cohortv1.EpochPlan
+	}
+	var pending []queued
+	var held []*cohortv1.EpochPlan
+	queuedPlans = func() int { return len(pending) }
+	next := func() (proto.Message, bool) {
+		for {
+			select {
+			case m, ok := <-cmds:
+				return m, ok
+			default:
+			}
+			if len(pending) == 0 {
+				m, ok := <-cmds
+				return m, ok
+			}
+			q := pending[0]
+			pending = pending[1:]
+			if err := trainPlan(q.via, q.p.GetEpoch(), q.p.GetPartitionOffset(), q.p.GetPartitionSize()); err != nil {
+				f.mu.Lock()
+				f.err = err
+				f.mu.Unlock()
+				return nil, false
+			}
+		}
+	}
+	for {
+		m, ok := next()
+		if !ok {
+			break
+		}
 		var err error
 		switch v := m.(type) {
 		case *cohortv1.Admit:
@@ -444,16 +480,29 @@ func (f *fakeRank) play(ctx context.Context) error {
 				err = sendJunk(ready)
 			}
 		case *cohortv1.StartEpoch:
-			p := v.GetPlan()
-			err = trainPlan("start", p.GetEpoch(), p.GetPartitionOffset(), p.GetPartitionSize())
+			pending = append(pending, queued{"start", v.GetPlan()})
 		case *cohortv1.Update:
 			if p := v.GetNextPlan(); p != nil {
-				err = trainPlan("update", p.GetEpoch(), p.GetPartitionOffset(), p.GetPartitionSize())
+				pending = append(pending, queued{"update", p})
 			}
 		case *cohortv1.ExtendPartition:
-			err = trainPlan("ext", v.GetEpoch(), v.GetPartitionOffset(), v.GetPartitionSize())
+			at := 0
+			for at < len(pending) && pending[at].via == "ext" {
+				at++
+			}
+			pending = slices.Insert(pending, at, queued{"ext", &cohortv1.EpochPlan{
+				Epoch: v.GetEpoch(), PartitionOffset: v.GetPartitionOffset(), PartitionSize: v.GetPartitionSize()}})
 		case *cohortv1.Sync:
-			err = f.syncRound(ctx, v, send, conn)
+			if p := v.GetNextPlan(); p != nil {
+				held = append(held, p)
+			}
+			var done bool
+			if done, err = f.syncRound(ctx, v, send, conn); done {
+				for _, p := range held {
+					pending = append(pending, queued{"sync", p})
+				}
+				held = nil
+			}
 		case *cohortv1.Evaluate:
 			acc := 0.75
 			err = send(&cohortv1.EvalResult{Rank: f.id, ScheduleId: v.GetScheduleId(), Epoch: v.GetEpoch(), Loss: 0.25, Accuracy: &acc})
@@ -482,12 +531,19 @@ func (f *fakeRank) play(ctx context.Context) error {
 			return err
 		}
 	}
+	f.mu.Lock()
+	err = f.err
+	f.mu.Unlock()
+	if err != nil {
+		return err
+	}
 	return errors.New("link closed by the coordinator")
 }
 
 // syncRound plays one averaging round: apply a pending NewSession, enter
-// the collective, wait for every member, ack.
-func (f *fakeRank) syncRound(ctx context.Context, v *cohortv1.Sync, send func(proto.Message) error, conn *wire.Conn) error {
+// the collective, wait for every member, ack; done reports a round that
+// succeeded.
+func (f *fakeRank) syncRound(ctx context.Context, v *cohortv1.Sync, send func(proto.Message) error, conn *wire.Conn) (done bool, err error) {
 	s := f.script
 	f.mu.Lock()
 	if f.pending != nil {
@@ -505,7 +561,7 @@ func (f *fakeRank) syncRound(ctx context.Context, v *cohortv1.Sync, send func(pr
 			f.h.group.wait(ctx, v.GetRound(), members, func() bool { return false })
 		}
 		conn.Close()
-		return errors.New("scripted death in a round")
+		return false, errors.New("scripted death in a round")
 	}
 	send(&cohortv1.SnapshotReady{Rank: f.id, Round: v.GetRound()})
 	start := time.Now()
@@ -515,7 +571,7 @@ func (f *fakeRank) syncRound(ctx context.Context, v *cohortv1.Sync, send func(pr
 		select {
 		case <-f.gotDeclare:
 		case <-ctx.Done():
-			return ctx.Err()
+			return false, ctx.Err()
 		}
 		ack.Aborted = true
 	} else if f.isAborted() {
@@ -524,7 +580,7 @@ func (f *fakeRank) syncRound(ctx context.Context, v *cohortv1.Sync, send func(pr
 		f.h.group.arrive(v.GetRound(), f.id)
 		if !f.h.group.wait(ctx, v.GetRound(), members, f.isAborted) {
 			if ctx.Err() != nil {
-				return ctx.Err()
+				return false, ctx.Err()
 			}
 			ack.Aborted = true
 		}
@@ -535,7 +591,7 @@ func (f *fakeRank) syncRound(ctx context.Context, v *cohortv1.Sync, send func(pr
 		f.roundsDone++
 		f.mu.Unlock()
 	}
-	return send(ack)
+	return !ack.Aborted, send(ack)
 }
 
 // harness runs a real Coordinator on a loopback port against fake ranks.

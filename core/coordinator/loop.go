@@ -72,6 +72,10 @@ type round struct {
 	waiting map[uint32]bool
 	acks    map[uint32]*cohortv1.SyncAck
 	initial bool // round 0: the run starts when it completes
+	// snap, when the Sync carried the next window's plans, is the
+	// checkpoint snapshot as of the round (taken at issue: ranks start
+	// those plans before the round completes everywhere).
+	snap *progress
 }
 
 // reissue is a round to run again after an abort, once the group is

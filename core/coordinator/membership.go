@@ -131,11 +131,15 @@ func (r *runner) redistribute(rs []Range, survivors []uint32) {
 
 // extSlot is where an ExtendPartition runs among a rank's open plans: a
 // worker runs it after the plan in progress (taken to be the first open
-// one) and after earlier extensions, ahead of chunks still queued. Keeping
-// the same order here is what lets Batch reports, which do not name their
-// plan, be counted against the right one.
+// one, unless the rank holds that one for a round) and after earlier
+// extensions, ahead of chunks still queued or held. Keeping the same order
+// here is what lets Batch reports, which do not name their plan, be
+// counted against the right one.
 func extSlot(open []*plan) int {
-	at := min(1, len(open))
+	at := 0
+	if len(open) > 0 && !open[0].held {
+		at = 1
+	}
 	for at < len(open) && open[at].ext {
 		at++
 	}

@@ -255,6 +255,12 @@ func (r *runner) startTraining() {
 // round's Update when version is set, else as StartEpoch.
 func (r *runner) nextWindow(version *uint64) {
 	live := r.live()
+	r.deliver(live, r.windowPlans(live), version)
+}
+
+// windowPlans takes the next window's plan for each live rank that has
+// work left and opens the window.
+func (r *runner) windowPlans(live []uint32) map[uint32]*plan {
 	want := map[uint32]uint64{}
 	switch r.policy {
 	case config.PolicyCadence:
@@ -285,7 +291,7 @@ func (r *runner) nextWindow(version *uint64) {
 			r.win.ranks[id] = true
 		}
 	}
-	r.deliver(live, plans, version)
+	return plans
 }
 
 // dispatchIdle gives every idle live rank (no plan outstanding) its next
@@ -314,12 +320,7 @@ func (r *runner) deliver(live []uint32, plans map[uint32]*plan, version *uint64)
 	for _, id := range live {
 		rs := r.ranks[id]
 		p := plans[id]
-		if p != nil {
-			rs.outstanding = append(rs.outstanding, p)
-			if r.agg != nil {
-				r.agg.rank(id).windows++
-			}
-		}
+		r.hand(rs, p)
 		switch {
 		case version != nil:
 			u := &cohortv1.Update{Version: *version}
@@ -330,6 +331,17 @@ func (r *runner) deliver(live []uint32, plans map[uint32]*plan, version *uint64)
 		case p != nil:
 			r.send(rs, &cohortv1.StartEpoch{Plan: r.epochPlan(p)})
 		}
+	}
+}
+
+// hand records p (if any) as the rank's, outstanding until its Metrics.
+func (r *runner) hand(rs *rankState, p *plan) {
+	if p == nil {
+		return
+	}
+	rs.outstanding = append(rs.outstanding, p)
+	if r.agg != nil {
+		r.agg.rank(rs.id).windows++
 	}
 }
 
@@ -367,7 +379,7 @@ func (r *runner) onBatch(rs *rankState, m *cohortv1.Batch) {
 	}
 	n := uint64(m.GetSamples())
 	for _, p := range rs.outstanding {
-		if p.reported < p.rng.Size {
+		if !p.held && p.reported < p.rng.Size {
 			p.reported += min(n, p.rng.Size-p.reported)
 			break
 		}
@@ -434,12 +446,30 @@ func (r *runner) issueRound(mode cohortv1.SyncMode, root uint32, initial bool) {
 	}
 	r.roundSeq++
 	r.round = rd
-	msg := &cohortv1.Sync{Round: rd.num, Mode: mode, Root: root}
-	for _, id := range r.live() {
+	live := r.live()
+	var plans map[uint32]*plan
+	var step *uint64
+	if !initial && r.windowed() && !r.stopReq && r.work != nil && r.work.remaining() > 0 && !r.anyOutstanding() {
+		// The next window is known now: each rank gets its plan with the
+		// Sync and starts it when its round succeeds, instead of waiting
+		// a round trip for Update.
+		snap := r.progressNow()
+		rd.snap = &snap
+		gs := r.globalStep()
+		step = &gs
+		plans = r.windowPlans(live)
+	}
+	for _, id := range live {
 		rd.waiting[id] = true
+		msg := &cohortv1.Sync{Round: rd.num, Mode: mode, Root: root}
+		if p := plans[id]; p != nil {
+			p.held = true
+			r.hand(r.ranks[id], p)
+			msg.NextPlan, msg.GlobalStep = r.epochPlan(p), step
+		}
 		r.send(r.ranks[id], msg)
 	}
-	r.log.Debug("round issued", "round", rd.num, "mode", mode.String(), "root", root, "ranks", len(rd.waiting))
+	r.log.Debug("round issued", "round", rd.num, "mode", mode.String(), "root", root, "ranks", len(rd.waiting), "next_plans", len(plans))
 }
 
 func (r *runner) onSyncAck(rs *rankState, m *cohortv1.SyncAck) {
@@ -457,6 +487,10 @@ func (r *runner) onSyncAck(rs *rankState, m *cohortv1.SyncAck) {
 		r.log.Warn("round failed on a rank", "rank", rs.id, "round", rd.num, "error", m.GetError())
 	default:
 		rs.sinceRound = 0
+		// The rank starts what it held for a round once one succeeds.
+		for _, p := range rs.outstanding {
+			p.held = false
+		}
 	}
 	r.checkRound()
 }
@@ -547,11 +581,17 @@ func (r *runner) completeRound(rd *round) {
 			}
 			r.lastWindowMS = 0
 		}
-		r.snap = r.progressNow()
+		if rd.snap != nil {
+			r.snap = *rd.snap
+		} else {
+			r.snap = r.progressNow()
+		}
 	}
 	version := rd.num
 	switch {
-	case r.stopReq:
+	case r.stopReq, r.windowed() && r.anyOutstanding():
+		// Stopping, or the ranks hold plans already (brought by the
+		// Sync, or extensions after a death): no new window yet.
 		r.deliver(r.live(), nil, &version)
 	case r.windowed() && r.work.remaining() > 0:
 		r.nextWindow(&version)
@@ -560,7 +600,9 @@ func (r *runner) completeRound(rd *round) {
 	default:
 		r.deliver(r.live(), nil, &version)
 	}
-	r.broadcast(&cohortv1.SetGlobalStep{GlobalStep: r.globalStep()})
+	if rd.snap == nil {
+		r.broadcast(&cohortv1.SetGlobalStep{GlobalStep: r.globalStep()})
+	}
 }
 
 // globalStep is the cohort's optimizer step count in one rank's terms: the

@@ -173,6 +173,9 @@ type plan struct {
 	rng      Range
 	reported uint64 // samples of it that Batch reports say are trained
 	ext      bool   // sent as ExtendPartition
+	// held: it came with a Sync, and the rank holds it until its round
+	// succeeds (its SyncAck says so); until then it trains none of it.
+	held bool
 }
 
 // unfinished is the part of p that no Batch report covers: batches run in

@@ -20,7 +20,10 @@ import (
 // loopState belongs to the main loop's goroutine alone.
 type loopState struct {
 	// plans run in order; extensions go first (see extend).
-	plans     []queuedPlan
+	plans []queuedPlan
+	// held are plans that came with a Sync whose round has not succeeded
+	// yet: they run after the next successful round, in order.
+	held      []*cohortv1.EpochPlan
 	throttled bool
 	// globalStep is the coordinator's last SetGlobalStep; stepFresh says
 	// the next plan has not passed it to Train yet.
@@ -290,6 +293,9 @@ func (w *worker) fireEpochFn(ctx context.Context, epoch uint64) error {
 func (w *worker) round(ctx context.Context, m *cohortv1.Sync) error {
 	start := time.Now()
 	n := m.GetRound()
+	if p := m.GetNextPlan(); p != nil {
+		w.held = append(w.held, p)
+	}
 	if s := w.mailbox.take(); s != nil {
 		aborts := w.guard.aborts()
 		if err := w.averager.NewSession(ctx, *s); err != nil {
@@ -350,6 +356,15 @@ func (w *worker) round(ctx context.Context, m *cohortv1.Sync) error {
 		return fmt.Errorf("round %d: adopt averaged parameters: %w", n, err)
 	}
 	w.pendingSteps = 0
+	// The plans the Sync brought start now, with the step count it carried,
+	// not after a round trip for Update.
+	if gs := m.GlobalStep; gs != nil {
+		w.globalStep, w.stepFresh = *gs, true
+	}
+	for _, p := range w.held {
+		w.queuePlan(p)
+	}
+	w.held = nil
 	w.prof.rounds++
 	w.prof.lastAdopt = time.Now()
 	div := res.Divergence

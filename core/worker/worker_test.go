@@ -281,13 +281,13 @@ func TestDeclareDeadAbortsRound(t *testing.T) {
 			if !tc.duringRound {
 				expect[*cohortv1.Batch](l)
 				l.send(&cohortv1.DeclareDead{Rank: 1, Reason: "test"})
-				l.send(&cohortv1.Sync{Round: 1, Mode: cohortv1.SyncMode_SYNC_MODE_AVERAGE})
+				l.send(&cohortv1.Sync{Round: 1, Mode: cohortv1.SyncMode_SYNC_MODE_AVERAGE, NextPlan: plan(0, 64, 32, 1, 256)})
 				expectPlanRest(l, 1, 4)
 				expect[*cohortv1.SnapshotReady](l)
 				sent = time.Now()
 			} else {
 				expectPlan(l, 4)
-				l.send(&cohortv1.Sync{Round: 1, Mode: cohortv1.SyncMode_SYNC_MODE_AVERAGE})
+				l.send(&cohortv1.Sync{Round: 1, Mode: cohortv1.SyncMode_SYNC_MODE_AVERAGE, NextPlan: plan(0, 64, 32, 1, 256)})
 				expect[*cohortv1.SnapshotReady](l)
 				if m := l.next(300 * time.Millisecond); m != nil {
 					t.Fatalf("the round ended without its peer: %s", describe(m))
@@ -308,12 +308,17 @@ func TestDeclareDeadAbortsRound(t *testing.T) {
 			if sid.GetGeneration() != 1 || len(sid.GetSessionId()) == 0 {
 				t.Fatalf("SessionIdGenerated = %v", sid)
 			}
+			// The plan that came with the aborted round's Sync is held
+			// (expect fails on its Batch frames) until a round succeeds.
 			l.send(&cohortv1.NewSession{Generation: 1, SessionId: sid.GetSessionId(), NewRank: 0, NewWorldSize: 1, Members: []uint32{0}})
 			l.send(&cohortv1.Sync{Round: 2, Mode: cohortv1.SyncMode_SYNC_MODE_AVERAGE})
 			expect[*cohortv1.SnapshotReady](l)
 			ack = expect[*cohortv1.SyncAck](l)
 			if ack.GetAborted() || ack.GetWeight() != 4 || ack.GetTotalWeight() != 4 {
 				t.Fatalf("round on the new session: ack = %v, want weight 4 of 4", ack)
+			}
+			if m := expectPlan(l, 2); m.GetPartitionOffset() != 64 {
+				t.Fatalf("after the round: Metrics %v, want the held plan at offset 64", m)
 			}
 
 			l.send(&cohortv1.Shutdown{})
@@ -827,5 +832,38 @@ func TestGlobalStepPassedOnce(t *testing.T) {
 		if want := []uint64{40, 0, 0, 77}; !slices.Equal(got, want) {
 			t.Errorf("plans' global steps %v, want %v", got, want)
 		}
+	}
+}
+
+// TestSyncBringsNextPlan: a plan that comes with a Sync starts right after
+// the round's SyncAck, before any Update, with the Sync's global step.
+func TestSyncBringsNextPlan(t *testing.T) {
+	c := newCoordinator(t)
+	o := c.options(0, 1, trainerSettings())
+	tr := &stepTrainer{Trainer: plugintest.NewTrainer(nil)}
+	o.Plugins = worker.InProcess(tr, plugintest.NewAverager(nil))
+	run := start(t, o)
+	l := c.accept(&cohortv1.Admit{RunId: "prefetch", Seed: 3, AveragingEndpoint: t.TempDir()})
+	expect[*cohortv1.Ready](l)
+	l.send(&cohortv1.StartEpoch{Plan: plan(0, 0, 32, 3, 256)})
+	expectPlan(l, 2)
+	gs := uint64(70)
+	l.send(&cohortv1.Sync{Round: 1, Mode: cohortv1.SyncMode_SYNC_MODE_AVERAGE, NextPlan: plan(0, 32, 32, 3, 256), GlobalStep: &gs})
+	expect[*cohortv1.SnapshotReady](l)
+	if ack := expect[*cohortv1.SyncAck](l); ack.GetAborted() {
+		t.Fatalf("ack %v", ack)
+	}
+	if m := expectPlan(l, 2); m.GetPartitionOffset() != 32 {
+		t.Fatalf("Metrics %v, want the Sync's plan", m)
+	}
+	l.send(&cohortv1.Shutdown{})
+	expect[*cohortv1.Exiting](l)
+	if err := run.wait(frameWait); err != nil {
+		t.Fatal(err)
+	}
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	if want := []uint64{0, 70}; !slices.Equal(tr.steps, want) {
+		t.Errorf("plans' global steps %v, want %v", tr.steps, want)
 	}
 }

@@ -396,11 +396,18 @@ func (x *StartEpoch) GetPlan() *EpochPlan {
 }
 
 // Sync asks a rank to run one averaging round through its averager now.
+// next_plan, when set, is the rank's plan for the window after the round:
+// the rank starts it as soon as its round succeeds, without waiting for
+// Update, and holds it through aborted rounds until one succeeds.
+// global_step, when set, is the SetGlobalStep that the round's Update would
+// have brought, for that plan.
 type Sync struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Round         uint64                 `protobuf:"varint,1,opt,name=round,proto3" json:"round,omitempty"`
 	Mode          SyncMode               `protobuf:"varint,2,opt,name=mode,proto3,enum=cohort.v1.SyncMode" json:"mode,omitempty"`
 	Root          uint32                 `protobuf:"varint,3,opt,name=root,proto3" json:"root,omitempty"`
+	NextPlan      *EpochPlan             `protobuf:"bytes,4,opt,name=next_plan,json=nextPlan,proto3,oneof" json:"next_plan,omitempty"`
+	GlobalStep    *uint64                `protobuf:"varint,5,opt,name=global_step,json=globalStep,proto3,oneof" json:"global_step,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -452,6 +459,20 @@ func (x *Sync) GetMode() SyncMode {
 func (x *Sync) GetRoot() uint32 {
 	if x != nil {
 		return x.Root
+	}
+	return 0
+}
+
+func (x *Sync) GetNextPlan() *EpochPlan {
+	if x != nil {
+		return x.NextPlan
+	}
+	return nil
+}
+
+func (x *Sync) GetGlobalStep() uint64 {
+	if x != nil && x.GlobalStep != nil {
+		return *x.GlobalStep
 	}
 	return 0
 }
@@ -2400,11 +2421,17 @@ const file_cohort_v1_wire_proto_rawDesc = "" +
 	"pick_space\x18\x05 \x01(\x04R\tpickSpace\"6\n" +
 	"\n" +
 	"StartEpoch\x12(\n" +
-	"\x04plan\x18\x01 \x01(\v2\x14.cohort.v1.EpochPlanR\x04plan\"Y\n" +
+	"\x04plan\x18\x01 \x01(\v2\x14.cohort.v1.EpochPlanR\x04plan\"\xd5\x01\n" +
 	"\x04Sync\x12\x14\n" +
 	"\x05round\x18\x01 \x01(\x04R\x05round\x12'\n" +
 	"\x04mode\x18\x02 \x01(\x0e2\x13.cohort.v1.SyncModeR\x04mode\x12\x12\n" +
-	"\x04root\x18\x03 \x01(\rR\x04root\"h\n" +
+	"\x04root\x18\x03 \x01(\rR\x04root\x126\n" +
+	"\tnext_plan\x18\x04 \x01(\v2\x14.cohort.v1.EpochPlanH\x00R\bnextPlan\x88\x01\x01\x12$\n" +
+	"\vglobal_step\x18\x05 \x01(\x04H\x01R\n" +
+	"globalStep\x88\x01\x01B\f\n" +
+	"\n" +
+	"_next_planB\x0e\n" +
+	"\f_global_step\"h\n" +
 	"\x06Update\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\x04R\aversion\x126\n" +
 	"\tnext_plan\x18\x02 \x01(\v2\x14.cohort.v1.EpochPlanH\x00R\bnextPlan\x88\x01\x01B\f\n" +
@@ -2699,17 +2726,18 @@ var file_cohort_v1_wire_proto_goTypes = []any{
 var file_cohort_v1_wire_proto_depIdxs = []int32{
 	3,  // 0: cohort.v1.StartEpoch.plan:type_name -> cohort.v1.EpochPlan
 	1,  // 1: cohort.v1.Sync.mode:type_name -> cohort.v1.SyncMode
-	3,  // 2: cohort.v1.Update.next_plan:type_name -> cohort.v1.EpochPlan
-	2,  // 3: cohort.v1.ShutdownWithSave.reason:type_name -> cohort.v1.ShutdownReason
-	29, // 4: cohort.v1.ResourceSample.gpus:type_name -> cohort.v1.GpuSample
-	34, // 5: cohort.v1.Metrics.scalars:type_name -> cohort.v1.Metrics.ScalarsEntry
-	30, // 6: cohort.v1.Metrics.resources:type_name -> cohort.v1.ResourceSample
-	32, // 7: cohort.v1.Metrics.ScalarsEntry.value:type_name -> cohort.v1.ScalarSum
-	8,  // [8:8] is the sub-list for method output_type
-	8,  // [8:8] is the sub-list for method input_type
-	8,  // [8:8] is the sub-list for extension type_name
-	8,  // [8:8] is the sub-list for extension extendee
-	0,  // [0:8] is the sub-list for field type_name
+	3,  // 2: cohort.v1.Sync.next_plan:type_name -> cohort.v1.EpochPlan
+	3,  // 3: cohort.v1.Update.next_plan:type_name -> cohort.v1.EpochPlan
+	2,  // 4: cohort.v1.ShutdownWithSave.reason:type_name -> cohort.v1.ShutdownReason
+	29, // 5: cohort.v1.ResourceSample.gpus:type_name -> cohort.v1.GpuSample
+	34, // 6: cohort.v1.Metrics.scalars:type_name -> cohort.v1.Metrics.ScalarsEntry
+	30, // 7: cohort.v1.Metrics.resources:type_name -> cohort.v1.ResourceSample
+	32, // 8: cohort.v1.Metrics.ScalarsEntry.value:type_name -> cohort.v1.ScalarSum
+	9,  // [9:9] is the sub-list for method output_type
+	9,  // [9:9] is the sub-list for method input_type
+	9,  // [9:9] is the sub-list for extension type_name
+	9,  // [9:9] is the sub-list for extension extendee
+	0,  // [0:9] is the sub-list for field type_name
 }
 
 func init() { file_cohort_v1_wire_proto_init() }
@@ -2717,6 +2745,7 @@ func file_cohort_v1_wire_proto_init() {
 	if File_cohort_v1_wire_proto != nil {
 		return
 	}
+	file_cohort_v1_wire_proto_msgTypes[2].OneofWrappers = []any{}
 	file_cohort_v1_wire_proto_msgTypes[3].OneofWrappers = []any{}
 	file_cohort_v1_wire_proto_msgTypes[18].OneofWrappers = []any{}
 	file_cohort_v1_wire_proto_msgTypes[19].OneofWrappers = []any{}
