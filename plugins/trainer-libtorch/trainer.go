@@ -66,9 +66,9 @@ type Trainer struct {
 	schedStep uint64 // the learning-rate schedule's step
 	// bufs are the two batches Train alternates between: one trains while
 	// the other is gathered.
-	bufs      [2]*batchBuf
-	errBuf    []byte
-	shutdown  bool
+	bufs     [2]*batchBuf
+	errBuf   []byte
+	shutdown bool
 	// gen counts Configure and Shutdown calls: a Train started on one
 	// model stops when another replaces it.
 	gen uint64
