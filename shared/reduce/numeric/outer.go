@@ -12,8 +12,8 @@ const (
 	// OuterSlowMo is slow momentum: v = mu*v + g; new = prev - lr*v.
 	OuterSlowMo
 	// OuterDiLoCo is Nesterov momentum: v = mu*v + g;
-	// new = prev - lr*(mu*v + g). The trainer resets its inner optimizer
-	// after each round.
+	// new = prev - lr*(mu*v + g). Each rank's inner optimizer (the
+	// trainer's) keeps its state across rounds, as in DiLoCo's algorithm.
 	OuterDiLoCo
 )
 

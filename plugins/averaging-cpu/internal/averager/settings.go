@@ -31,8 +31,8 @@ type Settings struct {
 	// Default 0: off.
 	EASGDAlpha *float64 `json:"easgd_alpha"`
 	// Outer is the outer optimizer: "none" (default), "slowmo" or
-	// "diloco". With diloco the trainer should reset its inner optimizer
-	// after each round.
+	// "diloco" (Nesterov momentum on the pseudo-gradient; the trainer's
+	// inner optimizer keeps its state across rounds).
 	Outer string `json:"outer"`
 	// OuterLR (default 1.0 for slowmo, 0.7 for diloco) and OuterMomentum
 	// (default 0.9) are its hyper-parameters.
