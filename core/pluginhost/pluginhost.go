@@ -379,14 +379,32 @@ func (h *Host) Stop(ctx context.Context, p *Process) error {
 			err = fmt.Errorf("shut down %s plugin %q: %w", p.Kind, p.Name, err)
 		}
 	}
-	if err != nil {
+	pid := p.Pid()
+	if err != nil && pid > 0 {
 		// go-plugin's Kill first asks the plugin to close over gRPC with no
 		// deadline, which never returns from a wedged plugin: kill it first.
-		if pid := p.Pid(); pid > 0 {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+	// A plugin can also wedge after answering Shutdown (seen once in CI:
+	// a frozen plugin whose Kill hung though its Shutdown had been
+	// answered), so Kill gets the grace period too before the process is
+	// killed under it, which ends Kill's wait on the dead connection.
+	killed := make(chan struct{})
+	go func() {
+		defer close(killed)
+		p.client.Kill()
+	}()
+	select {
+	case <-killed:
+	case <-time.After(h.opts.Grace):
+		if pid > 0 {
 			_ = syscall.Kill(pid, syscall.SIGKILL)
 		}
+		<-killed
+		if err == nil {
+			err = fmt.Errorf("stop %s plugin %q: it did not exit within %v of Shutdown; killed", p.Kind, p.Name, h.opts.Grace)
+		}
 	}
-	p.client.Kill()
 	return err
 }
 
