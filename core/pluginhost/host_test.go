@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -16,6 +17,26 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	plugintest.RemoveBuilds()
 	os.Exit(code)
+}
+
+// allStopped reports whether every thread of pid is stopped by a signal.
+func allStopped(pid int) bool {
+	tasks, err := os.ReadDir(filepath.Join("/proc", itoa(pid), "task"))
+	if err != nil || len(tasks) == 0 {
+		return false
+	}
+	for _, task := range tasks {
+		b, err := os.ReadFile(filepath.Join("/proc", itoa(pid), "task", task.Name(), "stat"))
+		if err != nil {
+			return false
+		}
+		// The state follows the command name's closing parenthesis.
+		i := strings.LastIndexByte(string(b), ')')
+		if i < 0 || i+2 >= len(b) || b[i+2] != 'T' {
+			return false
+		}
+	}
+	return true
 }
 
 func alive(pid int) bool {
@@ -111,9 +132,15 @@ func TestStopKillsAfterGrace(t *testing.T) {
 		t.Fatal(err)
 	}
 	pid := p.Pid()
-	// Freeze it: the Shutdown RPC cannot be answered.
+	// Freeze it: the Shutdown RPC cannot be answered once every thread has
+	// stopped (SIGSTOP reaches the threads on other CPUs a moment later).
 	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); !allStopped(pid); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the plugin's threads did not all stop")
+		}
 	}
 	start := time.Now()
 	err = h.Stop(ctx, p)
