@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/proto"
+
 	"github.com/cohortdl/cohort/core/config"
 	"github.com/cohortdl/cohort/core/wire"
 	cohortv1 "github.com/cohortdl/cohort/shared/proto/cohort/v1"
@@ -468,5 +470,45 @@ func TestSoloCohort(t *testing.T) {
 				t.Error("no plan grew to 200 ms of batches")
 			}
 		})
+	}
+}
+
+// A cohort that deaths leave at one rank goes solo: every sample is still
+// trained exactly once, and after the death at most the round it aborted
+// runs again; none follow.
+func TestCohortGoesSolo(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.Run.Ranks = 2
+	cfg.Coordinator.MinRanks = 1
+	cfg.Coordinator.HeartbeatTimeout = time.Second
+	h := newHarness(t, cfg, nil)
+	ranks := h.startAll(func(r uint32) rankScript {
+		s := rankScript{msPerBatch: 5 * time.Millisecond, solo: true}
+		if r == 1 {
+			s.dieAfterBatches = 3
+		}
+		return s
+	})
+	sum := h.mustComplete()
+	h.ledger.checkExactlyOnce(t, 2, 96)
+	if len(sum.MembershipEvents) != 1 || sum.MembershipEvents[0].Rank != 1 {
+		t.Fatalf("membership events %+v, want rank 1's death", sum.MembershipEvents)
+	}
+	f := ranks[0]
+	f.mu.Lock()
+	received := slices.Clone(f.received)
+	f.mu.Unlock()
+	dead := slices.IndexFunc(received, func(m proto.Message) bool { _, ok := m.(*cohortv1.DeclareDead); return ok })
+	if dead < 0 {
+		t.Fatal("rank 0 was not told of the death")
+	}
+	var after []uint64
+	for _, m := range received[dead:] {
+		if s, ok := m.(*cohortv1.Sync); ok {
+			after = append(after, s.GetRound())
+		}
+	}
+	if len(after) > 1 {
+		t.Errorf("rounds after the death: %v, want at most the aborted one again", after)
 	}
 }
