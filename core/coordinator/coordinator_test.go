@@ -405,8 +405,9 @@ func TestHostileFramesAreShrugged(t *testing.T) {
 
 // A cohort of one rank whose averager's lone round is the identity runs no
 // rounds after round 0; its plans grow to about 200 ms of its measured
-// batch time, and its next plan always waits queued behind the one it
-// trains. Without that word from the averager the rounds run. A trainer
+// batch time (read from merged Batch frames), let its Batch reports merge,
+// and its next plan always waits queued behind the one it trains; the
+// global step counts every merged batch. Without that word from the averager the rounds run. A trainer
 // without a test split is not asked to evaluate.
 func TestSoloCohort(t *testing.T) {
 	for _, tc := range []struct {
@@ -445,6 +446,11 @@ func TestSoloCohort(t *testing.T) {
 				}
 			}
 			if !tc.solo {
+				for i, p := range plans {
+					if p.merged {
+						t.Errorf("lone rounds: plan %d let its Batch reports merge", i)
+					}
+				}
 				if len(syncs) < 2 {
 					t.Fatalf("lone rounds: %d Sync, want rounds after round 0", len(syncs))
 				}
@@ -462,6 +468,9 @@ func TestSoloCohort(t *testing.T) {
 					t.Errorf("plan %d: %d samples, want 16 before batch times are known, then at most 24", i, p.size)
 				}
 				grown = grown || p.size == 24
+				if !p.merged {
+					t.Errorf("plan %d did not let its Batch reports merge", i)
+				}
 				if !last && p.queued == 0 {
 					t.Errorf("plan %d (epoch %d, offset %d) finished with no plan queued behind it", i, p.epoch, p.offset)
 				}

@@ -178,6 +178,8 @@ type planRec struct {
 	window int // rounds completed on this rank before it ran
 	// queued is how many commands waited behind the plan when it finished.
 	queued int
+	// merged: the plan let its Batch reports merge, and they did.
+	merged bool
 }
 
 // fakeRank is one scripted rank.
@@ -362,12 +364,15 @@ func (f *fakeRank) play(ctx context.Context) error {
 	junkSent := false
 
 	var queuedPlans func() int // plans waiting in the rank's own queue
-	trainPlan := func(via string, epoch, off, size uint64) error {
+	// trainPlan trains a plan; with merge, its batches go in one Batch
+	// frame before its Metrics, as a worker merges a solo plan's reports.
+	trainPlan := func(via string, epoch, off, size uint64, merge bool) error {
 		f.mu.Lock()
 		f.plans = append(f.plans, planRec{via: via, epoch: epoch, offset: off, size: size, window: f.roundsDone})
 		f.mu.Unlock()
 		start := time.Now()
 		var nb uint64
+		merged := &cohortv1.Batch{Rank: f.id, Epoch: epoch, BatchLoss: 0.5}
 		for done := uint64(0); done < size; {
 			n := min(batch, size-done)
 			select {
@@ -388,7 +393,13 @@ func (f *fakeRank) play(ctx context.Context) error {
 			f.mu.Lock()
 			f.steps++
 			f.mu.Unlock()
-			if err := send(&cohortv1.Batch{Rank: f.id, Epoch: epoch, BatchMs: float64(s.msPerBatch) / 1e6, Samples: uint32(n), StepCount: uint64(batches), BatchLoss: 0.5}); err != nil {
+			b := &cohortv1.Batch{Rank: f.id, Epoch: epoch, BatchMs: float64(s.msPerBatch) / 1e6, Samples: uint32(n), StepCount: uint64(batches), BatchLoss: 0.5}
+			if merge {
+				merged.Batches++
+				merged.BatchMs += b.BatchMs
+				merged.Samples += b.Samples
+				merged.StepCount = b.StepCount
+			} else if err := send(b); err != nil {
 				return err
 			}
 			if s.dieAfterBatches > 0 && batches >= s.dieAfterBatches {
@@ -404,7 +415,13 @@ func (f *fakeRank) play(ctx context.Context) error {
 		}
 		f.mu.Lock()
 		f.plans[len(f.plans)-1].queued = len(cmds) + queuedPlans()
+		f.plans[len(f.plans)-1].merged = merge
 		f.mu.Unlock()
+		if merge && merged.Batches > 0 {
+			if err := send(merged); err != nil {
+				return err
+			}
+		}
 		loss := 0.5
 		if s.junk {
 			loss = math.Inf(1)
@@ -451,7 +468,7 @@ func (f *fakeRank) play(ctx context.Context) error {
 			}
 			q := pending[0]
 			pending = pending[1:]
-			if err := trainPlan(q.via, q.p.GetEpoch(), q.p.GetPartitionOffset(), q.p.GetPartitionSize()); err != nil {
+			if err := trainPlan(q.via, q.p.GetEpoch(), q.p.GetPartitionOffset(), q.p.GetPartitionSize(), q.p.GetReportIntervalMs() > 0); err != nil {
 				f.mu.Lock()
 				f.err = err
 				f.mu.Unlock()

@@ -118,10 +118,16 @@ func (r *runner) solo() bool {
 // plan costs a Train call through the plugin boundary.
 const soloPlanTime = 200 * time.Millisecond
 
+// soloReportMS is how often a solo rank reports its batches: with no peer
+// to hand its unreported batches to, per-batch frames buy nothing, and on
+// a machine whose cores all train they cost it 15-20% of its speed.
+const soloReportMS = 100
+
 // stepSolo moves a solo cohort: no rounds, and plans of at least
 // sync_every batches (about soloPlanTime of the rank's measured batch time)
 // with the next one always queued behind the one the rank trains, so it
-// never waits on the coordinator between plans. Where a round would close
+// never waits on the coordinator between plans, and whose Batch reports
+// merge every soloReportMS. Where a round would close
 // the work (the rank idle with batches since the last one) the checkpoint
 // snapshot and the global step are brought up to date as a round would.
 func (r *runner) stepSolo() bool {
@@ -133,7 +139,7 @@ func (r *runner) stepSolo() bool {
 			batches = max(batches, uint64(float64(soloPlanTime/time.Millisecond)/rs.batchMS))
 		}
 		if c := r.work.take(id, batches*r.batch); c.Size > 0 {
-			r.deliver([]uint32{id}, map[uint32]*plan{id: {epoch: r.epoch, rng: c}}, nil)
+			r.deliver([]uint32{id}, map[uint32]*plan{id: {epoch: r.epoch, rng: c, reportMS: soloReportMS}}, nil)
 			return true
 		}
 	}
@@ -347,11 +353,12 @@ func (r *runner) hand(rs *rankState, p *plan) {
 
 func (r *runner) epochPlan(p *plan) *cohortv1.EpochPlan {
 	return &cohortv1.EpochPlan{
-		Epoch:           p.epoch,
-		PartitionOffset: p.rng.Offset,
-		PartitionSize:   p.rng.Size,
-		Seed:            uint64(r.cfg.Run.Seed),
-		PickSpace:       r.pickSpace,
+		Epoch:            p.epoch,
+		PartitionOffset:  p.rng.Offset,
+		PartitionSize:    p.rng.Size,
+		Seed:             uint64(r.cfg.Run.Seed),
+		PickSpace:        r.pickSpace,
+		ReportIntervalMs: p.reportMS,
 	}
 }
 
@@ -384,21 +391,24 @@ func (r *runner) onBatch(rs *rankState, m *cohortv1.Batch) {
 			break
 		}
 	}
-	rs.sinceRound++
-	rs.batches++
+	// A frame may report several batches of one plan (a solo rank's
+	// merged reports): its times are their sums.
+	batches := uint64(max(m.GetBatches(), 1))
+	rs.sinceRound += batches
+	rs.batches += batches
 	rs.samples += n
-	if ms := m.GetBatchMs(); finite(ms) && ms > 0 {
+	if ms := m.GetBatchMs() / float64(batches); finite(ms) && ms > 0 {
 		if rs.batchMS == 0 {
 			rs.batchMS = ms
 		}
 		rs.batchMS += 0.2 * (ms - rs.batchMS)
-	}
-	if r.cad != nil {
-		r.cad.observe(rs.id, m.GetBatchMs())
+		if r.cad != nil {
+			r.cad.observe(rs.id, ms)
+		}
 	}
 	if r.agg != nil {
 		ra := r.agg.rank(rs.id)
-		ra.batches++
+		ra.batches += batches
 		ra.samples += n
 		r.agg.trained += n
 		if now := time.Now(); now.Sub(r.lastProgress) >= 100*time.Millisecond {
@@ -589,9 +599,10 @@ func (r *runner) completeRound(rd *round) {
 	}
 	version := rd.num
 	switch {
-	case r.stopReq, r.windowed() && r.anyOutstanding():
+	case r.stopReq, r.windowed() && r.anyOutstanding(), r.solo():
 		// Stopping, or the ranks hold plans already (brought by the
-		// Sync, or extensions after a death): no new window yet.
+		// Sync, or extensions after a death), or the rank is alone and
+		// stepSolo hands out its plans: no new window here.
 		r.deliver(r.live(), nil, &version)
 	case r.windowed() && r.work.remaining() > 0:
 		r.nextWindow(&version)

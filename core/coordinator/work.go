@@ -176,6 +176,8 @@ type plan struct {
 	// held: it came with a Sync, and the rank holds it until its round
 	// succeeds (its SyncAck says so); until then it trains none of it.
 	held bool
+	// reportMS lets the rank merge the plan's Batch reports (solo only).
+	reportMS uint32
 }
 
 // unfinished is the part of p that no Batch report covers: batches run in

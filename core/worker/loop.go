@@ -58,6 +58,9 @@ type loopState struct {
 type queuedPlan struct {
 	plan      plugin.Plan
 	extension bool
+	// reportEvery, when not 0, lets the plan's Batch frames merge (see
+	// EpochPlan.report_interval_ms).
+	reportEvery time.Duration
 }
 
 type planShape struct{ seed, pickSpace uint64 }
@@ -158,7 +161,7 @@ func (w *worker) queuePlan(p *cohortv1.EpochPlan) {
 		PartitionSize:   p.GetPartitionSize(),
 		Seed:            p.GetSeed(),
 		PickSpace:       p.GetPickSpace(),
-	}})
+	}, reportEvery: time.Duration(p.GetReportIntervalMs()) * time.Millisecond})
 }
 
 // extend queues an ExtendPartition range as a plan of its own, to run right
@@ -200,7 +203,7 @@ type planStats struct {
 // forwarding each batch, and closes it with Metrics. A plan interrupted by
 // a stop sends no Metrics; the stop's command is in the queue.
 func (w *worker) runNextPlan(ctx context.Context) error {
-	p := w.plans[0].plan
+	p, reportEvery := w.plans[0].plan, w.plans[0].reportEvery
 	w.plans = w.plans[1:]
 	// Passed once: between SetGlobalSteps the trainer counts on from it (a
 	// cohort of one rank runs many plans without a round).
@@ -215,30 +218,55 @@ func (w *worker) runNextPlan(ctx context.Context) error {
 	}
 
 	var st planStats
+	// merged is the Batch frame being built when the plan lets reports
+	// merge; sent once reportEvery has passed since the last one, and
+	// before the plan's Metrics.
+	var merged *cohortv1.Batch
+	var lastSent time.Time
+	flush := func() error {
+		if merged == nil {
+			return nil
+		}
+		m := merged
+		merged, lastSent = nil, time.Now()
+		if m.Batches > 1 {
+			m.BatchLoss /= float64(m.Batches)
+		}
+		if w.divergence != nil {
+			m.SyncDivergence, w.divergence = w.divergence, nil
+		}
+		return w.send(w.stopCtx, m)
+	}
 	report := func(b plugin.BatchReport) error {
 		st.batches++
 		st.samples += uint64(b.Samples)
 		st.loss += b.Loss
 		st.dataMS += b.DataMS
 		st.computeMS += max(b.BatchMS-b.DataMS, 0)
-		msg := &cohortv1.Batch{
-			Rank:      w.o.Rank,
-			Epoch:     p.Epoch,
-			BatchMs:   b.BatchMS,
-			DataMs:    b.DataMS,
-			StepCount: b.StepCount,
-			ParamNorm: b.ParamNorm,
-			BatchLoss: b.Loss,
-			Samples:   b.Samples,
+		if merged == nil {
+			merged = &cohortv1.Batch{Rank: w.o.Rank, Epoch: p.Epoch}
 		}
-		if w.divergence != nil {
-			msg.SyncDivergence, w.divergence = w.divergence, nil
+		merged.Batches++
+		merged.BatchMs += b.BatchMS
+		merged.DataMs += b.DataMS
+		merged.BatchLoss += b.Loss
+		merged.Samples += b.Samples
+		merged.StepCount = b.StepCount
+		if b.ParamNorm != nil {
+			merged.ParamNorm = b.ParamNorm
 		}
-		return w.send(w.stopCtx, msg)
+		if reportEvery > 0 && time.Since(lastSent) < reportEvery {
+			return nil
+		}
+		return flush()
 	}
 	start := time.Now()
+	lastSent = start
 	err := w.trainer.Train(w.stopCtx, p, report)
 	elapsed := time.Since(start)
+	if ferr := flush(); err == nil && ferr != nil {
+		err = ferr
+	}
 	w.prof.run += elapsed
 	w.prof.computeMS += st.computeMS
 	w.prof.dataMS += st.dataMS

@@ -867,3 +867,38 @@ func TestSyncBringsNextPlan(t *testing.T) {
 		t.Errorf("plans' global steps %v, want %v", tr.steps, want)
 	}
 }
+
+// TestMergedBatchReports: a plan that lets its reports merge sends them as
+// few frames whose counts and sums add up to the plan, the last before the
+// plan's Metrics; a plan that does not sends one frame per batch.
+func TestMergedBatchReports(t *testing.T) {
+	c := newCoordinator(t)
+	o := c.options(0, 1, trainerSettings())
+	inProcess(&o)
+	run := start(t, o)
+	l := c.accept(&cohortv1.Admit{RunId: "merge", Seed: 3, AveragingEndpoint: t.TempDir()})
+	expect[*cohortv1.Ready](l)
+
+	merging := plan(0, 0, 64, 3, 256)
+	merging.ReportIntervalMs = 60_000
+	l.send(&cohortv1.StartEpoch{Plan: merging})
+	b := expect[*cohortv1.Batch](l)
+	if b.GetBatches() != 4 || b.GetSamples() != 64 || b.GetStepCount() != 4 || !(b.GetBatchLoss() > 0) {
+		t.Fatalf("merged frame %v, want 4 batches, 64 samples, step 4, a mean loss", b)
+	}
+	if m := expect[*cohortv1.Metrics](l); m.GetBatches() != 4 || m.GetSamples() != 64 {
+		t.Fatalf("Metrics %v", m)
+	}
+	l.send(&cohortv1.StartEpoch{Plan: plan(0, 64, 32, 3, 256)})
+	for range 2 {
+		if b := expect[*cohortv1.Batch](l); b.GetBatches() != 1 || b.GetSamples() != 16 {
+			t.Fatalf("per-batch frame %v", b)
+		}
+	}
+	expect[*cohortv1.Metrics](l)
+	l.send(&cohortv1.Shutdown{})
+	expect[*cohortv1.Exiting](l)
+	if err := run.wait(frameWait); err != nil {
+		t.Fatal(err)
+	}
+}

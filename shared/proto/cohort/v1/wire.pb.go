@@ -280,8 +280,13 @@ type EpochPlan struct {
 	PartitionSize   uint64                 `protobuf:"varint,3,opt,name=partition_size,json=partitionSize,proto3" json:"partition_size,omitempty"`
 	Seed            uint64                 `protobuf:"varint,4,opt,name=seed,proto3" json:"seed,omitempty"`
 	PickSpace       uint64                 `protobuf:"varint,5,opt,name=pick_space,json=pickSpace,proto3" json:"pick_space,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// When not 0, the rank may merge this plan's Batch reports into one
+	// frame per report_interval_ms (and one before the plan's Metrics). The
+	// coordinator asks it only where no peer could take over the rank's
+	// unreported batches (a cohort of one rank).
+	ReportIntervalMs uint32 `protobuf:"varint,6,opt,name=report_interval_ms,json=reportIntervalMs,proto3" json:"report_interval_ms,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *EpochPlan) Reset() {
@@ -345,6 +350,13 @@ func (x *EpochPlan) GetSeed() uint64 {
 func (x *EpochPlan) GetPickSpace() uint64 {
 	if x != nil {
 		return x.PickSpace
+	}
+	return 0
+}
+
+func (x *EpochPlan) GetReportIntervalMs() uint32 {
+	if x != nil {
+		return x.ReportIntervalMs
 	}
 	return 0
 }
@@ -1377,8 +1389,12 @@ type Batch struct {
 	BatchLoss      float64                `protobuf:"fixed64,7,opt,name=batch_loss,json=batchLoss,proto3" json:"batch_loss,omitempty"`
 	SyncDivergence *float64               `protobuf:"fixed64,8,opt,name=sync_divergence,json=syncDivergence,proto3,oneof" json:"sync_divergence,omitempty"`
 	Samples        uint32                 `protobuf:"varint,9,opt,name=samples,proto3" json:"samples,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// batches this frame reports, 0 meaning 1 (see
+	// EpochPlan.report_interval_ms): samples, batch_ms and data_ms are their
+	// sums, batch_loss their mean, step_count and param_norm the last ones.
+	Batches       uint32 `protobuf:"varint,10,opt,name=batches,proto3" json:"batches,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Batch) Reset() {
@@ -1470,6 +1486,13 @@ func (x *Batch) GetSyncDivergence() float64 {
 func (x *Batch) GetSamples() uint32 {
 	if x != nil {
 		return x.Samples
+	}
+	return 0
+}
+
+func (x *Batch) GetBatches() uint32 {
+	if x != nil {
+		return x.Batches
 	}
 	return 0
 }
@@ -2411,14 +2434,15 @@ var File_cohort_v1_wire_proto protoreflect.FileDescriptor
 
 const file_cohort_v1_wire_proto_rawDesc = "" +
 	"\n" +
-	"\x14cohort/v1/wire.proto\x12\tcohort.v1\"\xa6\x01\n" +
+	"\x14cohort/v1/wire.proto\x12\tcohort.v1\"\xd4\x01\n" +
 	"\tEpochPlan\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12)\n" +
 	"\x10partition_offset\x18\x02 \x01(\x04R\x0fpartitionOffset\x12%\n" +
 	"\x0epartition_size\x18\x03 \x01(\x04R\rpartitionSize\x12\x12\n" +
 	"\x04seed\x18\x04 \x01(\x04R\x04seed\x12\x1d\n" +
 	"\n" +
-	"pick_space\x18\x05 \x01(\x04R\tpickSpace\"6\n" +
+	"pick_space\x18\x05 \x01(\x04R\tpickSpace\x12,\n" +
+	"\x12report_interval_ms\x18\x06 \x01(\rR\x10reportIntervalMs\"6\n" +
 	"\n" +
 	"StartEpoch\x12(\n" +
 	"\x04plan\x18\x01 \x01(\v2\x14.cohort.v1.EpochPlanR\x04plan\"\xd5\x01\n" +
@@ -2504,7 +2528,7 @@ const file_cohort_v1_wire_proto_rawDesc = "" +
 	"\n" +
 	"batch_size\x18\t \x01(\rR\tbatchSize\x12#\n" +
 	"\rsolo_identity\x18\n" +
-	" \x01(\bR\fsoloIdentity\"\xb2\x02\n" +
+	" \x01(\bR\fsoloIdentity\"\xcc\x02\n" +
 	"\x05Batch\x12\x12\n" +
 	"\x04rank\x18\x01 \x01(\rR\x04rank\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x19\n" +
@@ -2517,7 +2541,9 @@ const file_cohort_v1_wire_proto_rawDesc = "" +
 	"\n" +
 	"batch_loss\x18\a \x01(\x01R\tbatchLoss\x12,\n" +
 	"\x0fsync_divergence\x18\b \x01(\x01H\x01R\x0esyncDivergence\x88\x01\x01\x12\x18\n" +
-	"\asamples\x18\t \x01(\rR\asamplesB\r\n" +
+	"\asamples\x18\t \x01(\rR\asamples\x12\x18\n" +
+	"\abatches\x18\n" +
+	" \x01(\rR\abatchesB\r\n" +
 	"\v_param_normB\x12\n" +
 	"\x10_sync_divergence\"\x8a\x03\n" +
 	"\aSyncAck\x12\x12\n" +
