@@ -205,6 +205,7 @@ type planStats struct {
 func (w *worker) runNextPlan(ctx context.Context) error {
 	p, reportEvery := w.plans[0].plan, w.plans[0].reportEvery
 	w.plans = w.plans[1:]
+	p.ReportInterval = reportEvery
 	// Passed once: between SetGlobalSteps the trainer counts on from it (a
 	// cohort of one rank runs many plans without a round).
 	if w.stepFresh {

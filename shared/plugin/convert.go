@@ -3,6 +3,8 @@ package plugin
 import (
 	"encoding/json"
 	"fmt"
+	"math"
+	"time"
 
 	"github.com/cohortdl/cohort/shared/arena"
 	pb "github.com/cohortdl/cohort/shared/proto/cohort/v1"
@@ -235,12 +237,13 @@ func fromprotoTrainerSetup(m *pb.TrainerConfigureResponse) (TrainerSetup, error)
 
 func toprotoPlan(p Plan) *pb.TrainRequest {
 	return &pb.TrainRequest{
-		Epoch:           p.Epoch,
-		PartitionOffset: p.PartitionOffset,
-		PartitionSize:   p.PartitionSize,
-		Seed:            p.Seed,
-		PickSpace:       p.PickSpace,
-		GlobalStep:      p.GlobalStep,
+		Epoch:            p.Epoch,
+		PartitionOffset:  p.PartitionOffset,
+		PartitionSize:    p.PartitionSize,
+		Seed:             p.Seed,
+		PickSpace:        p.PickSpace,
+		GlobalStep:       p.GlobalStep,
+		ReportIntervalMs: uint32(min(p.ReportInterval.Milliseconds(), math.MaxUint32)),
 	}
 }
 
@@ -252,6 +255,7 @@ func fromprotoPlan(m *pb.TrainRequest) Plan {
 		Seed:            m.GetSeed(),
 		PickSpace:       m.GetPickSpace(),
 		GlobalStep:      m.GetGlobalStep(),
+		ReportInterval:  time.Duration(m.GetReportIntervalMs()) * time.Millisecond,
 	}
 }
 

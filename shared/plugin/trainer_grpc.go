@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"sync"
+	"time"
 
 	"github.com/cohortdl/cohort/shared/arena"
 	pb "github.com/cohortdl/cohort/shared/proto/cohort/v1"
@@ -49,26 +50,54 @@ func (s *trainerServer) Attach(ctx context.Context, req *pb.AttachRequest) (*pb.
 	return &pb.AttachResponse{ZeroCopy: zeroCopy}, nil
 }
 
+// maxMergedReports bounds one TrainReports message.
+const maxMergedReports = 1024
+
 func (s *trainerServer) Train(req *pb.TrainRequest, stream pb.Trainer_TrainServer) error {
+	plan := fromprotoPlan(req)
 	// A stream may not be written from two goroutines at once, nor after
 	// the handler returned; an implementation that reports from a worker
-	// thread gets an error instead of a corrupted stream.
+	// thread gets an error instead of a corrupted stream. When the host
+	// takes the plan's reports merged, they wait in held until the
+	// interval since the first of them has passed (or Train ends).
 	var (
-		mu   sync.Mutex
-		done bool
+		mu    sync.Mutex
+		done  bool
+		held  []*pb.BatchReport
+		first time.Time
 	)
+	flush := func() error {
+		if len(held) == 0 {
+			return nil
+		}
+		m := &pb.TrainReports{Reports: held}
+		held = nil
+		return stream.Send(m)
+	}
 	report := func(r BatchReport) error {
 		mu.Lock()
 		defer mu.Unlock()
 		if done {
 			return errors.New("batch report after Train returned")
 		}
-		return stream.Send(toprotoBatchReport(r))
+		if len(held) == 0 {
+			first = time.Now()
+		}
+		held = append(held, toprotoBatchReport(r))
+		if plan.ReportInterval > 0 && len(held) < maxMergedReports && time.Since(first) < plan.ReportInterval {
+			return nil
+		}
+		return flush()
 	}
-	err := s.impl.Train(stream.Context(), fromprotoPlan(req), report)
+	err := s.impl.Train(stream.Context(), plan, report)
 	mu.Lock()
 	done = true
+	// Batches trained before a failure are reported all the same.
+	ferr := flush()
 	mu.Unlock()
+	if err == nil {
+		err = ferr
+	}
 	return statusError(err)
 }
 
@@ -183,9 +212,11 @@ func (c *trainerClient) Train(ctx context.Context, plan Plan, report func(BatchR
 		if report == nil {
 			continue
 		}
-		if err := report(fromprotoBatchReport(m)); err != nil {
-			cancel()
-			return err
+		for _, r := range m.GetReports() {
+			if err := report(fromprotoBatchReport(r)); err != nil {
+				cancel()
+				return err
+			}
 		}
 	}
 }

@@ -366,8 +366,13 @@ type TrainRequest struct {
 	Seed            uint64                 `protobuf:"varint,4,opt,name=seed,proto3" json:"seed,omitempty"`
 	PickSpace       uint64                 `protobuf:"varint,5,opt,name=pick_space,json=pickSpace,proto3" json:"pick_space,omitempty"`
 	GlobalStep      uint64                 `protobuf:"varint,6,opt,name=global_step,json=globalStep,proto3" json:"global_step,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// When not 0, the host takes this plan's reports merged: the plugin may
+	// hold them back and send them together once this many milliseconds have
+	// passed since the first of them, and sends any still held when Train
+	// ends.
+	ReportIntervalMs uint32 `protobuf:"varint,7,opt,name=report_interval_ms,json=reportIntervalMs,proto3" json:"report_interval_ms,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *TrainRequest) Reset() {
@@ -442,6 +447,58 @@ func (x *TrainRequest) GetGlobalStep() uint64 {
 	return 0
 }
 
+func (x *TrainRequest) GetReportIntervalMs() uint32 {
+	if x != nil {
+		return x.ReportIntervalMs
+	}
+	return 0
+}
+
+// TrainReports are one or more batch reports, in training order.
+type TrainReports struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Reports       []*BatchReport         `protobuf:"bytes,1,rep,name=reports,proto3" json:"reports,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TrainReports) Reset() {
+	*x = TrainReports{}
+	mi := &file_cohort_v1_trainer_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TrainReports) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TrainReports) ProtoMessage() {}
+
+func (x *TrainReports) ProtoReflect() protoreflect.Message {
+	mi := &file_cohort_v1_trainer_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TrainReports.ProtoReflect.Descriptor instead.
+func (*TrainReports) Descriptor() ([]byte, []int) {
+	return file_cohort_v1_trainer_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *TrainReports) GetReports() []*BatchReport {
+	if x != nil {
+		return x.Reports
+	}
+	return nil
+}
+
 type BatchReport struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Batch         uint64                 `protobuf:"varint,1,opt,name=batch,proto3" json:"batch,omitempty"`
@@ -457,7 +514,7 @@ type BatchReport struct {
 
 func (x *BatchReport) Reset() {
 	*x = BatchReport{}
-	mi := &file_cohort_v1_trainer_proto_msgTypes[7]
+	mi := &file_cohort_v1_trainer_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -469,7 +526,7 @@ func (x *BatchReport) String() string {
 func (*BatchReport) ProtoMessage() {}
 
 func (x *BatchReport) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_trainer_proto_msgTypes[7]
+	mi := &file_cohort_v1_trainer_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -482,7 +539,7 @@ func (x *BatchReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchReport.ProtoReflect.Descriptor instead.
 func (*BatchReport) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_trainer_proto_rawDescGZIP(), []int{7}
+	return file_cohort_v1_trainer_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *BatchReport) GetBatch() uint64 {
@@ -542,7 +599,7 @@ type PublishRequest struct {
 
 func (x *PublishRequest) Reset() {
 	*x = PublishRequest{}
-	mi := &file_cohort_v1_trainer_proto_msgTypes[8]
+	mi := &file_cohort_v1_trainer_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -554,7 +611,7 @@ func (x *PublishRequest) String() string {
 func (*PublishRequest) ProtoMessage() {}
 
 func (x *PublishRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_trainer_proto_msgTypes[8]
+	mi := &file_cohort_v1_trainer_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -567,7 +624,7 @@ func (x *PublishRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PublishRequest.ProtoReflect.Descriptor instead.
 func (*PublishRequest) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_trainer_proto_rawDescGZIP(), []int{8}
+	return file_cohort_v1_trainer_proto_rawDescGZIP(), []int{9}
 }
 
 type PublishResponse struct {
@@ -582,7 +639,7 @@ type PublishResponse struct {
 
 func (x *PublishResponse) Reset() {
 	*x = PublishResponse{}
-	mi := &file_cohort_v1_trainer_proto_msgTypes[9]
+	mi := &file_cohort_v1_trainer_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -594,7 +651,7 @@ func (x *PublishResponse) String() string {
 func (*PublishResponse) ProtoMessage() {}
 
 func (x *PublishResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_trainer_proto_msgTypes[9]
+	mi := &file_cohort_v1_trainer_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -607,7 +664,7 @@ func (x *PublishResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PublishResponse.ProtoReflect.Descriptor instead.
 func (*PublishResponse) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_trainer_proto_rawDescGZIP(), []int{9}
+	return file_cohort_v1_trainer_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *PublishResponse) GetSteps() uint64 {
@@ -641,7 +698,7 @@ type AdoptRequest struct {
 
 func (x *AdoptRequest) Reset() {
 	*x = AdoptRequest{}
-	mi := &file_cohort_v1_trainer_proto_msgTypes[10]
+	mi := &file_cohort_v1_trainer_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -653,7 +710,7 @@ func (x *AdoptRequest) String() string {
 func (*AdoptRequest) ProtoMessage() {}
 
 func (x *AdoptRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_trainer_proto_msgTypes[10]
+	mi := &file_cohort_v1_trainer_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -666,7 +723,7 @@ func (x *AdoptRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdoptRequest.ProtoReflect.Descriptor instead.
 func (*AdoptRequest) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_trainer_proto_rawDescGZIP(), []int{10}
+	return file_cohort_v1_trainer_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *AdoptRequest) GetBlendAlpha() float64 {
@@ -685,7 +742,7 @@ type AdoptResponse struct {
 
 func (x *AdoptResponse) Reset() {
 	*x = AdoptResponse{}
-	mi := &file_cohort_v1_trainer_proto_msgTypes[11]
+	mi := &file_cohort_v1_trainer_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -697,7 +754,7 @@ func (x *AdoptResponse) String() string {
 func (*AdoptResponse) ProtoMessage() {}
 
 func (x *AdoptResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_trainer_proto_msgTypes[11]
+	mi := &file_cohort_v1_trainer_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -710,7 +767,7 @@ func (x *AdoptResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdoptResponse.ProtoReflect.Descriptor instead.
 func (*AdoptResponse) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_trainer_proto_rawDescGZIP(), []int{11}
+	return file_cohort_v1_trainer_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *AdoptResponse) GetParamNorm() float64 {
@@ -728,7 +785,7 @@ type EvaluateRequest struct {
 
 func (x *EvaluateRequest) Reset() {
 	*x = EvaluateRequest{}
-	mi := &file_cohort_v1_trainer_proto_msgTypes[12]
+	mi := &file_cohort_v1_trainer_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -740,7 +797,7 @@ func (x *EvaluateRequest) String() string {
 func (*EvaluateRequest) ProtoMessage() {}
 
 func (x *EvaluateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_trainer_proto_msgTypes[12]
+	mi := &file_cohort_v1_trainer_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -753,7 +810,7 @@ func (x *EvaluateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EvaluateRequest.ProtoReflect.Descriptor instead.
 func (*EvaluateRequest) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_trainer_proto_rawDescGZIP(), []int{12}
+	return file_cohort_v1_trainer_proto_rawDescGZIP(), []int{13}
 }
 
 type EvaluateResponse struct {
@@ -767,7 +824,7 @@ type EvaluateResponse struct {
 
 func (x *EvaluateResponse) Reset() {
 	*x = EvaluateResponse{}
-	mi := &file_cohort_v1_trainer_proto_msgTypes[13]
+	mi := &file_cohort_v1_trainer_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -779,7 +836,7 @@ func (x *EvaluateResponse) String() string {
 func (*EvaluateResponse) ProtoMessage() {}
 
 func (x *EvaluateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_trainer_proto_msgTypes[13]
+	mi := &file_cohort_v1_trainer_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -792,7 +849,7 @@ func (x *EvaluateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EvaluateResponse.ProtoReflect.Descriptor instead.
 func (*EvaluateResponse) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_trainer_proto_rawDescGZIP(), []int{13}
+	return file_cohort_v1_trainer_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *EvaluateResponse) GetLoss() float64 {
@@ -825,7 +882,7 @@ type SaveCheckpointRequest struct {
 
 func (x *SaveCheckpointRequest) Reset() {
 	*x = SaveCheckpointRequest{}
-	mi := &file_cohort_v1_trainer_proto_msgTypes[14]
+	mi := &file_cohort_v1_trainer_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -837,7 +894,7 @@ func (x *SaveCheckpointRequest) String() string {
 func (*SaveCheckpointRequest) ProtoMessage() {}
 
 func (x *SaveCheckpointRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_trainer_proto_msgTypes[14]
+	mi := &file_cohort_v1_trainer_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -850,7 +907,7 @@ func (x *SaveCheckpointRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SaveCheckpointRequest.ProtoReflect.Descriptor instead.
 func (*SaveCheckpointRequest) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_trainer_proto_rawDescGZIP(), []int{14}
+	return file_cohort_v1_trainer_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *SaveCheckpointRequest) GetDir() string {
@@ -869,7 +926,7 @@ type SaveCheckpointResponse struct {
 
 func (x *SaveCheckpointResponse) Reset() {
 	*x = SaveCheckpointResponse{}
-	mi := &file_cohort_v1_trainer_proto_msgTypes[15]
+	mi := &file_cohort_v1_trainer_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -881,7 +938,7 @@ func (x *SaveCheckpointResponse) String() string {
 func (*SaveCheckpointResponse) ProtoMessage() {}
 
 func (x *SaveCheckpointResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_trainer_proto_msgTypes[15]
+	mi := &file_cohort_v1_trainer_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -894,7 +951,7 @@ func (x *SaveCheckpointResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SaveCheckpointResponse.ProtoReflect.Descriptor instead.
 func (*SaveCheckpointResponse) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_trainer_proto_rawDescGZIP(), []int{15}
+	return file_cohort_v1_trainer_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *SaveCheckpointResponse) GetFiles() []string {
@@ -913,7 +970,7 @@ type LoadCheckpointRequest struct {
 
 func (x *LoadCheckpointRequest) Reset() {
 	*x = LoadCheckpointRequest{}
-	mi := &file_cohort_v1_trainer_proto_msgTypes[16]
+	mi := &file_cohort_v1_trainer_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -925,7 +982,7 @@ func (x *LoadCheckpointRequest) String() string {
 func (*LoadCheckpointRequest) ProtoMessage() {}
 
 func (x *LoadCheckpointRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_trainer_proto_msgTypes[16]
+	mi := &file_cohort_v1_trainer_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -938,7 +995,7 @@ func (x *LoadCheckpointRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadCheckpointRequest.ProtoReflect.Descriptor instead.
 func (*LoadCheckpointRequest) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_trainer_proto_rawDescGZIP(), []int{16}
+	return file_cohort_v1_trainer_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *LoadCheckpointRequest) GetDir() string {
@@ -957,7 +1014,7 @@ type LoadCheckpointResponse struct {
 
 func (x *LoadCheckpointResponse) Reset() {
 	*x = LoadCheckpointResponse{}
-	mi := &file_cohort_v1_trainer_proto_msgTypes[17]
+	mi := &file_cohort_v1_trainer_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -969,7 +1026,7 @@ func (x *LoadCheckpointResponse) String() string {
 func (*LoadCheckpointResponse) ProtoMessage() {}
 
 func (x *LoadCheckpointResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_trainer_proto_msgTypes[17]
+	mi := &file_cohort_v1_trainer_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -982,7 +1039,7 @@ func (x *LoadCheckpointResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadCheckpointResponse.ProtoReflect.Descriptor instead.
 func (*LoadCheckpointResponse) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_trainer_proto_rawDescGZIP(), []int{17}
+	return file_cohort_v1_trainer_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *LoadCheckpointResponse) GetStepCount() uint64 {
@@ -1000,7 +1057,7 @@ type ShutdownRequest struct {
 
 func (x *ShutdownRequest) Reset() {
 	*x = ShutdownRequest{}
-	mi := &file_cohort_v1_trainer_proto_msgTypes[18]
+	mi := &file_cohort_v1_trainer_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1012,7 +1069,7 @@ func (x *ShutdownRequest) String() string {
 func (*ShutdownRequest) ProtoMessage() {}
 
 func (x *ShutdownRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_trainer_proto_msgTypes[18]
+	mi := &file_cohort_v1_trainer_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1025,7 +1082,7 @@ func (x *ShutdownRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShutdownRequest.ProtoReflect.Descriptor instead.
 func (*ShutdownRequest) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_trainer_proto_rawDescGZIP(), []int{18}
+	return file_cohort_v1_trainer_proto_rawDescGZIP(), []int{19}
 }
 
 type ShutdownResponse struct {
@@ -1036,7 +1093,7 @@ type ShutdownResponse struct {
 
 func (x *ShutdownResponse) Reset() {
 	*x = ShutdownResponse{}
-	mi := &file_cohort_v1_trainer_proto_msgTypes[19]
+	mi := &file_cohort_v1_trainer_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1048,7 +1105,7 @@ func (x *ShutdownResponse) String() string {
 func (*ShutdownResponse) ProtoMessage() {}
 
 func (x *ShutdownResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_trainer_proto_msgTypes[19]
+	mi := &file_cohort_v1_trainer_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1061,7 +1118,7 @@ func (x *ShutdownResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShutdownResponse.ProtoReflect.Descriptor instead.
 func (*ShutdownResponse) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_trainer_proto_rawDescGZIP(), []int{19}
+	return file_cohort_v1_trainer_proto_rawDescGZIP(), []int{20}
 }
 
 var File_cohort_v1_trainer_proto protoreflect.FileDescriptor
@@ -1091,7 +1148,7 @@ const file_cohort_v1_trainer_proto_rawDesc = "" +
 	"\rAttachRequest\x120\n" +
 	"\x05arena\x18\x01 \x01(\v2\x1a.cohort.v1.ArenaDescriptorR\x05arena\"-\n" +
 	"\x0eAttachResponse\x12\x1b\n" +
-	"\tzero_copy\x18\x01 \x01(\bR\bzeroCopy\"\xca\x01\n" +
+	"\tzero_copy\x18\x01 \x01(\bR\bzeroCopy\"\xf8\x01\n" +
 	"\fTrainRequest\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12)\n" +
 	"\x10partition_offset\x18\x02 \x01(\x04R\x0fpartitionOffset\x12%\n" +
@@ -1100,7 +1157,10 @@ const file_cohort_v1_trainer_proto_rawDesc = "" +
 	"\n" +
 	"pick_space\x18\x05 \x01(\x04R\tpickSpace\x12\x1f\n" +
 	"\vglobal_step\x18\x06 \x01(\x04R\n" +
-	"globalStep\"\xd7\x01\n" +
+	"globalStep\x12,\n" +
+	"\x12report_interval_ms\x18\a \x01(\rR\x10reportIntervalMs\"@\n" +
+	"\fTrainReports\x120\n" +
+	"\areports\x18\x01 \x03(\v2\x16.cohort.v1.BatchReportR\areports\"\xd7\x01\n" +
 	"\vBatchReport\x12\x14\n" +
 	"\x05batch\x18\x01 \x01(\x04R\x05batch\x12\x18\n" +
 	"\asamples\x18\x02 \x01(\rR\asamples\x12\x12\n" +
@@ -1141,12 +1201,12 @@ const file_cohort_v1_trainer_proto_rawDesc = "" +
 	"\n" +
 	"step_count\x18\x01 \x01(\x04R\tstepCount\"\x11\n" +
 	"\x0fShutdownRequest\"\x12\n" +
-	"\x10ShutdownResponse2\xd6\x05\n" +
+	"\x10ShutdownResponse2\xd7\x05\n" +
 	"\aTrainer\x12D\n" +
 	"\bDescribe\x12\x1a.cohort.v1.DescribeRequest\x1a\x1c.cohort.v1.PluginDescription\x12T\n" +
 	"\tConfigure\x12\".cohort.v1.TrainerConfigureRequest\x1a#.cohort.v1.TrainerConfigureResponse\x12=\n" +
-	"\x06Attach\x12\x18.cohort.v1.AttachRequest\x1a\x19.cohort.v1.AttachResponse\x12:\n" +
-	"\x05Train\x12\x17.cohort.v1.TrainRequest\x1a\x16.cohort.v1.BatchReport0\x01\x12@\n" +
+	"\x06Attach\x12\x18.cohort.v1.AttachRequest\x1a\x19.cohort.v1.AttachResponse\x12;\n" +
+	"\x05Train\x12\x17.cohort.v1.TrainRequest\x1a\x17.cohort.v1.TrainReports0\x01\x12@\n" +
 	"\aPublish\x12\x19.cohort.v1.PublishRequest\x1a\x1a.cohort.v1.PublishResponse\x12:\n" +
 	"\x05Adopt\x12\x17.cohort.v1.AdoptRequest\x1a\x18.cohort.v1.AdoptResponse\x12C\n" +
 	"\bEvaluate\x12\x1a.cohort.v1.EvaluateRequest\x1a\x1b.cohort.v1.EvaluateResponse\x12U\n" +
@@ -1166,7 +1226,7 @@ func file_cohort_v1_trainer_proto_rawDescGZIP() []byte {
 	return file_cohort_v1_trainer_proto_rawDescData
 }
 
-var file_cohort_v1_trainer_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
+var file_cohort_v1_trainer_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_cohort_v1_trainer_proto_goTypes = []any{
 	(*DescribeRequest)(nil),          // 0: cohort.v1.DescribeRequest
 	(*PluginDescription)(nil),        // 1: cohort.v1.PluginDescription
@@ -1175,50 +1235,52 @@ var file_cohort_v1_trainer_proto_goTypes = []any{
 	(*AttachRequest)(nil),            // 4: cohort.v1.AttachRequest
 	(*AttachResponse)(nil),           // 5: cohort.v1.AttachResponse
 	(*TrainRequest)(nil),             // 6: cohort.v1.TrainRequest
-	(*BatchReport)(nil),              // 7: cohort.v1.BatchReport
-	(*PublishRequest)(nil),           // 8: cohort.v1.PublishRequest
-	(*PublishResponse)(nil),          // 9: cohort.v1.PublishResponse
-	(*AdoptRequest)(nil),             // 10: cohort.v1.AdoptRequest
-	(*AdoptResponse)(nil),            // 11: cohort.v1.AdoptResponse
-	(*EvaluateRequest)(nil),          // 12: cohort.v1.EvaluateRequest
-	(*EvaluateResponse)(nil),         // 13: cohort.v1.EvaluateResponse
-	(*SaveCheckpointRequest)(nil),    // 14: cohort.v1.SaveCheckpointRequest
-	(*SaveCheckpointResponse)(nil),   // 15: cohort.v1.SaveCheckpointResponse
-	(*LoadCheckpointRequest)(nil),    // 16: cohort.v1.LoadCheckpointRequest
-	(*LoadCheckpointResponse)(nil),   // 17: cohort.v1.LoadCheckpointResponse
-	(*ShutdownRequest)(nil),          // 18: cohort.v1.ShutdownRequest
-	(*ShutdownResponse)(nil),         // 19: cohort.v1.ShutdownResponse
-	(*Layout)(nil),                   // 20: cohort.v1.Layout
-	(*ArenaDescriptor)(nil),          // 21: cohort.v1.ArenaDescriptor
+	(*TrainReports)(nil),             // 7: cohort.v1.TrainReports
+	(*BatchReport)(nil),              // 8: cohort.v1.BatchReport
+	(*PublishRequest)(nil),           // 9: cohort.v1.PublishRequest
+	(*PublishResponse)(nil),          // 10: cohort.v1.PublishResponse
+	(*AdoptRequest)(nil),             // 11: cohort.v1.AdoptRequest
+	(*AdoptResponse)(nil),            // 12: cohort.v1.AdoptResponse
+	(*EvaluateRequest)(nil),          // 13: cohort.v1.EvaluateRequest
+	(*EvaluateResponse)(nil),         // 14: cohort.v1.EvaluateResponse
+	(*SaveCheckpointRequest)(nil),    // 15: cohort.v1.SaveCheckpointRequest
+	(*SaveCheckpointResponse)(nil),   // 16: cohort.v1.SaveCheckpointResponse
+	(*LoadCheckpointRequest)(nil),    // 17: cohort.v1.LoadCheckpointRequest
+	(*LoadCheckpointResponse)(nil),   // 18: cohort.v1.LoadCheckpointResponse
+	(*ShutdownRequest)(nil),          // 19: cohort.v1.ShutdownRequest
+	(*ShutdownResponse)(nil),         // 20: cohort.v1.ShutdownResponse
+	(*Layout)(nil),                   // 21: cohort.v1.Layout
+	(*ArenaDescriptor)(nil),          // 22: cohort.v1.ArenaDescriptor
 }
 var file_cohort_v1_trainer_proto_depIdxs = []int32{
-	20, // 0: cohort.v1.TrainerConfigureResponse.layout:type_name -> cohort.v1.Layout
-	21, // 1: cohort.v1.AttachRequest.arena:type_name -> cohort.v1.ArenaDescriptor
-	0,  // 2: cohort.v1.Trainer.Describe:input_type -> cohort.v1.DescribeRequest
-	2,  // 3: cohort.v1.Trainer.Configure:input_type -> cohort.v1.TrainerConfigureRequest
-	4,  // 4: cohort.v1.Trainer.Attach:input_type -> cohort.v1.AttachRequest
-	6,  // 5: cohort.v1.Trainer.Train:input_type -> cohort.v1.TrainRequest
-	8,  // 6: cohort.v1.Trainer.Publish:input_type -> cohort.v1.PublishRequest
-	10, // 7: cohort.v1.Trainer.Adopt:input_type -> cohort.v1.AdoptRequest
-	12, // 8: cohort.v1.Trainer.Evaluate:input_type -> cohort.v1.EvaluateRequest
-	14, // 9: cohort.v1.Trainer.SaveCheckpoint:input_type -> cohort.v1.SaveCheckpointRequest
-	16, // 10: cohort.v1.Trainer.LoadCheckpoint:input_type -> cohort.v1.LoadCheckpointRequest
-	18, // 11: cohort.v1.Trainer.Shutdown:input_type -> cohort.v1.ShutdownRequest
-	1,  // 12: cohort.v1.Trainer.Describe:output_type -> cohort.v1.PluginDescription
-	3,  // 13: cohort.v1.Trainer.Configure:output_type -> cohort.v1.TrainerConfigureResponse
-	5,  // 14: cohort.v1.Trainer.Attach:output_type -> cohort.v1.AttachResponse
-	7,  // 15: cohort.v1.Trainer.Train:output_type -> cohort.v1.BatchReport
-	9,  // 16: cohort.v1.Trainer.Publish:output_type -> cohort.v1.PublishResponse
-	11, // 17: cohort.v1.Trainer.Adopt:output_type -> cohort.v1.AdoptResponse
-	13, // 18: cohort.v1.Trainer.Evaluate:output_type -> cohort.v1.EvaluateResponse
-	15, // 19: cohort.v1.Trainer.SaveCheckpoint:output_type -> cohort.v1.SaveCheckpointResponse
-	17, // 20: cohort.v1.Trainer.LoadCheckpoint:output_type -> cohort.v1.LoadCheckpointResponse
-	19, // 21: cohort.v1.Trainer.Shutdown:output_type -> cohort.v1.ShutdownResponse
-	12, // [12:22] is the sub-list for method output_type
-	2,  // [2:12] is the sub-list for method input_type
-	2,  // [2:2] is the sub-list for extension type_name
-	2,  // [2:2] is the sub-list for extension extendee
-	0,  // [0:2] is the sub-list for field type_name
+	21, // 0: cohort.v1.TrainerConfigureResponse.layout:type_name -> cohort.v1.Layout
+	22, // 1: cohort.v1.AttachRequest.arena:type_name -> cohort.v1.ArenaDescriptor
+	8,  // 2: cohort.v1.TrainReports.reports:type_name -> cohort.v1.BatchReport
+	0,  // 3: cohort.v1.Trainer.Describe:input_type -> cohort.v1.DescribeRequest
+	2,  // 4: cohort.v1.Trainer.Configure:input_type -> cohort.v1.TrainerConfigureRequest
+	4,  // 5: cohort.v1.Trainer.Attach:input_type -> cohort.v1.AttachRequest
+	6,  // 6: cohort.v1.Trainer.Train:input_type -> cohort.v1.TrainRequest
+	9,  // 7: cohort.v1.Trainer.Publish:input_type -> cohort.v1.PublishRequest
+	11, // 8: cohort.v1.Trainer.Adopt:input_type -> cohort.v1.AdoptRequest
+	13, // 9: cohort.v1.Trainer.Evaluate:input_type -> cohort.v1.EvaluateRequest
+	15, // 10: cohort.v1.Trainer.SaveCheckpoint:input_type -> cohort.v1.SaveCheckpointRequest
+	17, // 11: cohort.v1.Trainer.LoadCheckpoint:input_type -> cohort.v1.LoadCheckpointRequest
+	19, // 12: cohort.v1.Trainer.Shutdown:input_type -> cohort.v1.ShutdownRequest
+	1,  // 13: cohort.v1.Trainer.Describe:output_type -> cohort.v1.PluginDescription
+	3,  // 14: cohort.v1.Trainer.Configure:output_type -> cohort.v1.TrainerConfigureResponse
+	5,  // 15: cohort.v1.Trainer.Attach:output_type -> cohort.v1.AttachResponse
+	7,  // 16: cohort.v1.Trainer.Train:output_type -> cohort.v1.TrainReports
+	10, // 17: cohort.v1.Trainer.Publish:output_type -> cohort.v1.PublishResponse
+	12, // 18: cohort.v1.Trainer.Adopt:output_type -> cohort.v1.AdoptResponse
+	14, // 19: cohort.v1.Trainer.Evaluate:output_type -> cohort.v1.EvaluateResponse
+	16, // 20: cohort.v1.Trainer.SaveCheckpoint:output_type -> cohort.v1.SaveCheckpointResponse
+	18, // 21: cohort.v1.Trainer.LoadCheckpoint:output_type -> cohort.v1.LoadCheckpointResponse
+	20, // 22: cohort.v1.Trainer.Shutdown:output_type -> cohort.v1.ShutdownResponse
+	13, // [13:23] is the sub-list for method output_type
+	3,  // [3:13] is the sub-list for method input_type
+	3,  // [3:3] is the sub-list for extension type_name
+	3,  // [3:3] is the sub-list for extension extendee
+	0,  // [0:3] is the sub-list for field type_name
 }
 
 func init() { file_cohort_v1_trainer_proto_init() }
@@ -1227,15 +1289,15 @@ func file_cohort_v1_trainer_proto_init() {
 		return
 	}
 	file_cohort_v1_arena_proto_init()
-	file_cohort_v1_trainer_proto_msgTypes[7].OneofWrappers = []any{}
-	file_cohort_v1_trainer_proto_msgTypes[13].OneofWrappers = []any{}
+	file_cohort_v1_trainer_proto_msgTypes[8].OneofWrappers = []any{}
+	file_cohort_v1_trainer_proto_msgTypes[14].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cohort_v1_trainer_proto_rawDesc), len(file_cohort_v1_trainer_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   20,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -47,7 +47,7 @@ type TrainerClient interface {
 	// into it on Publish).
 	Attach(ctx context.Context, in *AttachRequest, opts ...grpc.CallOption) (*AttachResponse, error)
 	// Train runs one plan and streams a report per batch.
-	Train(ctx context.Context, in *TrainRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[BatchReport], error)
+	Train(ctx context.Context, in *TrainRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[TrainReports], error)
 	// Publish makes the arena hold the current parameters.
 	Publish(ctx context.Context, in *PublishRequest, opts ...grpc.CallOption) (*PublishResponse, error)
 	// Adopt makes the model use the arena's parameters.
@@ -98,13 +98,13 @@ func (c *trainerClient) Attach(ctx context.Context, in *AttachRequest, opts ...g
 	return out, nil
 }
 
-func (c *trainerClient) Train(ctx context.Context, in *TrainRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[BatchReport], error) {
+func (c *trainerClient) Train(ctx context.Context, in *TrainRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[TrainReports], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	stream, err := c.cc.NewStream(ctx, &Trainer_ServiceDesc.Streams[0], Trainer_Train_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
-	x := &grpc.GenericClientStream[TrainRequest, BatchReport]{ClientStream: stream}
+	x := &grpc.GenericClientStream[TrainRequest, TrainReports]{ClientStream: stream}
 	if err := x.ClientStream.SendMsg(in); err != nil {
 		return nil, err
 	}
@@ -115,7 +115,7 @@ func (c *trainerClient) Train(ctx context.Context, in *TrainRequest, opts ...grp
 }
 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
-type Trainer_TrainClient = grpc.ServerStreamingClient[BatchReport]
+type Trainer_TrainClient = grpc.ServerStreamingClient[TrainReports]
 
 func (c *trainerClient) Publish(ctx context.Context, in *PublishRequest, opts ...grpc.CallOption) (*PublishResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
@@ -189,7 +189,7 @@ type TrainerServer interface {
 	// into it on Publish).
 	Attach(context.Context, *AttachRequest) (*AttachResponse, error)
 	// Train runs one plan and streams a report per batch.
-	Train(*TrainRequest, grpc.ServerStreamingServer[BatchReport]) error
+	Train(*TrainRequest, grpc.ServerStreamingServer[TrainReports]) error
 	// Publish makes the arena hold the current parameters.
 	Publish(context.Context, *PublishRequest) (*PublishResponse, error)
 	// Adopt makes the model use the arena's parameters.
@@ -219,7 +219,7 @@ func (UnimplementedTrainerServer) Configure(context.Context, *TrainerConfigureRe
 func (UnimplementedTrainerServer) Attach(context.Context, *AttachRequest) (*AttachResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method Attach not implemented")
 }
-func (UnimplementedTrainerServer) Train(*TrainRequest, grpc.ServerStreamingServer[BatchReport]) error {
+func (UnimplementedTrainerServer) Train(*TrainRequest, grpc.ServerStreamingServer[TrainReports]) error {
 	return status.Errorf(codes.Unimplemented, "method Train not implemented")
 }
 func (UnimplementedTrainerServer) Publish(context.Context, *PublishRequest) (*PublishResponse, error) {
@@ -320,11 +320,11 @@ func _Trainer_Train_Handler(srv interface{}, stream grpc.ServerStream) error {
 	if err := stream.RecvMsg(m); err != nil {
 		return err
 	}
-	return srv.(TrainerServer).Train(m, &grpc.GenericServerStream[TrainRequest, BatchReport]{ServerStream: stream})
+	return srv.(TrainerServer).Train(m, &grpc.GenericServerStream[TrainRequest, TrainReports]{ServerStream: stream})
 }
 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
-type Trainer_TrainServer = grpc.ServerStreamingServer[BatchReport]
+type Trainer_TrainServer = grpc.ServerStreamingServer[TrainReports]
 
 func _Trainer_Publish_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(PublishRequest)
