@@ -28,9 +28,10 @@
 // so no evaluation runs and its epoch seconds are training time. A cohort
 // of one rank runs no averaging rounds when its averager says a lone round
 // changes nothing (averaging-cpu without an outer optimizer), and its plans
-// hold about 200 ms of training each, the next always queued: what is left
-// is the plugin boundary itself (a Train call per plan, a report per batch
-// from the trainer to the worker and on to the coordinator). Goal: ratio at
+// hold about 200 ms of training each, the next always queued, with their
+// batch reports merged ten a second: what is left is the plugin boundary
+// itself (a Train call per plan, the reports' trip through the worker to the
+// coordinator) and cohort's processes sharing the cores. Goal: ratio at
 // most 1.05.
 //
 // It prints aligned lines, then one JSON line with every figure. It exits
