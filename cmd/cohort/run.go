@@ -598,7 +598,12 @@ func epochLine(pr coordinator.Progress) string {
 	if s.Seconds > 0 {
 		rate = float64(s.Samples) / s.Seconds
 	}
-	fmt.Fprintf(&b, "  %d samples  %.0f samples/s  %.1fs  sync %.1f ms/round  wait %.1f ms", s.Samples, rate, s.Seconds, s.MeanRoundMS, s.WaitAtSyncMS)
+	fmt.Fprintf(&b, "  %d samples  %.0f samples/s  %.1fs", s.Samples, rate, s.Seconds)
+	if s.Rounds == 0 {
+		b.WriteString("  no rounds") // a lone rank's rounds would change nothing
+	} else {
+		fmt.Fprintf(&b, "  %d rounds  sync %.1f ms/round  wait %.1f ms", s.Rounds, s.MeanRoundMS, s.WaitAtSyncMS)
+	}
 	return b.String()
 }
 

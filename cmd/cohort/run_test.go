@@ -764,3 +764,35 @@ func TestRunFailsFastWhenAWorkerCannotStart(t *testing.T) {
 		t.Errorf("stderr does not say which worker failed:\n%s", tail(p.stderrText(), 2000))
 	}
 }
+
+// TestEpochLine: the progress line of a finished epoch names its accuracy
+// only when the trainer evaluated, and its rounds only when it had any (a
+// lone rank has none, and "sync 0.0 ms/round" would read as free rounds).
+func TestEpochLine(t *testing.T) {
+	acc := 0.8539
+	for _, tc := range []struct {
+		name      string
+		s         coordinator.EpochSummary
+		want, not []string
+	}{
+		{"rounds", coordinator.EpochSummary{Epoch: 2, Loss: 0.4066, Accuracy: &acc, Seconds: 1, Samples: 60000, Rounds: 24, MeanRoundMS: 6.5, WaitAtSyncMS: 3.25},
+			[]string{"epoch 3/3", "accuracy 85.39%", "60000 samples/s", "24 rounds", "sync 6.5 ms/round", "wait 3.2 ms"}, []string{"no rounds"}},
+		{"lone rank", coordinator.EpochSummary{Epoch: 0, Loss: 0.5, Seconds: 2, Samples: 60000},
+			[]string{"epoch 1/3", "30000 samples/s", "no rounds"}, []string{"accuracy", "ms/round"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := tc.s
+			line := epochLine(coordinator.Progress{Kind: coordinator.ProgressEpoch, Epochs: 3, Summary: &s})
+			for _, w := range tc.want {
+				if !strings.Contains(line, w) {
+					t.Errorf("%q lacks %q", line, w)
+				}
+			}
+			for _, n := range tc.not {
+				if strings.Contains(line, n) {
+					t.Errorf("%q has %q", line, n)
+				}
+			}
+		})
+	}
+}
