@@ -167,6 +167,8 @@ type rankScript struct {
 	solo bool
 	// noEval: Ready says the trainer has no test split.
 	noEval bool
+	// anonymousReports: Batch frames do not name their plan.
+	anonymousReports bool
 }
 
 // planRec is one plan a rank received.
@@ -372,7 +374,7 @@ func (f *fakeRank) play(ctx context.Context) error {
 		f.mu.Unlock()
 		start := time.Now()
 		var nb uint64
-		merged := &cohortv1.Batch{Rank: f.id, Epoch: epoch, BatchLoss: 0.5}
+		merged := &cohortv1.Batch{Rank: f.id, Epoch: epoch, BatchLoss: 0.5, PartitionOffset: off, PartitionSize: size}
 		for done := uint64(0); done < size; {
 			n := min(batch, size-done)
 			select {
@@ -394,6 +396,9 @@ func (f *fakeRank) play(ctx context.Context) error {
 			f.steps++
 			f.mu.Unlock()
 			b := &cohortv1.Batch{Rank: f.id, Epoch: epoch, BatchMs: float64(s.msPerBatch) / 1e6, Samples: uint32(n), StepCount: uint64(batches), BatchLoss: 0.5}
+			if !s.anonymousReports {
+				b.PartitionOffset, b.PartitionSize = off, size
+			}
 			if merge {
 				merged.Batches++
 				merged.BatchMs += b.BatchMs

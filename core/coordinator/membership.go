@@ -132,9 +132,9 @@ func (r *runner) redistribute(rs []Range, survivors []uint32) {
 // extSlot is where an ExtendPartition runs among a rank's open plans: a
 // worker runs it after the plan in progress (taken to be the first open
 // one, unless the rank holds that one for a round) and after earlier
-// extensions, ahead of chunks still queued or held. Keeping the same order
-// here is what lets Batch reports, which do not name their plan, be
-// counted against the right one.
+// extensions, ahead of chunks still queued or held. Batch reports name
+// their plan; the order matters to ones that do not, which count against
+// the first unfinished plan.
 func extSlot(open []*plan) int {
 	at := 0
 	if len(open) > 0 && !open[0].held {

@@ -26,6 +26,7 @@ func TestDeadRankRedistributed(t *testing.T) {
 		reason string
 	}{
 		{"link breaks", rankScript{msPerBatch: 5 * time.Millisecond, dieAfterBatches: 3}, "link closed without Exiting"},
+		{"link breaks, reports name no plan", rankScript{msPerBatch: 5 * time.Millisecond, dieAfterBatches: 3, anonymousReports: true}, "link closed without Exiting"},
 		{"falls silent", rankScript{msPerBatch: 5 * time.Millisecond, silentAfterBatches: 3}, "silent for 1s (heartbeat timeout)"},
 	}
 	for _, tc := range cases {

@@ -385,11 +385,8 @@ func (r *runner) onBatch(rs *rankState, m *cohortv1.Batch) {
 		return
 	}
 	n := uint64(m.GetSamples())
-	for _, p := range rs.outstanding {
-		if !p.held && p.reported < p.rng.Size {
-			p.reported += min(n, p.rng.Size-p.reported)
-			break
-		}
+	if p := rs.reportedPlan(m); p != nil {
+		p.reported += min(n, p.rng.Size-p.reported)
 	}
 	// A frame may report several batches of one plan (a solo rank's
 	// merged reports): its times are their sums.
@@ -416,6 +413,25 @@ func (r *runner) onBatch(rs *rankState, m *cohortv1.Batch) {
 			r.emit(Progress{Kind: ProgressSamples, Done: r.agg.prior.Samples + r.agg.trained})
 		}
 	}
+}
+
+// reportedPlan is the open plan a Batch counts against: the one it names,
+// else the first the rank has not finished and does not hold.
+func (rs *rankState) reportedPlan(m *cohortv1.Batch) *plan {
+	if m.GetPartitionSize() > 0 {
+		for _, p := range rs.outstanding {
+			if p.epoch == m.GetEpoch() && p.rng.Offset == m.GetPartitionOffset() && p.rng.Size == m.GetPartitionSize() {
+				return p
+			}
+		}
+		return nil
+	}
+	for _, p := range rs.outstanding {
+		if !p.held && p.reported < p.rng.Size {
+			return p
+		}
+	}
+	return nil
 }
 
 // onMetrics closes the plan it names.

@@ -8,6 +8,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	cohortv1 "github.com/cohortdl/cohort/shared/proto/cohort/v1"
 )
 
 func TestEqualSizes(t *testing.T) {
@@ -335,5 +337,35 @@ func TestExtSlotFollowsTheWorkersOrder(t *testing.T) {
 		if got := extSlot(tc.open); got != tc.want {
 			t.Errorf("%s: slot %d, want %d", tc.name, got, tc.want)
 		}
+	}
+}
+
+// A Batch counts against the plan it names, whatever the order of the
+// rank's open plans; one that names none counts against the first plan the
+// rank has not finished and does not hold.
+func TestReportedPlan(t *testing.T) {
+	window := &plan{epoch: 1, rng: Range{Offset: 0, Size: 16}}
+	ext := &plan{epoch: 1, rng: Range{Offset: 40, Size: 8}, ext: true}
+	held := &plan{epoch: 1, rng: Range{Offset: 16, Size: 16}, held: true}
+	for _, tc := range []struct {
+		name string
+		open []*plan
+		m    *cohortv1.Batch
+		want *plan
+	}{
+		{"named", []*plan{window, ext}, &cohortv1.Batch{Epoch: 1, PartitionOffset: 40, PartitionSize: 8}, ext},
+		{"named, held first", []*plan{held, ext}, &cohortv1.Batch{Epoch: 1, PartitionOffset: 40, PartitionSize: 8}, ext},
+		{"named, other epoch", []*plan{window, ext}, &cohortv1.Batch{Epoch: 2, PartitionOffset: 40, PartitionSize: 8}, nil},
+		{"named, no such plan", []*plan{window}, &cohortv1.Batch{Epoch: 1, PartitionOffset: 8, PartitionSize: 8}, nil},
+		{"anonymous", []*plan{window, ext}, &cohortv1.Batch{Epoch: 1}, window},
+		{"anonymous, held first", []*plan{held, ext}, &cohortv1.Batch{Epoch: 1}, ext},
+		{"anonymous, none open", nil, &cohortv1.Batch{Epoch: 1}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rs := &rankState{outstanding: tc.open}
+			if got := rs.reportedPlan(tc.m); got != tc.want {
+				t.Errorf("counted against %+v, want %+v", got, tc.want)
+			}
+		})
 	}
 }

@@ -245,7 +245,7 @@ func (w *worker) runNextPlan(ctx context.Context) error {
 		st.dataMS += b.DataMS
 		st.computeMS += max(b.BatchMS-b.DataMS, 0)
 		if merged == nil {
-			merged = &cohortv1.Batch{Rank: w.o.Rank, Epoch: p.Epoch}
+			merged = &cohortv1.Batch{Rank: w.o.Rank, Epoch: p.Epoch, PartitionOffset: p.PartitionOffset, PartitionSize: p.PartitionSize}
 		}
 		merged.Batches++
 		merged.BatchMs += b.BatchMS

@@ -1392,9 +1392,14 @@ type Batch struct {
 	// batches this frame reports, 0 meaning 1 (see
 	// EpochPlan.report_interval_ms): samples, batch_ms and data_ms are their
 	// sums, batch_loss their mean, step_count and param_norm the last ones.
-	Batches       uint32 `protobuf:"varint,10,opt,name=batches,proto3" json:"batches,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Batches uint32 `protobuf:"varint,10,opt,name=batches,proto3" json:"batches,omitempty"`
+	// The plan the batches belong to (as Metrics names it), so they count
+	// against it whatever order the rank runs its plans in. A size of 0 names
+	// none: the batches count against the first unfinished plan.
+	PartitionOffset uint64 `protobuf:"varint,11,opt,name=partition_offset,json=partitionOffset,proto3" json:"partition_offset,omitempty"`
+	PartitionSize   uint64 `protobuf:"varint,12,opt,name=partition_size,json=partitionSize,proto3" json:"partition_size,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *Batch) Reset() {
@@ -1493,6 +1498,20 @@ func (x *Batch) GetSamples() uint32 {
 func (x *Batch) GetBatches() uint32 {
 	if x != nil {
 		return x.Batches
+	}
+	return 0
+}
+
+func (x *Batch) GetPartitionOffset() uint64 {
+	if x != nil {
+		return x.PartitionOffset
+	}
+	return 0
+}
+
+func (x *Batch) GetPartitionSize() uint64 {
+	if x != nil {
+		return x.PartitionSize
 	}
 	return 0
 }
@@ -2528,7 +2547,7 @@ const file_cohort_v1_wire_proto_rawDesc = "" +
 	"\n" +
 	"batch_size\x18\t \x01(\rR\tbatchSize\x12#\n" +
 	"\rsolo_identity\x18\n" +
-	" \x01(\bR\fsoloIdentity\"\xcc\x02\n" +
+	" \x01(\bR\fsoloIdentity\"\x9e\x03\n" +
 	"\x05Batch\x12\x12\n" +
 	"\x04rank\x18\x01 \x01(\rR\x04rank\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x19\n" +
@@ -2543,7 +2562,9 @@ const file_cohort_v1_wire_proto_rawDesc = "" +
 	"\x0fsync_divergence\x18\b \x01(\x01H\x01R\x0esyncDivergence\x88\x01\x01\x12\x18\n" +
 	"\asamples\x18\t \x01(\rR\asamples\x12\x18\n" +
 	"\abatches\x18\n" +
-	" \x01(\rR\abatchesB\r\n" +
+	" \x01(\rR\abatches\x12)\n" +
+	"\x10partition_offset\x18\v \x01(\x04R\x0fpartitionOffset\x12%\n" +
+	"\x0epartition_size\x18\f \x01(\x04R\rpartitionSizeB\r\n" +
 	"\v_param_normB\x12\n" +
 	"\x10_sync_divergence\"\x8a\x03\n" +
 	"\aSyncAck\x12\x12\n" +
