@@ -128,6 +128,21 @@ func (d *dataset) gather(idx []uint64, x []float32, y []int64, t []float32) {
 	}
 }
 
+// widenWithin turns byte features into u8Scale's floats when they take at
+// most limit bytes so: the batch gather, on the training thread's path,
+// then copies rows (30 µs for 64 Fashion-MNIST images, against 52 µs
+// scaling bytes), for four times the memory.
+func (d *dataset) widenWithin(limit int64) {
+	if d.u8 == nil || int64(len(d.u8))*4 > limit {
+		return
+	}
+	f := make([]float32, len(d.u8))
+	for i, v := range d.u8 {
+		f[i] = u8Scale[v]
+	}
+	d.f32, d.u8 = f, nil
+}
+
 // scaleRow writes src's bytes into row as u8Scale's floats. Eight at a time
 // with the bounds checked once per eight: the batch gather runs on the
 // training thread, and this halves its time.
@@ -162,8 +177,12 @@ func findIDX(dir, base string) string {
 func loadData(s *Settings) (train, eval *dataset, err error) {
 	if s.DataX != "" {
 		train, err = loadPair("training split", s.DataX, s.DataY, decodeNPY, s.Loss)
-		if err != nil || s.EvalX == "" {
-			return train, nil, err
+		if err != nil {
+			return nil, nil, err
+		}
+		train.widenWithin(*s.WidenMB << 20)
+		if s.EvalX == "" {
+			return train, nil, nil
 		}
 		eval, err = loadPair("test split", s.EvalX, s.EvalY, decodeNPY, s.Loss)
 		return train, eval, err
@@ -186,6 +205,7 @@ func loadData(s *Settings) (train, eval *dataset, err error) {
 	if err != nil {
 		return nil, nil, err
 	}
+	train.widenWithin(*s.WidenMB << 20)
 	switch {
 	case paths[2] == "" && paths[3] == "":
 		return train, nil, nil

@@ -254,3 +254,39 @@ func TestScaleRow(t *testing.T) {
 		}
 	}
 }
+
+// TestWidenWithin: byte features widen to float32 only within the limit,
+// and a widened set gathers the very floats the bytes did.
+func TestWidenWithin(t *testing.T) {
+	raw := make([]byte, 3*20)
+	for i := range raw {
+		raw[i] = byte(41 * i)
+	}
+	load := func() *dataset {
+		d, err := newDataset("train", &array{shape: []int{3, 20}, kind: kindU8, raw: raw},
+			&array{shape: []int{3}, kind: kindU8, raw: []byte{0, 1, 2}}, "x", "y", "cross_entropy")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	gather := func(d *dataset) []float32 {
+		x := make([]float32, 3*20)
+		d.gather([]uint64{2, 0, 1}, x, make([]int64, 3), nil)
+		return x
+	}
+	want := gather(load())
+	for _, tc := range []struct {
+		limit int64
+		wide  bool
+	}{{0, false}, {3*20*4 - 1, false}, {3 * 20 * 4, true}, {1 << 20, true}} {
+		d := load()
+		d.widenWithin(tc.limit)
+		if (d.f32 != nil) != tc.wide || (d.u8 == nil) != tc.wide {
+			t.Fatalf("limit %d: widened %v, want %v", tc.limit, d.f32 != nil, tc.wide)
+		}
+		if got := gather(d); !slices.Equal(got, want) {
+			t.Fatalf("limit %d: gathered %v, want %v", tc.limit, got, want)
+		}
+	}
+}

@@ -34,6 +34,11 @@ type Settings struct {
 
 	BatchSize     uint32 `json:"batch_size"`
 	EvalBatchSize uint32 `json:"eval_batch_size"`
+	// WidenMB: byte features (IDX images, uint8 .npy) of the training split
+	// are widened to float32 once, at load, when that takes at most this
+	// many MiB (default 512; 0 keeps bytes and widens each batch): a batch
+	// gather is then a copy.
+	WidenMB *int64 `json:"widen_mb"`
 
 	Optimizer   string    `json:"optimizer"`
 	LR          *float64  `json:"lr"`
@@ -55,6 +60,10 @@ type Settings struct {
 	Device  string `json:"device"`
 }
 
+// defaultWidenMB keeps a 60000-image set of 28×28 (184 MiB widened) and
+// sets up to about 2.7 times that in float32.
+const defaultWidenMB = 512
+
 // Bounds on settings.
 const (
 	maxLayerWidth = 1 << 20
@@ -62,6 +71,7 @@ const (
 	maxBatch      = 1 << 20
 	maxOutputs    = 1 << 24
 	maxThreads    = 1024
+	maxWidenMB    = 1 << 24
 )
 
 var cudaDevice = regexp.MustCompile(`^cuda(:[0-9]{1,3})?$`)
@@ -171,6 +181,13 @@ func (s *Settings) fill() error {
 	}
 	if s.BatchSize > maxBatch || s.EvalBatchSize > maxBatch {
 		return fmt.Errorf("batch_size %d / eval_batch_size %d: at most %d", s.BatchSize, s.EvalBatchSize, maxBatch)
+	}
+	if s.WidenMB == nil {
+		v := int64(defaultWidenMB)
+		s.WidenMB = &v
+	}
+	if *s.WidenMB < 0 || *s.WidenMB > maxWidenMB {
+		return fmt.Errorf("widen_mb = %d: want 0 (never) to %d", *s.WidenMB, maxWidenMB)
 	}
 
 	if s.Optimizer == "" {

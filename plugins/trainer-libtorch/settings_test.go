@@ -17,7 +17,7 @@ func TestSettingsDefaults(t *testing.T) {
 		}
 		if s.Model != "mlp" || !slices.Equal(s.Hidden, []int64{256}) || s.Loss != "cross_entropy" || s.Data != DefaultData ||
 			s.BatchSize != 64 || s.Optimizer != "sgd" || *s.LR != 0.05 || *s.Momentum != 0.9 || *s.WeightDecay != 0 ||
-			s.LRSchedule != "constant" || s.Threads != 0 || s.Device != "cpu" {
+			s.LRSchedule != "constant" || s.Threads != 0 || s.Device != "cpu" || *s.WidenMB != 512 {
 			t.Fatalf("%q: defaults %+v", raw, s)
 		}
 	}
@@ -56,6 +56,8 @@ func TestSettingsErrors(t *testing.T) {
 		`{"max_grad_norm": -1}`:                                           "max_grad_norm",
 		`{"input_shape": [1, 0]}`:                                         "input_shape",
 		`{"outputs": -2}`:                                                 "outputs = -2",
+		`{"widen_mb": -1}`:                                                "widen_mb = -1",
+		`{"widen_mb": 9223372036854775807}`:                               "widen_mb = 9223372036854775807",
 	}
 	for raw, want := range cases {
 		if _, err := parseSettings([]byte(raw)); err == nil || !strings.Contains(err.Error(), want) {
