@@ -408,11 +408,13 @@ func newBatchBuf(d *dataset, batch int) *batchBuf {
 	return b
 }
 
-// fill gathers samples into b.
-func (b *batchBuf) fill(d *dataset, samples []uint64) {
-	n := len(samples)
+// fill gathers the samples picks name (modulo the set's size) into b.
+func (b *batchBuf) fill(d *dataset, picks []uint64) {
+	n := len(picks)
 	b.n = n
-	copy(b.idx, samples)
+	for i, p := range picks {
+		b.idx[i] = p % uint64(d.n)
+	}
 	var y []int64
 	var tg []float32
 	if b.y != nil {
@@ -434,7 +436,6 @@ func (t *Trainer) trainOnThread(ctx context.Context, plan plugin.Plan, report fu
 		return errors.New("libtorch trainer: Train before Configure")
 	}
 	data, bufs, batch, gen := t.train, t.bufs, uint64(t.s.BatchSize), t.gen
-	samples := uint64(data.n)
 	if plan.GlobalStep != 0 {
 		t.schedStep = plan.GlobalStep
 	}
@@ -462,7 +463,6 @@ func (t *Trainer) trainOnThread(ctx context.Context, plan plugin.Plan, report fu
 	go func() {
 		defer wg.Done()
 		defer close(ready)
-		idx := make([]uint64, batch)
 		for len(picks) > 0 {
 			var b *batchBuf
 			select {
@@ -471,11 +471,8 @@ func (t *Trainer) trainOnThread(ctx context.Context, plan plugin.Plan, report fu
 				return
 			}
 			n := min(batch, uint64(len(picks)))
-			for i, p := range picks[:n] {
-				idx[i] = p % samples
-			}
+			b.fill(data, picks[:n])
 			picks = picks[n:]
-			b.fill(data, idx[:n])
 			select {
 			case ready <- b:
 			case <-stop:
