@@ -85,8 +85,17 @@ func runReference(b *testing.B, tr *Trainer, epochs int) (float64, error) {
 	for i, l := range d.labels {
 		labels[i] = byte(l)
 	}
+	// The trainer widened its copy of the pixels to floats at load: the
+	// reference reads the bytes from the file.
+	pixels, err := decodeFile(findIDX(DefaultData, idxNames[0]), decodeIDX)
+	if err != nil {
+		return 0, err
+	}
+	if len(pixels.raw) != d.n*d.features {
+		return 0, fmt.Errorf("%s holds %d bytes, the trainer %d samples of %d", DefaultData, len(pixels.raw), d.n, d.features)
+	}
 	img, lab := filepath.Join(dir, "images.u8"), filepath.Join(dir, "labels.u8")
-	if err := os.WriteFile(img, d.u8, 0o600); err != nil {
+	if err := os.WriteFile(img, pixels.raw, 0o600); err != nil {
 		return 0, err
 	}
 	if err := os.WriteFile(lab, labels, 0o600); err != nil {
