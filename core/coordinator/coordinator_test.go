@@ -444,6 +444,10 @@ func TestSoloCohort(t *testing.T) {
 				if (e.Accuracy == nil) != tc.noEval {
 					t.Errorf("epoch %d accuracy %v", e.Epoch, e.Accuracy)
 				}
+				// 12 batches of 60 ms, whether reported one by one or merged.
+				if len(e.Ranks) != 1 || e.Ranks[0].TrainMS != 720 {
+					t.Errorf("epoch %d ranks %+v, want rank 0 with 720 ms of training", e.Epoch, e.Ranks)
+				}
 			}
 			if !tc.solo {
 				for i, p := range plans {

@@ -96,7 +96,7 @@ func (r *runner) recordEpoch() {
 	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
 	for _, id := range ids {
 		ra := a.perRank[id]
-		er := EpochRank{Rank: id, Batches: ra.batches, Samples: ra.samples, Windows: ra.windows}
+		er := EpochRank{Rank: id, Batches: ra.batches, Samples: ra.samples, Windows: ra.windows, TrainMS: safe(ra.trainMS)}
 		if ra.windows > 0 {
 			er.BatchesPerWindow = float64(ra.batches) / float64(ra.windows)
 		}

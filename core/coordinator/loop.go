@@ -151,6 +151,7 @@ type rankAgg struct {
 	batches, samples, windows uint64
 	waitSum                   float64
 	waitN                     uint64
+	trainMS                   float64 // the rank's own batch times, summed
 }
 
 func (a *epochAgg) rank(r uint32) *rankAgg {

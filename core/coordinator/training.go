@@ -407,6 +407,9 @@ func (r *runner) onBatch(rs *rankState, m *cohortv1.Batch) {
 		ra := r.agg.rank(rs.id)
 		ra.batches += batches
 		ra.samples += n
+		if ms := m.GetBatchMs(); finite(ms) && ms > 0 {
+			ra.trainMS += ms
+		}
 		r.agg.trained += n
 		if now := time.Now(); now.Sub(r.lastProgress) >= 100*time.Millisecond {
 			r.lastProgress = now
