@@ -3,6 +3,7 @@
 package main
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -46,7 +47,7 @@ func TestShimLoadErrors(t *testing.T) {
 		missing + " (no such file)",
 		notELF + " (dlopen:",
 		other + " (not a cohort libtorch shim",
-		oldABI + " (shim ABI version 999, this plugin needs 1",
+		oldABI + fmt.Sprintf(" (shim ABI version 999, this plugin needs %d", shimABI),
 		shimEnv,
 	} {
 		if !strings.Contains(msg, want) {
