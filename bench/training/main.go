@@ -497,8 +497,8 @@ type singleRow struct {
 	// the rest is what the boundary costs outside libtorch's steps,
 	// measured within each epoch, so the machine's drift cancels.
 	TrainShare float64 `json:"cohort_train_share"`
-	Ratio          float64   `json:"ratio"`
-	Pass           bool      `json:"pass"`
+	Ratio      float64 `json:"ratio"`
+	Pass       bool    `json:"pass"`
 }
 
 // single compares cohort on one rank with the reference loop. This machine
