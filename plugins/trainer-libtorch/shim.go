@@ -32,9 +32,9 @@ static int go_ct_adopt(const ct_api *a, ct_model *m, double alpha, double *norm,
 	return a->adopt(m, alpha, norm, e, n);
 }
 static int go_ct_param_norm(const ct_api *a, ct_model *m, double *norm, char *e, size_t n) { return a->param_norm(m, norm, e, n); }
-static int go_ct_train_steps(const ct_api *a, ct_model *m, int64_t k, const int64_t *rows, const float *x, const int64_t *y,
-		const float *t, int64_t w, const double *lrs, double *losses, int64_t *nanos, int64_t *done, char *e, size_t n) {
-	return a->train_steps(m, k, rows, x, y, t, w, lrs, losses, nanos, done, e, n);
+static int go_ct_train_step(const ct_api *a, ct_model *m, const float *x, int64_t b, const int64_t *y, const float *t,
+		int64_t w, double lr, double *loss, char *e, size_t n) {
+	return a->train_step(m, x, b, y, t, w, lr, loss, e, n);
 }
 static int go_ct_evaluate(const ct_api *a, ct_model *m, const float *x, int64_t b, const int64_t *y, const float *t,
 		int64_t w, double *loss, int64_t *correct, char *e, size_t n) {
@@ -353,33 +353,16 @@ func batchPtrs(x []float32, labels []int64, targets []float32) (*C.float, *C.int
 	return xp, yp, tp
 }
 
-// stepsOut receives what trainSteps reports per step.
-type stepsOut struct {
-	losses []float64
-	nanos  []int64
-}
-
-// trainSteps runs one optimizer step per entry of rows, on consecutive
-// batches of x and labels or targets, with lrs[i] the learning rate of
-// step i; out's slices hold len(rows) values or more. It returns the steps
-// done, which fill out, also with an error.
-func (m *model) trainSteps(rows []int64, x []float32, labels []int64, targets []float32, width int, lrs []float64, out stepsOut, buf []byte) (int, error) {
-	k := len(rows)
-	if k == 0 {
-		return 0, nil
-	}
-	if len(lrs) < k || len(out.losses) < k || len(out.nanos) < k {
-		return 0, fmt.Errorf("train steps: %d steps, %d learning rates, room for %d losses and %d times", k, len(lrs), len(out.losses), len(out.nanos))
-	}
+// trainStep runs one optimizer step on rows samples.
+func (m *model) trainStep(x []float32, rows int, labels []int64, targets []float32, width int, lr float64, buf []byte) (float64, error) {
 	xp, yp, tp := batchPtrs(x, labels, targets)
-	var done C.int64_t
+	var loss C.double
 	e, n := errPtr(buf)
-	rc := C.go_ct_train_steps(m.s.api, m.m, C.int64_t(k), (*C.int64_t)(unsafe.Pointer(&rows[0])), xp, yp, tp, C.int64_t(width),
-		(*C.double)(unsafe.Pointer(&lrs[0])), (*C.double)(unsafe.Pointer(&out.losses[0])), (*C.int64_t)(unsafe.Pointer(&out.nanos[0])), &done, e, n)
+	rc := C.go_ct_train_step(m.s.api, m.m, xp, C.int64_t(rows), yp, tp, C.int64_t(width), C.double(lr), &loss, e, n)
 	if rc != 0 {
-		return int(done), shimError("train step", buf)
+		return 0, shimError("train step", buf)
 	}
-	return int(done), nil
+	return float64(loss), nil
 }
 
 // evaluate adds the summed loss and correct count of rows samples.

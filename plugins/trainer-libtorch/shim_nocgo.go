@@ -7,7 +7,7 @@ import "errors"
 // Without cgo the plugin cannot dlopen the shim; it builds (so `go build
 // ./...` and `go vet ./...` pass with CGO_ENABLED=0) and refuses to start.
 
-const shimABI = 2
+const shimABI = 1
 
 const errBufLen = 4096
 
@@ -34,13 +34,7 @@ func (m *model) norm() (float64, error)                             { return 0, 
 func (m *model) forward([]float32, int, []float32) ([]int64, error) { return nil, errNoCgo }
 func (m *model) save(string, string) error                          { return errNoCgo }
 func (m *model) load(string, string) error                          { return errNoCgo }
-
-type stepsOut struct {
-	losses []float64
-	nanos  []int64
-}
-
-func (m *model) trainSteps([]int64, []float32, []int64, []float32, int, []float64, stepsOut, []byte) (int, error) {
+func (m *model) trainStep([]float32, int, []int64, []float32, int, float64, []byte) (float64, error) {
 	return 0, errNoCgo
 }
 func (m *model) evaluate([]float32, int, []int64, []float32, int, []byte) (float64, int64, error) {

@@ -7,7 +7,6 @@ import (
 	"os"
 	"runtime"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -28,17 +27,6 @@ const (
 	paramNormEvery = 10
 	// maxPickSpace bounds a plan's permutation (8 bytes a pick).
 	maxPickSpace = 1 << 28
-	// chunkTime is about how long one call into the shim trains when a
-	// plan's reports travel merged (a lone rank's): its batches go to the
-	// shim in chunks, so the Go runtime's work around each cgo call (a few
-	// thread wake-ups) comes once a chunk rather than once a batch. Those
-	// wake-ups land on the cores libtorch's threads compute on. Cancelling
-	// Train waits for the chunk in progress.
-	chunkTime = 20 * time.Millisecond
-	// maxChunkBatches and maxChunkBytes (of gathered features) bound a
-	// chunk; each of Train's two buffers holds one.
-	maxChunkBatches = 64
-	maxChunkBytes   = 16 << 20
 )
 
 // Trainer is the libtorch trainer: a model, its optimizer and the data in
@@ -51,10 +39,8 @@ type Trainer struct {
 	// forceCopy makes Attach copy instead of viewing, as for CUDA models;
 	// tests use it to exercise that path on the CPU.
 	forceCopy bool
-	// traceBatch, when set, sees every batch's sample indices, and
-	// traceChunk every chunk's batch count (tests).
+	// traceBatch, when set, sees every batch's sample indices (tests).
 	traceBatch func(epoch uint64, samples []uint64)
-	traceChunk func(batches int)
 
 	// trainMu is held by Train for its whole run.
 	trainMu sync.Mutex
@@ -68,7 +54,7 @@ type Trainer struct {
 	cfg     plugin.TrainerConfig
 	s       Settings
 	threads int
-	// prefetch says whether a goroutine gathers the next chunk while one
+	// prefetch says whether a goroutine gathers the next batch while one
 	// trains: when the host has a core beyond the intra-op threads of its
 	// ranks (see spareCore).
 	prefetch  bool
@@ -82,20 +68,14 @@ type Trainer struct {
 	steps     uint64 // optimizer steps in total
 	lastPub   uint64 // steps at the last Publish
 	schedStep uint64 // the learning-rate schedule's step
-	// bufs are the two chunks Train alternates between: one trains while
+	// bufs are the two batches Train alternates between: one trains while
 	// the other is gathered.
-	bufs     [2]*chunkBuf
+	bufs     [2]*batchBuf
 	errBuf   []byte
 	shutdown bool
 	// gen counts Configure and Shutdown calls: a Train started on one
 	// model stops when another replaces it.
 	gen uint64
-
-	// stepNS is the mean step time of the last chunks trained on the model
-	// of generation stepGen, which sizes the next Train's first chunk.
-	// Train's alone: guarded by trainMu.
-	stepNS  float64
-	stepGen uint64
 }
 
 var _ plugin.Trainer = (*Trainer)(nil)
@@ -139,10 +119,10 @@ func defaultThreads(localRanks uint32) int {
 
 // spareCore says whether local ranks of threads intra-op threads each
 // leave a core of cores free. Only then does a gathering goroutine run
-// beside the training: on a 2-core host, 1 thread trained about 4% faster
-// with it and 2 threads about 3% slower (epochs alternating between the
-// two ways in one run), the gather then taking its time from libtorch's
-// own threads and waking one more thread a chunk.
+// beside the training: on a 2-core host, epochs alternating between the two
+// ways in one lone-rank run came out 3-4% faster with it at 1 thread and
+// 1-4% slower at 2, where the gather takes its time from libtorch's own
+// threads and wakes one more thread a batch.
 func spareCore(threads int, localRanks uint32, cores int) bool {
 	return threads*int(max(localRanks, 1)) < cores
 }
@@ -239,7 +219,7 @@ func (t *Trainer) Configure(_ context.Context, cfg plugin.TrainerConfig) (plugin
 	t.prefetch = spareCore(threads, cfg.LocalRanks, runtime.NumCPU())
 	t.steps, t.lastPub, t.schedStep = 0, 0, 0
 	for i := range t.bufs {
-		t.bufs[i] = newChunkBuf(train, int(s.BatchSize))
+		t.bufs[i] = newBatchBuf(train, int(s.BatchSize))
 	}
 	var evalN uint64
 	if eval != nil {
@@ -424,53 +404,35 @@ func (t *Trainer) Train(ctx context.Context, plan plugin.Plan, report func(plugi
 	return err
 }
 
-// chunkBuf is one gathered chunk: consecutive batches of features, and
-// labels or targets, with each batch's size.
-type chunkBuf struct {
-	idx  []uint64
-	x    []float32
-	y    []int64
-	tg   []float32
-	rows []int64
-	n    int // samples
+// batchBuf is one gathered batch: features, and labels or targets.
+type batchBuf struct {
+	idx []uint64
+	x   []float32
+	y   []int64
+	tg  []float32
+	n   int
 }
 
-// newChunkBuf has room for one batch; fill grows it to the chunk it holds.
-func newChunkBuf(d *dataset, batch int) *chunkBuf {
-	b := &chunkBuf{}
-	b.grow(d, batch)
+func newBatchBuf(d *dataset, batch int) *batchBuf {
+	b := &batchBuf{idx: make([]uint64, batch), x: make([]float32, batch*d.features)}
+	if d.labels != nil {
+		b.y = make([]int64, batch)
+	} else {
+		b.tg = make([]float32, batch*d.width)
+	}
 	return b
 }
 
-func (b *chunkBuf) grow(d *dataset, samples int) {
-	if len(b.idx) >= samples {
-		return
-	}
-	b.idx = make([]uint64, samples)
-	b.x = make([]float32, samples*d.features)
-	if d.labels != nil {
-		b.y = make([]int64, samples)
-	} else {
-		b.tg = make([]float32, samples*d.width)
-	}
-}
-
-// fill gathers the samples picks name (modulo the set's size) into b, in
-// batches of batch (the last one possibly short).
-func (b *chunkBuf) fill(d *dataset, picks []uint64, batch int) {
+// fill gathers the samples picks name (modulo the set's size) into b.
+func (b *batchBuf) fill(d *dataset, picks []uint64) {
 	n := len(picks)
-	b.grow(d, n)
 	b.n = n
-	b.rows = b.rows[:0]
-	for done := 0; done < n; done += batch {
-		b.rows = append(b.rows, int64(min(batch, n-done)))
-	}
 	for i, p := range picks {
 		b.idx[i] = p % uint64(d.n)
 	}
 	var y []int64
 	var tg []float32
-	if d.labels != nil {
+	if b.y != nil {
 		y = b.y[:n]
 	} else {
 		tg = b.tg[:n*d.width]
@@ -478,30 +440,18 @@ func (b *chunkBuf) fill(d *dataset, picks []uint64, batch int) {
 	d.gather(b.idx[:n], b.x[:n*d.features], y, tg)
 }
 
-// chunkBatches is how many batches a merged plan's chunk holds, given the
-// mean step time (0: not known yet), within the buffers' bounds.
-func chunkBatches(stepNS float64, batch, features int) int {
-	if !(stepNS > 0) {
-		return 1
-	}
-	k := int(float64(chunkTime) / stepNS)
-	k = min(k, maxChunkBatches, maxChunkBytes/max(1, batch*features*4))
-	return max(k, 1)
-}
-
 // trainOnThread is Train's batch loop, on t.thread. With a core to spare
-// (t.prefetch), a goroutine gathers the next chunk while this one trains,
+// (t.prefetch), a goroutine gathers the next batch while this one trains,
 // as a data loader prefetches: the gather reads random rows of the
 // training set, and its cache misses would otherwise sit on the training
-// thread between the steps. A chunk is one batch unless the plan's reports
-// travel merged (see chunkTime).
+// thread between every two steps.
 func (t *Trainer) trainOnThread(ctx context.Context, plan plugin.Plan, report func(plugin.BatchReport) error) error {
 	t.mu.Lock()
 	if t.model == nil {
 		t.mu.Unlock()
 		return errors.New("libtorch trainer: Train before Configure")
 	}
-	data, bufs, batch, gen, prefetch := t.train, t.bufs, t.s.BatchSize, t.gen, t.prefetch
+	data, bufs, batch, gen, prefetch := t.train, t.bufs, uint64(t.s.BatchSize), t.gen, t.prefetch
 	if plan.GlobalStep != 0 {
 		t.schedStep = plan.GlobalStep
 	}
@@ -518,38 +468,23 @@ func (t *Trainer) trainOnThread(ctx context.Context, plan plugin.Plan, report fu
 		return nil
 	}
 
-	merged := plan.ReportInterval > 0
-	if t.stepGen != gen {
-		t.stepNS, t.stepGen = 0, gen
-	}
-	// want is the chunk size in batches: the loop below sets it, and the
-	// gather reads it for the next chunk it fills.
-	var want atomic.Int64
-	want.Store(1)
-	if merged {
-		want.Store(int64(chunkBatches(t.stepNS, int(batch), data.features)))
-	}
-	// gather fills b with the next chunk of picks.
-	gather := func(b *chunkBuf) {
-		n := min(uint64(want.Load())*uint64(batch), uint64(len(picks)))
-		b.fill(data, picks[:n], int(batch))
-		picks = picks[n:]
-	}
-	// next hands the loop its next chunk, and release returns one.
-	next := func() (*chunkBuf, bool) {
+	// next hands the loop its next batch, and release returns one.
+	next := func() (*batchBuf, bool) {
 		if len(picks) == 0 {
 			return nil, false
 		}
-		gather(bufs[0])
+		n := min(batch, uint64(len(picks)))
+		bufs[0].fill(data, picks[:n])
+		picks = picks[n:]
 		return bufs[0], true
 	}
-	release := func(*chunkBuf) {}
+	release := func(*batchBuf) {}
 	if prefetch {
-		free := make(chan *chunkBuf, len(bufs))
+		free := make(chan *batchBuf, len(bufs))
 		for _, b := range bufs {
 			free <- b
 		}
-		ready := make(chan *chunkBuf)
+		ready := make(chan *batchBuf)
 		stop := make(chan struct{})
 		var wg sync.WaitGroup
 		wg.Add(1)
@@ -557,13 +492,15 @@ func (t *Trainer) trainOnThread(ctx context.Context, plan plugin.Plan, report fu
 			defer wg.Done()
 			defer close(ready)
 			for len(picks) > 0 {
-				var b *chunkBuf
+				var b *batchBuf
 				select {
 				case b = <-free:
 				case <-stop:
 					return
 				}
-				gather(b)
+				n := min(batch, uint64(len(picks)))
+				b.fill(data, picks[:n])
+				picks = picks[n:]
 				select {
 				case ready <- b:
 				case <-stop:
@@ -575,17 +512,14 @@ func (t *Trainer) trainOnThread(ctx context.Context, plan plugin.Plan, report fu
 			close(stop)
 			wg.Wait()
 		}()
-		next = func() (*chunkBuf, bool) {
+		next = func() (*batchBuf, bool) {
 			b, ok := <-ready
 			return b, ok
 		}
-		release = func(b *chunkBuf) { free <- b }
+		release = func(b *batchBuf) { free <- b }
 	}
 
-	out := stepsOut{losses: make([]float64, maxChunkBatches), nanos: make([]int64, maxChunkBatches)}
-	lrs := make([]float64, maxChunkBatches)
-	reps := make([]plugin.BatchReport, 0, maxChunkBatches)
-	for n := uint64(0); ; {
+	for n := uint64(0); ; n++ {
 		if err := ctx.Err(); err != nil {
 			return fmt.Errorf("libtorch trainer: stopped before batch %d: %w", n, err)
 		}
@@ -594,52 +528,29 @@ func (t *Trainer) trainOnThread(ctx context.Context, plan plugin.Plan, report fu
 		if !ok {
 			return nil
 		}
-		if t.traceChunk != nil {
-			t.traceChunk(len(b.rows))
-		}
 		if t.traceBatch != nil {
-			off := 0
-			for _, r := range b.rows {
-				t.traceBatch(plan.Epoch, b.idx[off:off+int(r)])
-				off += int(r)
-			}
+			t.traceBatch(plan.Epoch, b.idx[:b.n])
 		}
-		reps, err = t.stepChunk(gen, data, b, start, lrs, out, reps[:0])
+		rep, err := t.step(gen, data, b, start)
 		release(b)
-		for i := range reps {
-			reps[i].Batch = n
-			n++
-			if rerr := report(reps[i]); rerr != nil {
-				return rerr
-			}
-		}
 		if err != nil {
 			return fmt.Errorf("libtorch trainer: epoch %d batch %d: %w", plan.Epoch, n, err)
 		}
-		if merged {
-			var sum int64
-			for _, v := range out.nanos[:len(reps)] {
-				sum += v
-			}
-			mean := float64(sum) / float64(len(reps))
-			if t.stepNS == 0 {
-				t.stepNS = mean
-			}
-			t.stepNS += 0.5 * (mean - t.stepNS)
-			want.Store(int64(chunkBatches(t.stepNS, int(batch), data.features)))
+		rep.Batch = n
+		if err := report(rep); err != nil {
+			return err
 		}
 	}
 }
 
-// stepChunk trains one gathered chunk and appends a report per step done
-// to reps; start is when the training thread began waiting for the chunk,
-// so the first report's DataMS is the wait the gather still cost it.
-func (t *Trainer) stepChunk(gen uint64, data *dataset, b *chunkBuf, start time.Time, lrs []float64, out stepsOut, reps []plugin.BatchReport) ([]plugin.BatchReport, error) {
+// step trains one gathered batch; start is when the training thread began
+// waiting for it, so DataMS is the wait the gather still cost it.
+func (t *Trainer) step(gen uint64, data *dataset, b *batchBuf, start time.Time) (plugin.BatchReport, error) {
 	dataTime := time.Since(start)
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.model == nil || t.gen != gen {
-		return reps, errors.New("the trainer was shut down or reconfigured while training")
+		return plugin.BatchReport{}, errors.New("the trainer was shut down or reconfigured while training")
 	}
 	n := b.n
 	var y []int64
@@ -649,29 +560,21 @@ func (t *Trainer) stepChunk(gen uint64, data *dataset, b *chunkBuf, start time.T
 	} else {
 		tg = b.tg[:n*data.width]
 	}
-	for i := range b.rows {
-		lrs[i] = t.s.lrAt(t.schedStep + uint64(i))
+	loss, err := t.model.trainStep(b.x[:n*data.features], n, y, tg, data.width, t.s.lrAt(t.schedStep), t.errBuf)
+	if err != nil {
+		return plugin.BatchReport{}, err
 	}
-	before := t.steps
-	done, err := t.model.trainSteps(b.rows, b.x[:n*data.features], y, tg, data.width, lrs, out, t.errBuf)
-	for i := range done {
-		t.steps++
-		t.schedStep++
-		rep := plugin.BatchReport{Samples: uint32(b.rows[i]), Loss: out.losses[i], StepCount: t.steps, BatchMS: float64(out.nanos[i]) / 1e6}
-		if i == 0 {
-			rep.DataMS = ms(dataTime)
-			rep.BatchMS += rep.DataMS
-		}
-		reps = append(reps, rep)
-	}
-	// The norm after the chunk's last step, when the chunk passed a
-	// multiple of paramNormEvery.
-	if done > 0 && t.steps/paramNormEvery != before/paramNormEvery {
-		if norm, nerr := t.model.norm(); nerr == nil {
-			reps[len(reps)-1].ParamNorm = &norm
+	t.steps++
+	t.schedStep++
+	rep := plugin.BatchReport{Samples: uint32(n), Loss: loss, StepCount: t.steps}
+	if t.steps%paramNormEvery == 0 {
+		if norm, err := t.model.norm(); err == nil {
+			rep.ParamNorm = &norm
 		}
 	}
-	return reps, err
+	rep.DataMS = ms(dataTime)
+	rep.BatchMS = ms(time.Since(start))
+	return rep, nil
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

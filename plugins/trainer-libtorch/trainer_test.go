@@ -591,20 +591,14 @@ func TestBadInputsAreErrors(t *testing.T) {
 	t.Run("label-out-of-range-in-a-step", func(t *testing.T) {
 		tr := newTestTrainer(t)
 		configure(t, tr, merge(data, map[string]any{"threads": 1}))
-		x := make([]float32, 4*8)
-		out := stepsOut{losses: make([]float64, 2), nanos: make([]int64, 2)}
-		lrs := []float64{0.1, 0.1}
-		// The second of two steps fails: the first is done and reported.
-		done, err := tr.model.trainSteps([]int64{2, 2}, x, []int64{0, 1, 0, 7}, nil, 0, lrs, out, make([]byte, errBufLen))
+		x := make([]float32, 2*8)
+		_, err := tr.model.trainStep(x, 2, []int64{0, 7}, nil, 0, 0.1, make([]byte, errBufLen))
 		if err == nil || !strings.Contains(err.Error(), "label 7 does not fit the model's 3 outputs") {
 			t.Fatalf("error %v", err)
 		}
-		if done != 1 || !(out.losses[0] > 0) || out.nanos[0] <= 0 {
-			t.Fatalf("%d steps done, losses %v, times %v: want the first step done", done, out.losses, out.nanos)
-		}
 		// The model still works.
-		if done, err := tr.model.trainSteps([]int64{2}, x, []int64{0, 2}, nil, 0, lrs, out, make([]byte, errBufLen)); err != nil || done != 1 {
-			t.Fatal(done, err)
+		if _, err := tr.model.trainStep(x, 2, []int64{0, 2}, nil, 0, 0.1, make([]byte, errBufLen)); err != nil {
+			t.Fatal(err)
 		}
 	})
 	t.Run("use-after-shutdown", func(t *testing.T) {
@@ -629,38 +623,27 @@ func TestBadInputsAreErrors(t *testing.T) {
 // TestPlanPicksAreTrained: the samples trained are exactly the plan's
 // the plan's slice of plugin.Permutation, pick p training sample p % samples, in batches.
 func TestPlanPicksAreTrained(t *testing.T) {
-	for _, tc := range []struct {
-		name     string
-		prefetch bool
-		interval time.Duration // the plan's ReportInterval: > 0 trains in chunks
-	}{
-		{"prefetch", true, 0},
-		{"inline", false, 0},
-		{"prefetch-chunks", true, 100 * time.Millisecond},
-		{"inline-chunks", false, 100 * time.Millisecond},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
+	for _, prefetch := range []bool{true, false} {
+		t.Run(fmt.Sprintf("prefetch=%v", prefetch), func(t *testing.T) {
 			tr := newTestTrainer(t)
 			setup := configure(t, tr, merge(synthData(t, 512, 8, 3), map[string]any{"threads": 1, "batch_size": 50}))
-			tr.prefetch = tc.prefetch
+			tr.prefetch = prefetch
 			var got []uint64
-			var sizes, chunks []int
+			var sizes []int
 			tr.traceBatch = func(_ uint64, idx []uint64) {
 				got = append(got, idx...)
 				sizes = append(sizes, len(idx))
 			}
-			tr.traceChunk = func(n int) { chunks = append(chunks, n) }
 			const space = 768 // 1.5 epochs of picks
 			counts := make([]int, setup.Samples)
 			var steps uint64
 			for _, part := range [][2]uint64{{0, 384}, {384, 384}} {
 				got, sizes = nil, nil
-				plan := plugin.Plan{Epoch: 3, Seed: 11, PickSpace: space, PartitionOffset: part[0], PartitionSize: part[1],
-					GlobalStep: 5, ReportInterval: tc.interval}
+				plan := plugin.Plan{Epoch: 3, Seed: 11, PickSpace: space, PartitionOffset: part[0], PartitionSize: part[1], GlobalStep: 5}
 				var reports int
 				if err := tr.Train(context.Background(), plan, func(r plugin.BatchReport) error {
 					steps++
-					if r.Batch != uint64(reports) || int(r.Samples) != sizes[reports] || r.StepCount != steps || !(r.BatchMS > 0) {
+					if r.Batch != uint64(reports) || int(r.Samples) != sizes[reports] || r.StepCount != steps {
 						t.Fatalf("report %+v for batch %d of %d samples, step %d", r, reports, sizes[reports], steps)
 					}
 					reports++
@@ -687,63 +670,11 @@ func TestPlanPicksAreTrained(t *testing.T) {
 					t.Fatalf("sample %d trained %d times, want %d", s, c, want)
 				}
 			}
-			// Per-batch plans go one batch a call; merged ones in chunks
-			// once a step's time is known. A step of this model is far
-			// below chunkTime: the first call of all is one batch, then
-			// the plan's rest (the prefetch, one chunk ahead, may gather
-			// one more single batch first), then the second plan whole.
-			switch {
-			case tc.interval == 0:
-				if len(chunks) != 16 || slices.Max(chunks) != 1 {
-					t.Errorf("chunks of %v batches, want 16 of 1", chunks)
-				}
-			case tc.prefetch:
-				if !slices.Equal(chunks, []int{1, 7, 8}) && !slices.Equal(chunks, []int{1, 1, 6, 8}) {
-					t.Errorf("chunks of %v batches, want [1 7 8] or [1 1 6 8]", chunks)
-				}
-			default:
-				if !slices.Equal(chunks, []int{1, 7, 8}) {
-					t.Errorf("chunks of %v batches, want [1 7 8]", chunks)
-				}
-			}
 			bad := plugin.Plan{Epoch: 0, Seed: 1, PickSpace: 100, PartitionOffset: 90, PartitionSize: 20}
 			if err := tr.Train(context.Background(), bad, func(plugin.BatchReport) error { return nil }); err == nil {
 				t.Fatal("a partition past the pick space was accepted")
 			}
 		})
-	}
-}
-
-// TestChunksTrainAsBatches holds training in chunks to the same bits as
-// training a batch at a time: the same steps, losses and parameters.
-func TestChunksTrainAsBatches(t *testing.T) {
-	data := merge(synthData(t, 512, 8, 3), map[string]any{"threads": 1, "batch_size": 32, "hidden": []int{16},
-		"lr_schedule": "cosine", "lr_total_steps": 64})
-	run := func(interval time.Duration) ([]float64, []byte) {
-		tr := newTestTrainer(t)
-		setup := configure(t, tr, data)
-		d, _ := attach(t, tr, setup)
-		m := openMapping(t, d)
-		var losses []float64
-		for epoch := range uint64(3) {
-			plan := fullPlan(epoch, setup.Samples)
-			plan.ReportInterval = interval
-			if err := tr.Train(context.Background(), plan, func(r plugin.BatchReport) error {
-				losses = append(losses, r.Loss)
-				return nil
-			}); err != nil {
-				t.Fatal(err)
-			}
-		}
-		return losses, slices.Clone(m.Bytes())
-	}
-	lossA, paramsA := run(0)
-	lossB, paramsB := run(time.Second)
-	if len(lossA) != 48 || !slices.Equal(lossA, lossB) {
-		t.Fatalf("losses a batch at a time %v, in chunks %v", lossA, lossB)
-	}
-	if !bytes.Equal(paramsA, paramsB) {
-		t.Fatal("training in chunks left other parameters than training a batch at a time")
 	}
 }
 

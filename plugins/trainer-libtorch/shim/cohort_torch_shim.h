@@ -34,7 +34,7 @@
 extern "C" {
 #endif
 
-#define COHORT_TORCH_SHIM_ABI 2u
+#define COHORT_TORCH_SHIM_ABI 1u
 
 /* Element types: the values of arena.DType in shared/arena. */
 #define CT_DTYPE_F32 1
@@ -127,17 +127,13 @@ typedef struct ct_api {
   int (*adopt)(ct_model *m, double alpha, double *norm, char *err, size_t errlen);
   int (*param_norm)(ct_model *m, double *norm, char *err, size_t errlen);
 
-  /* train_steps runs steps optimizer steps in order, one per batch: batch i
-   * is rows[i] samples, stored right after batch i-1's in x (float32
-   * features), in labels (class indices, cross entropy) or in targets
-   * (target_width float32 values per sample, mse); the other is NULL.
-   * lrs[i] is step i's learning rate. For each step done it writes
-   * losses[i] and nanos[i] (the step's wall time), and *done counts those
-   * steps, on failure too. Running several steps per call keeps the
-   * caller's runtime out of the way between them. */
-  int (*train_steps)(ct_model *m, int64_t steps, const int64_t *rows, const float *x, const int64_t *labels,
-                     const float *targets, int64_t target_width, const double *lrs, double *losses,
-                     int64_t *nanos, int64_t *done, char *err, size_t errlen);
+  /* train_step runs one optimizer step on a batch: x is batch rows of the
+   * feature count (float32), labels batch class indices (cross entropy) or
+   * targets batch rows of target_width float32 values (mse); the other is
+   * NULL. lr is this step's learning rate. */
+  int (*train_step)(ct_model *m, const float *x, int64_t batch, const int64_t *labels,
+                    const float *targets, int64_t target_width, double lr, double *loss,
+                    char *err, size_t errlen);
   /* evaluate runs the model in eval mode without gradients on n rows and
    * adds the summed loss and (cross entropy) the count of correct argmax
    * predictions. */

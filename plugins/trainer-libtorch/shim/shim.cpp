@@ -11,7 +11,6 @@
 #include <dlfcn.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -601,37 +600,23 @@ int param_norm(ct_model *m, double *norm, char *err, size_t errlen) {
   });
 }
 
-int train_steps(ct_model *m, int64_t steps, const int64_t *rows, const float *x, const int64_t *labels,
-                const float *targets, int64_t width, const double *lrs, double *losses, int64_t *nanos,
-                int64_t *done, char *err, size_t errlen) {
-  *done = 0;
+int train_step(ct_model *m, const float *x, int64_t batch, const int64_t *labels, const float *targets,
+               int64_t width, double lr, double *loss, char *err, size_t errlen) {
   return guard(err, errlen, [&] {
     use_threads(m->threads);
     m->set_training(true);
-    for (int64_t i = 0; i < steps; ++i) {
-      const auto start = std::chrono::steady_clock::now();
-      const int64_t n = rows[i];
-      auto out = m->forward(m->input(x, n));
-      auto l = m->loss_of(out, labels, targets, n, width, false);
-      m->opt->zero_grad();
-      l.backward();
-      if (m->max_grad_norm > 0) {
-        torch::nn::utils::clip_grad_norm_(m->trainable, m->max_grad_norm);
-      }
-      for (auto &g : m->opt->param_groups()) {
-        g.options().set_lr(lrs[i]);
-      }
-      m->opt->step();
-      losses[i] = l.item<double>();
-      nanos[i] = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
-      *done = i + 1;
-      x += n * m->features;
-      if (labels != nullptr) {
-        labels += n;
-      } else {
-        targets += n * width;
-      }
+    auto out = m->forward(m->input(x, batch));
+    auto l = m->loss_of(out, labels, targets, batch, width, false);
+    m->opt->zero_grad();
+    l.backward();
+    if (m->max_grad_norm > 0) {
+      torch::nn::utils::clip_grad_norm_(m->trainable, m->max_grad_norm);
     }
+    for (auto &g : m->opt->param_groups()) {
+      g.options().set_lr(lr);
+    }
+    m->opt->step();
+    *loss = l.item<double>();
   });
 }
 
@@ -778,7 +763,7 @@ const ct_api api_table = {
     publish,
     adopt,
     param_norm,
-    train_steps,
+    train_step,
     evaluate,
     forward,
     save,
