@@ -501,21 +501,20 @@ type singleRow struct {
 	Pass       bool    `json:"pass"`
 }
 
-// single compares cohort on one rank with the reference loop. This machine
-// class drifts as a whole between fast and slow phases lasting seconds (at
-// 2 threads the reference alone moves between 0.8 and 1.3 s per epoch), so
-// the ratio is taken per pair of back-to-back runs, which share a phase far
-// more often than not, and the verdict is the median of the pairs' ratios.
-// The pairs alternate which side runs first, so a steady drift favours
-// neither.
+// single compares cohort on one rank with the reference loop. Timings on a
+// small shared machine jump between fast and slow modes lasting seconds (at
+// 2 threads the reference alone moves between 0.7 and 1.3 s per epoch, often
+// for a whole run), so the ratio is taken per pair of back-to-back runs and
+// the verdict is the median of the pairs' ratios. The pairs alternate which
+// side runs first, so a steady drift favours neither.
 func (h *harness) single() (*singleReport, error) {
 	o := h.o
 	rep := &singleReport{Averager: averager, Goal: goalSingleRatio, Pass: true}
 	fmt.Printf("cohort on 1 rank vs plain libtorch in one process (%s): MLP 784-256-10, batch %d, SGD lr %g momentum %g, %d epochs, seed 1, averager %s, policy %s\n",
 		filepath.Base(h.o.ref), o.batch, o.lr, momentum, o.epochs, averager, describePolicy(o.policy, o.syncEvery))
 	fmt.Printf("%d pairs of back-to-back runs, one of each side, alternating which goes first. A pair's ratio is its cohort run's median\n", o.repeats)
-	fmt.Println("training seconds per epoch over its reference run's; the verdict is the median of the pairs' ratios (this machine drifts")
-	fmt.Println("between fast and slow phases that hit both sides: compare within a pair). cohort trains on the training files only")
+	fmt.Println("training seconds per epoch over its reference run's; the verdict is the median of the pairs' ratios (timings on a small")
+	fmt.Println("shared machine jump between fast and slow modes lasting seconds; a pair's runs are seconds apart). cohort trains on the training files only")
 	fmt.Println("(no t10k files: no evaluation), so its epoch seconds are training plus whatever rounds it runs; the reference warms up")
 	fmt.Printf("50 batches first and runs with OMP_WAIT_POLICY=%s, as the plugin does. \"training\" is the share of cohort's epoch its\n", ompWaitPolicy())
 	fmt.Println("trainer spent in batches by its own clock (gather and libtorch step; the median over epochs): the rest is the boundary's")
