@@ -468,14 +468,19 @@ func (t *Trainer) trainOnThread(ctx context.Context, plan plugin.Plan, report fu
 		return nil
 	}
 
+	// take cuts the next batch's picks.
+	take := func() []uint64 {
+		n := min(batch, uint64(len(picks)))
+		p := picks[:n]
+		picks = picks[n:]
+		return p
+	}
 	// next hands the loop its next batch, and release returns one.
 	next := func() (*batchBuf, bool) {
 		if len(picks) == 0 {
 			return nil, false
 		}
-		n := min(batch, uint64(len(picks)))
-		bufs[0].fill(data, picks[:n])
-		picks = picks[n:]
+		bufs[0].fill(data, take())
 		return bufs[0], true
 	}
 	release := func(*batchBuf) {}
@@ -498,9 +503,7 @@ func (t *Trainer) trainOnThread(ctx context.Context, plan plugin.Plan, report fu
 				case <-stop:
 					return
 				}
-				n := min(batch, uint64(len(picks)))
-				b.fill(data, picks[:n])
-				picks = picks[n:]
+				b.fill(data, take())
 				select {
 				case ready <- b:
 				case <-stop:
