@@ -696,6 +696,16 @@ func TestSpareCore(t *testing.T) {
 			t.Errorf("spareCore(%d threads, %d local ranks, %d cores) = %v, want %v", tc.threads, tc.localRanks, tc.cores, got, tc.want)
 		}
 	}
+	// Configure applies the rule to the trainer's threads on this host.
+	data := synthData(t, 64, 8, 3)
+	cores := runtime.NumCPU()
+	for _, threads := range []int{1, cores} {
+		tr := newTestTrainer(t)
+		configure(t, tr, merge(data, map[string]any{"threads": threads}))
+		if want := threads < cores; tr.prefetch != want {
+			t.Errorf("%d threads of %d cores, 1 local rank: prefetch %v, want %v", threads, cores, tr.prefetch, want)
+		}
+	}
 }
 
 func btoi(b bool) int {
