@@ -562,21 +562,17 @@ func (h *harness) single() (*singleReport, error) {
 		}
 		refSide := func() ([]float64, error) { return h.refRun(images, labels, n, features, th) }
 		for i := range o.repeats {
-			first, second := cohortSide, refSide
-			if i%2 == 1 {
-				first, second = refSide, cohortSide
+			var c, r []float64
+			var err error
+			if i%2 == 0 {
+				if c, err = cohortSide(); err == nil {
+					r, err = refSide()
+				}
+			} else if r, err = refSide(); err == nil {
+				c, err = cohortSide()
 			}
-			a, err := first()
 			if err != nil {
 				return nil, err
-			}
-			b, err := second()
-			if err != nil {
-				return nil, err
-			}
-			c, r := a, b
-			if i%2 == 1 {
-				c, r = b, a
 			}
 			row.CohortEpochS = append(row.CohortEpochS, c...)
 			row.RefEpochS = append(row.RefEpochS, r...)

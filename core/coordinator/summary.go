@@ -81,9 +81,10 @@ type EpochRank struct {
 	BatchesPerWindow float64 `json:"batches_per_window"`
 	WaitAtSyncMS     float64 `json:"wait_at_sync_ms"`
 	// TrainMS is the time the rank's trainer says it spent in its batches
-	// (waiting for data, then the step), summed from its Batch reports: by
-	// the trainer's own clock, so its share of the epoch's Seconds is how
-	// much of the epoch the rank trained, whatever the machine's speed.
+	// (getting each batch's data, then the step), summed from its Batch
+	// reports: by the trainer's own clock, so its share of the epoch's
+	// Seconds is how much of the epoch the rank trained, whatever the
+	// machine's speed.
 	TrainMS float64 `json:"train_ms"`
 }
 
