@@ -275,22 +275,31 @@ func merge(maps ...map[string]any) map[string]any {
 	return out
 }
 
-// python3 is Debian's interpreter, which python3-torch installs into.
-const python3 = "/usr/bin/python3"
+// pythonEnv names another interpreter with torch for the tests (a GPU host's
+// virtual environment, say); the default is Debian's, which python3-torch
+// installs into.
+const pythonEnv = "COHORT_TEST_PYTHON"
+
+func python3() string {
+	if p := os.Getenv(pythonEnv); p != "" {
+		return p
+	}
+	return "/usr/bin/python3"
+}
 
 // runPython runs a Python snippet with torch available, failing the test
 // with install advice when it is not.
 func runPython(t testing.TB, script string, args ...string) string {
 	t.Helper()
-	if err := exec.Command(python3, "-c", "import torch").Run(); err != nil {
-		t.Fatalf("%s cannot import torch (%v): install python3-torch", python3, err)
+	if err := exec.Command(python3(), "-c", "import torch").Run(); err != nil {
+		t.Fatalf("%s cannot import torch (%v): install python3-torch or name one that can in $%s", python3(), err, pythonEnv)
 	}
 	// A file, not -c: torch.jit.script reads the classes' source.
 	path := filepath.Join(t.TempDir(), "script.py")
 	if err := os.WriteFile(path, []byte(script), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(python3, append([]string{path}, args...)...)
+	cmd := exec.Command(python3(), append([]string{path}, args...)...)
 	cmd.Env = append(os.Environ(), "OMP_NUM_THREADS=1")
 	out, err := cmd.CombinedOutput()
 	if err != nil {

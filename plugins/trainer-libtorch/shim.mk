@@ -19,8 +19,7 @@ OPT       ?= -O2
 ifdef LIBTORCH
   TORCH_INC  := -isystem $(LIBTORCH)/include -isystem $(LIBTORCH)/include/torch/csrc/api/include
   TORCH_LIBS := -L$(LIBTORCH)/lib -Wl,-rpath,$(LIBTORCH)/lib
-  # Official libtorch archives come in both C++ ABIs; TorchConfig.cmake says which.
-  TORCH_ABI  := $(shell grep -o -m1 '_GLIBCXX_USE_CXX11_ABI=[01]' $(LIBTORCH)/share/cmake/Torch/TorchConfig.cmake 2>/dev/null)
+  TORCH_CMAKE := $(LIBTORCH)/share/cmake/Torch/TorchConfig.cmake
   # CUDA builds register their kernels from libtorch_cuda's static
   # initialisers: link it even though no symbol of it is used directly.
   CUDA_LINK  := -Wl,--no-as-needed -ltorch_cuda -lc10_cuda -Wl,--as-needed
@@ -29,12 +28,19 @@ ifdef LIBTORCH
 else
   TORCH_INC  := -isystem /usr/include/torch/csrc/api/include
   TORCH_LIBS :=
-  TORCH_ABI  := $(shell grep -o -m1 '_GLIBCXX_USE_CXX11_ABI=[01]' /usr/lib/$(shell $(CXX) -print-multiarch 2>/dev/null)/cmake/Torch/TorchConfig.cmake 2>/dev/null)
+  TORCH_CMAKE := /usr/lib/$(shell $(CXX) -print-multiarch 2>/dev/null)/cmake/Torch/TorchConfig.cmake
   TORCH_CUDA :=
   TORCH_HDR  := /usr/include/torch/csrc/api/include/torch/torch.h
 endif
 
-CXXFLAGS_SHIM := -std=c++17 $(OPT) -fPIC -fvisibility=hidden -Wall -Wno-unused-parameter \
+# Official libtorch archives come in both C++ ABIs, and recent ones need
+# C++20 (their headers use concepts): TorchConfig.cmake says which. The shim
+# itself needs C++17.
+TORCH_ABI := $(shell grep -o -m1 '_GLIBCXX_USE_CXX11_ABI=[01]' $(TORCH_CMAKE) 2>/dev/null)
+TORCH_STD := $(shell grep -o -m1 'CXX_STANDARD [0-9]*' $(TORCH_CMAKE) 2>/dev/null | grep -o '[0-9]*$$')
+CXXSTD    ?= c++$(if $(filter 20 23 26,$(TORCH_STD)),$(TORCH_STD),17)
+
+CXXFLAGS_SHIM := -std=$(CXXSTD) $(OPT) -fPIC -fvisibility=hidden -Wall -Wno-unused-parameter \
   $(if $(TORCH_ABI),-D$(TORCH_ABI)) $(TORCH_INC) -I$(SHIM_DIR)/shim
 LDFLAGS_SHIM  := -shared -Wl,--no-undefined -Wl,-z,defs $(TORCH_LIBS) $(TORCH_CUDA) -ltorch -ltorch_cpu -lc10 -ldl
 

@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"slices"
 	"strings"
@@ -27,7 +28,7 @@ var (
 	scriptDir  string
 )
 
-// scriptModels makes TorchScript modules with /usr/bin/python3 and torch
+// scriptModels makes TorchScript modules with torch in python3() (runPython)
 // (torch.jit.script(...).save()), once per test binary:
 //
 //	net.pt   8 -> Linear 16 -> BatchNorm1d -> ReLU -> Linear 3 (buffers too)
@@ -808,8 +809,11 @@ func TestMSERegression(t *testing.T) {
 func TestDescribe(t *testing.T) {
 	tr := newTestTrainer(t)
 	d, err := tr.Describe(context.Background())
-	if err != nil || d.Name != "libtorch" || !strings.Contains(d.Version, "libtorch 1.") || !slices.Contains(d.Capabilities, "zero-copy") {
+	if err != nil || d.Name != "libtorch" || !regexp.MustCompile(`\(libtorch \d+\.\d+\.\d+, shim ABI \d+\)$`).MatchString(d.Version) || !slices.Contains(d.Capabilities, "zero-copy") {
 		t.Fatalf("%+v %v", d, err)
+	}
+	if gpu := slices.Contains(d.Capabilities, "cuda"); gpu != (tr.shim.CUDADevices > 0) {
+		t.Fatalf("capabilities %v with %d CUDA devices", d.Capabilities, tr.shim.CUDADevices)
 	}
 }
 
