@@ -113,6 +113,10 @@ type AveragingSummary struct {
 	Rounds        uint64  `json:"rounds"`
 	RoundsTotal   uint64  `json:"rounds_total"`
 	MeanRoundMS   float64 `json:"mean_round_ms"`
+	// BytesPerRound is the averaging data that crossed the network per
+	// round: the coordinator's reduce server's bulk frames when it served
+	// the rounds, else what the ranks' averagers report. It is 0 when every
+	// rank shares the host, as they reduce in shared memory.
 	BytesPerRound float64 `json:"bytes_per_round"`
 }
 
