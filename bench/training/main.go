@@ -31,8 +31,10 @@
 // hold about 200 ms of training each, the next always queued, with their
 // batch reports merged ten a second: what is left is the plugin boundary
 // itself (a Train call per plan, the reports' trip through the worker to the
-// coordinator) and cohort's processes sharing the cores. Goal: ratio at
-// most 1.05.
+// coordinator) and cohort's processes sharing the cores. The ratio is the
+// median over pairs of runs, one of each side: at once on disjoint halves of
+// the CPUs where the machine has room (-concurrent), else back to back.
+// Goal: ratio at most 1.05.
 //
 // It prints aligned lines, then one JSON line with every figure. It exits
 // non-zero only when something failed to run, never for a missed goal.
@@ -88,6 +90,7 @@ type options struct {
 	ref           string
 	skipDDP       bool
 	skipSingle    bool
+	concurrent    bool
 	keep          bool
 	verbose       bool
 }
@@ -97,7 +100,7 @@ func main() {
 	flag.StringVar(&o.cohort, "cohort", "bin/cohort", "the cohort binary (its plugins are looked up in plugins/ next to it)")
 	flag.IntVar(&o.ranks, "ranks", 4, "ranks of the cohort vs DDP comparison")
 	flag.IntVar(&o.epochs, "epochs", 3, "epochs of the 1-rank runs; final accuracy of the DDP comparison is read after this many")
-	flag.IntVar(&o.repeats, "repeats", 5, "pairs of back-to-back runs (one of each side) in the 1-rank comparison")
+	flag.IntVar(&o.repeats, "repeats", 5, "pairs of runs (one of each side) in the 1-rank comparison")
 	flag.IntVar(&o.targetEpochs, "target-epochs", 6, "epochs of the DDP comparison's runs, in which each side's time to the target is read")
 	flag.Float64Var(&o.target, "target", 0.85, "target test accuracy")
 	flag.IntVar(&o.seeds, "seeds", 3, "seeds 1..N of the cohort vs DDP comparison")
@@ -112,6 +115,7 @@ func main() {
 	flag.StringVar(&o.ref, "ref", "", "where to build the libtorch reference loop (default: bench/cohort-torch-ref-epoch next to the cohort binary)")
 	flag.BoolVar(&o.skipDDP, "skip-ddp", false, "skip the cohort vs DDP comparison")
 	flag.BoolVar(&o.skipSingle, "skip-single", false, "skip the 1-rank vs libtorch comparison")
+	flag.BoolVar(&o.concurrent, "concurrent", true, "in the 1-rank comparison, run a pair's two sides at once on disjoint halves of the CPUs where each half holds threads+1 of them")
 	flag.BoolVar(&o.keep, "keep", false, "keep the temporary directory (configs, outputs)")
 	flag.BoolVar(&o.verbose, "v", false, "pass every run's output through to stderr")
 	flag.Parse()
@@ -387,7 +391,7 @@ func (h *harness) ddpSeed(seed int) (ddpSeed, error) {
 	o := h.o
 	cfg := runConfig{Seed: seed, Policy: o.policy, SyncEvery: o.syncEvery, PluginDir: pluginDir(o.cohort),
 		Data: dataDir, Batch: o.batch, LR: o.lr, Threads: o.threads}
-	sum, wall, err := h.cohortRun(cfg, o.ranks, o.targetEpochs)
+	sum, wall, err := h.cohortRun(cfg, o.ranks, o.targetEpochs, nil)
 	if err != nil {
 		return ddpSeed{}, err
 	}
@@ -492,6 +496,10 @@ type singleRow struct {
 	RefEpochS      []float64 `json:"libtorch_epoch_s"`
 	RefMedianS     float64   `json:"libtorch_median_epoch_s"`
 	PairRatios     []float64 `json:"pair_ratios"`
+	// Pairs is "in turn" (back to back) or "at once" (side by side on the
+	// halves of the machine in CPUs, cohort on the first in even pairs).
+	Pairs string   `json:"pairs"`
+	CPUs  []string `json:"cpus,omitempty"`
 	// TrainShare is the median over cohort's epochs of the time its
 	// trainer spent in batches, by its own clock, over the epoch's time:
 	// the rest is what the boundary costs outside libtorch's steps,
@@ -504,17 +512,21 @@ type singleRow struct {
 // single compares cohort on one rank with the reference loop. Timings on a
 // small shared machine jump between fast and slow modes lasting seconds (at
 // 2 threads the reference alone moves between 0.7 and 1.3 s per epoch, often
-// for a whole run), so the ratio is taken per pair of back-to-back runs and
-// the verdict is the median of the pairs' ratios. The pairs alternate which
-// side runs first, so a steady drift favours neither.
+// for a whole run), so the ratio is taken per pair of runs, one of each
+// side, and the verdict is the median of the pairs' ratios. Where each half
+// of the machine's CPUs holds threads+1 of them, a pair's runs go at once,
+// each side confined to one half (swapped every pair), so whatever the
+// machine does meanwhile hits both; elsewhere they go back to back,
+// alternating which side runs first, so a steady drift favours neither.
 func (h *harness) single() (*singleReport, error) {
 	o := h.o
 	rep := &singleReport{Averager: averager, Goal: goalSingleRatio, Pass: true}
 	fmt.Printf("cohort on 1 rank vs plain libtorch in one process (%s): MLP 784-256-10, batch %d, SGD lr %g momentum %g, %d epochs, seed 1, averager %s, policy %s\n",
 		filepath.Base(h.o.ref), o.batch, o.lr, momentum, o.epochs, averager, describePolicy(o.policy, o.syncEvery))
-	fmt.Printf("%d pairs of back-to-back runs, one of each side, alternating which goes first. A pair's ratio is its cohort run's median\n", o.repeats)
-	fmt.Println("training seconds per epoch over its reference run's; the verdict is the median of the pairs' ratios (timings on a small")
-	fmt.Println("shared machine jump between fast and slow modes lasting seconds; a pair's runs are seconds apart). cohort trains on the training files only")
+	fmt.Printf("%d pairs of runs, one of each side. A pair's ratio is its cohort run's median training seconds per epoch over its\n", o.repeats)
+	fmt.Println("reference run's; the verdict is the median of the pairs' ratios (timings on a small shared machine jump between fast and")
+	fmt.Println("slow modes lasting seconds). Pairs \"at once\": both sides run together, each confined to one half of the CPUs (swapped")
+	fmt.Println("every pair), where each half holds threads+1 CPUs; \"in turn\": back to back, alternating which side goes first. cohort trains on the training files only")
 	fmt.Println("(no t10k files: no evaluation), so its epoch seconds are training plus whatever rounds it runs; the reference warms up")
 	fmt.Printf("50 batches first and runs with OMP_WAIT_POLICY=%s, as the plugin does. \"training\" is the share of cohort's epoch its\n", ompWaitPolicy())
 	fmt.Println("trainer spent in batches by its own clock (gather and libtorch step; the median over epochs): the rest is the boundary's")
@@ -531,8 +543,12 @@ func (h *harness) single() (*singleReport, error) {
 	if err := h.buildRef(); err != nil {
 		return nil, err
 	}
+	cpus, err := allowedCPUs()
+	if err != nil {
+		return nil, err
+	}
 	fmt.Println()
-	fmt.Printf("%7s  %14s  %8s  %11s  %12s  %9s  %16s  %-29s  %6s  %s\n", "threads", "cohort s/epoch", "training", "plans/epoch", "rounds/epoch", "ms/round", "libtorch s/epoch", "pair ratios", "ratio", "goal")
+	fmt.Printf("%7s  %-7s  %14s  %8s  %11s  %12s  %9s  %16s  %-29s  %6s  %s\n", "threads", "pairs", "cohort s/epoch", "training", "plans/epoch", "rounds/epoch", "ms/round", "libtorch s/epoch", "pair ratios", "ratio", "goal")
 	for _, th := range o.singleThreads {
 		cfg := runConfig{Seed: 1, Policy: o.policy, SyncEvery: o.syncEvery, PluginDir: pluginDir(o.cohort),
 			Data: trainOnly, Batch: o.batch, LR: o.lr, Threads: th}
@@ -540,8 +556,8 @@ func (h *harness) single() (*singleReport, error) {
 		var rounds, plans, epochs uint64
 		var roundMS float64
 		var shares []float64
-		cohortSide := func() ([]float64, error) {
-			sum, _, err := h.cohortRun(cfg, 1, o.epochs)
+		cohortSide := func(cpus []int) ([]float64, error) {
+			sum, _, err := h.cohortRun(cfg, 1, o.epochs, cpus)
 			if err != nil {
 				return nil, fmt.Errorf("1 rank, %d threads: %w", th, err)
 			}
@@ -560,16 +576,42 @@ func (h *harness) single() (*singleReport, error) {
 			}
 			return s, nil
 		}
-		refSide := func() ([]float64, error) { return h.refRun(images, labels, n, features, th) }
+		refSide := func(cpus []int) ([]float64, error) { return h.refRun(images, labels, n, features, th, cpus) }
+		halfA, halfB, together := cpuHalves(cpus, th+1)
+		together = together && o.concurrent
+		row.Pairs = "in turn"
+		if together {
+			row.Pairs = "at once"
+			row.CPUs = []string{cpuList(halfA), cpuList(halfB)}
+		}
 		for i := range o.repeats {
 			var c, r []float64
 			var err error
-			if i%2 == 0 {
-				if c, err = cohortSide(); err == nil {
-					r, err = refSide()
+			switch {
+			case together:
+				// Both sides at once on disjoint halves of the machine, so
+				// its drift hits both; the halves swap every pair.
+				cc, rc := halfA, halfB
+				if i%2 == 1 {
+					cc, rc = halfB, halfA
 				}
-			} else if r, err = refSide(); err == nil {
-				c, err = cohortSide()
+				var cerr error
+				done := make(chan struct{})
+				go func() {
+					defer close(done)
+					c, cerr = cohortSide(cc)
+				}()
+				r, err = refSide(rc)
+				<-done
+				err = errors.Join(cerr, err)
+			case i%2 == 0:
+				if c, err = cohortSide(nil); err == nil {
+					r, err = refSide(nil)
+				}
+			default:
+				if r, err = refSide(nil); err == nil {
+					c, err = cohortSide(nil)
+				}
 			}
 			if err != nil {
 				return nil, err
@@ -597,7 +639,7 @@ func (h *harness) single() (*singleReport, error) {
 		for i, v := range row.PairRatios {
 			pairs[i] = fmt.Sprintf("%.2f", v)
 		}
-		fmt.Printf("%7d  %14.3f  %7.1f%%  %11.1f  %12.1f  %9s  %16.3f  %-29s  %6.3f  %s\n", th, row.CohortMedianS, 100*row.TrainShare, row.PlansPerEpoch, row.RoundsPerEpoch, roundCol,
+		fmt.Printf("%7d  %-7s  %14.3f  %7.1f%%  %11.1f  %12.1f  %9s  %16.3f  %-29s  %6.3f  %s\n", th, row.Pairs, row.CohortMedianS, 100*row.TrainShare, row.PlansPerEpoch, row.RoundsPerEpoch, roundCol,
 			row.RefMedianS, strings.Join(pairs, " "), row.Ratio, verdict(row.Pass))
 		rep.Rows = append(rep.Rows, row)
 	}

@@ -95,9 +95,9 @@ func hclString(s string) string {
 // them.
 func pluginDir(cohort string) string { return filepath.Join(filepath.Dir(cohort), "plugins") }
 
-// cohortRun runs `cohort run` with cfg from the repository root and returns
-// its summary and the command's wall time.
-func (h *harness) cohortRun(cfg runConfig, ranks, epochs int) (*coordinator.Summary, float64, error) {
+// cohortRun runs `cohort run` with cfg from the repository root, on cpus
+// (any when empty), and returns its summary and the command's wall time.
+func (h *harness) cohortRun(cfg runConfig, ranks, epochs int, cpus []int) (*coordinator.Summary, float64, error) {
 	h.n++
 	dir := filepath.Join(h.tmp, fmt.Sprintf("cohort-%02d", h.n))
 	if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -112,7 +112,7 @@ func (h *harness) cohortRun(cfg runConfig, ranks, epochs int) (*coordinator.Summ
 		"--epochs", strconv.Itoa(epochs), "--out", out)
 	cmd.Dir = h.root
 	start := time.Now()
-	logs, err := h.runLogged(cmd)
+	logs, err := h.runLogged(cmd, cpus)
 	wall := time.Since(start).Seconds()
 	if err != nil {
 		return nil, 0, fmt.Errorf("%s: %w\n%s", strings.Join(cmd.Args, " "), err, tail(logs, 4000))
@@ -127,16 +127,19 @@ func (h *harness) cohortRun(cfg runConfig, ranks, epochs int) (*coordinator.Summ
 	return sum, wall, nil
 }
 
-// runLogged runs cmd with stdout and stderr into one buffer (and to stderr
-// with -v), and returns what it wrote.
-func (h *harness) runLogged(cmd *exec.Cmd) (string, error) {
+// runLogged runs cmd on cpus (any when empty) with stdout and stderr into
+// one buffer (and to stderr with -v), and returns what it wrote.
+func (h *harness) runLogged(cmd *exec.Cmd, cpus []int) (string, error) {
 	var buf bytes.Buffer
 	var w io.Writer = &buf
 	if h.o.verbose {
 		w = io.MultiWriter(&buf, os.Stderr)
 	}
 	cmd.Stdout, cmd.Stderr = w, w
-	err := cmd.Run()
+	err := startOn(cmd, cpus)
+	if err == nil {
+		err = cmd.Wait()
+	}
 	return buf.String(), err
 }
 
@@ -231,7 +234,7 @@ func (h *harness) peerRun(seed int) (peerResult, error) {
 func (h *harness) buildRef() error {
 	cmd := exec.Command("make", "--no-print-directory", "-f", "plugins/trainer-libtorch/shim.mk", "ref", "REF_OUT="+h.o.ref)
 	cmd.Dir = h.root
-	if logs, err := h.runLogged(cmd); err != nil {
+	if logs, err := h.runLogged(cmd, nil); err != nil {
 		return fmt.Errorf("build the reference loop: %w\n%s", err, tail(logs, 4000))
 	}
 	return nil
@@ -246,16 +249,20 @@ func ompWaitPolicy() string {
 	return "PASSIVE"
 }
 
-// refRun runs the reference loop for the comparison's epochs and returns
-// its seconds per epoch.
-func (h *harness) refRun(images, labels string, n, features, threads int) ([]float64, error) {
+// refRun runs the reference loop for the comparison's epochs on cpus (any
+// when empty) and returns its seconds per epoch.
+func (h *harness) refRun(images, labels string, n, features, threads int, cpus []int) ([]float64, error) {
 	o := h.o
 	cmd := exec.Command(o.ref, images, labels, strconv.Itoa(n), strconv.Itoa(features), strconv.Itoa(o.epochs),
 		strconv.Itoa(threads), strconv.Itoa(o.batch))
 	cmd.Env = append(os.Environ(), "OMP_WAIT_POLICY="+ompWaitPolicy())
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
+	err := startOn(cmd, cpus)
+	if err == nil {
+		err = cmd.Wait()
+	}
+	if err != nil {
 		return nil, fmt.Errorf("%s: %w\n%s", strings.Join(cmd.Args, " "), err, tail(stderr.String(), 4000))
 	}
 	if o.verbose {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"compress/gzip"
 	"encoding/json"
+	"os/exec"
 	"reflect"
 	"strings"
 	"testing"
@@ -268,5 +269,55 @@ func TestMedian(t *testing.T) {
 		if got := median(tc.in); got != tc.want {
 			t.Errorf("median(%v) = %v, want %v", tc.in, got, tc.want)
 		}
+	}
+}
+
+func TestCPUHalves(t *testing.T) {
+	cases := []struct {
+		cpus   []int
+		need   int
+		a, b   string
+		wantOK bool
+	}{
+		{[]int{0, 1}, 2, "", "", false},
+		{[]int{0, 1}, 1, "0", "1", true},
+		{[]int{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}, 3, "0-7", "8-15", true},
+		{[]int{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}, 9, "", "", false},
+		{[]int{0, 2, 3, 5, 6}, 2, "0,2", "3,5", true}, // an odd CPU out
+	}
+	for _, c := range cases {
+		a, b, ok := cpuHalves(c.cpus, c.need)
+		if ok != c.wantOK || cpuList(a) != c.a || cpuList(b) != c.b {
+			t.Errorf("cpuHalves(%v, %d) = %q %q %v, want %q %q %v", c.cpus, c.need, cpuList(a), cpuList(b), ok, c.a, c.b, c.wantOK)
+		}
+	}
+}
+
+// TestStartOn: a child started on a CPU set runs there, and so does its
+// own child; the parent's other threads keep their mask.
+func TestStartOn(t *testing.T) {
+	cpus, err := allowedCPUs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cpus) < 2 {
+		t.Skip("one CPU: nothing to confine to")
+	}
+	want := cpus[len(cpus)-1:]
+	cmd := exec.Command("sh", "-c", "grep Cpus_allowed_list /proc/self/status")
+	var out bytes.Buffer
+	cmd.Stdout = &out
+	if err := startOn(cmd, want); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.TrimSpace(strings.TrimPrefix(out.String(), "Cpus_allowed_list:")); got != cpuList(want) {
+		t.Fatalf("child's grandchild runs on %q, want %q", got, cpuList(want))
+	}
+	after, err := allowedCPUs()
+	if err != nil || len(after) != len(cpus) {
+		t.Fatalf("this process's mask changed: %v -> %v (%v)", cpus, after, err)
 	}
 }
