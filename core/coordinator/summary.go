@@ -109,10 +109,10 @@ type MembershipEvent struct {
 // AveragingSummary describes the averaging rounds of this process (a
 // resumed run counts its own; RoundsTotal adds the rounds before it).
 type AveragingSummary struct {
-	Backend       string  `json:"backend"`
-	Rounds        uint64  `json:"rounds"`
-	RoundsTotal   uint64  `json:"rounds_total"`
-	MeanRoundMS   float64 `json:"mean_round_ms"`
+	Backend     string  `json:"backend"`
+	Rounds      uint64  `json:"rounds"`
+	RoundsTotal uint64  `json:"rounds_total"`
+	MeanRoundMS float64 `json:"mean_round_ms"`
 	// BytesPerRound is the averaging data that crossed the network per
 	// round: the coordinator's reduce server's bulk frames when it served
 	// the rounds, else what the ranks' averagers report. It is 0 when every
