@@ -430,14 +430,17 @@ func (b *batchBuf) fill(d *dataset, picks []uint64) {
 	for i, p := range picks {
 		b.idx[i] = p % uint64(d.n)
 	}
-	var y []int64
-	var tg []float32
-	if b.y != nil {
-		y = b.y[:n]
-	} else {
-		tg = b.tg[:n*d.width]
-	}
+	y, tg := b.targets(d.width)
 	d.gather(b.idx[:n], b.x[:n*d.features], y, tg)
+}
+
+// targets are the batch's labels or, for a regression set, its width-wide
+// targets; the other is nil.
+func (b *batchBuf) targets(width int) ([]int64, []float32) {
+	if b.y != nil {
+		return b.y[:b.n], nil
+	}
+	return nil, b.tg[:b.n*width]
 }
 
 // trainOnThread is Train's batch loop, on t.thread. With a core to spare
@@ -556,13 +559,7 @@ func (t *Trainer) step(gen uint64, data *dataset, b *batchBuf, start time.Time) 
 		return plugin.BatchReport{}, errors.New("the trainer was shut down or reconfigured while training")
 	}
 	n := b.n
-	var y []int64
-	var tg []float32
-	if b.y != nil {
-		y = b.y[:n]
-	} else {
-		tg = b.tg[:n*data.width]
-	}
+	y, tg := b.targets(data.width)
 	loss, err := t.model.trainStep(b.x[:n*data.features], n, y, tg, data.width, t.s.lrAt(t.schedStep), t.errBuf)
 	if err != nil {
 		return plugin.BatchReport{}, err
