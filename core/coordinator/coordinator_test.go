@@ -313,6 +313,32 @@ func TestFormationTimeout(t *testing.T) {
 	}
 }
 
+// TestExitDeadline: a rank that never answers Shutdown, though it still
+// heartbeats, is declared dead once ExitTimeout has passed, and the run ends
+// then rather than waiting on it.
+func TestExitDeadline(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.Run.Epochs = 1
+	h := newHarness(t, cfg, func(o *Options) { o.ExitTimeout = 300 * time.Millisecond })
+	h.startAll(func(r uint32) rankScript { return rankScript{ignoreShutdown: r == 1} })
+	sum, err := h.wait()
+	if err != nil {
+		t.Fatalf("the run failed: %v", err)
+	}
+	if sum.Status != StatusCompleted {
+		t.Fatalf("status %q", sum.Status)
+	}
+	for _, rk := range sum.Ranks {
+		want := RankExited
+		if rk.Rank == 1 {
+			want = RankDead
+		}
+		if rk.State != want || (rk.Rank == 1 && !strings.Contains(rk.Reason, "no Exiting within 300ms of Shutdown")) {
+			t.Errorf("rank %d: %s (%q), want %s", rk.Rank, rk.State, rk.Reason, want)
+		}
+	}
+}
+
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)

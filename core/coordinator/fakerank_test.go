@@ -169,6 +169,11 @@ type rankScript struct {
 	noEval bool
 	// anonymousReports: Batch frames do not name their plan.
 	anonymousReports bool
+	// ignoreShutdown: Shutdown and ShutdownWithSave go unanswered while the
+	// rank keeps its connection and heartbeats, as a hung worker would.
+	ignoreShutdown bool
+	// ignoreSessionRequest: RequestSessionId goes unanswered.
+	ignoreSessionRequest bool
 }
 
 // planRec is one plan a rank received.
@@ -319,7 +324,10 @@ func (f *fakeRank) play(ctx context.Context) error {
 				f.pending = v
 				f.mu.Unlock()
 			case *cohortv1.RequestSessionId:
-				send(&cohortv1.SessionIdGenerated{Rank: f.id, Generation: v.GetGeneration(), SessionId: []byte(fmt.Sprintf("session-%d", v.GetGeneration()))})
+				if f.script.ignoreSessionRequest {
+					continue
+				}
+				send(&cohortv1.SessionIdGenerated{Rank: f.id, Generation: v.GetGeneration(), SessionId: []byte(fmt.Sprintf("session-%d-from-%d", v.GetGeneration(), f.id))})
 			case *cohortv1.CoordinatorHeartbeat:
 			default:
 				cmds <- m
@@ -531,6 +539,9 @@ func (f *fakeRank) play(ctx context.Context) error {
 		case *cohortv1.Checkpoint:
 			err = save(v.GetDir(), v.GetVersion())
 		case *cohortv1.ShutdownWithSave:
+			if f.script.ignoreShutdown {
+				break
+			}
 			dir := rankDir(v.GetDir(), f.id)
 			if err = os.MkdirAll(dir, 0o755); err == nil {
 				err = save(dir, v.GetVersion())
@@ -543,6 +554,9 @@ func (f *fakeRank) play(ctx context.Context) error {
 			f.mu.Unlock()
 			return err
 		case *cohortv1.Shutdown:
+			if f.script.ignoreShutdown {
+				break
+			}
 			err = send(&cohortv1.Exiting{Rank: f.id})
 			f.mu.Lock()
 			f.exitedOK = err == nil

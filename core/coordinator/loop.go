@@ -293,17 +293,24 @@ func (r *runner) run(parent context.Context) (*Summary, error) {
 	}
 	hb := time.NewTicker(hbEvery)
 	defer hb.Stop()
-	tick := time.NewTicker(50 * time.Millisecond)
-	defer tick.Stop()
+	// One timer for the nearest deadline, re-armed after every move: an
+	// idle coordinator (a long epoch) then sleeps instead of polling.
+	deadline := time.NewTimer(time.Hour)
+	defer deadline.Stop()
 	stopCh := r.c.stopCh
 
 	for r.phase != phDone {
+		if next, ok := r.nextDeadline(); ok {
+			deadline.Reset(time.Until(next))
+		} else {
+			deadline.Stop()
+		}
 		select {
 		case ev := <-r.events:
 			r.onEvent(ev)
 		case <-hb.C:
 			r.heartbeat()
-		case <-tick.C:
+		case <-deadline.C:
 			r.checkDeadlines(time.Now())
 		case <-stopCh:
 			stopCh = nil
@@ -548,11 +555,11 @@ func (r *runner) requestStop() {
 func (r *runner) checkDeadlines(now time.Time) {
 	switch r.phase {
 	case phForming:
-		if now.After(r.formDeadline) {
+		if !now.Before(r.formDeadline) {
 			r.finish(StatusFailed, r.formationError())
 		}
 	case phShutdown, phSaving:
-		if now.After(r.exitDeadline) {
+		if !now.Before(r.exitDeadline) {
 			what := "Shutdown"
 			if r.phase == phSaving {
 				what = "ShutdownWithSave"
@@ -562,9 +569,25 @@ func (r *runner) checkDeadlines(now time.Time) {
 			}
 		}
 	}
-	if s := r.session; s != nil && !s.haveID && now.After(s.deadline) {
+	if s := r.session; s != nil && !s.haveID && !now.Before(s.deadline) {
 		r.retrySession()
 	}
+}
+
+// nextDeadline is the nearest time checkDeadlines acts on in this state;
+// ok is false when nothing waits on the clock (training with no session
+// being established).
+func (r *runner) nextDeadline() (next time.Time, ok bool) {
+	switch r.phase {
+	case phForming:
+		next, ok = r.formDeadline, true
+	case phShutdown, phSaving:
+		next, ok = r.exitDeadline, true
+	}
+	if s := r.session; s != nil && !s.haveID && (!ok || s.deadline.Before(next)) {
+		next, ok = s.deadline, true
+	}
+	return next, ok
 }
 
 func (r *runner) formationError() error {

@@ -71,7 +71,7 @@ func TestDeadRankRedistributed(t *testing.T) {
 				ns := messagesOf[*cohortv1.NewSession](f)
 				if len(ns) != 1 || ns[0].GetGeneration() != 1 || ns[0].GetNewWorldSize() != 2 ||
 					ns[0].GetNewRank() != f.id || !slices.Equal(ns[0].GetMembers(), []uint32{0, 1}) ||
-					string(ns[0].GetSessionId()) != "session-1" {
+					string(ns[0].GetSessionId()) != "session-1-from-0" {
 					t.Errorf("rank %d NewSession %v, want generation 1, members [0 1], its own new rank, rank 0's id", f.id, ns)
 				}
 				for _, e := range messagesOf[*cohortv1.ExtendPartition](f) {
@@ -232,6 +232,38 @@ func TestTooFewRanksSaves(t *testing.T) {
 	for _, r := range m.SavedRanks {
 		if _, err := os.Stat(filepath.Join(sum.Checkpoint, "rank-"+string(rune('0'+r)), "state.json")); err != nil {
 			t.Errorf("rank %d state: %v", r, err)
+		}
+	}
+}
+
+// TestSessionRequestRetried: after a death the lowest survivor is asked
+// for the new session id; when it does not answer within SessionTimeout
+// the next survivor is asked, and the run completes on its id.
+func TestSessionRequestRetried(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.Coordinator.HeartbeatTimeout = time.Second
+	h := newHarness(t, cfg, func(o *Options) { o.SessionTimeout = 300 * time.Millisecond })
+	ranks := h.startAll(func(r uint32) rankScript {
+		switch r {
+		case 0:
+			return rankScript{msPerBatch: 5 * time.Millisecond, ignoreSessionRequest: true}
+		case 2:
+			return rankScript{msPerBatch: 5 * time.Millisecond, dieAfterBatches: 3}
+		}
+		return rankScript{msPerBatch: 5 * time.Millisecond}
+	})
+	h.mustComplete()
+	h.ledger.checkExactlyOnce(t, 2, 96)
+	if !h.logHas("session id request timed out; asking the next survivor", "rank=1") {
+		t.Error("no retry with rank 1 in the log")
+	}
+	for _, f := range ranks[:2] {
+		var ids []string
+		for _, m := range messagesOf[*cohortv1.NewSession](f) {
+			ids = append(ids, string(m.GetSessionId()))
+		}
+		if len(ids) == 0 || ids[len(ids)-1] != "session-1-from-1" {
+			t.Errorf("rank %d's NewSession ids %v, want the one rank 1 made", f.id, ids)
 		}
 	}
 }
