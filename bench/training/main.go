@@ -100,7 +100,7 @@ func main() {
 	flag.StringVar(&o.cohort, "cohort", "bin/cohort", "the cohort binary (its plugins are looked up in plugins/ next to it)")
 	flag.IntVar(&o.ranks, "ranks", 4, "ranks of the cohort vs DDP comparison")
 	flag.IntVar(&o.epochs, "epochs", 3, "epochs of the 1-rank runs; final accuracy of the DDP comparison is read after this many")
-	flag.IntVar(&o.repeats, "repeats", 5, "pairs of runs (one of each side) in the 1-rank comparison")
+	flag.IntVar(&o.repeats, "repeats", 9, "pairs of runs (one of each side) in the 1-rank comparison; single pairs on a small machine range ±20%, so the median needs several")
 	flag.IntVar(&o.targetEpochs, "target-epochs", 6, "epochs of the DDP comparison's runs, in which each side's time to the target is read")
 	flag.Float64Var(&o.target, "target", 0.85, "target test accuracy")
 	flag.IntVar(&o.seeds, "seeds", 3, "seeds 1..N of the cohort vs DDP comparison")
