@@ -304,7 +304,8 @@ func TestStartOn(t *testing.T) {
 		t.Skip("one CPU: nothing to confine to")
 	}
 	want := cpus[len(cpus)-1:]
-	cmd := exec.Command("sh", "-c", "grep Cpus_allowed_list /proc/self/status")
+	// "; true" keeps sh from exec'ing grep in its place: grep is its child.
+	cmd := exec.Command("sh", "-c", "grep Cpus_allowed_list /proc/self/status; true")
 	var out bytes.Buffer
 	cmd.Stdout = &out
 	if err := startOn(cmd, want); err != nil {

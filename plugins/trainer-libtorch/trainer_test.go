@@ -232,42 +232,53 @@ func TestArenaWritesReachTheModel(t *testing.T) {
 }
 
 // TestCopyMode exercises the path CUDA models take: tensors are not views,
-// Publish copies into the arena and Adopt copies back.
+// Publish copies into the arena and Adopt copies back. It runs forced on
+// the CPU, and on a GPU where the shim's libtorch sees one.
 func TestCopyMode(t *testing.T) {
-	tr := newTestTrainer(t)
-	tr.forceCopy = true
-	setup := configure(t, tr, merge(synthData(t, 256, 8, 3), map[string]any{"hidden": []int{16}, "threads": 1}))
-	d, zc := attach(t, tr, setup)
-	if zc {
-		t.Fatal("forced copy mode reported zero-copy")
-	}
-	m := openMapping(t, d)
-	trainPlan(t, tr, fullPlan(0, setup.Samples))
-	before := evaluate(t, tr)
-	clear(m.Bytes())
-	if ev := evaluate(t, tr); ev.Loss != before.Loss {
-		t.Fatalf("an arena write changed a copy-mode model before Adopt: %v -> %v", before.Loss, ev.Loss)
-	}
-	if _, err := tr.Adopt(context.Background(), 0); err != nil {
-		t.Fatal(err)
-	}
-	if ev := evaluate(t, tr); math.Abs(ev.Loss-math.Log(3)) > 1e-6 {
-		t.Fatalf("after Adopt of a zero arena: loss %v, want ln 3", ev.Loss)
-	}
-	trainPlan(t, tr, fullPlan(1, setup.Samples))
-	res, err := tr.Publish(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	var sq float64
-	for _, e := range d.Layout.Entries {
-		v, _ := m.Float32s(d.Layout.Index(e.Name))
-		for _, x := range v {
-			sq += float64(x) * float64(x)
-		}
-	}
-	if math.Abs(math.Sqrt(sq)-res.ParamNorm) > 1e-4*res.ParamNorm || res.Steps != 8 || res.StepCount != 8 {
-		t.Fatalf("Publish %+v; the arena's norm is %v", res, math.Sqrt(sq))
+	for _, c := range []struct {
+		name   string
+		device string
+	}{{"forced-on-cpu", "cpu"}, {"cuda", "cuda"}} {
+		t.Run(c.name, func(t *testing.T) {
+			tr := newTestTrainer(t)
+			if c.device == "cuda" && tr.shim.CUDADevices == 0 {
+				t.Skip("this libtorch sees no CUDA device")
+			}
+			tr.forceCopy = c.device == "cpu"
+			setup := configure(t, tr, merge(synthData(t, 256, 8, 3), map[string]any{"hidden": []int{16}, "threads": 1, "device": c.device}))
+			d, zc := attach(t, tr, setup)
+			if zc {
+				t.Fatal("a copy-mode model reported zero-copy")
+			}
+			m := openMapping(t, d)
+			trainPlan(t, tr, fullPlan(0, setup.Samples))
+			before := evaluate(t, tr)
+			clear(m.Bytes())
+			if ev := evaluate(t, tr); ev.Loss != before.Loss {
+				t.Fatalf("an arena write changed a copy-mode model before Adopt: %v -> %v", before.Loss, ev.Loss)
+			}
+			if _, err := tr.Adopt(context.Background(), 0); err != nil {
+				t.Fatal(err)
+			}
+			if ev := evaluate(t, tr); math.Abs(ev.Loss-math.Log(3)) > 1e-6 {
+				t.Fatalf("after Adopt of a zero arena: loss %v, want ln 3", ev.Loss)
+			}
+			trainPlan(t, tr, fullPlan(1, setup.Samples))
+			res, err := tr.Publish(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			var sq float64
+			for _, e := range d.Layout.Entries {
+				v, _ := m.Float32s(d.Layout.Index(e.Name))
+				for _, x := range v {
+					sq += float64(x) * float64(x)
+				}
+			}
+			if sq == 0 || math.Abs(math.Sqrt(sq)-res.ParamNorm) > 1e-4*res.ParamNorm || res.Steps != 8 || res.StepCount != 8 {
+				t.Fatalf("Publish %+v; the arena's norm is %v", res, math.Sqrt(sq))
+			}
+		})
 	}
 }
 
