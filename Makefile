@@ -5,8 +5,11 @@ GO          ?= go
 BIN         := bin
 PLUGINS     := $(BIN)/plugins
 TOOLS       := $(CURDIR)/.tools
-PROTO_DIR   := shared/proto
-PROTOS      := $(wildcard $(PROTO_DIR)/cohort/v1/*.proto)
+# The control protocol is the core's own (core/wire/wirepb); the plugin
+# contracts' generated code is internal to shared/plugin. Both generate from
+# the repository root, placed by go_package.
+PROTOS      := core/wire/wirepb/wire.proto $(wildcard shared/plugin/internal/pluginpb/*.proto)
+PROTOC_GO   := protoc -I . --go_opt=module=github.com/cohortdl/cohort --go-grpc_opt=module=github.com/cohortdl/cohort
 # Pinned code generators: the committed .pb.go files name these versions.
 PROTOC_GEN_GO_VERSION      := v1.36.12
 PROTOC_GEN_GO_GRPC_VERSION := v1.5.1
@@ -41,20 +44,17 @@ $(TOOLS)/protoc-gen-go-grpc:
 
 # proto regenerates the committed Go code from the .proto files.
 proto: deps tools
-	PATH=$(TOOLS):$$PATH protoc -I $(PROTO_DIR) \
-	  --go_out=$(PROTO_DIR) --go_opt=paths=source_relative \
-	  --go-grpc_out=$(PROTO_DIR) --go-grpc_opt=paths=source_relative \
-	  $(PROTOS)
+	PATH=$(TOOLS):$$PATH $(PROTOC_GO) --go_out=. --go-grpc_out=. $(PROTOS)
 
 # proto-check fails when the committed generated code is stale.
 proto-check: deps tools
 	@tmp=$$(mktemp -d); trap 'rm -rf $$tmp' EXIT; \
-	PATH=$(TOOLS):$$PATH protoc -I $(PROTO_DIR) \
-	  --go_out=$$tmp --go_opt=paths=source_relative \
-	  --go-grpc_out=$$tmp --go-grpc_opt=paths=source_relative \
-	  $(PROTOS) && \
-	if ! diff -r -q $$tmp/cohort/v1 $(PROTO_DIR)/cohort/v1 -x '*.proto'; then \
-	  echo "generated code in $(PROTO_DIR) is stale: run 'make proto' and commit"; exit 1; \
+	PATH=$(TOOLS):$$PATH $(PROTOC_GO) --go_out=$$tmp --go-grpc_out=$$tmp $(PROTOS) && \
+	stale=0; for f in $$(cd $$tmp && find . -name '*.go'); do \
+	  cmp -s $$tmp/$$f $$f || { echo "stale: $$f"; stale=1; }; \
+	done; \
+	if [ $$stale != 0 ]; then \
+	  echo "generated protobuf code is stale: run 'make proto' and commit"; exit 1; \
 	fi; echo "generated protobuf code is up to date"
 
 build: deps

@@ -38,8 +38,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	goplugin "github.com/hashicorp/go-plugin"
 
-	corearena "github.com/cohortdl/cohort/core/arena"
-	"github.com/cohortdl/cohort/core/coordinator/reduce"
+	"github.com/cohortdl/cohort/core/reduce"
 	"github.com/cohortdl/cohort/shared/arena"
 	"github.com/cohortdl/cohort/shared/plugin"
 )
@@ -153,7 +152,7 @@ func benchCohort(n int, elems int64, iters int, pluginPath, settings string) ([]
 	}
 	defer srv.Close()
 
-	arenas := make([]*corearena.Arena, n)
+	arenas := make([]*arena.Owned, n)
 	clients := make([]*goplugin.Client, n)
 	avgs := make([]plugin.Averager, n)
 	defer func() {
@@ -172,7 +171,7 @@ func benchCohort(n int, elems int64, iters int, pluginPath, settings string) ([]
 		}
 	}()
 	for r := 0; r < n; r++ {
-		if arenas[r], err = corearena.Create("", fmt.Sprintf("cohort-bench-r%d", r), layout); err != nil {
+		if arenas[r], err = arena.Create("", fmt.Sprintf("cohort-bench-r%d", r), layout); err != nil {
 			return nil, err
 		}
 		clients[r] = goplugin.NewClient(plugin.ClientConfig(plugin.ClientOptions{Cmd: exec.Command(pluginPath), Logger: logger}))

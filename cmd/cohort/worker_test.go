@@ -12,8 +12,8 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/cohortdl/cohort/core/wire"
+	"github.com/cohortdl/cohort/core/wire/wirepb"
 	"github.com/cohortdl/cohort/shared/plugintest"
-	cohortv1 "github.com/cohortdl/cohort/shared/proto/cohort/v1"
 )
 
 func TestWorkerCommandRefuses(t *testing.T) {
@@ -92,7 +92,7 @@ averager "mock" {}
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	if err := conn.Send(ctx, &cohortv1.Admit{RunId: "cmd", Seed: 1, AveragingEndpoint: t.TempDir()}); err != nil {
+	if err := conn.Send(ctx, &wirepb.Admit{RunId: "cmd", Seed: 1, AveragingEndpoint: t.TempDir()}); err != nil {
 		t.Fatal(err)
 	}
 	next := func() proto.Message {
@@ -102,19 +102,19 @@ averager "mock" {}
 				t.Fatalf("receive: %v", err)
 			}
 			switch m.(type) {
-			case *cohortv1.Heartbeat, *cohortv1.ResourceSample:
+			case *wirepb.Heartbeat, *wirepb.ResourceSample:
 				continue
 			}
 			return m
 		}
 	}
-	if r, ok := next().(*cohortv1.Ready); !ok || r.GetSamples() != 64 {
+	if r, ok := next().(*wirepb.Ready); !ok || r.GetSamples() != 64 {
 		t.Fatalf("want Ready for 64 samples, got %v", r)
 	}
-	if err := conn.Send(ctx, &cohortv1.Shutdown{}); err != nil {
+	if err := conn.Send(ctx, &wirepb.Shutdown{}); err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := next().(*cohortv1.Exiting); !ok {
+	if _, ok := next().(*wirepb.Exiting); !ok {
 		t.Fatal("want Exiting")
 	}
 	select {

@@ -27,7 +27,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/cohortdl/cohort/core/config"
-	"github.com/cohortdl/cohort/core/coordinator/reduce"
+	"github.com/cohortdl/cohort/core/reduce"
 	"github.com/cohortdl/cohort/core/wire"
 )
 

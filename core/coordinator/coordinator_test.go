@@ -20,7 +20,7 @@ import (
 
 	"github.com/cohortdl/cohort/core/config"
 	"github.com/cohortdl/cohort/core/wire"
-	cohortv1 "github.com/cohortdl/cohort/shared/proto/cohort/v1"
+	"github.com/cohortdl/cohort/core/wire/wirepb"
 )
 
 // A clean sync run: the conversation follows the protocol page from Admit
@@ -51,16 +51,16 @@ func TestSyncRunCompletes(t *testing.T) {
 		} else if st, err := os.Stat(ep); err != nil || !st.IsDir() {
 			t.Errorf("rank %d: rendezvous directory %s: %v", f.id, ep, err)
 		}
-		roles := messagesOf[*cohortv1.SetEpochCallbackRole](f)
-		syncs := messagesOf[*cohortv1.Sync](f)
+		roles := messagesOf[*wirepb.SetEpochCallbackRole](f)
+		syncs := messagesOf[*wirepb.Sync](f)
 		if len(roles) != 1 || roles[0].GetRank() != 0 {
 			t.Errorf("rank %d: SetEpochCallbackRole %v, want one naming rank 0", f.id, roles)
 		}
-		if len(syncs) == 0 || syncs[0].GetRound() != 0 || syncs[0].GetMode() != cohortv1.SyncMode_SYNC_MODE_BROADCAST || syncs[0].GetRoot() != 0 {
+		if len(syncs) == 0 || syncs[0].GetRound() != 0 || syncs[0].GetMode() != wirepb.SyncMode_SYNC_MODE_BROADCAST || syncs[0].GetRoot() != 0 {
 			t.Fatalf("rank %d: first Sync %v, want round 0 BROADCAST root 0", f.id, syncs)
 		}
 		for i, s := range syncs[1:] {
-			if s.GetRound() != uint64(i+1) || s.GetMode() != cohortv1.SyncMode_SYNC_MODE_AVERAGE {
+			if s.GetRound() != uint64(i+1) || s.GetMode() != wirepb.SyncMode_SYNC_MODE_AVERAGE {
 				t.Errorf("rank %d: Sync #%d is %v, want round %d AVERAGE", f.id, i+1, s, i+1)
 			}
 		}
@@ -83,7 +83,7 @@ func TestSyncRunCompletes(t *testing.T) {
 			}
 		}
 		updated := 0
-		for _, u := range messagesOf[*cohortv1.Update](f) {
+		for _, u := range messagesOf[*wirepb.Update](f) {
 			if u.GetNextPlan() != nil {
 				updated++
 				if u.GetVersion() != 0 {
@@ -91,7 +91,7 @@ func TestSyncRunCompletes(t *testing.T) {
 				}
 			}
 		}
-		if starts := len(messagesOf[*cohortv1.StartEpoch](f)); carried == 0 || carried+starts+updated != len(f.plans) {
+		if starts := len(messagesOf[*wirepb.StartEpoch](f)); carried == 0 || carried+starts+updated != len(f.plans) {
 			t.Errorf("rank %d: %d plans came with a Sync, %d with StartEpoch and %d with Update, of %d", f.id, carried, starts, updated, len(f.plans))
 		}
 		// Each window is one plan per rank: no rank runs two plans between
@@ -107,11 +107,11 @@ func TestSyncRunCompletes(t *testing.T) {
 			t.Errorf("rank %d did not get a clean Shutdown: %v", f.id, f.err)
 		}
 	}
-	evals := messagesOf[*cohortv1.Evaluate](ranks[0])
+	evals := messagesOf[*wirepb.Evaluate](ranks[0])
 	if len(evals) != 2 || evals[0].GetTargetRank() != 0 || evals[1].GetEpoch() != 1 {
 		t.Errorf("rank 0 Evaluate frames %v, want one per epoch targeting rank 0", evals)
 	}
-	if n := len(messagesOf[*cohortv1.Evaluate](ranks[1])); n != 0 {
+	if n := len(messagesOf[*wirepb.Evaluate](ranks[1])); n != 0 {
 		t.Errorf("rank 1 got %d Evaluate frames; only the epoch-callback rank evaluates", n)
 	}
 
@@ -454,9 +454,9 @@ func TestSoloCohort(t *testing.T) {
 			sum := h.mustComplete()
 			f := ranks[0]
 			h.ledger.checkExactlyOnce(t, 2, 96)
-			syncs := messagesOf[*cohortv1.Sync](f)
-			evals := messagesOf[*cohortv1.Evaluate](f)
-			steps := messagesOf[*cohortv1.SetGlobalStep](f)
+			syncs := messagesOf[*wirepb.Sync](f)
+			evals := messagesOf[*wirepb.Evaluate](f)
+			steps := messagesOf[*wirepb.SetGlobalStep](f)
 			f.mu.Lock()
 			plans := slices.Clone(f.plans)
 			f.mu.Unlock()
@@ -537,13 +537,13 @@ func TestCohortGoesSolo(t *testing.T) {
 	f.mu.Lock()
 	received := slices.Clone(f.received)
 	f.mu.Unlock()
-	dead := slices.IndexFunc(received, func(m proto.Message) bool { _, ok := m.(*cohortv1.DeclareDead); return ok })
+	dead := slices.IndexFunc(received, func(m proto.Message) bool { _, ok := m.(*wirepb.DeclareDead); return ok })
 	if dead < 0 {
 		t.Fatal("rank 0 was not told of the death")
 	}
 	var after []uint64
 	for _, m := range received[dead:] {
-		if s, ok := m.(*cohortv1.Sync); ok {
+		if s, ok := m.(*wirepb.Sync); ok {
 			after = append(after, s.GetRound())
 		}
 	}

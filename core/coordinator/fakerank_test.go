@@ -22,7 +22,7 @@ import (
 
 	"github.com/cohortdl/cohort/core/config"
 	"github.com/cohortdl/cohort/core/wire"
-	cohortv1 "github.com/cohortdl/cohort/shared/proto/cohort/v1"
+	"github.com/cohortdl/cohort/core/wire/wirepb"
 )
 
 // This file holds the scripted ranks the coordinator's tests run against:
@@ -199,14 +199,14 @@ type fakeRank struct {
 	plans      []planRec
 	received   []proto.Message
 	members    []uint32
-	pending    *cohortv1.NewSession
+	pending    *wirepb.NewSession
 	aborted    bool
 	deadPeers  []uint32
 	roundsDone int
 	steps      uint64
 	exitedOK   bool
 	err        error
-	admit      *cohortv1.Admit
+	admit      *wirepb.Admit
 	gotDeclare chan struct{}
 }
 
@@ -290,7 +290,7 @@ func (f *fakeRank) play(ctx context.Context) error {
 				case <-quiet:
 					return
 				case <-t.C:
-					send(&cohortv1.Heartbeat{Rank: f.id, Counter: n})
+					send(&wirepb.Heartbeat{Rank: f.id, Counter: n})
 				}
 			}
 		}()
@@ -309,7 +309,7 @@ func (f *fakeRank) play(ctx context.Context) error {
 			}
 			f.record(m)
 			switch v := m.(type) {
-			case *cohortv1.DeclareDead:
+			case *wirepb.DeclareDead:
 				f.mu.Lock()
 				f.aborted = true
 				f.deadPeers = append(f.deadPeers, v.GetRank())
@@ -319,16 +319,16 @@ func (f *fakeRank) play(ctx context.Context) error {
 				default:
 				}
 				f.h.group.poke()
-			case *cohortv1.NewSession:
+			case *wirepb.NewSession:
 				f.mu.Lock()
 				f.pending = v
 				f.mu.Unlock()
-			case *cohortv1.RequestSessionId:
+			case *wirepb.RequestSessionId:
 				if f.script.ignoreSessionRequest {
 					continue
 				}
-				send(&cohortv1.SessionIdGenerated{Rank: f.id, Generation: v.GetGeneration(), SessionId: []byte(fmt.Sprintf("session-%d-from-%d", v.GetGeneration(), f.id))})
-			case *cohortv1.CoordinatorHeartbeat:
+				send(&wirepb.SessionIdGenerated{Rank: f.id, Generation: v.GetGeneration(), SessionId: []byte(fmt.Sprintf("session-%d-from-%d", v.GetGeneration(), f.id))})
+			case *wirepb.CoordinatorHeartbeat:
 			default:
 				cmds <- m
 			}
@@ -358,12 +358,12 @@ func (f *fakeRank) play(ctx context.Context) error {
 	sendJunk := func(extra ...proto.Message) error {
 		nan := math.NaN()
 		for _, m := range append(extra,
-			&cohortv1.SyncAck{Rank: 99, Round: 99},
-			&cohortv1.Metrics{Rank: f.id, Epoch: 7, PartitionOffset: 1, PartitionSize: 1 << 60, AvgLoss: nan},
-			&cohortv1.Batch{Rank: f.id, Epoch: 3, BatchMs: nan, Samples: 1},
-			&cohortv1.EvalResult{Rank: f.id, ScheduleId: 42, Loss: nan},
-			&cohortv1.CheckpointResult{Rank: f.id, Version: 9},
-			&cohortv1.SessionIdGenerated{Rank: f.id, Generation: 5},
+			&wirepb.SyncAck{Rank: 99, Round: 99},
+			&wirepb.Metrics{Rank: f.id, Epoch: 7, PartitionOffset: 1, PartitionSize: 1 << 60, AvgLoss: nan},
+			&wirepb.Batch{Rank: f.id, Epoch: 3, BatchMs: nan, Samples: 1},
+			&wirepb.EvalResult{Rank: f.id, ScheduleId: 42, Loss: nan},
+			&wirepb.CheckpointResult{Rank: f.id, Version: 9},
+			&wirepb.SessionIdGenerated{Rank: f.id, Generation: 5},
 		) {
 			if err := send(m); err != nil {
 				return err
@@ -382,7 +382,7 @@ func (f *fakeRank) play(ctx context.Context) error {
 		f.mu.Unlock()
 		start := time.Now()
 		var nb uint64
-		merged := &cohortv1.Batch{Rank: f.id, Epoch: epoch, BatchLoss: 0.5, PartitionOffset: off, PartitionSize: size}
+		merged := &wirepb.Batch{Rank: f.id, Epoch: epoch, BatchLoss: 0.5, PartitionOffset: off, PartitionSize: size}
 		for done := uint64(0); done < size; {
 			n := min(batch, size-done)
 			select {
@@ -403,7 +403,7 @@ func (f *fakeRank) play(ctx context.Context) error {
 			f.mu.Lock()
 			f.steps++
 			f.mu.Unlock()
-			b := &cohortv1.Batch{Rank: f.id, Epoch: epoch, BatchMs: float64(s.msPerBatch) / 1e6, Samples: uint32(n), StepCount: uint64(batches), BatchLoss: 0.5}
+			b := &wirepb.Batch{Rank: f.id, Epoch: epoch, BatchMs: float64(s.msPerBatch) / 1e6, Samples: uint32(n), StepCount: uint64(batches), BatchLoss: 0.5}
 			if !s.anonymousReports {
 				b.PartitionOffset, b.PartitionSize = off, size
 			}
@@ -419,7 +419,7 @@ func (f *fakeRank) play(ctx context.Context) error {
 				return errors.New("scripted death")
 			}
 			if s.exitAfterBatches > 0 && batches >= s.exitAfterBatches {
-				send(&cohortv1.Exiting{Rank: f.id})
+				send(&wirepb.Exiting{Rank: f.id})
 				return errors.New("scripted exit")
 			}
 			if s.silentAfterBatches > 0 && batches >= s.silentAfterBatches {
@@ -439,7 +439,7 @@ func (f *fakeRank) play(ctx context.Context) error {
 		if s.junk {
 			loss = math.Inf(1)
 		}
-		err := send(&cohortv1.Metrics{Rank: f.id, Epoch: epoch, AvgLoss: loss, Batches: nb, Samples: size,
+		err := send(&wirepb.Metrics{Rank: f.id, Epoch: epoch, AvgLoss: loss, Batches: nb, Samples: size,
 			EpochMs: float64(time.Since(start)) / 1e6, PartitionOffset: off, PartitionSize: size})
 		if err == nil && s.junk && !junkSent {
 			junkSent = true
@@ -449,7 +449,7 @@ func (f *fakeRank) play(ctx context.Context) error {
 	}
 
 	save := func(dir string, version uint64) error {
-		res := &cohortv1.CheckpointResult{Rank: f.id, Version: version}
+		res := &wirepb.CheckpointResult{Rank: f.id, Version: version}
 		if s.failSave {
 			res.Error = "scripted save failure"
 		} else if err := os.WriteFile(filepath.Join(dir, "state.json"), fmt.Appendf(nil, `{"rank":%d,"steps":%d}`, f.id, f.steps), 0o644); err != nil {
@@ -463,10 +463,10 @@ func (f *fakeRank) play(ctx context.Context) error {
 	// succeeds, and every queued command handled before the next plan.
 	type queued struct {
 		via string
-		p   *cohortv1.EpochPlan
+		p   *wirepb.EpochPlan
 	}
 	var pending []queued
-	var held []*cohortv1.EpochPlan
+	var held []*wirepb.EpochPlan
 	queuedPlans = func() int { return len(pending) }
 	next := func() (proto.Message, bool) {
 		for {
@@ -496,11 +496,11 @@ func (f *fakeRank) play(ctx context.Context) error {
 		}
 		var err error
 		switch v := m.(type) {
-		case *cohortv1.Admit:
+		case *wirepb.Admit:
 			f.mu.Lock()
 			f.admit = v
 			f.mu.Unlock()
-			ready := &cohortv1.Ready{Rank: f.id, Samples: samples, EvalSamples: 32, LayoutDigest: digest, BatchSize: uint32(batch),
+			ready := &wirepb.Ready{Rank: f.id, Samples: samples, EvalSamples: 32, LayoutDigest: digest, BatchSize: uint32(batch),
 				Trainer: "scripted", Averager: "scripted", SoloIdentity: s.solo}
 			if s.noEval {
 				ready.EvalSamples = 0
@@ -509,20 +509,20 @@ func (f *fakeRank) play(ctx context.Context) error {
 			if s.junk && err == nil {
 				err = sendJunk(ready)
 			}
-		case *cohortv1.StartEpoch:
+		case *wirepb.StartEpoch:
 			pending = append(pending, queued{"start", v.GetPlan()})
-		case *cohortv1.Update:
+		case *wirepb.Update:
 			if p := v.GetNextPlan(); p != nil {
 				pending = append(pending, queued{"update", p})
 			}
-		case *cohortv1.ExtendPartition:
+		case *wirepb.ExtendPartition:
 			at := 0
 			for at < len(pending) && pending[at].via == "ext" {
 				at++
 			}
-			pending = slices.Insert(pending, at, queued{"ext", &cohortv1.EpochPlan{
+			pending = slices.Insert(pending, at, queued{"ext", &wirepb.EpochPlan{
 				Epoch: v.GetEpoch(), PartitionOffset: v.GetPartitionOffset(), PartitionSize: v.GetPartitionSize()}})
-		case *cohortv1.Sync:
+		case *wirepb.Sync:
 			if p := v.GetNextPlan(); p != nil {
 				held = append(held, p)
 			}
@@ -533,12 +533,12 @@ func (f *fakeRank) play(ctx context.Context) error {
 				}
 				held = nil
 			}
-		case *cohortv1.Evaluate:
+		case *wirepb.Evaluate:
 			acc := 0.75
-			err = send(&cohortv1.EvalResult{Rank: f.id, ScheduleId: v.GetScheduleId(), Epoch: v.GetEpoch(), Loss: 0.25, Accuracy: &acc})
-		case *cohortv1.Checkpoint:
+			err = send(&wirepb.EvalResult{Rank: f.id, ScheduleId: v.GetScheduleId(), Epoch: v.GetEpoch(), Loss: 0.25, Accuracy: &acc})
+		case *wirepb.Checkpoint:
 			err = save(v.GetDir(), v.GetVersion())
-		case *cohortv1.ShutdownWithSave:
+		case *wirepb.ShutdownWithSave:
 			if f.script.ignoreShutdown {
 				break
 			}
@@ -547,17 +547,17 @@ func (f *fakeRank) play(ctx context.Context) error {
 				err = save(dir, v.GetVersion())
 			}
 			if err == nil {
-				err = send(&cohortv1.Exiting{Rank: f.id})
+				err = send(&wirepb.Exiting{Rank: f.id})
 			}
 			f.mu.Lock()
 			f.exitedOK = err == nil
 			f.mu.Unlock()
 			return err
-		case *cohortv1.Shutdown:
+		case *wirepb.Shutdown:
 			if f.script.ignoreShutdown {
 				break
 			}
-			err = send(&cohortv1.Exiting{Rank: f.id})
+			err = send(&wirepb.Exiting{Rank: f.id})
 			f.mu.Lock()
 			f.exitedOK = err == nil
 			f.mu.Unlock()
@@ -579,7 +579,7 @@ func (f *fakeRank) play(ctx context.Context) error {
 // syncRound plays one averaging round: apply a pending NewSession, enter
 // the collective, wait for every member, ack; done reports a round that
 // succeeded.
-func (f *fakeRank) syncRound(ctx context.Context, v *cohortv1.Sync, send func(proto.Message) error, conn *wire.Conn) (done bool, err error) {
+func (f *fakeRank) syncRound(ctx context.Context, v *wirepb.Sync, send func(proto.Message) error, conn *wire.Conn) (done bool, err error) {
 	s := f.script
 	f.mu.Lock()
 	if f.pending != nil {
@@ -599,9 +599,9 @@ func (f *fakeRank) syncRound(ctx context.Context, v *cohortv1.Sync, send func(pr
 		conn.Close()
 		return false, errors.New("scripted death in a round")
 	}
-	send(&cohortv1.SnapshotReady{Rank: f.id, Round: v.GetRound()})
+	send(&wirepb.SnapshotReady{Rank: f.id, Round: v.GetRound()})
 	start := time.Now()
-	ack := &cohortv1.SyncAck{Rank: f.id, Round: v.GetRound(), BytesMoved: 100}
+	ack := &wirepb.SyncAck{Rank: f.id, Round: v.GetRound(), BytesMoved: 100}
 	if s.abortRoundSet && v.GetRound() == s.abortRound {
 		f.h.group.arrive(v.GetRound(), f.id)
 		select {

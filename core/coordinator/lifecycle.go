@@ -5,7 +5,7 @@ import (
 	"sort"
 	"time"
 
-	cohortv1 "github.com/cohortdl/cohort/shared/proto/cohort/v1"
+	"github.com/cohortdl/cohort/core/wire/wirepb"
 )
 
 // endEpoch runs after the epoch's last round: evaluation on the
@@ -34,10 +34,10 @@ func (r *runner) sendEvaluate() {
 		r.role = live[0]
 	}
 	r.evalTarget = int64(r.role)
-	r.send(r.ranks[r.role], &cohortv1.Evaluate{ScheduleId: r.epoch, Epoch: r.epoch, TargetRank: r.role})
+	r.send(r.ranks[r.role], &wirepb.Evaluate{ScheduleId: r.epoch, Epoch: r.epoch, TargetRank: r.role})
 }
 
-func (r *runner) onEvalResult(rs *rankState, m *cohortv1.EvalResult) {
+func (r *runner) onEvalResult(rs *rankState, m *wirepb.EvalResult) {
 	if r.phase != phEval || r.evalTarget != int64(rs.id) || m.GetScheduleId() != r.epoch {
 		r.log.Warn("ignoring an unexpected EvalResult", "rank", rs.id, "schedule", m.GetScheduleId())
 		return
@@ -121,7 +121,7 @@ func (r *runner) nextEpoch() {
 		r.shutdown()
 	case r.stopReq:
 		r.epoch++
-		r.beginSave(cohortv1.ShutdownReason_SHUTDOWN_REASON_INTERRUPTED, ReasonInterrupted, StatusStopped, nil)
+		r.beginSave(wirepb.ShutdownReason_SHUTDOWN_REASON_INTERRUPTED, ReasonInterrupted, StatusStopped, nil)
 	default:
 		r.startEpoch(r.epoch + 1)
 	}
@@ -141,14 +141,14 @@ func (r *runner) beginCheckpoint() {
 	r.ckpt = &ckptWait{version: v, tmp: tmp, pending: map[uint32]bool{}, progress: r.snap, reason: ReasonCheckpoint}
 	for _, id := range live {
 		r.ckpt.pending[id] = true
-		r.send(r.ranks[id], &cohortv1.Checkpoint{Version: v, TargetRank: id, Dir: rankDir(tmp, id)})
+		r.send(r.ranks[id], &wirepb.Checkpoint{Version: v, TargetRank: id, Dir: rankDir(tmp, id)})
 	}
 }
 
 // beginSave sends ShutdownWithSave to every live rank: each saves into
 // its rank-<r> of a new checkpoint and exits. The run ends with status
 // once they have.
-func (r *runner) beginSave(reason cohortv1.ShutdownReason, metaReason, status string, err error) {
+func (r *runner) beginSave(reason wirepb.ShutdownReason, metaReason, status string, err error) {
 	if r.phase == phSaving || r.phase == phShutdown || r.phase == phDone {
 		return
 	}
@@ -167,11 +167,11 @@ func (r *runner) beginSave(reason cohortv1.ShutdownReason, metaReason, status st
 		r.saveErr = fmt.Errorf("coordinator: save: %w", berr)
 		r.saveStatus = StatusFailed
 		r.phase = phShutdown
-		r.broadcast(&cohortv1.Shutdown{})
+		r.broadcast(&wirepb.Shutdown{})
 		return
 	}
 	r.save = &ckptWait{version: v, tmp: tmp, pending: map[uint32]bool{}, progress: r.snap, reason: metaReason}
-	msg := &cohortv1.ShutdownWithSave{Reason: reason, Dir: tmp, Version: v}
+	msg := &wirepb.ShutdownWithSave{Reason: reason, Dir: tmp, Version: v}
 	for _, id := range live {
 		r.save.pending[id] = true
 		r.send(r.ranks[id], msg)
@@ -184,11 +184,11 @@ func (r *runner) beginSave(reason cohortv1.ShutdownReason, metaReason, status st
 func (r *runner) shutdown() {
 	r.phase = phShutdown
 	r.exitDeadline = time.Now().Add(r.exitTimeout())
-	r.broadcast(&cohortv1.Shutdown{})
+	r.broadcast(&wirepb.Shutdown{})
 	r.log.Info("training complete; Shutdown sent", "ranks", r.live())
 }
 
-func (r *runner) onCheckpointResult(rs *rankState, m *cohortv1.CheckpointResult) {
+func (r *runner) onCheckpointResult(rs *rankState, m *wirepb.CheckpointResult) {
 	var w *ckptWait
 	switch {
 	case r.ckpt != nil && r.ckpt.version == m.GetVersion():

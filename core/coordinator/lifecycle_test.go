@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/cohortdl/cohort/core/config"
-	cohortv1 "github.com/cohortdl/cohort/shared/proto/cohort/v1"
+	"github.com/cohortdl/cohort/core/wire/wirepb"
 )
 
 // Stop mid-epoch: the plans in flight finish, a final round averages
@@ -42,8 +42,8 @@ func TestStopSavesAndResumeFinishes(t *testing.T) {
 		t.Fatalf("meta %+v: want interrupted in epoch 0, saved by ranks 0-2, per-rank remaining", meta)
 	}
 	for _, f := range ranks {
-		sw := messagesOf[*cohortv1.ShutdownWithSave](f)
-		if len(sw) != 1 || sw[0].GetReason() != cohortv1.ShutdownReason_SHUTDOWN_REASON_INTERRUPTED {
+		sw := messagesOf[*wirepb.ShutdownWithSave](f)
+		if len(sw) != 1 || sw[0].GetReason() != wirepb.ShutdownReason_SHUTDOWN_REASON_INTERRUPTED {
 			t.Fatalf("rank %d ShutdownWithSave %v", f.id, sw)
 		}
 		// The last plan ran before the last round: the save holds it.

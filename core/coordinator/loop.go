@@ -15,7 +15,7 @@ import (
 
 	"github.com/cohortdl/cohort/core/config"
 	"github.com/cohortdl/cohort/core/wire"
-	cohortv1 "github.com/cohortdl/cohort/shared/proto/cohort/v1"
+	"github.com/cohortdl/cohort/core/wire/wirepb"
 )
 
 // phase is where the run stands.
@@ -51,7 +51,7 @@ type rankState struct {
 	id     uint32
 	status rankStatus
 	link   *link
-	ready  *cohortv1.Ready
+	ready  *wirepb.Ready
 	reason string // why it died
 
 	outstanding []*plan // dispatched, not yet closed by Metrics, in order
@@ -66,11 +66,11 @@ type rankState struct {
 // round is an averaging round in flight.
 type round struct {
 	num     uint64
-	mode    cohortv1.SyncMode
+	mode    wirepb.SyncMode
 	root    uint32
 	issued  time.Time
 	waiting map[uint32]bool
-	acks    map[uint32]*cohortv1.SyncAck
+	acks    map[uint32]*wirepb.SyncAck
 	initial bool // round 0: the run starts when it completes
 	// snap, when the Sync carried the next window's plans, is the
 	// checkpoint snapshot as of the round (taken at issue: ranks start
@@ -81,7 +81,7 @@ type round struct {
 // reissue is a round to run again after an abort, once the group is
 // re-formed.
 type reissue struct {
-	mode    cohortv1.SyncMode
+	mode    wirepb.SyncMode
 	root    uint32
 	initial bool
 }
@@ -438,7 +438,7 @@ func (r *runner) onJoined(rs *rankState, conn *wire.Conn) {
 		rs.link.run(r.ctx, r.events)
 	}()
 	r.log.Info("rank joined", "rank", rs.id, "remote", conn.RemoteAddr().String())
-	admit := &cohortv1.Admit{
+	admit := &wirepb.Admit{
 		RunId:             r.c.runID,
 		Seed:              uint64(r.cfg.Run.Seed),
 		AveragingEndpoint: r.c.endpoint,
@@ -528,7 +528,7 @@ func (r *runner) broadcast(msg proto.Message) {
 
 func (r *runner) heartbeat() {
 	r.hbSeq++
-	msg := &cohortv1.CoordinatorHeartbeat{Sequence: r.hbSeq}
+	msg := &wirepb.CoordinatorHeartbeat{Sequence: r.hbSeq}
 	for _, rs := range r.ranks {
 		if rs.status == stJoined || rs.status == stReady || rs.status == stLive {
 			r.send(rs, msg)
@@ -625,28 +625,28 @@ func (r *runner) exitTimeout() time.Duration {
 // authenticated; rank fields inside messages are not trusted.
 func (r *runner) onMessage(rs *rankState, msg proto.Message) {
 	switch m := msg.(type) {
-	case *cohortv1.Heartbeat:
-	case *cohortv1.Ready:
+	case *wirepb.Heartbeat:
+	case *wirepb.Ready:
 		r.onReady(rs, m)
-	case *cohortv1.Batch:
+	case *wirepb.Batch:
 		r.onBatch(rs, m)
-	case *cohortv1.Metrics:
+	case *wirepb.Metrics:
 		r.onMetrics(rs, m)
-	case *cohortv1.SyncAck:
+	case *wirepb.SyncAck:
 		r.onSyncAck(rs, m)
-	case *cohortv1.SnapshotReady:
+	case *wirepb.SnapshotReady:
 		r.log.Trace("snapshot ready", "rank", rs.id, "round", m.GetRound())
-	case *cohortv1.EvalResult:
+	case *wirepb.EvalResult:
 		r.onEvalResult(rs, m)
-	case *cohortv1.CheckpointResult:
+	case *wirepb.CheckpointResult:
 		r.onCheckpointResult(rs, m)
-	case *cohortv1.SessionIdGenerated:
+	case *wirepb.SessionIdGenerated:
 		r.onSessionID(rs, m)
-	case *cohortv1.EpochFnElapsed:
+	case *wirepb.EpochFnElapsed:
 		r.log.Debug("epoch callback ran", "rank", rs.id, "epoch", m.GetEpoch(), "ms", m.GetElapsedMs())
-	case *cohortv1.ResourceSample:
+	case *wirepb.ResourceSample:
 		r.log.Trace("resource sample", "rank", rs.id)
-	case *cohortv1.Exiting:
+	case *wirepb.Exiting:
 		r.onExiting(rs)
 	default:
 		r.log.Warn("ignoring an unexpected frame", "rank", rs.id, "type", fmt.Sprintf("%T", msg))
@@ -654,7 +654,7 @@ func (r *runner) onMessage(rs *rankState, msg proto.Message) {
 }
 
 // onReady checks a rank's Ready against rank 0's.
-func (r *runner) onReady(rs *rankState, m *cohortv1.Ready) {
+func (r *runner) onReady(rs *rankState, m *wirepb.Ready) {
 	if r.phase != phForming || rs.status != stJoined {
 		r.log.Warn("ignoring a Ready outside formation", "rank", rs.id, "phase", r.phase.String())
 		return
@@ -679,7 +679,7 @@ func (r *runner) onReady(rs *rankState, m *cohortv1.Ready) {
 	}
 }
 
-func (r *runner) verifyReady(rs *rankState, ref *cohortv1.Ready) {
+func (r *runner) verifyReady(rs *rankState, ref *wirepb.Ready) {
 	m := rs.ready
 	switch {
 	case !bytes.Equal(m.GetLayoutDigest(), ref.GetLayoutDigest()):
@@ -724,10 +724,10 @@ func (r *runner) tryForm() bool {
 	r.setupCadence()
 	r.emit(Progress{Kind: ProgressFormed})
 	r.role = 0
-	r.broadcast(&cohortv1.SetEpochCallbackRole{Rank: r.role})
+	r.broadcast(&wirepb.SetEpochCallbackRole{Rank: r.role})
 	// Every rank starts from rank 0's parameters (after a resume: from
 	// what rank 0 loaded).
-	r.issueRound(cohortv1.SyncMode_SYNC_MODE_BROADCAST, 0, true)
+	r.issueRound(wirepb.SyncMode_SYNC_MODE_BROADCAST, 0, true)
 	return true
 }
 

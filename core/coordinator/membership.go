@@ -5,7 +5,7 @@ import (
 	"slices"
 	"time"
 
-	cohortv1 "github.com/cohortdl/cohort/shared/proto/cohort/v1"
+	"github.com/cohortdl/cohort/core/wire/wirepb"
 )
 
 // lose handles a rank found dead (its link broke, or it fell silent, or it
@@ -58,14 +58,14 @@ func (r *runner) depart(rs *rankState, event, reason string, status rankStatus) 
 		r.finish(StatusFailed, fmt.Errorf("coordinator: every rank is lost (last: rank %d, %s)", rs.id, reason))
 		return
 	}
-	dd := &cohortv1.DeclareDead{Rank: rs.id, Reason: reason}
+	dd := &wirepb.DeclareDead{Rank: rs.id, Reason: reason}
 	for _, id := range survivors {
 		r.send(r.ranks[id], dd)
 	}
 	if r.role == rs.id {
 		r.role = survivors[0]
 		r.log.Info("epoch-callback rank re-elected", "rank", r.role)
-		r.broadcast(&cohortv1.SetEpochCallbackRole{Rank: r.role})
+		r.broadcast(&wirepb.SetEpochCallbackRole{Rank: r.role})
 	}
 	if r.win != nil {
 		delete(r.win.ranks, rs.id)
@@ -77,7 +77,7 @@ func (r *runner) depart(rs *rankState, event, reason string, status rankStatus) 
 
 	if min := r.cfg.Coordinator.MinRanks; len(survivors) < min {
 		r.log.Error("too few ranks left to carry on; saving and stopping", "live", len(survivors), "min_ranks", min)
-		r.beginSave(cohortv1.ShutdownReason_SHUTDOWN_REASON_TOO_FEW_RANKS, ReasonTooFewRanks, StatusFailed,
+		r.beginSave(wirepb.ShutdownReason_SHUTDOWN_REASON_TOO_FEW_RANKS, ReasonTooFewRanks, StatusFailed,
 			fmt.Errorf("coordinator: %d live ranks after rank %d was lost (%s), min_ranks is %d", len(survivors), rs.id, reason, min))
 		return
 	}
@@ -123,7 +123,7 @@ func (r *runner) redistribute(rs []Range, survivors []uint32) {
 		for _, rng := range shares[i] {
 			s := r.ranks[id]
 			s.outstanding = slices.Insert(s.outstanding, extSlot(s.outstanding), &plan{epoch: r.epoch, rng: rng, ext: true})
-			r.send(s, &cohortv1.ExtendPartition{Epoch: r.epoch, PartitionOffset: rng.Offset, PartitionSize: rng.Size})
+			r.send(s, &wirepb.ExtendPartition{Epoch: r.epoch, PartitionOffset: rng.Offset, PartitionSize: rng.Size})
 		}
 	}
 	r.log.Info("redistributed a lost rank's samples", "samples", total, "survivors", len(survivors))
@@ -159,7 +159,7 @@ func (r *runner) askSession(generator uint32) {
 	s.generator = generator
 	s.tried[generator] = true
 	s.deadline = time.Now().Add(r.sessionTimeout())
-	r.send(r.ranks[generator], &cohortv1.RequestSessionId{Generation: s.gen})
+	r.send(r.ranks[generator], &wirepb.RequestSessionId{Generation: s.gen})
 	r.log.Debug("session id requested", "generation", s.gen, "rank", generator)
 }
 
@@ -179,7 +179,7 @@ func (r *runner) retrySession() {
 	if i < 0 {
 		r.session = nil
 		r.log.Error("no survivor produced a session id; saving and stopping", "generation", s.gen)
-		r.beginSave(cohortv1.ShutdownReason_SHUTDOWN_REASON_REDUCE_STALL, ReasonStall, StatusFailed,
+		r.beginSave(wirepb.ShutdownReason_SHUTDOWN_REASON_REDUCE_STALL, ReasonStall, StatusFailed,
 			fmt.Errorf("coordinator: no survivor answered RequestSessionId (generation %d)", s.gen))
 		return
 	}
@@ -187,7 +187,7 @@ func (r *runner) retrySession() {
 	r.askSession(live[i])
 }
 
-func (r *runner) onSessionID(rs *rankState, m *cohortv1.SessionIdGenerated) {
+func (r *runner) onSessionID(rs *rankState, m *wirepb.SessionIdGenerated) {
 	s := r.session
 	if s == nil || m.GetGeneration() != s.gen || rs.id != s.generator || s.haveID {
 		r.log.Debug("ignoring a stale session id", "rank", rs.id, "generation", m.GetGeneration())
@@ -210,7 +210,7 @@ func (r *runner) stepSession() bool {
 	r.session = nil
 	members := r.live()
 	for i, id := range members {
-		r.send(r.ranks[id], &cohortv1.NewSession{
+		r.send(r.ranks[id], &wirepb.NewSession{
 			Generation:   s.gen,
 			SessionId:    s.id,
 			NewRank:      uint32(i),

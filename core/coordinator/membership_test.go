@@ -11,7 +11,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/cohortdl/cohort/core/config"
-	cohortv1 "github.com/cohortdl/cohort/shared/proto/cohort/v1"
+	"github.com/cohortdl/cohort/core/wire/wirepb"
 )
 
 // A rank lost mid-epoch (its link breaks, or it falls silent past the
@@ -64,17 +64,17 @@ func TestDeadRankRedistributed(t *testing.T) {
 			}
 			var extended uint64
 			for _, f := range ranks[:2] {
-				dd := messagesOf[*cohortv1.DeclareDead](f)
+				dd := messagesOf[*wirepb.DeclareDead](f)
 				if len(dd) != 1 || dd[0].GetRank() != 2 {
 					t.Errorf("rank %d DeclareDead %v, want one for rank 2", f.id, dd)
 				}
-				ns := messagesOf[*cohortv1.NewSession](f)
+				ns := messagesOf[*wirepb.NewSession](f)
 				if len(ns) != 1 || ns[0].GetGeneration() != 1 || ns[0].GetNewWorldSize() != 2 ||
 					ns[0].GetNewRank() != f.id || !slices.Equal(ns[0].GetMembers(), []uint32{0, 1}) ||
 					string(ns[0].GetSessionId()) != "session-1-from-0" {
 					t.Errorf("rank %d NewSession %v, want generation 1, members [0 1], its own new rank, rank 0's id", f.id, ns)
 				}
-				for _, e := range messagesOf[*cohortv1.ExtendPartition](f) {
+				for _, e := range messagesOf[*wirepb.ExtendPartition](f) {
 					extended += e.GetPartitionSize()
 				}
 			}
@@ -83,10 +83,10 @@ func TestDeadRankRedistributed(t *testing.T) {
 			if extended != 32-3*8 {
 				t.Errorf("ExtendPartition covered %d samples, want %d", extended, 32-3*8)
 			}
-			if n := len(messagesOf[*cohortv1.RequestSessionId](ranks[0])); n != 1 {
+			if n := len(messagesOf[*wirepb.RequestSessionId](ranks[0])); n != 1 {
 				t.Errorf("rank 0 (lowest survivor) got %d RequestSessionId, want 1", n)
 			}
-			if n := len(messagesOf[*cohortv1.RequestSessionId](ranks[1])); n != 0 {
+			if n := len(messagesOf[*wirepb.RequestSessionId](ranks[1])); n != 0 {
 				t.Errorf("rank 1 got %d RequestSessionId, want 0", n)
 			}
 		})
@@ -107,14 +107,14 @@ func TestCallbackRoleReElected(t *testing.T) {
 	})
 	h.mustComplete()
 	h.ledger.checkExactlyOnce(t, 1, 96)
-	roles := messagesOf[*cohortv1.SetEpochCallbackRole](ranks[2])
+	roles := messagesOf[*wirepb.SetEpochCallbackRole](ranks[2])
 	if len(roles) != 2 || roles[1].GetRank() != 1 {
 		t.Errorf("rank 2 roles %v, want rank 0 then rank 1", roles)
 	}
-	if ev := messagesOf[*cohortv1.Evaluate](ranks[1]); len(ev) != 1 || ev[0].GetTargetRank() != 1 {
+	if ev := messagesOf[*wirepb.Evaluate](ranks[1]); len(ev) != 1 || ev[0].GetTargetRank() != 1 {
 		t.Errorf("rank 1 Evaluate %v, want one targeting it", ev)
 	}
-	if rq := messagesOf[*cohortv1.RequestSessionId](ranks[1]); len(rq) != 1 {
+	if rq := messagesOf[*wirepb.RequestSessionId](ranks[1]); len(rq) != 1 {
 		t.Errorf("rank 1 (lowest survivor) RequestSessionId %v", rq)
 	}
 }
@@ -126,7 +126,7 @@ func TestRoundReissuedAfterDeath(t *testing.T) {
 	cases := []struct {
 		name   string
 		script func(r uint32) rankScript
-		mode   cohortv1.SyncMode
+		mode   wirepb.SyncMode
 		root   uint32
 	}{
 		{
@@ -137,7 +137,7 @@ func TestRoundReissuedAfterDeath(t *testing.T) {
 				}
 				return rankScript{}
 			},
-			mode: cohortv1.SyncMode_SYNC_MODE_AVERAGE,
+			mode: wirepb.SyncMode_SYNC_MODE_AVERAGE,
 		},
 		{
 			// Rank 2 enters the collective and dies; rank 0 completes, rank
@@ -152,7 +152,7 @@ func TestRoundReissuedAfterDeath(t *testing.T) {
 				}
 				return rankScript{}
 			},
-			mode: cohortv1.SyncMode_SYNC_MODE_BROADCAST,
+			mode: wirepb.SyncMode_SYNC_MODE_BROADCAST,
 			root: 0,
 		},
 	}
@@ -165,7 +165,7 @@ func TestRoundReissuedAfterDeath(t *testing.T) {
 			h.mustComplete()
 			h.ledger.checkExactlyOnce(t, 1, 96)
 			for _, f := range ranks[:2] {
-				syncs := messagesOf[*cohortv1.Sync](f)
+				syncs := messagesOf[*wirepb.Sync](f)
 				if len(syncs) < 3 {
 					t.Fatalf("rank %d syncs %v", f.id, syncs)
 				}
@@ -178,9 +178,9 @@ func TestRoundReissuedAfterDeath(t *testing.T) {
 				var order []string
 				for _, m := range messagesOf[proto.Message](f) {
 					switch v := m.(type) {
-					case *cohortv1.NewSession:
+					case *wirepb.NewSession:
 						order = append(order, "session")
-					case *cohortv1.Sync:
+					case *wirepb.Sync:
 						if v.GetRound() == 2 {
 							order = append(order, "round2")
 						}
@@ -211,11 +211,11 @@ func TestTooFewRanksSaves(t *testing.T) {
 		t.Fatalf("status %s, error %v", statusOf(sum), err)
 	}
 	for _, f := range []*fakeRank{ranks[0], ranks[2]} {
-		sw := messagesOf[*cohortv1.ShutdownWithSave](f)
-		if len(sw) != 1 || sw[0].GetReason() != cohortv1.ShutdownReason_SHUTDOWN_REASON_TOO_FEW_RANKS {
+		sw := messagesOf[*wirepb.ShutdownWithSave](f)
+		if len(sw) != 1 || sw[0].GetReason() != wirepb.ShutdownReason_SHUTDOWN_REASON_TOO_FEW_RANKS {
 			t.Errorf("rank %d ShutdownWithSave %v", f.id, sw)
 		}
-		if n := len(messagesOf[*cohortv1.ExtendPartition](f)); n != 0 {
+		if n := len(messagesOf[*wirepb.ExtendPartition](f)); n != 0 {
 			t.Errorf("rank %d got %d ExtendPartition; a stopping run redistributes nothing", f.id, n)
 		}
 	}
@@ -259,7 +259,7 @@ func TestSessionRequestRetried(t *testing.T) {
 	}
 	for _, f := range ranks[:2] {
 		var ids []string
-		for _, m := range messagesOf[*cohortv1.NewSession](f) {
+		for _, m := range messagesOf[*wirepb.NewSession](f) {
 			ids = append(ids, string(m.GetSessionId()))
 		}
 		if len(ids) == 0 || ids[len(ids)-1] != "session-1-from-1" {

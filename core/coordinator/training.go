@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/cohortdl/cohort/core/config"
-	cohortv1 "github.com/cohortdl/cohort/shared/proto/cohort/v1"
+	"github.com/cohortdl/cohort/core/wire/wirepb"
 )
 
 // windowed reports whether the policy hands out work in windows that all
@@ -66,11 +66,11 @@ func (r *runner) stepTraining() bool {
 			if r.session != nil {
 				return false
 			}
-			r.issueRound(cohortv1.SyncMode_SYNC_MODE_AVERAGE, 0, false)
+			r.issueRound(wirepb.SyncMode_SYNC_MODE_AVERAGE, 0, false)
 			return true
 		}
 		if r.stopReq {
-			r.beginSave(cohortv1.ShutdownReason_SHUTDOWN_REASON_INTERRUPTED, ReasonInterrupted, StatusStopped, nil)
+			r.beginSave(wirepb.ShutdownReason_SHUTDOWN_REASON_INTERRUPTED, ReasonInterrupted, StatusStopped, nil)
 			return true
 		}
 		if r.work.remaining() > 0 {
@@ -83,7 +83,7 @@ func (r *runner) stepTraining() bool {
 
 	// Async.
 	if busy && r.session == nil && r.asyncRoundDue() {
-		r.issueRound(cohortv1.SyncMode_SYNC_MODE_AVERAGE, 0, false)
+		r.issueRound(wirepb.SyncMode_SYNC_MODE_AVERAGE, 0, false)
 		return true
 	}
 	if busy || (!r.stopReq && r.work.remaining() > 0) {
@@ -93,11 +93,11 @@ func (r *runner) stepTraining() bool {
 		if r.session != nil {
 			return false
 		}
-		r.issueRound(cohortv1.SyncMode_SYNC_MODE_AVERAGE, 0, false)
+		r.issueRound(wirepb.SyncMode_SYNC_MODE_AVERAGE, 0, false)
 		return true
 	}
 	if r.stopReq {
-		r.beginSave(cohortv1.ShutdownReason_SHUTDOWN_REASON_INTERRUPTED, ReasonInterrupted, StatusStopped, nil)
+		r.beginSave(wirepb.ShutdownReason_SHUTDOWN_REASON_INTERRUPTED, ReasonInterrupted, StatusStopped, nil)
 		return true
 	}
 	r.endEpoch()
@@ -152,10 +152,10 @@ func (r *runner) stepSolo() bool {
 	if rs.sinceRound > 0 {
 		rs.sinceRound = 0
 		r.snap = r.progressNow()
-		r.broadcast(&cohortv1.SetGlobalStep{GlobalStep: r.globalStep()})
+		r.broadcast(&wirepb.SetGlobalStep{GlobalStep: r.globalStep()})
 	}
 	if r.stopReq {
-		r.beginSave(cohortv1.ShutdownReason_SHUTDOWN_REASON_INTERRUPTED, ReasonInterrupted, StatusStopped, nil)
+		r.beginSave(wirepb.ShutdownReason_SHUTDOWN_REASON_INTERRUPTED, ReasonInterrupted, StatusStopped, nil)
 		return true
 	}
 	r.endEpoch()
@@ -329,13 +329,13 @@ func (r *runner) deliver(live []uint32, plans map[uint32]*plan, version *uint64)
 		r.hand(rs, p)
 		switch {
 		case version != nil:
-			u := &cohortv1.Update{Version: *version}
+			u := &wirepb.Update{Version: *version}
 			if p != nil {
 				u.NextPlan = r.epochPlan(p)
 			}
 			r.send(rs, u)
 		case p != nil:
-			r.send(rs, &cohortv1.StartEpoch{Plan: r.epochPlan(p)})
+			r.send(rs, &wirepb.StartEpoch{Plan: r.epochPlan(p)})
 		}
 	}
 }
@@ -351,8 +351,8 @@ func (r *runner) hand(rs *rankState, p *plan) {
 	}
 }
 
-func (r *runner) epochPlan(p *plan) *cohortv1.EpochPlan {
-	return &cohortv1.EpochPlan{
+func (r *runner) epochPlan(p *plan) *wirepb.EpochPlan {
+	return &wirepb.EpochPlan{
 		Epoch:            p.epoch,
 		PartitionOffset:  p.rng.Offset,
 		PartitionSize:    p.rng.Size,
@@ -380,7 +380,7 @@ func (r *runner) closeWindow() {
 
 // onBatch attributes a trained batch to the rank's first plan it can
 // belong to; the counts say where a dead rank stopped.
-func (r *runner) onBatch(rs *rankState, m *cohortv1.Batch) {
+func (r *runner) onBatch(rs *rankState, m *wirepb.Batch) {
 	if rs.status != stLive || r.work == nil {
 		return
 	}
@@ -420,7 +420,7 @@ func (r *runner) onBatch(rs *rankState, m *cohortv1.Batch) {
 
 // reportedPlan is the open plan a Batch counts against: the one it names,
 // else the first the rank has not finished and does not hold.
-func (rs *rankState) reportedPlan(m *cohortv1.Batch) *plan {
+func (rs *rankState) reportedPlan(m *wirepb.Batch) *plan {
 	if m.GetPartitionSize() > 0 {
 		for _, p := range rs.outstanding {
 			if p.epoch == m.GetEpoch() && p.rng.Offset == m.GetPartitionOffset() && p.rng.Size == m.GetPartitionSize() {
@@ -438,7 +438,7 @@ func (rs *rankState) reportedPlan(m *cohortv1.Batch) *plan {
 }
 
 // onMetrics closes the plan it names.
-func (r *runner) onMetrics(rs *rankState, m *cohortv1.Metrics) {
+func (r *runner) onMetrics(rs *rankState, m *wirepb.Metrics) {
 	if rs.status != stLive {
 		return
 	}
@@ -463,14 +463,14 @@ func (r *runner) onMetrics(rs *rankState, m *cohortv1.Metrics) {
 }
 
 // issueRound sends Sync to every live rank.
-func (r *runner) issueRound(mode cohortv1.SyncMode, root uint32, initial bool) {
+func (r *runner) issueRound(mode wirepb.SyncMode, root uint32, initial bool) {
 	rd := &round{
 		num:     r.roundSeq,
 		mode:    mode,
 		root:    root,
 		issued:  time.Now(),
 		waiting: map[uint32]bool{},
-		acks:    map[uint32]*cohortv1.SyncAck{},
+		acks:    map[uint32]*wirepb.SyncAck{},
 		initial: initial,
 	}
 	r.roundSeq++
@@ -490,7 +490,7 @@ func (r *runner) issueRound(mode cohortv1.SyncMode, root uint32, initial bool) {
 	}
 	for _, id := range live {
 		rd.waiting[id] = true
-		msg := &cohortv1.Sync{Round: rd.num, Mode: mode, Root: root}
+		msg := &wirepb.Sync{Round: rd.num, Mode: mode, Root: root}
 		if p := plans[id]; p != nil {
 			p.held = true
 			r.hand(r.ranks[id], p)
@@ -501,7 +501,7 @@ func (r *runner) issueRound(mode cohortv1.SyncMode, root uint32, initial bool) {
 	r.log.Debug("round issued", "round", rd.num, "mode", mode.String(), "root", root, "ranks", len(rd.waiting), "next_plans", len(plans))
 }
 
-func (r *runner) onSyncAck(rs *rankState, m *cohortv1.SyncAck) {
+func (r *runner) onSyncAck(rs *rankState, m *wirepb.SyncAck) {
 	rd := r.round
 	if rd == nil || m.GetRound() != rd.num || !rd.waiting[rs.id] {
 		r.log.Warn("ignoring a SyncAck for no round in flight", "rank", rs.id, "round", m.GetRound())
@@ -550,15 +550,15 @@ func (r *runner) checkRound() {
 		return // no live member left; the death handling ends the run
 	}
 	if aborted {
-		ri := &reissue{mode: cohortv1.SyncMode_SYNC_MODE_AVERAGE, initial: rd.initial}
+		ri := &reissue{mode: wirepb.SyncMode_SYNC_MODE_AVERAGE, initial: rd.initial}
 		if rd.initial {
 			// Round 0 exists to make every rank start equal: only a
 			// broadcast does that.
-			ri.mode = cohortv1.SyncMode_SYNC_MODE_BROADCAST
+			ri.mode = wirepb.SyncMode_SYNC_MODE_BROADCAST
 			ri.root = r.live()[0]
 		}
 		if len(completed) > 0 {
-			ri.mode, ri.root = cohortv1.SyncMode_SYNC_MODE_BROADCAST, completed[0]
+			ri.mode, ri.root = wirepb.SyncMode_SYNC_MODE_BROADCAST, completed[0]
 		}
 		r.log.Info("round will run again on the re-formed group", "round", rd.num,
 			"mode", ri.mode.String(), "root", ri.root)
@@ -631,7 +631,7 @@ func (r *runner) completeRound(rd *round) {
 		r.deliver(r.live(), nil, &version)
 	}
 	if rd.snap == nil {
-		r.broadcast(&cohortv1.SetGlobalStep{GlobalStep: r.globalStep()})
+		r.broadcast(&wirepb.SetGlobalStep{GlobalStep: r.globalStep()})
 	}
 }
 

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	cohortv1 "github.com/cohortdl/cohort/shared/proto/cohort/v1"
+	"github.com/cohortdl/cohort/core/wire/wirepb"
 )
 
 func TestEqualSizes(t *testing.T) {
@@ -350,16 +350,16 @@ func TestReportedPlan(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		open []*plan
-		m    *cohortv1.Batch
+		m    *wirepb.Batch
 		want *plan
 	}{
-		{"named", []*plan{window, ext}, &cohortv1.Batch{Epoch: 1, PartitionOffset: 40, PartitionSize: 8}, ext},
-		{"named, held first", []*plan{held, ext}, &cohortv1.Batch{Epoch: 1, PartitionOffset: 40, PartitionSize: 8}, ext},
-		{"named, other epoch", []*plan{window, ext}, &cohortv1.Batch{Epoch: 2, PartitionOffset: 40, PartitionSize: 8}, nil},
-		{"named, no such plan", []*plan{window}, &cohortv1.Batch{Epoch: 1, PartitionOffset: 8, PartitionSize: 8}, nil},
-		{"anonymous", []*plan{window, ext}, &cohortv1.Batch{Epoch: 1}, window},
-		{"anonymous, held first", []*plan{held, ext}, &cohortv1.Batch{Epoch: 1}, ext},
-		{"anonymous, none open", nil, &cohortv1.Batch{Epoch: 1}, nil},
+		{"named", []*plan{window, ext}, &wirepb.Batch{Epoch: 1, PartitionOffset: 40, PartitionSize: 8}, ext},
+		{"named, held first", []*plan{held, ext}, &wirepb.Batch{Epoch: 1, PartitionOffset: 40, PartitionSize: 8}, ext},
+		{"named, other epoch", []*plan{window, ext}, &wirepb.Batch{Epoch: 2, PartitionOffset: 40, PartitionSize: 8}, nil},
+		{"named, no such plan", []*plan{window}, &wirepb.Batch{Epoch: 1, PartitionOffset: 8, PartitionSize: 8}, nil},
+		{"anonymous", []*plan{window, ext}, &wirepb.Batch{Epoch: 1}, window},
+		{"anonymous, held first", []*plan{held, ext}, &wirepb.Batch{Epoch: 1}, ext},
+		{"anonymous, none open", nil, &wirepb.Batch{Epoch: 1}, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rs := &rankState{outstanding: tc.open}

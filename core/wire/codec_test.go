@@ -5,14 +5,14 @@ import (
 	"strings"
 	"testing"
 
-	cohortv1 "github.com/cohortdl/cohort/shared/proto/cohort/v1"
+	"github.com/cohortdl/cohort/core/wire/wirepb"
 	"google.golang.org/protobuf/proto"
 )
 
 // Every FrameKind in wire.proto has a message type, both ways, and
 // sampleMessages holds one of each (so the round-trip tests cover them all).
 func TestCodecCoversEveryKind(t *testing.T) {
-	samples := map[cohortv1.FrameKind]proto.Message{}
+	samples := map[wirepb.FrameKind]proto.Message{}
 	for _, m := range sampleMessages() {
 		k := kindOf(m)
 		if _, dup := samples[k]; dup {
@@ -20,11 +20,11 @@ func TestCodecCoversEveryKind(t *testing.T) {
 		}
 		samples[k] = m
 	}
-	values := cohortv1.FrameKind(0).Descriptor().Values()
+	values := wirepb.FrameKind(0).Descriptor().Values()
 	for i := 0; i < values.Len(); i++ {
-		kind := cohortv1.FrameKind(values.Get(i).Number())
+		kind := wirepb.FrameKind(values.Get(i).Number())
 		msg := newMessage(kind)
-		if kind == cohortv1.FrameKind_FRAME_KIND_UNSPECIFIED {
+		if kind == wirepb.FrameKind_FRAME_KIND_UNSPECIFIED {
 			if msg != nil {
 				t.Errorf("UNSPECIFIED maps to %T", msg)
 			}
@@ -63,9 +63,9 @@ func TestEncodeRefuses(t *testing.T) {
 		msg  proto.Message
 	}{
 		{"nil", nil},
-		{"typed nil", (*cohortv1.Heartbeat)(nil)},
-		{"not a frame message", &cohortv1.EpochPlan{Epoch: 1}},
-		{"nested message", &cohortv1.GpuSample{}},
+		{"typed nil", (*wirepb.Heartbeat)(nil)},
+		{"not a frame message", &wirepb.EpochPlan{Epoch: 1}},
+		{"nested message", &wirepb.GpuSample{}},
 	} {
 		if _, _, err := Encode(tc.msg); err == nil {
 			t.Errorf("%s: Encode accepted", tc.name)
@@ -74,13 +74,13 @@ func TestEncodeRefuses(t *testing.T) {
 }
 
 func TestDecodeRefuses(t *testing.T) {
-	for _, kind := range []cohortv1.FrameKind{0, 63, 76, 999, -1} {
+	for _, kind := range []wirepb.FrameKind{0, 63, 76, 999, -1} {
 		if _, err := Decode(kind, nil); !errors.Is(err, ErrUnknownKind) {
 			t.Errorf("Decode(kind %d): %v, want ErrUnknownKind", kind, err)
 		}
 	}
 	// A truncated varint does not parse; the error names the kind.
-	_, err := Decode(cohortv1.FrameKind_FRAME_KIND_START_EPOCH, []byte{0x0a, 0x05, 0x08})
+	_, err := Decode(wirepb.FrameKind_FRAME_KIND_START_EPOCH, []byte{0x0a, 0x05, 0x08})
 	if err == nil || !strings.Contains(err.Error(), "FRAME_KIND_START_EPOCH") {
 		t.Errorf("Decode(garbage) = %v, want an error naming FRAME_KIND_START_EPOCH", err)
 	}

@@ -11,7 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	cohortv1 "github.com/cohortdl/cohort/shared/proto/cohort/v1"
+	"github.com/cohortdl/cohort/core/wire/wirepb"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -106,7 +106,7 @@ type Conn struct {
 // from pending to taken (by the writer, which then always answers on done)
 // or to cancelled (by Send giving up, after which the writer skips it).
 type sendReq struct {
-	kind    cohortv1.FrameKind
+	kind    wirepb.FrameKind
 	payload []byte
 	state   atomic.Int32
 	done    chan error

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	cohortv1 "github.com/cohortdl/cohort/shared/proto/cohort/v1"
+	"github.com/cohortdl/cohort/core/wire/wirepb"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -83,13 +83,13 @@ func TestConnConcurrentSend(t *testing.T) {
 			for i := range each {
 				// A Metrics frame is large enough to span several TCP writes if
 				// two writers ever interleaved.
-				m := &cohortv1.Metrics{Rank: uint32(g), Batches: uint64(i), Scalars: map[string]*cohortv1.ScalarSum{
+				m := &wirepb.Metrics{Rank: uint32(g), Batches: uint64(i), Scalars: map[string]*wirepb.ScalarSum{
 					"padding-padding-padding-padding": {Sum: float64(i), Count: uint64(g)},
 				}}
 				if i%2 == 1 {
-					m.Resources = &cohortv1.ResourceSample{Rank: uint32(g), Gpus: make([]*cohortv1.GpuSample, 64)}
+					m.Resources = &wirepb.ResourceSample{Rank: uint32(g), Gpus: make([]*wirepb.GpuSample, 64)}
 					for j := range m.Resources.Gpus {
-						m.Resources.Gpus[j] = &cohortv1.GpuSample{Index: uint32(j), Name: "gpu"}
+						m.Resources.Gpus[j] = &wirepb.GpuSample{Index: uint32(j), Name: "gpu"}
 					}
 				}
 				if err := rank.Send(ctx, m); err != nil {
@@ -105,7 +105,7 @@ func TestConnConcurrentSend(t *testing.T) {
 		if err != nil {
 			t.Fatalf("after %d frames: %v", n, err)
 		}
-		m, ok := msg.(*cohortv1.Metrics)
+		m, ok := msg.(*wirepb.Metrics)
 		if !ok || m.Rank >= senders {
 			t.Fatalf("frame %d: unexpected %T %v", n, msg, msg)
 		}
@@ -131,7 +131,7 @@ func TestConnRejectsBadFrames(t *testing.T) {
 	other := mustKeys(t, otherSecret)
 	k := mustKeys(t, testSecret)
 	helloOther := encodeHello(Hello{Rank: 0, World: 2}, k.handshake)
-	hb := func(n uint64) proto.Message { return &cohortv1.Heartbeat{Rank: 1, Counter: n} }
+	hb := func(n uint64) proto.Message { return &wirepb.Heartbeat{Rank: 1, Counter: n} }
 	cases := []struct {
 		name  string
 		bytes func(w *frameWriter) []byte // after one good frame
@@ -160,10 +160,10 @@ func TestConnRejectsBadFrames(t *testing.T) {
 			return b
 		}, ErrBadTag},
 		{"wrong-direction kind", func(w *frameWriter) []byte {
-			return mustFrame(w, &cohortv1.Shutdown{})
+			return mustFrame(w, &wirepb.Shutdown{})
 		}, ErrUnknownKind},
 		{"over the limit", func(w *frameWriter) []byte {
-			return mustFrame(w, &cohortv1.Ready{Trainer: string(make([]byte, 300))})
+			return mustFrame(w, &wirepb.Ready{Trainer: string(make([]byte, 300))})
 		}, ErrTooLarge},
 		{"closed mid-frame", func(w *frameWriter) []byte {
 			return mustFrame(w, hb(1))[:headerSize+2]
@@ -231,7 +231,7 @@ func TestReceiveWaits(t *testing.T) {
 			}
 		}
 		// Still in step.
-		want := &cohortv1.Heartbeat{Rank: 0, Counter: 1}
+		want := &wirepb.Heartbeat{Rank: 0, Counter: 1}
 		go raw.Write(mustFrame(w, want))
 		ctx, cancel3 := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel3()
@@ -241,7 +241,7 @@ func TestReceiveWaits(t *testing.T) {
 	})
 	t.Run("committed", func(t *testing.T) {
 		raw, w, coord := fakeRank(t, Hello{Rank: 0, World: 1}, WithReadTimeout(3*short))
-		go raw.Write(mustFrame(w, &cohortv1.Heartbeat{})[:10]) // and then nothing
+		go raw.Write(mustFrame(w, &wirepb.Heartbeat{})[:10]) // and then nothing
 		ctx, cancel := context.WithTimeout(context.Background(), short/2)
 		defer cancel()
 		start := time.Now()
@@ -268,11 +268,11 @@ func TestSendRefuses(t *testing.T) {
 		msg  proto.Message
 		want error
 	}{
-		{"rank sends a coordinator kind", rank, &cohortv1.Shutdown{}, nil},
-		{"coordinator sends a rank kind", coord, &cohortv1.Heartbeat{}, nil},
+		{"rank sends a coordinator kind", rank, &wirepb.Shutdown{}, nil},
+		{"coordinator sends a rank kind", coord, &wirepb.Heartbeat{}, nil},
 		{"nil", rank, nil, nil},
-		{"not a control message", rank, &cohortv1.EpochPlan{}, nil},
-		{"over the limit", rank, &cohortv1.Ready{Trainer: string(make([]byte, 65))}, ErrTooLarge},
+		{"not a control message", rank, &wirepb.EpochPlan{}, nil},
+		{"over the limit", rank, &wirepb.Ready{Trainer: string(make([]byte, 65))}, ErrTooLarge},
 	} {
 		err := tc.c.Send(ctx, tc.msg)
 		if err == nil || (tc.want != nil && !errors.Is(err, tc.want)) {
@@ -286,12 +286,12 @@ func TestSendRefuses(t *testing.T) {
 func TestSendCancelAndClose(t *testing.T) {
 	rank, _ := connPair(t, "pipe", Hello{Rank: 0, World: 1}) // nobody reads the coordinator's end
 	first := make(chan error, 1)
-	go func() { first <- rank.Send(context.Background(), &cohortv1.Heartbeat{Counter: 1}) }()
+	go func() { first <- rank.Send(context.Background(), &wirepb.Heartbeat{Counter: 1}) }()
 	time.Sleep(20 * time.Millisecond) // the writer now blocks on the unread pipe
 
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
-	if err := rank.Send(ctx, &cohortv1.Heartbeat{Counter: 2}); !errors.Is(err, context.DeadlineExceeded) {
+	if err := rank.Send(ctx, &wirepb.Heartbeat{Counter: 2}); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("queued Send: %v, want context.DeadlineExceeded", err)
 	}
 
@@ -313,7 +313,7 @@ func TestSendCancelAndClose(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("Send still blocked after Close")
 	}
-	if err := rank.Send(context.Background(), &cohortv1.Heartbeat{}); !errors.Is(err, net.ErrClosed) {
+	if err := rank.Send(context.Background(), &wirepb.Heartbeat{}); !errors.Is(err, net.ErrClosed) {
 		t.Fatalf("Send after Close: %v, want net.ErrClosed", err)
 	}
 	if err := rank.Close(); err != nil {
@@ -328,10 +328,10 @@ func TestSendCancelAndClose(t *testing.T) {
 // later Send, and closes the connection so the peer notices.
 func TestSendWriteTimeout(t *testing.T) {
 	rank, coord := connPair(t, "pipe", Hello{Rank: 0, World: 1}, WithWriteTimeout(50*time.Millisecond))
-	if err := rank.Send(context.Background(), &cohortv1.Heartbeat{}); !errors.Is(err, os.ErrDeadlineExceeded) {
+	if err := rank.Send(context.Background(), &wirepb.Heartbeat{}); !errors.Is(err, os.ErrDeadlineExceeded) {
 		t.Fatalf("Send: %v, want a write deadline error", err)
 	}
-	if err := rank.Send(context.Background(), &cohortv1.Heartbeat{}); err == nil {
+	if err := rank.Send(context.Background(), &wirepb.Heartbeat{}); err == nil {
 		t.Fatal("Send after a failed write succeeded")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

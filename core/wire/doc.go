@@ -4,7 +4,7 @@
 // A rank dials the coordinator over TCP and the two exchange a fixed-size
 // handshake (a 24-byte hello, a 16-byte ack). After it, every message travels
 // as one frame: a 24-byte header followed by a protobuf payload from
-// shared/proto/cohort/v1/wire.proto. All integers are little-endian.
+// core/wire/wirepb/wire.proto. All integers are little-endian.
 //
 //	hello  magic u32 | version u32 | rank u32 | world u32 | tag [8]
 //	ack    magic u32 | version u32 | tag [8]

@@ -9,7 +9,7 @@ import (
 	"io"
 	"slices"
 
-	cohortv1 "github.com/cohortdl/cohort/shared/proto/cohort/v1"
+	"github.com/cohortdl/cohort/core/wire/wirepb"
 )
 
 var le = binary.LittleEndian
@@ -30,7 +30,7 @@ func (d direction) String() string {
 }
 
 // dirOf returns the direction kind flows in.
-func dirOf(kind cohortv1.FrameKind) direction {
+func dirOf(kind wirepb.FrameKind) direction {
 	if toRank(kind) {
 		return dirToRank
 	}
@@ -84,7 +84,7 @@ type frameWriter struct {
 
 // appendFrame appends one frame to dst and advances the sequence number. The
 // caller has checked that payload fits the limit.
-func (w *frameWriter) appendFrame(dst []byte, kind cohortv1.FrameKind, payload []byte) []byte {
+func (w *frameWriter) appendFrame(dst []byte, kind wirepb.FrameKind, payload []byte) []byte {
 	start := len(dst)
 	dst = le.AppendUint32(dst, FrameMagic)
 	dst = le.AppendUint32(dst, Version)
@@ -115,7 +115,7 @@ type frameReader struct {
 
 // readFrame reads one frame from src. EOF before the first byte is a clean
 // io.EOF.
-func (r *frameReader) readFrame(src io.Reader) (cohortv1.FrameKind, []byte, error) {
+func (r *frameReader) readFrame(src io.Reader) (wirepb.FrameKind, []byte, error) {
 	if _, err := io.ReadFull(src, r.hdr[:1]); err != nil {
 		if err == io.EOF {
 			return 0, nil, io.EOF
@@ -128,7 +128,7 @@ func (r *frameReader) readFrame(src io.Reader) (cohortv1.FrameKind, []byte, erro
 // readRest reads the rest of a frame whose first header byte is in r.hdr[0].
 // Checks run in order: magic, version, kind, length (before any allocation),
 // payload, tag. Only a verified payload is returned.
-func (r *frameReader) readRest(src io.Reader) (cohortv1.FrameKind, []byte, error) {
+func (r *frameReader) readRest(src io.Reader) (wirepb.FrameKind, []byte, error) {
 	if n, err := io.ReadFull(src, r.hdr[1:]); err != nil {
 		return 0, nil, fmt.Errorf("%w: frame header: got %d of %d bytes: %w", ErrTruncated, 1+n, headerSize, err)
 	}
@@ -138,7 +138,7 @@ func (r *frameReader) readRest(src io.Reader) (cohortv1.FrameKind, []byte, error
 	if v := le.Uint32(r.hdr[4:8]); v != Version {
 		return 0, nil, fmt.Errorf("%w: frame version %d, want %d", ErrBadVersion, v, Version)
 	}
-	kind := cohortv1.FrameKind(le.Uint32(r.hdr[16:20]))
+	kind := wirepb.FrameKind(le.Uint32(r.hdr[16:20]))
 	if newMessage(kind) == nil {
 		return 0, nil, fmt.Errorf("%w: frame kind %d is not in wire.proto", ErrUnknownKind, uint32(kind))
 	}

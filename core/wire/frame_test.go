@@ -11,7 +11,7 @@ import (
 	"strings"
 	"testing"
 
-	cohortv1 "github.com/cohortdl/cohort/shared/proto/cohort/v1"
+	"github.com/cohortdl/cohort/core/wire/wirepb"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -19,7 +19,7 @@ import (
 // sequence | kind | length | payload, computed here independently.
 func TestFrameLayout(t *testing.T) {
 	key := bytes.Repeat([]byte{0x5a}, 32)
-	msg := &cohortv1.Heartbeat{Rank: 3, Counter: 1000}
+	msg := &wirepb.Heartbeat{Rank: 3, Counter: 1000}
 	_, payload, _ := Encode(msg)
 	frames := frameBytes(t, key, msg, msg)
 	for seq, f := range frames {
@@ -28,7 +28,7 @@ func TestFrameLayout(t *testing.T) {
 		}
 		le := binary.LittleEndian
 		if le.Uint32(f[0:]) != FrameMagic || le.Uint32(f[4:]) != Version ||
-			le.Uint32(f[16:]) != uint32(cohortv1.FrameKind_FRAME_KIND_HEARTBEAT) ||
+			le.Uint32(f[16:]) != uint32(wirepb.FrameKind_FRAME_KIND_HEARTBEAT) ||
 			le.Uint32(f[20:]) != uint32(len(payload)) || !bytes.Equal(f[24:], payload) {
 			t.Fatalf("frame %d header % x does not follow the layout", seq, f[:24])
 		}
@@ -49,7 +49,7 @@ func TestFrameLayout(t *testing.T) {
 
 func TestReadFrameAccepts(t *testing.T) {
 	key := bytes.Repeat([]byte{1}, 32)
-	msgs := []proto.Message{&cohortv1.Heartbeat{Rank: 1, Counter: 1}, &cohortv1.Exiting{}, &cohortv1.Heartbeat{Rank: 1, Counter: 2}}
+	msgs := []proto.Message{&wirepb.Heartbeat{Rank: 1, Counter: 1}, &wirepb.Exiting{}, &wirepb.Heartbeat{Rank: 1, Counter: 2}}
 	src := bytes.NewReader(bytes.Join(frameBytes(t, key, msgs...), nil))
 	r := &frameReader{mac: newFrameMAC(key), dir: dirToCoord, max: MaxControlPayload}
 	for i, want := range msgs {
@@ -75,7 +75,7 @@ func TestReadFrameRejects(t *testing.T) {
 	hb1 := encodeHello(Hello{Rank: 1, World: 2}, k.handshake)
 	connToCoord := connKey(k, dirToCoord, hb[:])
 
-	hbeat := func(n uint64) proto.Message { return &cohortv1.Heartbeat{Rank: 1, Counter: n} }
+	hbeat := func(n uint64) proto.Message { return &wirepb.Heartbeat{Rank: 1, Counter: n} }
 	f := frameBytes(t, key, hbeat(0), hbeat(1), hbeat(2))
 	mut := func(b []byte, fn func([]byte)) []byte {
 		c := append([]byte(nil), b...)
@@ -84,7 +84,7 @@ func TestReadFrameRejects(t *testing.T) {
 	}
 	withKind := func(kind uint32) []byte {
 		w := &frameWriter{mac: newFrameMAC(key)}
-		return w.appendFrame(nil, cohortv1.FrameKind(kind), []byte{8, 1})
+		return w.appendFrame(nil, wirepb.FrameKind(kind), []byte{8, 1})
 	}
 	cat := func(bs ...[]byte) []byte { return bytes.Join(bs, nil) }
 
@@ -103,7 +103,7 @@ func TestReadFrameRejects(t *testing.T) {
 		{name: "unknown kind", stream: withKind(999), want: ErrUnknownKind, mention: "999"},
 		{name: "unspecified kind", stream: withKind(0), want: ErrUnknownKind},
 		{name: "unknown kind in rank range", stream: withKind(127), want: ErrUnknownKind, mention: "127"},
-		{name: "wrong-direction kind", stream: withKind(uint32(cohortv1.FrameKind_FRAME_KIND_SHUTDOWN)), want: ErrUnknownKind, mention: "FRAME_KIND_SHUTDOWN"},
+		{name: "wrong-direction kind", stream: withKind(uint32(wirepb.FrameKind_FRAME_KIND_SHUTDOWN)), want: ErrUnknownKind, mention: "FRAME_KIND_SHUTDOWN"},
 		{name: "length over the limit", stream: f[0], max: uint32(len(f[0]) - headerSize - 1), want: ErrTooLarge, mention: "limit"},
 		{name: "length over the default limit", stream: mut(f[0], func(b []byte) { binary.LittleEndian.PutUint32(b[20:], MaxControlPayload+1) }), want: ErrTooLarge, mention: "16777217"},
 		{name: "truncated header", stream: f[0][:10], want: ErrTruncated},
@@ -113,7 +113,7 @@ func TestReadFrameRejects(t *testing.T) {
 		{name: "flipped payload bit", stream: mut(f[0], func(b []byte) { b[len(b)-1] ^= 0x01 }), want: ErrBadTag},
 		{name: "flipped tag bit", stream: mut(f[0], func(b []byte) { b[12] ^= 0x80 }), want: ErrBadTag},
 		{name: "kind swapped", stream: mut(f[0], func(b []byte) {
-			binary.LittleEndian.PutUint32(b[16:], uint32(cohortv1.FrameKind_FRAME_KIND_EXITING))
+			binary.LittleEndian.PutUint32(b[16:], uint32(wirepb.FrameKind_FRAME_KIND_EXITING))
 		}), want: ErrBadTag},
 		{name: "wrong secret", stream: f[0], key: bytes.Repeat([]byte{2}, 32), want: ErrBadTag},
 		{name: "reflected frame (other direction's key)", stream: frameBytes(t, connKey(k, dirToRank, hb[:]), hbeat(0))[0], key: connToCoord, want: ErrBadTag},
@@ -163,7 +163,7 @@ func TestReadFrameRejects(t *testing.T) {
 func TestReadFrameDoesNotAllocateDeclaredLength(t *testing.T) {
 	key := bytes.Repeat([]byte{1}, 32)
 	header := func(n uint32) []byte {
-		h := frameBytes(t, key, &cohortv1.Heartbeat{})[0][:headerSize]
+		h := frameBytes(t, key, &wirepb.Heartbeat{})[0][:headerSize]
 		binary.LittleEndian.PutUint32(h[20:], n)
 		return h
 	}

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	cohortv1 "github.com/cohortdl/cohort/shared/proto/cohort/v1"
+	"github.com/cohortdl/cohort/core/wire/wirepb"
 )
 
 // The bytes a real rank puts on the wire, computed here from the
@@ -60,7 +60,7 @@ func TestWireBytesFollowTheSpec(t *testing.T) {
 		t.Fatalf("the rank refused the ack computed from the spec: %v", err)
 	}
 	defer rank.Close()
-	msg := &cohortv1.Exiting{Rank: 2}
+	msg := &wirepb.Exiting{Rank: 2}
 	_, payload, _ := Encode(msg)
 	for seq := uint64(0); seq < 2; seq++ {
 		go rank.Send(context.Background(), msg)
@@ -70,7 +70,7 @@ func TestWireBytesFollowTheSpec(t *testing.T) {
 		}
 		want := le.AppendUint32(nil, 0xC04E7003)
 		want = le.AppendUint32(want, 1)
-		tail := le.AppendUint32(nil, uint32(cohortv1.FrameKind_FRAME_KIND_EXITING))
+		tail := le.AppendUint32(nil, uint32(wirepb.FrameKind_FRAME_KIND_EXITING))
 		tail = le.AppendUint32(tail, uint32(len(payload)))
 		want = append(want, sum(frameKey, le.AppendUint64(nil, seq), tail, payload)[:8]...)
 		want = append(append(want, tail...), payload...)

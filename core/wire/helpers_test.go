@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	cohortv1 "github.com/cohortdl/cohort/shared/proto/cohort/v1"
+	"github.com/cohortdl/cohort/core/wire/wirepb"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -172,10 +172,10 @@ func u64(v uint64) *uint64   { return &v }
 // sampleMessages returns one populated message of every kind, so a field
 // lost anywhere on the way shows up in proto.Equal.
 func sampleMessages() []proto.Message {
-	plan := &cohortv1.EpochPlan{Epoch: 3, PartitionOffset: 1000, PartitionSize: 250, Seed: 0xDEADBEEF, PickSpace: 60000}
-	res := &cohortv1.ResourceSample{
+	plan := &wirepb.EpochPlan{Epoch: 3, PartitionOffset: 1000, PartitionSize: 250, Seed: 0xDEADBEEF, PickSpace: 60000}
+	res := &wirepb.ResourceSample{
 		Rank: 2, CpuPercent: f32(37.5), RamUsedBytes: u64(1 << 33), RamTotalBytes: u64(1 << 36), RssBytes: u64(1 << 30),
-		Gpus: []*cohortv1.GpuSample{
+		Gpus: []*wirepb.GpuSample{
 			{Index: 0, Name: "H200", UtilPercent: f32(99), MemoryUsedBytes: u64(7 << 30), MemoryTotalBytes: u64(141 << 30)},
 			{Index: 1, Name: "H200"},
 		},
@@ -183,38 +183,38 @@ func sampleMessages() []proto.Message {
 	}
 	return []proto.Message{
 		// coordinator -> rank
-		&cohortv1.StartEpoch{Plan: plan},
-		&cohortv1.Sync{Round: 9, Mode: cohortv1.SyncMode_SYNC_MODE_BROADCAST, Root: 1},
-		&cohortv1.Update{Version: 42, NextPlan: plan},
-		&cohortv1.Throttle{},
-		&cohortv1.SetGlobalStep{GlobalStep: 1 << 40},
-		&cohortv1.Checkpoint{Version: ^uint64(0), TargetRank: 7, Dir: "/tmp/ckpt/ü"},
-		&cohortv1.Evaluate{ScheduleId: 10, Epoch: 5, TargetRank: 3},
-		&cohortv1.ExtendPartition{Epoch: 2, PartitionOffset: 12, PartitionSize: 34},
-		&cohortv1.DeclareDead{Rank: 3, Reason: "heartbeat timeout"},
-		&cohortv1.RequestSessionId{Generation: 4},
-		&cohortv1.NewSession{Generation: 4, SessionId: []byte{0, 1, 2, 0xff}, NewRank: 1, NewWorldSize: 3, Members: []uint32{0, 2, 5}},
-		&cohortv1.SetEpochCallbackRole{Rank: 2},
-		&cohortv1.Shutdown{},
-		&cohortv1.ShutdownWithSave{Reason: cohortv1.ShutdownReason_SHUTDOWN_REASON_SINGLE_SURVIVOR, Dir: "/ckpt", Version: 8},
-		&cohortv1.CoordinatorHeartbeat{Sequence: 77},
-		&cohortv1.Admit{RunId: "run-7", Seed: 1, AveragingEndpoint: "127.0.0.1:9000", ResumeDir: "/ckpt/run-7", Epochs: 3},
+		&wirepb.StartEpoch{Plan: plan},
+		&wirepb.Sync{Round: 9, Mode: wirepb.SyncMode_SYNC_MODE_BROADCAST, Root: 1},
+		&wirepb.Update{Version: 42, NextPlan: plan},
+		&wirepb.Throttle{},
+		&wirepb.SetGlobalStep{GlobalStep: 1 << 40},
+		&wirepb.Checkpoint{Version: ^uint64(0), TargetRank: 7, Dir: "/tmp/ckpt/ü"},
+		&wirepb.Evaluate{ScheduleId: 10, Epoch: 5, TargetRank: 3},
+		&wirepb.ExtendPartition{Epoch: 2, PartitionOffset: 12, PartitionSize: 34},
+		&wirepb.DeclareDead{Rank: 3, Reason: "heartbeat timeout"},
+		&wirepb.RequestSessionId{Generation: 4},
+		&wirepb.NewSession{Generation: 4, SessionId: []byte{0, 1, 2, 0xff}, NewRank: 1, NewWorldSize: 3, Members: []uint32{0, 2, 5}},
+		&wirepb.SetEpochCallbackRole{Rank: 2},
+		&wirepb.Shutdown{},
+		&wirepb.ShutdownWithSave{Reason: wirepb.ShutdownReason_SHUTDOWN_REASON_SINGLE_SURVIVOR, Dir: "/ckpt", Version: 8},
+		&wirepb.CoordinatorHeartbeat{Sequence: 77},
+		&wirepb.Admit{RunId: "run-7", Seed: 1, AveragingEndpoint: "127.0.0.1:9000", ResumeDir: "/ckpt/run-7", Epochs: 3},
 		// rank -> coordinator
-		&cohortv1.Ready{Rank: 1, Samples: 60000, EvalSamples: 10000, ParameterCount: 1 << 20, ParameterBytes: 4 << 20,
+		&wirepb.Ready{Rank: 1, Samples: 60000, EvalSamples: 10000, ParameterCount: 1 << 20, ParameterBytes: 4 << 20,
 			LayoutDigest: make([]byte, 32), Trainer: "libtorch", Averager: "cpu", BatchSize: 64},
-		&cohortv1.Batch{Rank: 1, Epoch: 2, BatchMs: 12.5, DataMs: 0.25, StepCount: 42, ParamNorm: f64(3.5), BatchLoss: 0.1, Samples: 64},
-		&cohortv1.SyncAck{Rank: 2, Round: 100, StepCount: 5, Divergence: f64(0.01), PostNorm: f64(5), PreNorm: f64(5.01),
+		&wirepb.Batch{Rank: 1, Epoch: 2, BatchMs: 12.5, DataMs: 0.25, StepCount: 42, ParamNorm: f64(3.5), BatchLoss: 0.1, Samples: 64},
+		&wirepb.SyncAck{Rank: 2, Round: 100, StepCount: 5, Divergence: f64(0.01), PostNorm: f64(5), PreNorm: f64(5.01),
 			Weight: 3, TotalWeight: 4, BytesMoved: 1 << 22, RoundMs: 8.5},
-		&cohortv1.Heartbeat{Rank: 3, Counter: 1000},
-		&cohortv1.SnapshotReady{Rank: 1, Round: 6},
-		&cohortv1.EvalResult{Rank: 0, ScheduleId: 10, Epoch: 5, Loss: 0.3, Accuracy: f64(0.91), Samples: 10000, ElapsedMs: 900, Error: ""},
-		&cohortv1.CheckpointResult{Rank: 2, Version: 8, ElapsedMs: 5, Error: "disk full", Files: []string{"a.pt", "b.pt"}},
-		&cohortv1.SessionIdGenerated{Rank: 0, Generation: 4, SessionId: []byte("nccl-unique-id")},
-		&cohortv1.EpochFnElapsed{Rank: 0, Epoch: 1, ElapsedMs: 3.25},
+		&wirepb.Heartbeat{Rank: 3, Counter: 1000},
+		&wirepb.SnapshotReady{Rank: 1, Round: 6},
+		&wirepb.EvalResult{Rank: 0, ScheduleId: 10, Epoch: 5, Loss: 0.3, Accuracy: f64(0.91), Samples: 10000, ElapsedMs: 900, Error: ""},
+		&wirepb.CheckpointResult{Rank: 2, Version: 8, ElapsedMs: 5, Error: "disk full", Files: []string{"a.pt", "b.pt"}},
+		&wirepb.SessionIdGenerated{Rank: 0, Generation: 4, SessionId: []byte("nccl-unique-id")},
+		&wirepb.EpochFnElapsed{Rank: 0, Epoch: 1, ElapsedMs: 3.25},
 		res,
-		&cohortv1.Exiting{Rank: 3},
-		&cohortv1.Metrics{Rank: 1, Epoch: 3, AvgLoss: 0.42, Batches: 50, Samples: 6400, EpochMs: 1234.5, ComputeMs: 1100, DataMs: 90,
-			Scalars:   map[string]*cohortv1.ScalarSum{"loss": {Sum: 21, Count: 50}, "acc": {Sum: 45.5, Count: 50}},
+		&wirepb.Exiting{Rank: 3},
+		&wirepb.Metrics{Rank: 1, Epoch: 3, AvgLoss: 0.42, Batches: 50, Samples: 6400, EpochMs: 1234.5, ComputeMs: 1100, DataMs: 90,
+			Scalars:   map[string]*wirepb.ScalarSum{"loss": {Sum: 21, Count: 50}, "acc": {Sum: 45.5, Count: 50}},
 			Resources: res, PartitionOffset: 100, PartitionSize: 6400},
 	}
 }

@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/cohortdl/cohort/core/resources"
+	"github.com/cohortdl/cohort/core/wire/wirepb"
 	"github.com/cohortdl/cohort/shared/plugin"
-	cohortv1 "github.com/cohortdl/cohort/shared/proto/cohort/v1"
 )
 
 // Why a worker stops with an error because of its coordinator; Run's error
@@ -58,9 +58,9 @@ func (w *worker) inbound(ctx context.Context) {
 			return
 		}
 		switch m := msg.(type) {
-		case *cohortv1.CoordinatorHeartbeat:
+		case *wirepb.CoordinatorHeartbeat:
 			// Only proof of life, which Receive already counted.
-		case *cohortv1.DeclareDead:
+		case *wirepb.DeclareDead:
 			news, err := w.ledger.mark(m.GetRank())
 			switch {
 			case err != nil:
@@ -68,7 +68,7 @@ func (w *worker) inbound(ctx context.Context) {
 			case news:
 				w.log.Info("peer declared dead", "peer", m.GetRank(), "reason", m.GetReason())
 			}
-		case *cohortv1.NewSession:
+		case *wirepb.NewSession:
 			w.mailbox.put(plugin.Session{
 				Generation:   m.GetGeneration(),
 				ID:           m.GetSessionId(),
@@ -77,11 +77,11 @@ func (w *worker) inbound(ctx context.Context) {
 				Members:      m.GetMembers(),
 			})
 			w.log.Info("new averaging session received", "generation", m.GetGeneration(), "members", m.GetMembers())
-		case *cohortv1.RequestSessionId:
+		case *wirepb.RequestSessionId:
 			w.answerSessionID(ctx, m.GetGeneration())
-		case *cohortv1.Admit:
+		case *wirepb.Admit:
 			w.log.Warn("ignoring a second Admit")
-		case *cohortv1.Shutdown, *cohortv1.ShutdownWithSave:
+		case *wirepb.Shutdown, *wirepb.ShutdownWithSave:
 			clean = true
 			w.queue.push(command{msg: msg})
 			// Interrupts a plan in training (or the setup); the main loop
@@ -117,7 +117,7 @@ func (w *worker) answerSessionID(ctx context.Context, gen uint64) {
 		w.log.Error("averager could not make a session id: not answered", "generation", gen, "error", err)
 		return
 	}
-	if err := w.conn.Send(ctx, &cohortv1.SessionIdGenerated{Rank: w.o.Rank, Generation: gen, SessionId: id}); err != nil {
+	if err := w.conn.Send(ctx, &wirepb.SessionIdGenerated{Rank: w.o.Rank, Generation: gen, SessionId: id}); err != nil {
 		w.log.Warn("send SessionIdGenerated", "error", err)
 	}
 }
@@ -129,7 +129,7 @@ func (w *worker) heartbeat(ctx context.Context) {
 	var counter uint64
 	for {
 		counter++
-		if err := w.conn.Send(ctx, &cohortv1.Heartbeat{Rank: w.o.Rank, Counter: counter}); err != nil && ctx.Err() == nil {
+		if err := w.conn.Send(ctx, &wirepb.Heartbeat{Rank: w.o.Rank, Counter: counter}); err != nil && ctx.Err() == nil {
 			w.log.Debug("send Heartbeat", "error", err)
 		}
 		select {
@@ -159,8 +159,8 @@ func (w *worker) sampleResources(ctx context.Context, s *resources.Sampler) {
 	}
 }
 
-func (w *worker) resourceSample(s resources.Sample) *cohortv1.ResourceSample {
-	rs := &cohortv1.ResourceSample{
+func (w *worker) resourceSample(s resources.Sample) *wirepb.ResourceSample {
+	rs := &wirepb.ResourceSample{
 		Rank:          w.o.Rank,
 		CpuPercent:    s.CPUPercent,
 		RamUsedBytes:  s.RAMUsed,
@@ -169,7 +169,7 @@ func (w *worker) resourceSample(s resources.Sample) *cohortv1.ResourceSample {
 		UnixNanos:     s.Time.UnixNano(),
 	}
 	for _, g := range s.GPUs {
-		rs.Gpus = append(rs.Gpus, &cohortv1.GpuSample{
+		rs.Gpus = append(rs.Gpus, &wirepb.GpuSample{
 			Index:            g.Index,
 			Name:             g.Name,
 			UtilPercent:      g.UtilPercent,

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/cohortdl/cohort/core/wire"
-	cohortv1 "github.com/cohortdl/cohort/shared/proto/cohort/v1"
+	"github.com/cohortdl/cohort/core/wire/wirepb"
 )
 
 // dialRetryDelay is the pause between connection attempts.
@@ -58,17 +58,17 @@ var errShutdownBeforeAdmit = errors.New("coordinator sent Shutdown before Admit"
 
 // awaitAdmit reads frames until Admit. Coordinator heartbeats are skipped;
 // a Shutdown ends the worker cleanly; anything else is out of protocol.
-func (w *worker) awaitAdmit(ctx context.Context) (*cohortv1.Admit, error) {
+func (w *worker) awaitAdmit(ctx context.Context) (*wirepb.Admit, error) {
 	for {
 		msg, err := w.conn.Receive(ctx)
 		if err != nil {
 			return nil, fmt.Errorf("wait for Admit from coordinator: %w", err)
 		}
 		switch m := msg.(type) {
-		case *cohortv1.Admit:
+		case *wirepb.Admit:
 			return m, nil
-		case *cohortv1.CoordinatorHeartbeat:
-		case *cohortv1.Shutdown:
+		case *wirepb.CoordinatorHeartbeat:
+		case *wirepb.Shutdown:
 			return nil, errShutdownBeforeAdmit
 		default:
 			return nil, fmt.Errorf("wait for Admit from coordinator: got %T first", msg)

@@ -15,9 +15,9 @@ import (
 
 	"github.com/cohortdl/cohort/core/config"
 	"github.com/cohortdl/cohort/core/wire"
+	"github.com/cohortdl/cohort/core/wire/wirepb"
 	"github.com/cohortdl/cohort/core/worker"
 	"github.com/cohortdl/cohort/shared/plugintest"
-	cohortv1 "github.com/cohortdl/cohort/shared/proto/cohort/v1"
 )
 
 // The tests script the coordinator's side of docs/protocol.md by hand: a
@@ -73,7 +73,7 @@ type link struct {
 }
 
 // accept takes one rank's connection, runs the handshake and sends admit.
-func (c *coordinator) accept(admit *cohortv1.Admit) *link {
+func (c *coordinator) accept(admit *wirepb.Admit) *link {
 	c.t.Helper()
 	c.ln.(*net.TCPListener).SetDeadline(time.Now().Add(frameWait))
 	nc, err := c.ln.Accept()
@@ -104,7 +104,7 @@ func (c *coordinator) accept(admit *cohortv1.Admit) *link {
 }
 
 // acceptAll accepts n ranks and returns their links by rank.
-func (c *coordinator) acceptAll(n int, admit *cohortv1.Admit) []*link {
+func (c *coordinator) acceptAll(n int, admit *wirepb.Admit) []*link {
 	c.t.Helper()
 	links := make([]*link, n)
 	for range n {
@@ -127,7 +127,7 @@ func (l *link) send(m proto.Message) {
 // periodic frames come at any time; next skips them.
 func periodic(m proto.Message) bool {
 	switch m.(type) {
-	case *cohortv1.Heartbeat, *cohortv1.ResourceSample:
+	case *wirepb.Heartbeat, *wirepb.ResourceSample:
 		return true
 	}
 	return false
@@ -176,22 +176,22 @@ func expect[T proto.Message](l *link) T {
 }
 
 // expectPlan reads a plan's n Batch frames and its Metrics.
-func expectPlan(l *link, n int) *cohortv1.Metrics {
+func expectPlan(l *link, n int) *wirepb.Metrics {
 	l.t.Helper()
 	return expectPlanRest(l, 0, n)
 }
 
 // expectPlanRest reads the rest of a plan of n batches of which read Batch
 // frames were already read, then its Metrics.
-func expectPlanRest(l *link, read, n int) *cohortv1.Metrics {
+func expectPlanRest(l *link, read, n int) *wirepb.Metrics {
 	l.t.Helper()
 	for i := read; i < n; i++ {
-		b := expect[*cohortv1.Batch](l)
+		b := expect[*wirepb.Batch](l)
 		if b.GetRank() != l.rank {
 			l.t.Fatalf("batch %d names rank %d, sent by rank %d", i, b.GetRank(), l.rank)
 		}
 	}
-	m := expect[*cohortv1.Metrics](l)
+	m := expect[*wirepb.Metrics](l)
 	if m.GetBatches() != uint64(n) || m.GetRank() != l.rank {
 		l.t.Fatalf("rank %d: Metrics = %v, want %d batches", l.rank, m, n)
 	}
@@ -223,7 +223,7 @@ func (l *link) drain() []proto.Message {
 
 func hasExiting(frames []proto.Message) bool {
 	for _, m := range frames {
-		if _, ok := m.(*cohortv1.Exiting); ok {
+		if _, ok := m.(*wirepb.Exiting); ok {
 			return true
 		}
 	}
@@ -328,6 +328,6 @@ func expectNoWorkerGoroutines(t *testing.T) {
 }
 
 // plan builds an EpochPlan.
-func plan(epoch, offset, size, seed, pickSpace uint64) *cohortv1.EpochPlan {
-	return &cohortv1.EpochPlan{Epoch: epoch, PartitionOffset: offset, PartitionSize: size, Seed: seed, PickSpace: pickSpace}
+func plan(epoch, offset, size, seed, pickSpace uint64) *wirepb.EpochPlan {
+	return &wirepb.EpochPlan{Epoch: epoch, PartitionOffset: offset, PartitionSize: size, Seed: seed, PickSpace: pickSpace}
 }

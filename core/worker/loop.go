@@ -13,8 +13,8 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/cohortdl/cohort/core/wire/wirepb"
 	"github.com/cohortdl/cohort/shared/plugin"
-	cohortv1 "github.com/cohortdl/cohort/shared/proto/cohort/v1"
 )
 
 // loopState belongs to the main loop's goroutine alone.
@@ -23,7 +23,7 @@ type loopState struct {
 	plans []queuedPlan
 	// held are plans that came with a Sync whose round has not succeeded
 	// yet: they run after the next successful round, in order.
-	held      []*cohortv1.EpochPlan
+	held      []*wirepb.EpochPlan
 	throttled bool
 	// globalStep is the coordinator's last SetGlobalStep; stepFresh says
 	// the next plan has not passed it to Train yet.
@@ -108,41 +108,41 @@ func (w *worker) handle(ctx context.Context, c command) (exit, clean bool, err e
 	// Any command (heartbeats never get here) ends a throttle.
 	w.throttled = false
 	switch m := c.msg.(type) {
-	case *cohortv1.StartEpoch:
+	case *wirepb.StartEpoch:
 		if m.GetPlan() == nil {
 			w.log.Warn("ignoring StartEpoch without a plan")
 			break
 		}
 		w.queuePlan(m.GetPlan())
-	case *cohortv1.Update:
+	case *wirepb.Update:
 		w.log.Debug("update", "version", m.GetVersion(), "next_plan", m.GetNextPlan() != nil)
 		if m.GetNextPlan() != nil {
 			w.queuePlan(m.GetNextPlan())
 		}
-	case *cohortv1.Sync:
+	case *wirepb.Sync:
 		err = w.round(ctx, m)
-	case *cohortv1.Throttle:
+	case *wirepb.Throttle:
 		w.throttled = true
 		w.log.Debug("throttled")
-	case *cohortv1.SetGlobalStep:
+	case *wirepb.SetGlobalStep:
 		w.globalStep, w.stepFresh = m.GetGlobalStep(), true
-	case *cohortv1.Checkpoint:
+	case *wirepb.Checkpoint:
 		if m.GetTargetRank() == w.o.Rank {
 			err = w.checkpoint(ctx, m)
 		}
-	case *cohortv1.Evaluate:
+	case *wirepb.Evaluate:
 		if m.GetTargetRank() == w.o.Rank {
 			err = w.evaluate(ctx, m)
 		}
-	case *cohortv1.ExtendPartition:
+	case *wirepb.ExtendPartition:
 		w.extend(m)
-	case *cohortv1.SetEpochCallbackRole:
+	case *wirepb.SetEpochCallbackRole:
 		r := m.GetRank()
 		w.role = &r
-	case *cohortv1.Shutdown:
+	case *wirepb.Shutdown:
 		w.log.Info("shutdown requested")
 		return true, true, nil
-	case *cohortv1.ShutdownWithSave:
+	case *wirepb.ShutdownWithSave:
 		w.log.Info("shutdown with save requested", "reason", m.GetReason(), "dir", m.GetDir(), "version", m.GetVersion())
 		return true, true, w.shutdownWithSave(ctx, m)
 	default:
@@ -151,7 +151,7 @@ func (w *worker) handle(ctx context.Context, c command) (exit, clean bool, err e
 	return false, false, err
 }
 
-func (w *worker) queuePlan(p *cohortv1.EpochPlan) {
+func (w *worker) queuePlan(p *wirepb.EpochPlan) {
 	shape := planShape{seed: p.GetSeed(), pickSpace: p.GetPickSpace()}
 	w.shapes[p.GetEpoch()] = shape
 	w.lastPlan = &shape
@@ -169,7 +169,7 @@ func (w *worker) queuePlan(p *cohortv1.EpochPlan) {
 // chunks). The frame does not repeat the epoch's seed and pick space: they
 // come from a plan of that epoch, else from the latest plan, else from the
 // run's seed and the trainer's sample count.
-func (w *worker) extend(m *cohortv1.ExtendPartition) {
+func (w *worker) extend(m *wirepb.ExtendPartition) {
 	shape, ok := w.shapes[m.GetEpoch()]
 	switch {
 	case ok:
@@ -222,7 +222,7 @@ func (w *worker) runNextPlan(ctx context.Context) error {
 	// merged is the Batch frame being built when the plan lets reports
 	// merge; sent once reportEvery has passed since the last one, and
 	// before the plan's Metrics.
-	var merged *cohortv1.Batch
+	var merged *wirepb.Batch
 	var lastSent time.Time
 	flush := func() error {
 		if merged == nil {
@@ -245,7 +245,7 @@ func (w *worker) runNextPlan(ctx context.Context) error {
 		st.dataMS += b.DataMS
 		st.computeMS += max(b.BatchMS-b.DataMS, 0)
 		if merged == nil {
-			merged = &cohortv1.Batch{Rank: w.o.Rank, Epoch: p.Epoch, PartitionOffset: p.PartitionOffset, PartitionSize: p.PartitionSize}
+			merged = &wirepb.Batch{Rank: w.o.Rank, Epoch: p.Epoch, PartitionOffset: p.PartitionOffset, PartitionSize: p.PartitionSize}
 		}
 		merged.Batches++
 		merged.BatchMs += b.BatchMS
@@ -279,7 +279,7 @@ func (w *worker) runNextPlan(ctx context.Context) error {
 		}
 		return fmt.Errorf("train epoch %d, plan [%d, +%d): %w", p.Epoch, p.PartitionOffset, p.PartitionSize, err)
 	}
-	m := &cohortv1.Metrics{
+	m := &wirepb.Metrics{
 		Rank:            w.o.Rank,
 		Epoch:           p.Epoch,
 		Batches:         st.batches,
@@ -311,7 +311,7 @@ func (w *worker) fireEpochFn(ctx context.Context, epoch uint64) error {
 	if err := w.o.EpochFn(ctx, epoch); err != nil {
 		w.log.Warn("epoch callback failed", "epoch", epoch, "error", err)
 	}
-	return w.send(ctx, &cohortv1.EpochFnElapsed{Rank: w.o.Rank, Epoch: epoch, ElapsedMs: ms(time.Since(start))})
+	return w.send(ctx, &wirepb.EpochFnElapsed{Rank: w.o.Rank, Epoch: epoch, ElapsedMs: ms(time.Since(start))})
 }
 
 // round runs one averaging round (docs/protocol.md, "Averaging rounds").
@@ -319,7 +319,7 @@ func (w *worker) fireEpochFn(ctx context.Context, epoch uint64) error {
 // stopping, or because the averager says so with plugin.ErrRoundAborted) is
 // acknowledged as aborted and the worker carries on; any other averaging
 // failure ends the worker.
-func (w *worker) round(ctx context.Context, m *cohortv1.Sync) error {
+func (w *worker) round(ctx context.Context, m *wirepb.Sync) error {
 	start := time.Now()
 	n := m.GetRound()
 	if p := m.GetNextPlan(); p != nil {
@@ -338,13 +338,13 @@ func (w *worker) round(ctx context.Context, m *cohortv1.Sync) error {
 		return fmt.Errorf("round %d: publish parameters: %w", n, err)
 	}
 	w.pendingSteps += pub.Steps
-	if err := w.send(ctx, &cohortv1.SnapshotReady{Rank: w.o.Rank, Round: n}); err != nil {
+	if err := w.send(ctx, &wirepb.SnapshotReady{Rank: w.o.Rank, Round: n}); err != nil {
 		return err
 	}
-	ack := &cohortv1.SyncAck{Rank: w.o.Rank, Round: n, StepCount: pub.StepCount, PreNorm: &pub.ParamNorm}
+	ack := &wirepb.SyncAck{Rank: w.o.Rank, Round: n, StepCount: pub.StepCount, PreNorm: &pub.ParamNorm}
 
 	r := plugin.Round{Round: n, Steps: w.pendingSteps}
-	if m.GetMode() == cohortv1.SyncMode_SYNC_MODE_BROADCAST {
+	if m.GetMode() == wirepb.SyncMode_SYNC_MODE_BROADCAST {
 		// Sync names the root by global rank; the averager counts in the
 		// session's ranks.
 		idx := slices.Index(w.members, m.GetRoot())
@@ -407,7 +407,7 @@ func (w *worker) round(ctx context.Context, m *cohortv1.Sync) error {
 	return w.send(ctx, ack)
 }
 
-func (w *worker) abortedAck(ctx context.Context, ack *cohortv1.SyncAck, start time.Time, why error) error {
+func (w *worker) abortedAck(ctx context.Context, ack *wirepb.SyncAck, start time.Time, why error) error {
 	w.log.Warn("averaging round aborted", "round", ack.GetRound(), "reason", why)
 	ack.Aborted, ack.Error = true, why.Error()
 	ack.RoundMs = ms(time.Since(start))
@@ -416,10 +416,10 @@ func (w *worker) abortedAck(ctx context.Context, ack *cohortv1.SyncAck, start ti
 
 // checkpoint saves into the Checkpoint's dir and answers CheckpointResult.
 // A failed save is reported, not fatal: the coordinator decides.
-func (w *worker) checkpoint(ctx context.Context, m *cohortv1.Checkpoint) error {
+func (w *worker) checkpoint(ctx context.Context, m *wirepb.Checkpoint) error {
 	start := time.Now()
 	files, err := w.save(ctx, m.GetDir())
-	res := &cohortv1.CheckpointResult{Rank: w.o.Rank, Version: m.GetVersion(), ElapsedMs: ms(time.Since(start)), Files: files}
+	res := &wirepb.CheckpointResult{Rank: w.o.Rank, Version: m.GetVersion(), ElapsedMs: ms(time.Since(start)), Files: files}
 	if err != nil {
 		w.log.Error("checkpoint failed", "version", m.GetVersion(), "error", err)
 		res.Error = err.Error()
@@ -430,7 +430,7 @@ func (w *worker) checkpoint(ctx context.Context, m *cohortv1.Checkpoint) error {
 // shutdownWithSave saves into dir/rank-<r> and answers CheckpointResult.
 // An empty dir asks for no save. A failed save is reported to the
 // coordinator and returned.
-func (w *worker) shutdownWithSave(ctx context.Context, m *cohortv1.ShutdownWithSave) error {
+func (w *worker) shutdownWithSave(ctx context.Context, m *wirepb.ShutdownWithSave) error {
 	w.saved = true
 	if m.GetDir() == "" {
 		w.log.Info("shutdown with save names no directory: nothing saved")
@@ -439,7 +439,7 @@ func (w *worker) shutdownWithSave(ctx context.Context, m *cohortv1.ShutdownWithS
 	start := time.Now()
 	dir := filepath.Join(m.GetDir(), "rank-"+strconv.FormatUint(uint64(w.o.Rank), 10))
 	files, saveErr := w.save(ctx, dir)
-	res := &cohortv1.CheckpointResult{Rank: w.o.Rank, Version: m.GetVersion(), ElapsedMs: ms(time.Since(start)), Files: files}
+	res := &wirepb.CheckpointResult{Rank: w.o.Rank, Version: m.GetVersion(), ElapsedMs: ms(time.Since(start)), Files: files}
 	if saveErr != nil {
 		res.Error = saveErr.Error()
 	} else {
@@ -476,10 +476,10 @@ func (w *worker) save(ctx context.Context, dir string) ([]string, error) {
 
 // evaluate runs the trainer's evaluation and answers EvalResult; a failure
 // is reported (NaN loss and the error), not fatal.
-func (w *worker) evaluate(ctx context.Context, m *cohortv1.Evaluate) error {
+func (w *worker) evaluate(ctx context.Context, m *wirepb.Evaluate) error {
 	start := time.Now()
 	r, err := w.trainer.Evaluate(ctx)
-	res := &cohortv1.EvalResult{Rank: w.o.Rank, ScheduleId: m.GetScheduleId(), Epoch: m.GetEpoch(), ElapsedMs: ms(time.Since(start))}
+	res := &wirepb.EvalResult{Rank: w.o.Rank, ScheduleId: m.GetScheduleId(), Epoch: m.GetEpoch(), ElapsedMs: ms(time.Since(start))}
 	if err != nil {
 		w.log.Error("evaluation failed", "epoch", m.GetEpoch(), "error", err)
 		res.Loss, res.Error = math.NaN(), err.Error()
@@ -498,12 +498,12 @@ func (w *worker) send(ctx context.Context, msg proto.Message) error {
 }
 
 func isShutdown(m proto.Message) bool {
-	_, ok := m.(*cohortv1.Shutdown)
+	_, ok := m.(*wirepb.Shutdown)
 	return ok
 }
 
 func isShutdownWithSave(m proto.Message) bool {
-	_, ok := m.(*cohortv1.ShutdownWithSave)
+	_, ok := m.(*wirepb.ShutdownWithSave)
 	return ok
 }
 

@@ -12,9 +12,9 @@ import (
 
 	"github.com/cohortdl/cohort/core/config"
 	"github.com/cohortdl/cohort/core/pluginhost"
+	"github.com/cohortdl/cohort/core/wire/wirepb"
 	"github.com/cohortdl/cohort/core/worker"
 	"github.com/cohortdl/cohort/shared/plugintest"
-	cohortv1 "github.com/cohortdl/cohort/shared/proto/cohort/v1"
 )
 
 // Tests here run the mock plugins as real go-plugin processes.
@@ -77,14 +77,14 @@ func TestAveragerKilledMidRound(t *testing.T) {
 	hp := worker.NewHostPlugins(pluginhost.Options{Dirs: []string{dir}, Grace: 2 * time.Second, Logger: testLogger()})
 	o.Plugins = hp
 	run := start(t, o)
-	l := c.accept(&cohortv1.Admit{RunId: "kill", Seed: 1, AveragingEndpoint: t.TempDir()})
-	expect[*cohortv1.Ready](l)
+	l := c.accept(&wirepb.Admit{RunId: "kill", Seed: 1, AveragingEndpoint: t.TempDir()})
+	expect[*wirepb.Ready](l)
 	pids, averager := pidsOf(t, hp)
 
-	l.send(&cohortv1.StartEpoch{Plan: plan(0, 0, 32, 1, 256)})
+	l.send(&wirepb.StartEpoch{Plan: plan(0, 0, 32, 1, 256)})
 	expectPlan(l, 2)
-	l.send(&cohortv1.Sync{Round: 1, Mode: cohortv1.SyncMode_SYNC_MODE_AVERAGE})
-	expect[*cohortv1.SnapshotReady](l)
+	l.send(&wirepb.Sync{Round: 1, Mode: wirepb.SyncMode_SYNC_MODE_AVERAGE})
+	expect[*wirepb.SnapshotReady](l)
 	// Rank 1 never comes: the round is blocked.
 	if m := l.next(300 * time.Millisecond); m != nil {
 		t.Fatalf("the round ended without its peer: %s", describe(m))
@@ -169,7 +169,7 @@ averager %q {
 			o.ArenaDir, o.Logger = t.TempDir(), testLogger()
 			o.Withhold = []string{"COHORT_SECRET"}
 			run := start(t, o)
-			l := c.accept(&cohortv1.Admit{RunId: "config", Seed: 1, AveragingEndpoint: t.TempDir()})
+			l := c.accept(&wirepb.Admit{RunId: "config", Seed: 1, AveragingEndpoint: t.TempDir()})
 			if !tc.clean {
 				err := run.wait(frameWait)
 				if err == nil || !strings.Contains(err.Error(), filepath.Join(dir, tc.wantBin)) {
@@ -184,16 +184,16 @@ averager %q {
 				}
 				return
 			}
-			expect[*cohortv1.Ready](l)
-			l.send(&cohortv1.StartEpoch{Plan: plan(0, 0, 32, 1, 256)})
+			expect[*wirepb.Ready](l)
+			l.send(&wirepb.StartEpoch{Plan: plan(0, 0, 32, 1, 256)})
 			expectPlan(l, 2)
-			l.send(&cohortv1.Sync{Round: 0, Mode: cohortv1.SyncMode_SYNC_MODE_AVERAGE})
-			expect[*cohortv1.SnapshotReady](l)
-			if ack := expect[*cohortv1.SyncAck](l); ack.GetAborted() || ack.GetWeight() != 2 {
+			l.send(&wirepb.Sync{Round: 0, Mode: wirepb.SyncMode_SYNC_MODE_AVERAGE})
+			expect[*wirepb.SnapshotReady](l)
+			if ack := expect[*wirepb.SyncAck](l); ack.GetAborted() || ack.GetWeight() != 2 {
 				t.Fatalf("SyncAck = %v", ack)
 			}
-			l.send(&cohortv1.Shutdown{})
-			expect[*cohortv1.Exiting](l)
+			l.send(&wirepb.Shutdown{})
+			expect[*wirepb.Exiting](l)
 			if err := run.wait(frameWait); err != nil {
 				t.Fatal(err)
 			}

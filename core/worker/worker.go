@@ -15,13 +15,12 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
-	"github.com/cohortdl/cohort/core/arena"
 	"github.com/cohortdl/cohort/core/pluginhost"
 	"github.com/cohortdl/cohort/core/resources"
 	"github.com/cohortdl/cohort/core/wire"
+	"github.com/cohortdl/cohort/core/wire/wirepb"
 	sharena "github.com/cohortdl/cohort/shared/arena"
 	"github.com/cohortdl/cohort/shared/plugin"
-	cohortv1 "github.com/cohortdl/cohort/shared/proto/cohort/v1"
 )
 
 // worker is one Run's state. Fields above mu are set during setup, before
@@ -33,11 +32,11 @@ type worker struct {
 	keys wire.Keys
 
 	conn    *wire.Conn
-	admit   *cohortv1.Admit
+	admit   *wirepb.Admit
 	plugins Plugins
 	trainer plugin.Trainer
 	setup   plugin.TrainerSetup
-	arena   *arena.Arena
+	arena   *sharena.Owned
 	// trainerReady: configured and attached to the arena, so it can
 	// publish and save.
 	trainerReady bool
@@ -45,7 +44,7 @@ type worker struct {
 	avgTraits    plugin.AveragerTraits
 	avg          atomic.Pointer[plugin.Averager] // for the bridge and watchdog, once configured
 	sampler      *resources.Sampler
-	lastSample   atomic.Pointer[cohortv1.ResourceSample]
+	lastSample   atomic.Pointer[wirepb.ResourceSample]
 
 	queue   *queue
 	ledger  *ledger
@@ -154,7 +153,7 @@ func (w *worker) finishInterrupted(ctx context.Context) (bool, error) {
 		case isShutdown(c.msg):
 			return true, nil
 		case isShutdownWithSave(c.msg):
-			m := c.msg.(*cohortv1.ShutdownWithSave)
+			m := c.msg.(*wirepb.ShutdownWithSave)
 			return true, w.shutdownWithSave(ctx, m)
 		}
 	}
@@ -200,7 +199,7 @@ func (w *worker) setUp(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("configure trainer: %w", err)
 	}
-	w.arena, err = arena.Create(w.o.ArenaDir, "cohort-r"+strconv.FormatUint(uint64(w.o.Rank), 10), w.setup.Layout)
+	w.arena, err = sharena.Create(w.o.ArenaDir, "cohort-r"+strconv.FormatUint(uint64(w.o.Rank), 10), w.setup.Layout)
 	if err != nil {
 		return fmt.Errorf("trainer layout: %w", err)
 	}
@@ -317,7 +316,7 @@ func (w *worker) sendReady(ctx context.Context) error {
 		params += n
 	}
 	digest := l.Digest()
-	err := w.conn.Send(ctx, &cohortv1.Ready{
+	err := w.conn.Send(ctx, &wirepb.Ready{
 		Rank:           w.o.Rank,
 		Samples:        w.setup.Samples,
 		EvalSamples:    w.setup.EvalSamples,
@@ -356,7 +355,7 @@ func (w *worker) teardown(ctx context.Context, clean bool, runErr error) error {
 		if !ok {
 			break
 		}
-		if m, ok := c.msg.(*cohortv1.ShutdownWithSave); ok && !w.saved {
+		if m, ok := c.msg.(*wirepb.ShutdownWithSave); ok && !w.saved {
 			if err := w.shutdownWithSave(tctx, m); err != nil {
 				w.log.Error("save on ShutdownWithSave", "error", err)
 			}
@@ -386,7 +385,7 @@ func (w *worker) teardown(ctx context.Context, clean bool, runErr error) error {
 	w.heartbeatTask.stop()
 	if clean && w.conn != nil {
 		sctx, cancel := context.WithTimeout(tctx, w.o.ShutdownGrace)
-		if err := w.conn.Send(sctx, &cohortv1.Exiting{Rank: w.o.Rank}); err != nil {
+		if err := w.conn.Send(sctx, &wirepb.Exiting{Rank: w.o.Rank}); err != nil {
 			w.log.Warn("send Exiting", "error", err)
 		}
 		cancel()

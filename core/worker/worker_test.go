@@ -15,10 +15,10 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/cohortdl/cohort/core/config"
+	"github.com/cohortdl/cohort/core/wire/wirepb"
 	"github.com/cohortdl/cohort/core/worker"
 	"github.com/cohortdl/cohort/shared/plugin"
 	"github.com/cohortdl/cohort/shared/plugintest"
-	cohortv1 "github.com/cohortdl/cohort/shared/proto/cohort/v1"
 )
 
 // TestEpochWithTwoRounds runs two ranks through formation, the initial
@@ -43,12 +43,12 @@ func TestEpochWithTwoRounds(t *testing.T) {
 		}
 		runs[r] = start(t, o)
 	}
-	admit := &cohortv1.Admit{RunId: "two-rounds", Seed: 7, AveragingEndpoint: t.TempDir(), Epochs: 1}
+	admit := &wirepb.Admit{RunId: "two-rounds", Seed: 7, AveragingEndpoint: t.TempDir(), Epochs: 1}
 	links := c.acceptAll(world, admit)
 
 	var digest []byte
 	for _, l := range links {
-		ready := expect[*cohortv1.Ready](l)
+		ready := expect[*wirepb.Ready](l)
 		if ready.GetRank() != l.rank || ready.GetSamples() != 256 || ready.GetBatchSize() != 16 || ready.GetParameterCount() != 9 {
 			t.Fatalf("rank %d Ready = %v", l.rank, ready)
 		}
@@ -58,17 +58,17 @@ func TestEpochWithTwoRounds(t *testing.T) {
 		digest = ready.GetLayoutDigest()
 	}
 
-	sync := func(round uint64, mode cohortv1.SyncMode) []*cohortv1.SyncAck {
+	sync := func(round uint64, mode wirepb.SyncMode) []*wirepb.SyncAck {
 		t.Helper()
 		for _, l := range links {
-			l.send(&cohortv1.Sync{Round: round, Mode: mode, Root: 0})
+			l.send(&wirepb.Sync{Round: round, Mode: mode, Root: 0})
 		}
-		acks := make([]*cohortv1.SyncAck, world)
+		acks := make([]*wirepb.SyncAck, world)
 		for i, l := range links {
-			if sr := expect[*cohortv1.SnapshotReady](l); sr.GetRound() != round {
+			if sr := expect[*wirepb.SnapshotReady](l); sr.GetRound() != round {
 				t.Fatalf("SnapshotReady for round %d, want %d", sr.GetRound(), round)
 			}
-			acks[i] = expect[*cohortv1.SyncAck](l)
+			acks[i] = expect[*wirepb.SyncAck](l)
 			if acks[i].GetAborted() || acks[i].GetRound() != round {
 				t.Fatalf("rank %d ack = %v", l.rank, acks[i])
 			}
@@ -82,17 +82,17 @@ func TestEpochWithTwoRounds(t *testing.T) {
 	}
 
 	for _, l := range links {
-		l.send(&cohortv1.SetEpochCallbackRole{Rank: 0})
+		l.send(&wirepb.SetEpochCallbackRole{Rank: 0})
 	}
-	sync(0, cohortv1.SyncMode_SYNC_MODE_BROADCAST)
+	sync(0, wirepb.SyncMode_SYNC_MODE_BROADCAST)
 
 	// Each rank's partition of 128 samples, in two chunks of 4 batches.
-	chunk := func(r uint32, i uint64) *cohortv1.EpochPlan { return plan(0, uint64(r)*128+i*64, 64, 7, 256) }
+	chunk := func(r uint32, i uint64) *wirepb.EpochPlan { return plan(0, uint64(r)*128+i*64, 64, 7, 256) }
 	for _, l := range links {
-		l.send(&cohortv1.Update{Version: 0})
-		l.send(&cohortv1.StartEpoch{Plan: chunk(l.rank, 0)})
+		l.send(&wirepb.Update{Version: 0})
+		l.send(&wirepb.StartEpoch{Plan: chunk(l.rank, 0)})
 	}
-	if e := expect[*cohortv1.EpochFnElapsed](links[0]); e.GetEpoch() != 0 {
+	if e := expect[*wirepb.EpochFnElapsed](links[0]); e.GetEpoch() != 0 {
 		t.Fatalf("EpochFnElapsed = %v", e)
 	}
 	for _, l := range links {
@@ -102,7 +102,7 @@ func TestEpochWithTwoRounds(t *testing.T) {
 		}
 	}
 	before, _, _, _ := trainers[0].Snapshot()
-	acks := sync(1, cohortv1.SyncMode_SYNC_MODE_AVERAGE)
+	acks := sync(1, wirepb.SyncMode_SYNC_MODE_AVERAGE)
 	for _, a := range acks {
 		// Four steps each, weighed steps^1.
 		if a.GetWeight() != 4 || a.GetTotalWeight() != 8 || a.Divergence == nil || a.GetStepCount() != 4 {
@@ -117,22 +117,22 @@ func TestEpochWithTwoRounds(t *testing.T) {
 	// The second chunk comes with the round's Update, as the sync policy
 	// dispatches it; same epoch, so no second callback.
 	for _, l := range links {
-		l.send(&cohortv1.Update{Version: 1, NextPlan: chunk(l.rank, 1)})
+		l.send(&wirepb.Update{Version: 1, NextPlan: chunk(l.rank, 1)})
 	}
 	for _, l := range links {
-		b := expect[*cohortv1.Batch](l)
+		b := expect[*wirepb.Batch](l)
 		if b.SyncDivergence == nil {
 			t.Fatalf("rank %d: first Batch after a round carries no divergence", l.rank)
 		}
 		expectPlanRest(l, 1, 4)
 	}
-	sync(2, cohortv1.SyncMode_SYNC_MODE_AVERAGE)
+	sync(2, wirepb.SyncMode_SYNC_MODE_AVERAGE)
 
 	for _, l := range links {
-		l.send(&cohortv1.Shutdown{})
+		l.send(&wirepb.Shutdown{})
 	}
 	for i, l := range links {
-		if e := expect[*cohortv1.Exiting](l); e.GetRank() != l.rank {
+		if e := expect[*wirepb.Exiting](l); e.GetRank() != l.rank {
 			t.Fatalf("Exiting names rank %d", e.GetRank())
 		}
 		if err := runs[i].wait(frameWait); err != nil {
@@ -154,29 +154,29 @@ func TestThrottle(t *testing.T) {
 	o := c.options(0, 1, ts)
 	inProcess(&o)
 	run := start(t, o)
-	l := c.accept(&cohortv1.Admit{RunId: "throttle", Seed: 3, AveragingEndpoint: t.TempDir()})
-	expect[*cohortv1.Ready](l)
+	l := c.accept(&wirepb.Admit{RunId: "throttle", Seed: 3, AveragingEndpoint: t.TempDir()})
+	expect[*wirepb.Ready](l)
 
-	l.send(&cohortv1.StartEpoch{Plan: plan(0, 0, 96, 3, 256)})
-	expect[*cohortv1.Batch](l)
+	l.send(&wirepb.StartEpoch{Plan: plan(0, 0, 96, 3, 256)})
+	expect[*wirepb.Batch](l)
 	// Both queue behind the plan in training.
-	l.send(&cohortv1.StartEpoch{Plan: plan(1, 0, 32, 3, 256)})
-	l.send(&cohortv1.Throttle{})
+	l.send(&wirepb.StartEpoch{Plan: plan(1, 0, 32, 3, 256)})
+	l.send(&wirepb.Throttle{})
 	if m := expectPlanRest(l, 1, 6); m.GetEpoch() != 0 {
 		t.Fatalf("first Metrics is for epoch %d", m.GetEpoch())
 	}
 	for i := range 4 {
-		l.send(&cohortv1.CoordinatorHeartbeat{Sequence: uint64(i)})
+		l.send(&wirepb.CoordinatorHeartbeat{Sequence: uint64(i)})
 		if m := l.next(150 * time.Millisecond); m != nil {
 			t.Fatalf("a throttled rank sent %s", describe(m))
 		}
 	}
-	l.send(&cohortv1.SetGlobalStep{GlobalStep: 9})
+	l.send(&wirepb.SetGlobalStep{GlobalStep: 9})
 	if m := expectPlan(l, 2); m.GetEpoch() != 1 {
 		t.Fatalf("Metrics after the throttle is for epoch %d, want 1", m.GetEpoch())
 	}
-	l.send(&cohortv1.Shutdown{})
-	expect[*cohortv1.Exiting](l)
+	l.send(&wirepb.Shutdown{})
+	expect[*wirepb.Exiting](l)
 	if err := run.wait(frameWait); err != nil {
 		t.Fatal(err)
 	}
@@ -193,14 +193,14 @@ func TestExtendPartition(t *testing.T) {
 	o := c.options(0, 1, ts)
 	tr := inProcess(&o)
 	run := start(t, o)
-	l := c.accept(&cohortv1.Admit{RunId: "extend", Seed: 5, AveragingEndpoint: t.TempDir()})
-	expect[*cohortv1.Ready](l)
+	l := c.accept(&wirepb.Admit{RunId: "extend", Seed: 5, AveragingEndpoint: t.TempDir()})
+	expect[*wirepb.Ready](l)
 
-	l.send(&cohortv1.StartEpoch{Plan: plan(0, 0, 64, 5, 256)})
-	expect[*cohortv1.Batch](l)
-	l.send(&cohortv1.StartEpoch{Plan: plan(0, 64, 32, 5, 256)})
-	l.send(&cohortv1.ExtendPartition{Epoch: 0, PartitionOffset: 128, PartitionSize: 48})
-	l.send(&cohortv1.ExtendPartition{Epoch: 0, PartitionOffset: 200, PartitionSize: 32})
+	l.send(&wirepb.StartEpoch{Plan: plan(0, 0, 64, 5, 256)})
+	expect[*wirepb.Batch](l)
+	l.send(&wirepb.StartEpoch{Plan: plan(0, 64, 32, 5, 256)})
+	l.send(&wirepb.ExtendPartition{Epoch: 0, PartitionOffset: 128, PartitionSize: 48})
+	l.send(&wirepb.ExtendPartition{Epoch: 0, PartitionOffset: 200, PartitionSize: 32})
 
 	want := []struct{ offset, size, batches uint64 }{
 		{0, 64, 4}, // the plan in training (one batch already read)
@@ -221,8 +221,8 @@ func TestExtendPartition(t *testing.T) {
 	if _, _, _, trained := tr.Snapshot(); trained != 176 {
 		t.Fatalf("trainer trained %d samples, want 176", trained)
 	}
-	l.send(&cohortv1.Shutdown{})
-	expect[*cohortv1.Exiting](l)
+	l.send(&wirepb.Shutdown{})
+	expect[*wirepb.Exiting](l)
 	if err := run.wait(frameWait); err != nil {
 		t.Fatal(err)
 	}
@@ -273,29 +273,29 @@ func TestDeclareDeadAbortsRound(t *testing.T) {
 				inProcess(&o)
 			}
 			run := start(t, o)
-			l := c.accept(&cohortv1.Admit{RunId: "dead", Seed: 1, AveragingEndpoint: t.TempDir()})
-			expect[*cohortv1.Ready](l)
+			l := c.accept(&wirepb.Admit{RunId: "dead", Seed: 1, AveragingEndpoint: t.TempDir()})
+			expect[*wirepb.Ready](l)
 
-			l.send(&cohortv1.StartEpoch{Plan: plan(0, 0, 64, 1, 256)})
+			l.send(&wirepb.StartEpoch{Plan: plan(0, 0, 64, 1, 256)})
 			var sent time.Time
 			if !tc.duringRound {
-				expect[*cohortv1.Batch](l)
-				l.send(&cohortv1.DeclareDead{Rank: 1, Reason: "test"})
-				l.send(&cohortv1.Sync{Round: 1, Mode: cohortv1.SyncMode_SYNC_MODE_AVERAGE, NextPlan: plan(0, 64, 32, 1, 256)})
+				expect[*wirepb.Batch](l)
+				l.send(&wirepb.DeclareDead{Rank: 1, Reason: "test"})
+				l.send(&wirepb.Sync{Round: 1, Mode: wirepb.SyncMode_SYNC_MODE_AVERAGE, NextPlan: plan(0, 64, 32, 1, 256)})
 				expectPlanRest(l, 1, 4)
-				expect[*cohortv1.SnapshotReady](l)
+				expect[*wirepb.SnapshotReady](l)
 				sent = time.Now()
 			} else {
 				expectPlan(l, 4)
-				l.send(&cohortv1.Sync{Round: 1, Mode: cohortv1.SyncMode_SYNC_MODE_AVERAGE, NextPlan: plan(0, 64, 32, 1, 256)})
-				expect[*cohortv1.SnapshotReady](l)
+				l.send(&wirepb.Sync{Round: 1, Mode: wirepb.SyncMode_SYNC_MODE_AVERAGE, NextPlan: plan(0, 64, 32, 1, 256)})
+				expect[*wirepb.SnapshotReady](l)
 				if m := l.next(300 * time.Millisecond); m != nil {
 					t.Fatalf("the round ended without its peer: %s", describe(m))
 				}
-				l.send(&cohortv1.DeclareDead{Rank: 1, Reason: "test"})
+				l.send(&wirepb.DeclareDead{Rank: 1, Reason: "test"})
 				sent = time.Now()
 			}
-			ack := expect[*cohortv1.SyncAck](l)
+			ack := expect[*wirepb.SyncAck](l)
 			if !ack.GetAborted() || ack.GetError() == "" || ack.GetRound() != 1 {
 				t.Fatalf("ack = %v, want aborted with a reason", ack)
 			}
@@ -303,17 +303,17 @@ func TestDeclareDeadAbortsRound(t *testing.T) {
 				t.Fatalf("abort took %v", d)
 			}
 
-			l.send(&cohortv1.RequestSessionId{Generation: 1})
-			sid := expect[*cohortv1.SessionIdGenerated](l)
+			l.send(&wirepb.RequestSessionId{Generation: 1})
+			sid := expect[*wirepb.SessionIdGenerated](l)
 			if sid.GetGeneration() != 1 || len(sid.GetSessionId()) == 0 {
 				t.Fatalf("SessionIdGenerated = %v", sid)
 			}
 			// The plan that came with the aborted round's Sync is held
 			// (expect fails on its Batch frames) until a round succeeds.
-			l.send(&cohortv1.NewSession{Generation: 1, SessionId: sid.GetSessionId(), NewRank: 0, NewWorldSize: 1, Members: []uint32{0}})
-			l.send(&cohortv1.Sync{Round: 2, Mode: cohortv1.SyncMode_SYNC_MODE_AVERAGE})
-			expect[*cohortv1.SnapshotReady](l)
-			ack = expect[*cohortv1.SyncAck](l)
+			l.send(&wirepb.NewSession{Generation: 1, SessionId: sid.GetSessionId(), NewRank: 0, NewWorldSize: 1, Members: []uint32{0}})
+			l.send(&wirepb.Sync{Round: 2, Mode: wirepb.SyncMode_SYNC_MODE_AVERAGE})
+			expect[*wirepb.SnapshotReady](l)
+			ack = expect[*wirepb.SyncAck](l)
 			if ack.GetAborted() || ack.GetWeight() != 4 || ack.GetTotalWeight() != 4 {
 				t.Fatalf("round on the new session: ack = %v, want weight 4 of 4", ack)
 			}
@@ -321,8 +321,8 @@ func TestDeclareDeadAbortsRound(t *testing.T) {
 				t.Fatalf("after the round: Metrics %v, want the held plan at offset 64", m)
 			}
 
-			l.send(&cohortv1.Shutdown{})
-			expect[*cohortv1.Exiting](l)
+			l.send(&wirepb.Shutdown{})
+			expect[*wirepb.Exiting](l)
 			if err := run.wait(frameWait); err != nil {
 				t.Fatal(err)
 			}
@@ -350,13 +350,13 @@ func TestExit(t *testing.T) {
 	}{
 		{
 			name:   "shutdown",
-			act:    func(l *link) { l.send(&cohortv1.Shutdown{}) },
+			act:    func(l *link) { l.send(&wirepb.Shutdown{}) },
 			within: 3 * time.Second,
 		},
 		{
 			name: "shutdown then the coordinator closes",
 			act: func(l *link) {
-				l.send(&cohortv1.Shutdown{})
+				l.send(&wirepb.Shutdown{})
 				l.raw.CloseWrite()
 			},
 			within: 3 * time.Second,
@@ -364,7 +364,7 @@ func TestExit(t *testing.T) {
 		{
 			name: "coordinator silent",
 			act: func(l *link) {
-				l.send(&cohortv1.StartEpoch{Plan: plan(0, 0, 32, 1, 256)})
+				l.send(&wirepb.StartEpoch{Plan: plan(0, 0, 32, 1, 256)})
 			},
 			within:  2500 * time.Millisecond, // liveness timeout 1 s
 			wantErr: worker.ErrCoordinatorSilent,
@@ -378,7 +378,7 @@ func TestExit(t *testing.T) {
 		{
 			name:     "trainer fails",
 			settings: func(s *plugintest.TrainerSettings) { s.FailAfterBatches = 2 },
-			act:      func(l *link) { l.send(&cohortv1.StartEpoch{Plan: plan(0, 0, 128, 1, 256)}) },
+			act:      func(l *link) { l.send(&wirepb.StartEpoch{Plan: plan(0, 0, 128, 1, 256)}) },
 			within:   3 * time.Second,
 			anyErr:   true,
 		},
@@ -395,8 +395,8 @@ func TestExit(t *testing.T) {
 			o.HeartbeatInterval = 100 * time.Millisecond
 			inProcess(&o)
 			run := start(t, o)
-			l := c.accept(&cohortv1.Admit{RunId: "exit", Seed: 1, AveragingEndpoint: t.TempDir()})
-			expect[*cohortv1.Ready](l)
+			l := c.accept(&wirepb.Admit{RunId: "exit", Seed: 1, AveragingEndpoint: t.TempDir()})
+			expect[*wirepb.Ready](l)
 			acted := time.Now()
 			tc.act(l)
 			err := run.wait(tc.within + 5*time.Second)
@@ -435,12 +435,12 @@ func TestShutdownWithSave(t *testing.T) {
 		o := c.options(0, 1, trainerSettings())
 		tr := inProcess(&o)
 		run := start(t, o)
-		l := c.accept(&cohortv1.Admit{RunId: "save", Seed: 2, AveragingEndpoint: t.TempDir()})
-		expect[*cohortv1.Ready](l)
-		l.send(&cohortv1.StartEpoch{Plan: plan(0, 0, 64, 2, 256)})
+		l := c.accept(&wirepb.Admit{RunId: "save", Seed: 2, AveragingEndpoint: t.TempDir()})
+		expect[*wirepb.Ready](l)
+		l.send(&wirepb.StartEpoch{Plan: plan(0, 0, 64, 2, 256)})
 		expectPlan(l, 4)
-		l.send(&cohortv1.ShutdownWithSave{Reason: cohortv1.ShutdownReason_SHUTDOWN_REASON_INTERRUPTED, Dir: ckpt, Version: 3})
-		res := expect[*cohortv1.CheckpointResult](l)
+		l.send(&wirepb.ShutdownWithSave{Reason: wirepb.ShutdownReason_SHUTDOWN_REASON_INTERRUPTED, Dir: ckpt, Version: 3})
+		res := expect[*wirepb.CheckpointResult](l)
 		want := filepath.Join(ckpt, "rank-0", plugintest.CheckpointFile)
 		if res.GetVersion() != 3 || res.GetError() != "" || !slices.Equal(res.GetFiles(), []string{want}) {
 			t.Fatalf("CheckpointResult = %v, want version 3 and file %s", res, want)
@@ -448,7 +448,7 @@ func TestShutdownWithSave(t *testing.T) {
 		if _, err := os.Stat(want); err != nil {
 			t.Fatalf("checkpoint file: %v", err)
 		}
-		expect[*cohortv1.Exiting](l)
+		expect[*wirepb.Exiting](l)
 		if err := run.wait(frameWait); err != nil {
 			t.Fatal(err)
 		}
@@ -463,14 +463,14 @@ func TestShutdownWithSave(t *testing.T) {
 			o := c.options(rw.rank, rw.world, trainerSettings())
 			tr := inProcess(&o)
 			run := start(t, o)
-			l := c.accept(&cohortv1.Admit{RunId: "resume", Seed: 2, AveragingEndpoint: t.TempDir(), ResumeDir: ckpt})
-			expect[*cohortv1.Ready](l)
+			l := c.accept(&wirepb.Admit{RunId: "resume", Seed: 2, AveragingEndpoint: t.TempDir(), ResumeDir: ckpt})
+			expect[*wirepb.Ready](l)
 			w, _, steps, _ := tr.Snapshot()
 			if !slices.Equal(w, saved) || steps != savedSteps {
 				t.Fatalf("rank %d resumed weights %v (%d steps), want %v (%d steps)", rw.rank, w, steps, saved, savedSteps)
 			}
-			l.send(&cohortv1.Shutdown{})
-			expect[*cohortv1.Exiting](l)
+			l.send(&wirepb.Shutdown{})
+			expect[*wirepb.Exiting](l)
 			if err := run.wait(frameWait); err != nil {
 				t.Fatal(err)
 			}
@@ -485,31 +485,31 @@ func TestCheckpointAndEvaluate(t *testing.T) {
 	o := c.options(0, 1, trainerSettings())
 	inProcess(&o)
 	run := start(t, o)
-	l := c.accept(&cohortv1.Admit{RunId: "ckpt", Seed: 2, AveragingEndpoint: t.TempDir()})
-	expect[*cohortv1.Ready](l)
+	l := c.accept(&wirepb.Admit{RunId: "ckpt", Seed: 2, AveragingEndpoint: t.TempDir()})
+	expect[*wirepb.Ready](l)
 	dir := filepath.Join(t.TempDir(), "v1", "rank-0")
 
-	l.send(&cohortv1.Checkpoint{Version: 1, TargetRank: 3, Dir: dir})
-	l.send(&cohortv1.Evaluate{ScheduleId: 1, Epoch: 1, TargetRank: 3})
-	l.send(&cohortv1.Checkpoint{Version: 1, TargetRank: 0, Dir: dir})
-	res := expect[*cohortv1.CheckpointResult](l)
+	l.send(&wirepb.Checkpoint{Version: 1, TargetRank: 3, Dir: dir})
+	l.send(&wirepb.Evaluate{ScheduleId: 1, Epoch: 1, TargetRank: 3})
+	l.send(&wirepb.Checkpoint{Version: 1, TargetRank: 0, Dir: dir})
+	res := expect[*wirepb.CheckpointResult](l)
 	if res.GetVersion() != 1 || res.GetError() != "" || len(res.GetFiles()) != 1 {
 		t.Fatalf("CheckpointResult = %v", res)
 	}
 	if _, err := os.Stat(res.GetFiles()[0]); err != nil {
 		t.Fatal(err)
 	}
-	l.send(&cohortv1.Checkpoint{Version: 2, TargetRank: 0, Dir: ""})
-	if res := expect[*cohortv1.CheckpointResult](l); res.GetVersion() != 2 || res.GetError() == "" {
+	l.send(&wirepb.Checkpoint{Version: 2, TargetRank: 0, Dir: ""})
+	if res := expect[*wirepb.CheckpointResult](l); res.GetVersion() != 2 || res.GetError() == "" {
 		t.Fatalf("a save without a directory: CheckpointResult = %v, want an error", res)
 	}
-	l.send(&cohortv1.Evaluate{ScheduleId: 4, Epoch: 2, TargetRank: 0})
-	ev := expect[*cohortv1.EvalResult](l)
+	l.send(&wirepb.Evaluate{ScheduleId: 4, Epoch: 2, TargetRank: 0})
+	ev := expect[*wirepb.EvalResult](l)
 	if ev.GetScheduleId() != 4 || ev.GetEpoch() != 2 || ev.GetSamples() != 64 || ev.Accuracy == nil || ev.GetError() != "" {
 		t.Fatalf("EvalResult = %v", ev)
 	}
-	l.send(&cohortv1.Shutdown{})
-	expect[*cohortv1.Exiting](l)
+	l.send(&wirepb.Shutdown{})
+	expect[*wirepb.Exiting](l)
 	if err := run.wait(frameWait); err != nil {
 		t.Fatal(err)
 	}
@@ -523,9 +523,9 @@ func TestShutdownInterruptsPlan(t *testing.T) {
 		name string
 		msg  func(dir string) proto.Message
 	}{
-		{"shutdown", func(string) proto.Message { return &cohortv1.Shutdown{} }},
+		{"shutdown", func(string) proto.Message { return &wirepb.Shutdown{} }},
 		{"shutdown with save", func(dir string) proto.Message {
-			return &cohortv1.ShutdownWithSave{Dir: dir, Version: 1, Reason: cohortv1.ShutdownReason_SHUTDOWN_REASON_INTERRUPTED}
+			return &wirepb.ShutdownWithSave{Dir: dir, Version: 1, Reason: wirepb.ShutdownReason_SHUTDOWN_REASON_INTERRUPTED}
 		}},
 	}
 	for _, tc := range cases {
@@ -536,25 +536,25 @@ func TestShutdownInterruptsPlan(t *testing.T) {
 			o := c.options(0, 1, ts)
 			inProcess(&o)
 			run := start(t, o)
-			l := c.accept(&cohortv1.Admit{RunId: "interrupt", Seed: 1, AveragingEndpoint: t.TempDir()})
-			expect[*cohortv1.Ready](l)
-			l.send(&cohortv1.StartEpoch{Plan: plan(0, 0, 256, 1, 256)}) // 16 batches: 1.6 s
-			expect[*cohortv1.Batch](l)
+			l := c.accept(&wirepb.Admit{RunId: "interrupt", Seed: 1, AveragingEndpoint: t.TempDir()})
+			expect[*wirepb.Ready](l)
+			l.send(&wirepb.StartEpoch{Plan: plan(0, 0, 256, 1, 256)}) // 16 batches: 1.6 s
+			expect[*wirepb.Batch](l)
 			sent := time.Now()
 			msg := tc.msg(t.TempDir())
 			l.send(msg)
-			_, wantResult := msg.(*cohortv1.ShutdownWithSave)
+			_, wantResult := msg.(*wirepb.ShutdownWithSave)
 			gotResult := false
 			for {
 				m := l.next(frameWait)
-				if _, ok := m.(*cohortv1.Batch); ok {
+				if _, ok := m.(*wirepb.Batch); ok {
 					continue // the batch in progress may still report
 				}
-				if r, ok := m.(*cohortv1.CheckpointResult); ok && !gotResult && r.GetError() == "" {
+				if r, ok := m.(*wirepb.CheckpointResult); ok && !gotResult && r.GetError() == "" {
 					gotResult = true
 					continue
 				}
-				if _, ok := m.(*cohortv1.Exiting); !ok {
+				if _, ok := m.(*wirepb.Exiting); !ok {
 					t.Fatalf("got %s, want Exiting", describe(m))
 				}
 				break
@@ -585,37 +585,37 @@ func TestEASGDBlend(t *testing.T) {
 		trainers[r] = inProcess(&o)
 		start(t, o)
 	}
-	links := c.acceptAll(2, &cohortv1.Admit{RunId: "easgd", Seed: 4, AveragingEndpoint: t.TempDir()})
-	round := func(n uint64, mode cohortv1.SyncMode) {
+	links := c.acceptAll(2, &wirepb.Admit{RunId: "easgd", Seed: 4, AveragingEndpoint: t.TempDir()})
+	round := func(n uint64, mode wirepb.SyncMode) {
 		t.Helper()
 		for _, l := range links {
-			l.send(&cohortv1.Sync{Round: n, Mode: mode, Root: 1})
+			l.send(&wirepb.Sync{Round: n, Mode: mode, Root: 1})
 		}
 		for _, l := range links {
-			expect[*cohortv1.SnapshotReady](l)
-			if ack := expect[*cohortv1.SyncAck](l); ack.GetAborted() {
+			expect[*wirepb.SnapshotReady](l)
+			if ack := expect[*wirepb.SyncAck](l); ack.GetAborted() {
 				t.Fatalf("ack = %v", ack)
 			}
 		}
 	}
 	for _, l := range links {
-		expect[*cohortv1.Ready](l)
-		l.send(&cohortv1.StartEpoch{Plan: plan(0, uint64(l.rank)*64, 64, 4, 256)})
+		expect[*wirepb.Ready](l)
+		l.send(&wirepb.StartEpoch{Plan: plan(0, uint64(l.rank)*64, 64, 4, 256)})
 		expectPlan(l, 4)
 	}
-	round(0, cohortv1.SyncMode_SYNC_MODE_BROADCAST)
+	round(0, wirepb.SyncMode_SYNC_MODE_BROADCAST)
 	w0, _, _, _ := trainers[0].Snapshot()
 	w1, _, _, _ := trainers[1].Snapshot()
 	if !slices.Equal(w0, w1) {
 		t.Fatalf("a broadcast under EASGD left the ranks apart")
 	}
 	for _, l := range links {
-		l.send(&cohortv1.StartEpoch{Plan: plan(1, uint64(l.rank)*64, 64, 4, 256)})
+		l.send(&wirepb.StartEpoch{Plan: plan(1, uint64(l.rank)*64, 64, 4, 256)})
 		expectPlan(l, 4)
 	}
 	w0, _, _, _ = trainers[0].Snapshot()
 	w1, _, _, _ = trainers[1].Snapshot()
-	round(1, cohortv1.SyncMode_SYNC_MODE_AVERAGE)
+	round(1, wirepb.SyncMode_SYNC_MODE_AVERAGE)
 	for r, local := range [][]float32{w0, w1} {
 		got, _, _, _ := trainers[r].Snapshot()
 		for j := range local {
@@ -629,8 +629,8 @@ func TestEASGDBlend(t *testing.T) {
 		}
 	}
 	for _, l := range links {
-		l.send(&cohortv1.Shutdown{})
-		expect[*cohortv1.Exiting](l)
+		l.send(&wirepb.Shutdown{})
+		expect[*wirepb.Exiting](l)
 	}
 }
 
@@ -641,28 +641,28 @@ func TestOddFrames(t *testing.T) {
 	o := c.options(0, 1, trainerSettings())
 	inProcess(&o)
 	run := start(t, o)
-	l := c.accept(&cohortv1.Admit{RunId: "odd", Seed: 1, AveragingEndpoint: t.TempDir()})
-	expect[*cohortv1.Ready](l)
+	l := c.accept(&wirepb.Admit{RunId: "odd", Seed: 1, AveragingEndpoint: t.TempDir()})
+	expect[*wirepb.Ready](l)
 
-	l.send(&cohortv1.DeclareDead{Rank: 7})                                                 // no such rank
-	l.send(&cohortv1.StartEpoch{})                                                         // no plan
-	l.send(&cohortv1.Admit{RunId: "again"})                                                // a second Admit
-	l.send(&cohortv1.Evaluate{ScheduleId: 1, TargetRank: 1 << 31})                         // another rank's
-	l.send(&cohortv1.Sync{Round: 0, Mode: cohortv1.SyncMode_SYNC_MODE_BROADCAST, Root: 5}) // root not a member
-	expect[*cohortv1.SnapshotReady](l)
-	if ack := expect[*cohortv1.SyncAck](l); !ack.GetAborted() || !strings.Contains(ack.GetError(), "root 5") {
+	l.send(&wirepb.DeclareDead{Rank: 7})                                               // no such rank
+	l.send(&wirepb.StartEpoch{})                                                       // no plan
+	l.send(&wirepb.Admit{RunId: "again"})                                              // a second Admit
+	l.send(&wirepb.Evaluate{ScheduleId: 1, TargetRank: 1 << 31})                       // another rank's
+	l.send(&wirepb.Sync{Round: 0, Mode: wirepb.SyncMode_SYNC_MODE_BROADCAST, Root: 5}) // root not a member
+	expect[*wirepb.SnapshotReady](l)
+	if ack := expect[*wirepb.SyncAck](l); !ack.GetAborted() || !strings.Contains(ack.GetError(), "root 5") {
 		t.Fatalf("broadcast from a non-member: ack = %v, want aborted", ack)
 	}
 	// Still a working rank.
-	l.send(&cohortv1.StartEpoch{Plan: plan(0, 0, 32, 1, 256)})
+	l.send(&wirepb.StartEpoch{Plan: plan(0, 0, 32, 1, 256)})
 	expectPlan(l, 2)
-	l.send(&cohortv1.Sync{Round: 1, Mode: cohortv1.SyncMode_SYNC_MODE_AVERAGE})
-	expect[*cohortv1.SnapshotReady](l)
-	if ack := expect[*cohortv1.SyncAck](l); ack.GetAborted() || ack.GetWeight() != 2 {
+	l.send(&wirepb.Sync{Round: 1, Mode: wirepb.SyncMode_SYNC_MODE_AVERAGE})
+	expect[*wirepb.SnapshotReady](l)
+	if ack := expect[*wirepb.SyncAck](l); ack.GetAborted() || ack.GetWeight() != 2 {
 		t.Fatalf("ack = %v, want a completed round of weight 2", ack)
 	}
-	l.send(&cohortv1.Shutdown{})
-	expect[*cohortv1.Exiting](l)
+	l.send(&wirepb.Shutdown{})
+	expect[*wirepb.Exiting](l)
 	if err := run.wait(frameWait); err != nil {
 		t.Fatal(err)
 	}
@@ -722,15 +722,15 @@ func TestHeartbeatDuringSetup(t *testing.T) {
 	o.HeartbeatInterval = 50 * time.Millisecond
 	o.Plugins = worker.InProcess(slowTrainer{plugintest.NewTrainer(nil), 500 * time.Millisecond}, plugintest.NewAverager(nil))
 	run := start(t, o)
-	l := c.accept(&cohortv1.Admit{RunId: "slow", Seed: 1, AveragingEndpoint: t.TempDir()})
+	l := c.accept(&wirepb.Admit{RunId: "slow", Seed: 1, AveragingEndpoint: t.TempDir()})
 	beats := 0
 	for ready := false; !ready; {
 		select {
 		case m := <-l.frames:
 			switch m.(type) {
-			case *cohortv1.Heartbeat:
+			case *wirepb.Heartbeat:
 				beats++
-			case *cohortv1.Ready:
+			case *wirepb.Ready:
 				ready = true
 			default:
 				t.Fatalf("before Ready: %s", describe(m))
@@ -742,8 +742,8 @@ func TestHeartbeatDuringSetup(t *testing.T) {
 	if beats < 3 {
 		t.Fatalf("%d heartbeats during a 500 ms setup, want at least 3", beats)
 	}
-	l.send(&cohortv1.Shutdown{})
-	expect[*cohortv1.Exiting](l)
+	l.send(&wirepb.Shutdown{})
+	expect[*wirepb.Exiting](l)
 	if err := run.wait(frameWait); err != nil {
 		t.Fatal(err)
 	}
@@ -758,21 +758,21 @@ func TestStopAbortsStalledRound(t *testing.T) {
 	o := c.options(0, 2, trainerSettings())
 	inProcess(&o)
 	run := start(t, o)
-	l := c.accept(&cohortv1.Admit{RunId: "stall", Seed: 1, AveragingEndpoint: t.TempDir()})
-	expect[*cohortv1.Ready](l)
-	l.send(&cohortv1.Sync{Round: 0, Mode: cohortv1.SyncMode_SYNC_MODE_BROADCAST, Root: 0})
-	expect[*cohortv1.SnapshotReady](l)
+	l := c.accept(&wirepb.Admit{RunId: "stall", Seed: 1, AveragingEndpoint: t.TempDir()})
+	expect[*wirepb.Ready](l)
+	l.send(&wirepb.Sync{Round: 0, Mode: wirepb.SyncMode_SYNC_MODE_BROADCAST, Root: 0})
+	expect[*wirepb.SnapshotReady](l)
 	if m := l.next(200 * time.Millisecond); m != nil {
 		t.Fatalf("the round ended without its peer: %s", describe(m))
 	}
-	l.send(&cohortv1.ShutdownWithSave{Reason: cohortv1.ShutdownReason_SHUTDOWN_REASON_REDUCE_STALL, Dir: t.TempDir(), Version: 1})
-	if ack := expect[*cohortv1.SyncAck](l); !ack.GetAborted() {
+	l.send(&wirepb.ShutdownWithSave{Reason: wirepb.ShutdownReason_SHUTDOWN_REASON_REDUCE_STALL, Dir: t.TempDir(), Version: 1})
+	if ack := expect[*wirepb.SyncAck](l); !ack.GetAborted() {
 		t.Fatalf("ack = %v, want aborted", ack)
 	}
-	if res := expect[*cohortv1.CheckpointResult](l); res.GetError() != "" || len(res.GetFiles()) != 1 {
+	if res := expect[*wirepb.CheckpointResult](l); res.GetError() != "" || len(res.GetFiles()) != 1 {
 		t.Fatalf("CheckpointResult = %v", res)
 	}
-	expect[*cohortv1.Exiting](l)
+	expect[*wirepb.Exiting](l)
 	if err := run.wait(frameWait); err != nil {
 		t.Fatal(err)
 	}
@@ -809,20 +809,20 @@ func TestGlobalStepPassedOnce(t *testing.T) {
 			o.Averager.Settings = s.JSON()
 		}
 		run := start(t, o)
-		l := c.accept(&cohortv1.Admit{RunId: "steps", Seed: 3, AveragingEndpoint: t.TempDir()})
-		if r := expect[*cohortv1.Ready](l); r.GetSoloIdentity() == lone {
+		l := c.accept(&wirepb.Admit{RunId: "steps", Seed: 3, AveragingEndpoint: t.TempDir()})
+		if r := expect[*wirepb.Ready](l); r.GetSoloIdentity() == lone {
 			t.Fatalf("lone_rounds %v: Ready.solo_identity = %v", lone, r.GetSoloIdentity())
 		}
-		l.send(&cohortv1.SetGlobalStep{GlobalStep: 40})
+		l.send(&wirepb.SetGlobalStep{GlobalStep: 40})
 		for i := range 3 {
-			l.send(&cohortv1.StartEpoch{Plan: plan(0, uint64(32*i), 32, 3, 256)})
+			l.send(&wirepb.StartEpoch{Plan: plan(0, uint64(32*i), 32, 3, 256)})
 			expectPlan(l, 2)
 		}
-		l.send(&cohortv1.SetGlobalStep{GlobalStep: 77})
-		l.send(&cohortv1.StartEpoch{Plan: plan(0, 96, 32, 3, 256)})
+		l.send(&wirepb.SetGlobalStep{GlobalStep: 77})
+		l.send(&wirepb.StartEpoch{Plan: plan(0, 96, 32, 3, 256)})
 		expectPlan(l, 2)
-		l.send(&cohortv1.Shutdown{})
-		expect[*cohortv1.Exiting](l)
+		l.send(&wirepb.Shutdown{})
+		expect[*wirepb.Exiting](l)
 		if err := run.wait(frameWait); err != nil {
 			t.Fatal(err)
 		}
@@ -843,21 +843,21 @@ func TestSyncBringsNextPlan(t *testing.T) {
 	tr := &stepTrainer{Trainer: plugintest.NewTrainer(nil)}
 	o.Plugins = worker.InProcess(tr, plugintest.NewAverager(nil))
 	run := start(t, o)
-	l := c.accept(&cohortv1.Admit{RunId: "prefetch", Seed: 3, AveragingEndpoint: t.TempDir()})
-	expect[*cohortv1.Ready](l)
-	l.send(&cohortv1.StartEpoch{Plan: plan(0, 0, 32, 3, 256)})
+	l := c.accept(&wirepb.Admit{RunId: "prefetch", Seed: 3, AveragingEndpoint: t.TempDir()})
+	expect[*wirepb.Ready](l)
+	l.send(&wirepb.StartEpoch{Plan: plan(0, 0, 32, 3, 256)})
 	expectPlan(l, 2)
 	gs := uint64(70)
-	l.send(&cohortv1.Sync{Round: 1, Mode: cohortv1.SyncMode_SYNC_MODE_AVERAGE, NextPlan: plan(0, 32, 32, 3, 256), GlobalStep: &gs})
-	expect[*cohortv1.SnapshotReady](l)
-	if ack := expect[*cohortv1.SyncAck](l); ack.GetAborted() {
+	l.send(&wirepb.Sync{Round: 1, Mode: wirepb.SyncMode_SYNC_MODE_AVERAGE, NextPlan: plan(0, 32, 32, 3, 256), GlobalStep: &gs})
+	expect[*wirepb.SnapshotReady](l)
+	if ack := expect[*wirepb.SyncAck](l); ack.GetAborted() {
 		t.Fatalf("ack %v", ack)
 	}
 	if m := expectPlan(l, 2); m.GetPartitionOffset() != 32 {
 		t.Fatalf("Metrics %v, want the Sync's plan", m)
 	}
-	l.send(&cohortv1.Shutdown{})
-	expect[*cohortv1.Exiting](l)
+	l.send(&wirepb.Shutdown{})
+	expect[*wirepb.Exiting](l)
 	if err := run.wait(frameWait); err != nil {
 		t.Fatal(err)
 	}
@@ -876,28 +876,28 @@ func TestMergedBatchReports(t *testing.T) {
 	o := c.options(0, 1, trainerSettings())
 	inProcess(&o)
 	run := start(t, o)
-	l := c.accept(&cohortv1.Admit{RunId: "merge", Seed: 3, AveragingEndpoint: t.TempDir()})
-	expect[*cohortv1.Ready](l)
+	l := c.accept(&wirepb.Admit{RunId: "merge", Seed: 3, AveragingEndpoint: t.TempDir()})
+	expect[*wirepb.Ready](l)
 
 	merging := plan(0, 0, 64, 3, 256)
 	merging.ReportIntervalMs = 60_000
-	l.send(&cohortv1.StartEpoch{Plan: merging})
-	b := expect[*cohortv1.Batch](l)
+	l.send(&wirepb.StartEpoch{Plan: merging})
+	b := expect[*wirepb.Batch](l)
 	if b.GetBatches() != 4 || b.GetSamples() != 64 || b.GetStepCount() != 4 || !(b.GetBatchLoss() > 0) {
 		t.Fatalf("merged frame %v, want 4 batches, 64 samples, step 4, a mean loss", b)
 	}
-	if m := expect[*cohortv1.Metrics](l); m.GetBatches() != 4 || m.GetSamples() != 64 {
+	if m := expect[*wirepb.Metrics](l); m.GetBatches() != 4 || m.GetSamples() != 64 {
 		t.Fatalf("Metrics %v", m)
 	}
-	l.send(&cohortv1.StartEpoch{Plan: plan(0, 64, 32, 3, 256)})
+	l.send(&wirepb.StartEpoch{Plan: plan(0, 64, 32, 3, 256)})
 	for range 2 {
-		if b := expect[*cohortv1.Batch](l); b.GetBatches() != 1 || b.GetSamples() != 16 {
+		if b := expect[*wirepb.Batch](l); b.GetBatches() != 1 || b.GetSamples() != 16 {
 			t.Fatalf("per-batch frame %v", b)
 		}
 	}
-	expect[*cohortv1.Metrics](l)
-	l.send(&cohortv1.Shutdown{})
-	expect[*cohortv1.Exiting](l)
+	expect[*wirepb.Metrics](l)
+	l.send(&wirepb.Shutdown{})
+	expect[*wirepb.Exiting](l)
 	if err := run.wait(frameWait); err != nil {
 		t.Fatal(err)
 	}

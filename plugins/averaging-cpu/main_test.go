@@ -15,7 +15,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	goplugin "github.com/hashicorp/go-plugin"
 
-	"github.com/cohortdl/cohort/core/coordinator/reduce"
+	"github.com/cohortdl/cohort/core/reduce"
 	"github.com/cohortdl/cohort/shared/arena"
 	"github.com/cohortdl/cohort/shared/plugin"
 )

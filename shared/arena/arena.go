@@ -1,10 +1,11 @@
 // Package arena is the parameter arena as every participant sees it: the
 // layout table that says where each tensor lives in one flat little-endian
-// block, its validation, and mapping an existing arena file into memory.
+// block, its validation, mapping an existing arena file into memory, and
+// creating and removing the file.
 //
-// The rank's core creates and removes the file (core/arena); trainers and
-// averagers open it by descriptor and read or write tensors in place, so
-// parameters never cross a socket between plugins.
+// The rank's core creates and removes the file (Create, Owned.Remove);
+// trainers and averagers open it by descriptor (Open) and read or write
+// tensors in place, so parameters never cross a socket between plugins.
 package arena
 
 import (

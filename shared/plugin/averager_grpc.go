@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 
-	pb "github.com/cohortdl/cohort/shared/proto/cohort/v1"
+	pb "github.com/cohortdl/cohort/shared/plugin/internal/pluginpb"
 )
 
 // averagerServer serves an Averager implementation as the cohort.v1.Averager

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/cohortdl/cohort/shared/arena"
-	pb "github.com/cohortdl/cohort/shared/proto/cohort/v1"
+	pb "github.com/cohortdl/cohort/shared/plugin/internal/pluginpb"
 )
 
 // Conversions between the domain types of contract.go and the generated

@@ -5,7 +5,7 @@ import (
 	"testing"
 
 	"github.com/cohortdl/cohort/shared/arena"
-	pb "github.com/cohortdl/cohort/shared/proto/cohort/v1"
+	pb "github.com/cohortdl/cohort/shared/plugin/internal/pluginpb"
 	"google.golang.org/protobuf/proto"
 )
 

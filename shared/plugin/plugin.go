@@ -25,7 +25,7 @@ import (
 	goplugin "github.com/hashicorp/go-plugin"
 	"google.golang.org/grpc"
 
-	pb "github.com/cohortdl/cohort/shared/proto/cohort/v1"
+	pb "github.com/cohortdl/cohort/shared/plugin/internal/pluginpb"
 )
 
 // ProtocolVersion is the version of the cohort plugin protocol, negotiated

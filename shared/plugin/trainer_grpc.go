@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/cohortdl/cohort/shared/arena"
-	pb "github.com/cohortdl/cohort/shared/proto/cohort/v1"
+	pb "github.com/cohortdl/cohort/shared/plugin/internal/pluginpb"
 )
 
 // trainerServer serves a Trainer implementation as the cohort.v1.Trainer

@@ -14,7 +14,6 @@ import (
 	"testing"
 	"time"
 
-	corearena "github.com/cohortdl/cohort/core/arena"
 	"github.com/cohortdl/cohort/shared/arena"
 	"github.com/cohortdl/cohort/shared/plugin"
 )
@@ -37,7 +36,7 @@ func avgLayout(t *testing.T) arena.Layout {
 
 // avgRank is one in-process rank: its arena and its averager.
 type avgRank struct {
-	arena *corearena.Arena
+	arena *arena.Owned
 	avg   *Averager
 }
 
@@ -565,7 +564,7 @@ func TestTrainersAverageInProcess(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
 	trainers := make([]*Trainer, world)
-	arenas := make([]*corearena.Arena, world)
+	arenas := make([]*arena.Owned, world)
 	avgs := make([]*avgRank, world)
 	var samples uint64
 	for r := range world {

@@ -20,7 +20,6 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"golang.org/x/sys/unix"
 
-	corearena "github.com/cohortdl/cohort/core/arena"
 	"github.com/cohortdl/cohort/shared/arena"
 	"github.com/cohortdl/cohort/shared/plugin"
 )
@@ -76,7 +75,7 @@ func TestPluginTrainerRPCs(t *testing.T) {
 	if _, err := remote.Configure(ctx, cfg); err != nil {
 		t.Fatal(err)
 	}
-	arenas := []*corearena.Arena{newArena(t, rs.Layout), newArena(t, rs.Layout)}
+	arenas := []*arena.Owned{newArena(t, rs.Layout), newArena(t, rs.Layout)}
 	for i, tr := range both {
 		if zero, err := tr.Attach(ctx, arenas[i].Descriptor()); err != nil || zero {
 			t.Fatalf("Attach = %v, %v", zero, err)
@@ -219,7 +218,7 @@ func TestPluginAveragerRPCs(t *testing.T) {
 	}
 	layout := avgLayout(t)
 	dir := filepath.Join(t.TempDir(), "rendezvous")
-	arenas := make([]*corearena.Arena, 2)
+	arenas := make([]*arena.Owned, 2)
 	for i, a := range both {
 		arenas[i] = newArena(t, layout)
 		fill(t, arenas[i].Mapping, i)
@@ -321,7 +320,7 @@ func TestPluginAveragerRPCs(t *testing.T) {
 }
 
 // floatBytes is the f32 entries of a's layout, concatenated.
-func floatBytes(t *testing.T, a *corearena.Arena) []byte {
+func floatBytes(t *testing.T, a *arena.Owned) []byte {
 	var out []byte
 	for i, e := range a.Layout().Entries {
 		if e.DType.IsFloat() {
@@ -346,7 +345,7 @@ func TestPluginDataPlane(t *testing.T) {
 	dir := t.TempDir()
 	trainers := make([]plugin.Trainer, world)
 	avgs := make([]plugin.Averager, world)
-	arenas := make([]*corearena.Arena, world)
+	arenas := make([]*arena.Owned, world)
 	for r := range world {
 		trainers[r], _ = StartTrainer(t, trBin)
 		avgs[r], _ = StartAverager(t, avBin)
@@ -414,7 +413,7 @@ func TestPluginDataPlane(t *testing.T) {
 
 // dataPlaneRank configures rank r's trainer and averager on a new arena,
 // trains the rank's half of the samples and publishes.
-func dataPlaneRank(t *testing.T, r int, tr plugin.Trainer, av plugin.Averager, s TrainerSettings, dir string) (*corearena.Arena, error) {
+func dataPlaneRank(t *testing.T, r int, tr plugin.Trainer, av plugin.Averager, s TrainerSettings, dir string) (*arena.Owned, error) {
 	ctx := context.Background()
 	setup, err := tr.Configure(ctx, plugin.TrainerConfig{Rank: uint32(r), WorldSize: 2, Seed: 17, Settings: s.JSON()})
 	if err != nil {
@@ -423,7 +422,7 @@ func dataPlaneRank(t *testing.T, r int, tr plugin.Trainer, av plugin.Averager, s
 	if setup.Layout.Entries[0].Bytes <= 4<<20 {
 		return nil, fmt.Errorf("weight is %d bytes, want more than 4 MiB", setup.Layout.Entries[0].Bytes)
 	}
-	a, err := corearena.Create(t.TempDir(), fmt.Sprintf("plugintest-r%d", r), setup.Layout)
+	a, err := arena.Create(t.TempDir(), fmt.Sprintf("plugintest-r%d", r), setup.Layout)
 	if err != nil {
 		return nil, err
 	}

@@ -14,7 +14,6 @@ import (
 	"testing"
 	"time"
 
-	corearena "github.com/cohortdl/cohort/core/arena"
 	"github.com/cohortdl/cohort/shared/arena"
 	"github.com/cohortdl/cohort/shared/plugin"
 )
@@ -32,9 +31,9 @@ func configure(t *testing.T, rank, world uint32, seed uint64, s TrainerSettings)
 }
 
 // newArena creates an arena for layout in a temp dir, removed at cleanup.
-func newArena(t *testing.T, layout arena.Layout) *corearena.Arena {
+func newArena(t *testing.T, layout arena.Layout) *arena.Owned {
 	t.Helper()
-	a, err := corearena.Create(t.TempDir(), "plugintest", layout)
+	a, err := arena.Create(t.TempDir(), "plugintest", layout)
 	if err != nil {
 		t.Fatalf("create arena: %v", err)
 	}
@@ -43,7 +42,7 @@ func newArena(t *testing.T, layout arena.Layout) *corearena.Arena {
 }
 
 // attach gives tr a new arena of its layout.
-func attach(t *testing.T, tr *Trainer, setup plugin.TrainerSetup) *corearena.Arena {
+func attach(t *testing.T, tr *Trainer, setup plugin.TrainerSetup) *arena.Owned {
 	t.Helper()
 	a := newArena(t, setup.Layout)
 	zero, err := tr.Attach(context.Background(), a.Descriptor())

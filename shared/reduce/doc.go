@@ -1,6 +1,6 @@
 // Package reduce owns the bytes of the CPU averaging data channel: the TCP
 // connection from each rank's averaging plugin (plugins/averaging-cpu) to the
-// reduce server (core/coordinator/reduce). It holds the key schedule, the
+// reduce server (core/reduce). It holds the key schedule, the
 // handshake, the authenticated frames and the codec of every message. The
 // arithmetic both ends run (weights, bf16, the reduce kernels, the outer
 // optimizers) lives in reduce/numeric.

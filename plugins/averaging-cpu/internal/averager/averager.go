@@ -1,6 +1,6 @@
 // Package averager is the averaging-cpu plugin's Averager: it averages the
 // arena's parameters with the other ranks through the coordinator's reduce
-// server (core/coordinator/reduce) over the data channel of shared/reduce.
+// server (core/reduce) over the data channel of shared/reduce.
 //
 // Ranks of one host never send parameters through a socket: each maps the
 // others' arenas, and each reduces its own slice of the elements (in

@@ -16,7 +16,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
-	"github.com/cohortdl/cohort/core/coordinator/reduce"
+	"github.com/cohortdl/cohort/core/reduce"
 	"github.com/cohortdl/cohort/shared/arena"
 	"github.com/cohortdl/cohort/shared/plugin"
 )

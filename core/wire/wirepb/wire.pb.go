@@ -10,9 +10,9 @@
 // versions:
 // 	protoc-gen-go v1.36.12
 // 	protoc        v3.21.12
-// source: cohort/v1/wire.proto
+// source: core/wire/wirepb/wire.proto
 
-package cohortv1
+package wirepb
 
 import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
@@ -145,11 +145,11 @@ func (x FrameKind) String() string {
 }
 
 func (FrameKind) Descriptor() protoreflect.EnumDescriptor {
-	return file_cohort_v1_wire_proto_enumTypes[0].Descriptor()
+	return file_core_wire_wirepb_wire_proto_enumTypes[0].Descriptor()
 }
 
 func (FrameKind) Type() protoreflect.EnumType {
-	return &file_cohort_v1_wire_proto_enumTypes[0]
+	return &file_core_wire_wirepb_wire_proto_enumTypes[0]
 }
 
 func (x FrameKind) Number() protoreflect.EnumNumber {
@@ -158,7 +158,7 @@ func (x FrameKind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use FrameKind.Descriptor instead.
 func (FrameKind) EnumDescriptor() ([]byte, []int) {
-	return file_cohort_v1_wire_proto_rawDescGZIP(), []int{0}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{0}
 }
 
 type SyncMode int32
@@ -196,11 +196,11 @@ func (x SyncMode) String() string {
 }
 
 func (SyncMode) Descriptor() protoreflect.EnumDescriptor {
-	return file_cohort_v1_wire_proto_enumTypes[1].Descriptor()
+	return file_core_wire_wirepb_wire_proto_enumTypes[1].Descriptor()
 }
 
 func (SyncMode) Type() protoreflect.EnumType {
-	return &file_cohort_v1_wire_proto_enumTypes[1]
+	return &file_core_wire_wirepb_wire_proto_enumTypes[1]
 }
 
 func (x SyncMode) Number() protoreflect.EnumNumber {
@@ -209,7 +209,7 @@ func (x SyncMode) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use SyncMode.Descriptor instead.
 func (SyncMode) EnumDescriptor() ([]byte, []int) {
-	return file_cohort_v1_wire_proto_rawDescGZIP(), []int{1}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{1}
 }
 
 type ShutdownReason int32
@@ -254,11 +254,11 @@ func (x ShutdownReason) String() string {
 }
 
 func (ShutdownReason) Descriptor() protoreflect.EnumDescriptor {
-	return file_cohort_v1_wire_proto_enumTypes[2].Descriptor()
+	return file_core_wire_wirepb_wire_proto_enumTypes[2].Descriptor()
 }
 
 func (ShutdownReason) Type() protoreflect.EnumType {
-	return &file_cohort_v1_wire_proto_enumTypes[2]
+	return &file_core_wire_wirepb_wire_proto_enumTypes[2]
 }
 
 func (x ShutdownReason) Number() protoreflect.EnumNumber {
@@ -267,7 +267,7 @@ func (x ShutdownReason) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ShutdownReason.Descriptor instead.
 func (ShutdownReason) EnumDescriptor() ([]byte, []int) {
-	return file_cohort_v1_wire_proto_rawDescGZIP(), []int{2}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{2}
 }
 
 // EpochPlan is one contiguous slice of an epoch's shared permutation. Every
@@ -291,7 +291,7 @@ type EpochPlan struct {
 
 func (x *EpochPlan) Reset() {
 	*x = EpochPlan{}
-	mi := &file_cohort_v1_wire_proto_msgTypes[0]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[0]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -303,7 +303,7 @@ func (x *EpochPlan) String() string {
 func (*EpochPlan) ProtoMessage() {}
 
 func (x *EpochPlan) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_wire_proto_msgTypes[0]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[0]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -316,7 +316,7 @@ func (x *EpochPlan) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EpochPlan.ProtoReflect.Descriptor instead.
 func (*EpochPlan) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_wire_proto_rawDescGZIP(), []int{0}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{0}
 }
 
 func (x *EpochPlan) GetEpoch() uint64 {
@@ -372,7 +372,7 @@ type StartEpoch struct {
 
 func (x *StartEpoch) Reset() {
 	*x = StartEpoch{}
-	mi := &file_cohort_v1_wire_proto_msgTypes[1]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[1]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -384,7 +384,7 @@ func (x *StartEpoch) String() string {
 func (*StartEpoch) ProtoMessage() {}
 
 func (x *StartEpoch) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_wire_proto_msgTypes[1]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[1]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -397,7 +397,7 @@ func (x *StartEpoch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartEpoch.ProtoReflect.Descriptor instead.
 func (*StartEpoch) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_wire_proto_rawDescGZIP(), []int{1}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{1}
 }
 
 func (x *StartEpoch) GetPlan() *EpochPlan {
@@ -416,7 +416,7 @@ func (x *StartEpoch) GetPlan() *EpochPlan {
 type Sync struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Round         uint64                 `protobuf:"varint,1,opt,name=round,proto3" json:"round,omitempty"`
-	Mode          SyncMode               `protobuf:"varint,2,opt,name=mode,proto3,enum=cohort.v1.SyncMode" json:"mode,omitempty"`
+	Mode          SyncMode               `protobuf:"varint,2,opt,name=mode,proto3,enum=cohort.wire.v1.SyncMode" json:"mode,omitempty"`
 	Root          uint32                 `protobuf:"varint,3,opt,name=root,proto3" json:"root,omitempty"`
 	NextPlan      *EpochPlan             `protobuf:"bytes,4,opt,name=next_plan,json=nextPlan,proto3,oneof" json:"next_plan,omitempty"`
 	GlobalStep    *uint64                `protobuf:"varint,5,opt,name=global_step,json=globalStep,proto3,oneof" json:"global_step,omitempty"`
@@ -426,7 +426,7 @@ type Sync struct {
 
 func (x *Sync) Reset() {
 	*x = Sync{}
-	mi := &file_cohort_v1_wire_proto_msgTypes[2]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -438,7 +438,7 @@ func (x *Sync) String() string {
 func (*Sync) ProtoMessage() {}
 
 func (x *Sync) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_wire_proto_msgTypes[2]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -451,7 +451,7 @@ func (x *Sync) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Sync.ProtoReflect.Descriptor instead.
 func (*Sync) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_wire_proto_rawDescGZIP(), []int{2}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *Sync) GetRound() uint64 {
@@ -501,7 +501,7 @@ type Update struct {
 
 func (x *Update) Reset() {
 	*x = Update{}
-	mi := &file_cohort_v1_wire_proto_msgTypes[3]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -513,7 +513,7 @@ func (x *Update) String() string {
 func (*Update) ProtoMessage() {}
 
 func (x *Update) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_wire_proto_msgTypes[3]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -526,7 +526,7 @@ func (x *Update) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Update.ProtoReflect.Descriptor instead.
 func (*Update) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_wire_proto_rawDescGZIP(), []int{3}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Update) GetVersion() uint64 {
@@ -552,7 +552,7 @@ type Throttle struct {
 
 func (x *Throttle) Reset() {
 	*x = Throttle{}
-	mi := &file_cohort_v1_wire_proto_msgTypes[4]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -564,7 +564,7 @@ func (x *Throttle) String() string {
 func (*Throttle) ProtoMessage() {}
 
 func (x *Throttle) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_wire_proto_msgTypes[4]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -577,7 +577,7 @@ func (x *Throttle) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Throttle.ProtoReflect.Descriptor instead.
 func (*Throttle) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_wire_proto_rawDescGZIP(), []int{4}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{4}
 }
 
 // SetGlobalStep carries the cohort's optimizer step count in one rank's
@@ -592,7 +592,7 @@ type SetGlobalStep struct {
 
 func (x *SetGlobalStep) Reset() {
 	*x = SetGlobalStep{}
-	mi := &file_cohort_v1_wire_proto_msgTypes[5]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -604,7 +604,7 @@ func (x *SetGlobalStep) String() string {
 func (*SetGlobalStep) ProtoMessage() {}
 
 func (x *SetGlobalStep) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_wire_proto_msgTypes[5]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -617,7 +617,7 @@ func (x *SetGlobalStep) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetGlobalStep.ProtoReflect.Descriptor instead.
 func (*SetGlobalStep) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_wire_proto_rawDescGZIP(), []int{5}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *SetGlobalStep) GetGlobalStep() uint64 {
@@ -639,7 +639,7 @@ type Checkpoint struct {
 
 func (x *Checkpoint) Reset() {
 	*x = Checkpoint{}
-	mi := &file_cohort_v1_wire_proto_msgTypes[6]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -651,7 +651,7 @@ func (x *Checkpoint) String() string {
 func (*Checkpoint) ProtoMessage() {}
 
 func (x *Checkpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_wire_proto_msgTypes[6]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -664,7 +664,7 @@ func (x *Checkpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Checkpoint.ProtoReflect.Descriptor instead.
 func (*Checkpoint) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_wire_proto_rawDescGZIP(), []int{6}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Checkpoint) GetVersion() uint64 {
@@ -700,7 +700,7 @@ type Evaluate struct {
 
 func (x *Evaluate) Reset() {
 	*x = Evaluate{}
-	mi := &file_cohort_v1_wire_proto_msgTypes[7]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -712,7 +712,7 @@ func (x *Evaluate) String() string {
 func (*Evaluate) ProtoMessage() {}
 
 func (x *Evaluate) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_wire_proto_msgTypes[7]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -725,7 +725,7 @@ func (x *Evaluate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Evaluate.ProtoReflect.Descriptor instead.
 func (*Evaluate) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_wire_proto_rawDescGZIP(), []int{7}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Evaluate) GetScheduleId() uint64 {
@@ -762,7 +762,7 @@ type ExtendPartition struct {
 
 func (x *ExtendPartition) Reset() {
 	*x = ExtendPartition{}
-	mi := &file_cohort_v1_wire_proto_msgTypes[8]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -774,7 +774,7 @@ func (x *ExtendPartition) String() string {
 func (*ExtendPartition) ProtoMessage() {}
 
 func (x *ExtendPartition) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_wire_proto_msgTypes[8]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -787,7 +787,7 @@ func (x *ExtendPartition) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExtendPartition.ProtoReflect.Descriptor instead.
 func (*ExtendPartition) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_wire_proto_rawDescGZIP(), []int{8}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ExtendPartition) GetEpoch() uint64 {
@@ -821,7 +821,7 @@ type DeclareDead struct {
 
 func (x *DeclareDead) Reset() {
 	*x = DeclareDead{}
-	mi := &file_cohort_v1_wire_proto_msgTypes[9]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -833,7 +833,7 @@ func (x *DeclareDead) String() string {
 func (*DeclareDead) ProtoMessage() {}
 
 func (x *DeclareDead) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_wire_proto_msgTypes[9]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -846,7 +846,7 @@ func (x *DeclareDead) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeclareDead.ProtoReflect.Descriptor instead.
 func (*DeclareDead) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_wire_proto_rawDescGZIP(), []int{9}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *DeclareDead) GetRank() uint32 {
@@ -874,7 +874,7 @@ type RequestSessionId struct {
 
 func (x *RequestSessionId) Reset() {
 	*x = RequestSessionId{}
-	mi := &file_cohort_v1_wire_proto_msgTypes[10]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -886,7 +886,7 @@ func (x *RequestSessionId) String() string {
 func (*RequestSessionId) ProtoMessage() {}
 
 func (x *RequestSessionId) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_wire_proto_msgTypes[10]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -899,7 +899,7 @@ func (x *RequestSessionId) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RequestSessionId.ProtoReflect.Descriptor instead.
 func (*RequestSessionId) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_wire_proto_rawDescGZIP(), []int{10}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *RequestSessionId) GetGeneration() uint64 {
@@ -924,7 +924,7 @@ type NewSession struct {
 
 func (x *NewSession) Reset() {
 	*x = NewSession{}
-	mi := &file_cohort_v1_wire_proto_msgTypes[11]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -936,7 +936,7 @@ func (x *NewSession) String() string {
 func (*NewSession) ProtoMessage() {}
 
 func (x *NewSession) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_wire_proto_msgTypes[11]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -949,7 +949,7 @@ func (x *NewSession) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NewSession.ProtoReflect.Descriptor instead.
 func (*NewSession) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_wire_proto_rawDescGZIP(), []int{11}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *NewSession) GetGeneration() uint64 {
@@ -996,7 +996,7 @@ type SetEpochCallbackRole struct {
 
 func (x *SetEpochCallbackRole) Reset() {
 	*x = SetEpochCallbackRole{}
-	mi := &file_cohort_v1_wire_proto_msgTypes[12]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1008,7 +1008,7 @@ func (x *SetEpochCallbackRole) String() string {
 func (*SetEpochCallbackRole) ProtoMessage() {}
 
 func (x *SetEpochCallbackRole) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_wire_proto_msgTypes[12]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1021,7 +1021,7 @@ func (x *SetEpochCallbackRole) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetEpochCallbackRole.ProtoReflect.Descriptor instead.
 func (*SetEpochCallbackRole) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_wire_proto_rawDescGZIP(), []int{12}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *SetEpochCallbackRole) GetRank() uint32 {
@@ -1039,7 +1039,7 @@ type Shutdown struct {
 
 func (x *Shutdown) Reset() {
 	*x = Shutdown{}
-	mi := &file_cohort_v1_wire_proto_msgTypes[13]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1051,7 +1051,7 @@ func (x *Shutdown) String() string {
 func (*Shutdown) ProtoMessage() {}
 
 func (x *Shutdown) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_wire_proto_msgTypes[13]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1064,14 +1064,14 @@ func (x *Shutdown) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Shutdown.ProtoReflect.Descriptor instead.
 func (*Shutdown) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_wire_proto_rawDescGZIP(), []int{13}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{13}
 }
 
 // ShutdownWithSave asks every rank to save (rank 0's trainer state is the
 // checkpoint; the others save their own copy when dir is per-rank) and exit.
 type ShutdownWithSave struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
-	Reason        ShutdownReason         `protobuf:"varint,1,opt,name=reason,proto3,enum=cohort.v1.ShutdownReason" json:"reason,omitempty"`
+	Reason        ShutdownReason         `protobuf:"varint,1,opt,name=reason,proto3,enum=cohort.wire.v1.ShutdownReason" json:"reason,omitempty"`
 	Dir           string                 `protobuf:"bytes,2,opt,name=dir,proto3" json:"dir,omitempty"`
 	Version       uint64                 `protobuf:"varint,3,opt,name=version,proto3" json:"version,omitempty"`
 	unknownFields protoimpl.UnknownFields
@@ -1080,7 +1080,7 @@ type ShutdownWithSave struct {
 
 func (x *ShutdownWithSave) Reset() {
 	*x = ShutdownWithSave{}
-	mi := &file_cohort_v1_wire_proto_msgTypes[14]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1092,7 +1092,7 @@ func (x *ShutdownWithSave) String() string {
 func (*ShutdownWithSave) ProtoMessage() {}
 
 func (x *ShutdownWithSave) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_wire_proto_msgTypes[14]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1105,7 +1105,7 @@ func (x *ShutdownWithSave) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShutdownWithSave.ProtoReflect.Descriptor instead.
 func (*ShutdownWithSave) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_wire_proto_rawDescGZIP(), []int{14}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ShutdownWithSave) GetReason() ShutdownReason {
@@ -1138,7 +1138,7 @@ type CoordinatorHeartbeat struct {
 
 func (x *CoordinatorHeartbeat) Reset() {
 	*x = CoordinatorHeartbeat{}
-	mi := &file_cohort_v1_wire_proto_msgTypes[15]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1150,7 +1150,7 @@ func (x *CoordinatorHeartbeat) String() string {
 func (*CoordinatorHeartbeat) ProtoMessage() {}
 
 func (x *CoordinatorHeartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_wire_proto_msgTypes[15]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1163,7 +1163,7 @@ func (x *CoordinatorHeartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CoordinatorHeartbeat.ProtoReflect.Descriptor instead.
 func (*CoordinatorHeartbeat) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_wire_proto_rawDescGZIP(), []int{15}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *CoordinatorHeartbeat) GetSequence() uint64 {
@@ -1192,7 +1192,7 @@ type Admit struct {
 
 func (x *Admit) Reset() {
 	*x = Admit{}
-	mi := &file_cohort_v1_wire_proto_msgTypes[16]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1204,7 +1204,7 @@ func (x *Admit) String() string {
 func (*Admit) ProtoMessage() {}
 
 func (x *Admit) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_wire_proto_msgTypes[16]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1217,7 +1217,7 @@ func (x *Admit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Admit.ProtoReflect.Descriptor instead.
 func (*Admit) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_wire_proto_rawDescGZIP(), []int{16}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Admit) GetRunId() string {
@@ -1280,7 +1280,7 @@ type Ready struct {
 
 func (x *Ready) Reset() {
 	*x = Ready{}
-	mi := &file_cohort_v1_wire_proto_msgTypes[17]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1292,7 +1292,7 @@ func (x *Ready) String() string {
 func (*Ready) ProtoMessage() {}
 
 func (x *Ready) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_wire_proto_msgTypes[17]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1305,7 +1305,7 @@ func (x *Ready) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Ready.ProtoReflect.Descriptor instead.
 func (*Ready) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_wire_proto_rawDescGZIP(), []int{17}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Ready) GetRank() uint32 {
@@ -1404,7 +1404,7 @@ type Batch struct {
 
 func (x *Batch) Reset() {
 	*x = Batch{}
-	mi := &file_cohort_v1_wire_proto_msgTypes[18]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1416,7 +1416,7 @@ func (x *Batch) String() string {
 func (*Batch) ProtoMessage() {}
 
 func (x *Batch) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_wire_proto_msgTypes[18]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1429,7 +1429,7 @@ func (x *Batch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Batch.ProtoReflect.Descriptor instead.
 func (*Batch) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_wire_proto_rawDescGZIP(), []int{18}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *Batch) GetRank() uint32 {
@@ -1538,7 +1538,7 @@ type SyncAck struct {
 
 func (x *SyncAck) Reset() {
 	*x = SyncAck{}
-	mi := &file_cohort_v1_wire_proto_msgTypes[19]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1550,7 +1550,7 @@ func (x *SyncAck) String() string {
 func (*SyncAck) ProtoMessage() {}
 
 func (x *SyncAck) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_wire_proto_msgTypes[19]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1563,7 +1563,7 @@ func (x *SyncAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncAck.ProtoReflect.Descriptor instead.
 func (*SyncAck) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_wire_proto_rawDescGZIP(), []int{19}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *SyncAck) GetRank() uint32 {
@@ -1660,7 +1660,7 @@ type Heartbeat struct {
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_cohort_v1_wire_proto_msgTypes[20]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1672,7 +1672,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_wire_proto_msgTypes[20]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1685,7 +1685,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_wire_proto_rawDescGZIP(), []int{20}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *Heartbeat) GetRank() uint32 {
@@ -1712,7 +1712,7 @@ type SnapshotReady struct {
 
 func (x *SnapshotReady) Reset() {
 	*x = SnapshotReady{}
-	mi := &file_cohort_v1_wire_proto_msgTypes[21]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1724,7 +1724,7 @@ func (x *SnapshotReady) String() string {
 func (*SnapshotReady) ProtoMessage() {}
 
 func (x *SnapshotReady) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_wire_proto_msgTypes[21]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1737,7 +1737,7 @@ func (x *SnapshotReady) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotReady.ProtoReflect.Descriptor instead.
 func (*SnapshotReady) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_wire_proto_rawDescGZIP(), []int{21}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *SnapshotReady) GetRank() uint32 {
@@ -1770,7 +1770,7 @@ type EvalResult struct {
 
 func (x *EvalResult) Reset() {
 	*x = EvalResult{}
-	mi := &file_cohort_v1_wire_proto_msgTypes[22]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1782,7 +1782,7 @@ func (x *EvalResult) String() string {
 func (*EvalResult) ProtoMessage() {}
 
 func (x *EvalResult) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_wire_proto_msgTypes[22]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1795,7 +1795,7 @@ func (x *EvalResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EvalResult.ProtoReflect.Descriptor instead.
 func (*EvalResult) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_wire_proto_rawDescGZIP(), []int{22}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *EvalResult) GetRank() uint32 {
@@ -1867,7 +1867,7 @@ type CheckpointResult struct {
 
 func (x *CheckpointResult) Reset() {
 	*x = CheckpointResult{}
-	mi := &file_cohort_v1_wire_proto_msgTypes[23]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1879,7 +1879,7 @@ func (x *CheckpointResult) String() string {
 func (*CheckpointResult) ProtoMessage() {}
 
 func (x *CheckpointResult) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_wire_proto_msgTypes[23]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1892,7 +1892,7 @@ func (x *CheckpointResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointResult.ProtoReflect.Descriptor instead.
 func (*CheckpointResult) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_wire_proto_rawDescGZIP(), []int{23}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *CheckpointResult) GetRank() uint32 {
@@ -1941,7 +1941,7 @@ type SessionIdGenerated struct {
 
 func (x *SessionIdGenerated) Reset() {
 	*x = SessionIdGenerated{}
-	mi := &file_cohort_v1_wire_proto_msgTypes[24]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1953,7 +1953,7 @@ func (x *SessionIdGenerated) String() string {
 func (*SessionIdGenerated) ProtoMessage() {}
 
 func (x *SessionIdGenerated) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_wire_proto_msgTypes[24]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1966,7 +1966,7 @@ func (x *SessionIdGenerated) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionIdGenerated.ProtoReflect.Descriptor instead.
 func (*SessionIdGenerated) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_wire_proto_rawDescGZIP(), []int{24}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *SessionIdGenerated) GetRank() uint32 {
@@ -2001,7 +2001,7 @@ type EpochFnElapsed struct {
 
 func (x *EpochFnElapsed) Reset() {
 	*x = EpochFnElapsed{}
-	mi := &file_cohort_v1_wire_proto_msgTypes[25]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2013,7 +2013,7 @@ func (x *EpochFnElapsed) String() string {
 func (*EpochFnElapsed) ProtoMessage() {}
 
 func (x *EpochFnElapsed) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_wire_proto_msgTypes[25]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2026,7 +2026,7 @@ func (x *EpochFnElapsed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EpochFnElapsed.ProtoReflect.Descriptor instead.
 func (*EpochFnElapsed) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_wire_proto_rawDescGZIP(), []int{25}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *EpochFnElapsed) GetRank() uint32 {
@@ -2063,7 +2063,7 @@ type GpuSample struct {
 
 func (x *GpuSample) Reset() {
 	*x = GpuSample{}
-	mi := &file_cohort_v1_wire_proto_msgTypes[26]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2075,7 +2075,7 @@ func (x *GpuSample) String() string {
 func (*GpuSample) ProtoMessage() {}
 
 func (x *GpuSample) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_wire_proto_msgTypes[26]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2088,7 +2088,7 @@ func (x *GpuSample) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GpuSample.ProtoReflect.Descriptor instead.
 func (*GpuSample) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_wire_proto_rawDescGZIP(), []int{26}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *GpuSample) GetIndex() uint32 {
@@ -2141,7 +2141,7 @@ type ResourceSample struct {
 
 func (x *ResourceSample) Reset() {
 	*x = ResourceSample{}
-	mi := &file_cohort_v1_wire_proto_msgTypes[27]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2153,7 +2153,7 @@ func (x *ResourceSample) String() string {
 func (*ResourceSample) ProtoMessage() {}
 
 func (x *ResourceSample) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_wire_proto_msgTypes[27]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2166,7 +2166,7 @@ func (x *ResourceSample) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResourceSample.ProtoReflect.Descriptor instead.
 func (*ResourceSample) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_wire_proto_rawDescGZIP(), []int{27}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ResourceSample) GetRank() uint32 {
@@ -2227,7 +2227,7 @@ type Exiting struct {
 
 func (x *Exiting) Reset() {
 	*x = Exiting{}
-	mi := &file_cohort_v1_wire_proto_msgTypes[28]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2239,7 +2239,7 @@ func (x *Exiting) String() string {
 func (*Exiting) ProtoMessage() {}
 
 func (x *Exiting) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_wire_proto_msgTypes[28]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2252,7 +2252,7 @@ func (x *Exiting) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Exiting.ProtoReflect.Descriptor instead.
 func (*Exiting) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_wire_proto_rawDescGZIP(), []int{28}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *Exiting) GetRank() uint32 {
@@ -2272,7 +2272,7 @@ type ScalarSum struct {
 
 func (x *ScalarSum) Reset() {
 	*x = ScalarSum{}
-	mi := &file_cohort_v1_wire_proto_msgTypes[29]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2284,7 +2284,7 @@ func (x *ScalarSum) String() string {
 func (*ScalarSum) ProtoMessage() {}
 
 func (x *ScalarSum) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_wire_proto_msgTypes[29]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2297,7 +2297,7 @@ func (x *ScalarSum) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScalarSum.ProtoReflect.Descriptor instead.
 func (*ScalarSum) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_wire_proto_rawDescGZIP(), []int{29}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ScalarSum) GetSum() float64 {
@@ -2337,7 +2337,7 @@ type Metrics struct {
 
 func (x *Metrics) Reset() {
 	*x = Metrics{}
-	mi := &file_cohort_v1_wire_proto_msgTypes[30]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2349,7 +2349,7 @@ func (x *Metrics) String() string {
 func (*Metrics) ProtoMessage() {}
 
 func (x *Metrics) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_wire_proto_msgTypes[30]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2362,7 +2362,7 @@ func (x *Metrics) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Metrics.ProtoReflect.Descriptor instead.
 func (*Metrics) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_wire_proto_rawDescGZIP(), []int{30}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *Metrics) GetRank() uint32 {
@@ -2449,11 +2449,11 @@ func (x *Metrics) GetPartitionSize() uint64 {
 	return 0
 }
 
-var File_cohort_v1_wire_proto protoreflect.FileDescriptor
+var File_core_wire_wirepb_wire_proto protoreflect.FileDescriptor
 
-const file_cohort_v1_wire_proto_rawDesc = "" +
+const file_core_wire_wirepb_wire_proto_rawDesc = "" +
 	"\n" +
-	"\x14cohort/v1/wire.proto\x12\tcohort.v1\"\xd4\x01\n" +
+	"\x1bcore/wire/wirepb/wire.proto\x12\x0ecohort.wire.v1\"\xd4\x01\n" +
 	"\tEpochPlan\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12)\n" +
 	"\x10partition_offset\x18\x02 \x01(\x04R\x0fpartitionOffset\x12%\n" +
@@ -2461,23 +2461,23 @@ const file_cohort_v1_wire_proto_rawDesc = "" +
 	"\x04seed\x18\x04 \x01(\x04R\x04seed\x12\x1d\n" +
 	"\n" +
 	"pick_space\x18\x05 \x01(\x04R\tpickSpace\x12,\n" +
-	"\x12report_interval_ms\x18\x06 \x01(\rR\x10reportIntervalMs\"6\n" +
+	"\x12report_interval_ms\x18\x06 \x01(\rR\x10reportIntervalMs\";\n" +
 	"\n" +
-	"StartEpoch\x12(\n" +
-	"\x04plan\x18\x01 \x01(\v2\x14.cohort.v1.EpochPlanR\x04plan\"\xd5\x01\n" +
+	"StartEpoch\x12-\n" +
+	"\x04plan\x18\x01 \x01(\v2\x19.cohort.wire.v1.EpochPlanR\x04plan\"\xdf\x01\n" +
 	"\x04Sync\x12\x14\n" +
-	"\x05round\x18\x01 \x01(\x04R\x05round\x12'\n" +
-	"\x04mode\x18\x02 \x01(\x0e2\x13.cohort.v1.SyncModeR\x04mode\x12\x12\n" +
-	"\x04root\x18\x03 \x01(\rR\x04root\x126\n" +
-	"\tnext_plan\x18\x04 \x01(\v2\x14.cohort.v1.EpochPlanH\x00R\bnextPlan\x88\x01\x01\x12$\n" +
+	"\x05round\x18\x01 \x01(\x04R\x05round\x12,\n" +
+	"\x04mode\x18\x02 \x01(\x0e2\x18.cohort.wire.v1.SyncModeR\x04mode\x12\x12\n" +
+	"\x04root\x18\x03 \x01(\rR\x04root\x12;\n" +
+	"\tnext_plan\x18\x04 \x01(\v2\x19.cohort.wire.v1.EpochPlanH\x00R\bnextPlan\x88\x01\x01\x12$\n" +
 	"\vglobal_step\x18\x05 \x01(\x04H\x01R\n" +
 	"globalStep\x88\x01\x01B\f\n" +
 	"\n" +
 	"_next_planB\x0e\n" +
-	"\f_global_step\"h\n" +
+	"\f_global_step\"m\n" +
 	"\x06Update\x12\x18\n" +
-	"\aversion\x18\x01 \x01(\x04R\aversion\x126\n" +
-	"\tnext_plan\x18\x02 \x01(\v2\x14.cohort.v1.EpochPlanH\x00R\bnextPlan\x88\x01\x01B\f\n" +
+	"\aversion\x18\x01 \x01(\x04R\aversion\x12;\n" +
+	"\tnext_plan\x18\x02 \x01(\v2\x19.cohort.wire.v1.EpochPlanH\x00R\bnextPlan\x88\x01\x01B\f\n" +
 	"\n" +
 	"_next_plan\"\n" +
 	"\n" +
@@ -2521,9 +2521,9 @@ const file_cohort_v1_wire_proto_rawDesc = "" +
 	"\x14SetEpochCallbackRole\x12\x12\n" +
 	"\x04rank\x18\x01 \x01(\rR\x04rank\"\n" +
 	"\n" +
-	"\bShutdown\"q\n" +
-	"\x10ShutdownWithSave\x121\n" +
-	"\x06reason\x18\x01 \x01(\x0e2\x19.cohort.v1.ShutdownReasonR\x06reason\x12\x10\n" +
+	"\bShutdown\"v\n" +
+	"\x10ShutdownWithSave\x126\n" +
+	"\x06reason\x18\x01 \x01(\x0e2\x1e.cohort.wire.v1.ShutdownReasonR\x06reason\x12\x10\n" +
 	"\x03dir\x18\x02 \x01(\tR\x03dir\x12\x18\n" +
 	"\aversion\x18\x03 \x01(\x04R\aversion\"2\n" +
 	"\x14CoordinatorHeartbeat\x12\x1a\n" +
@@ -2635,15 +2635,15 @@ const file_cohort_v1_wire_proto_rawDesc = "" +
 	"\x12memory_total_bytes\x18\x05 \x01(\x04H\x02R\x10memoryTotalBytes\x88\x01\x01B\x0f\n" +
 	"\r_util_percentB\x14\n" +
 	"\x12_memory_used_bytesB\x15\n" +
-	"\x13_memory_total_bytes\"\xd2\x02\n" +
+	"\x13_memory_total_bytes\"\xd7\x02\n" +
 	"\x0eResourceSample\x12\x12\n" +
 	"\x04rank\x18\x01 \x01(\rR\x04rank\x12$\n" +
 	"\vcpu_percent\x18\x02 \x01(\x02H\x00R\n" +
 	"cpuPercent\x88\x01\x01\x12)\n" +
 	"\x0eram_used_bytes\x18\x03 \x01(\x04H\x01R\framUsedBytes\x88\x01\x01\x12+\n" +
 	"\x0fram_total_bytes\x18\x04 \x01(\x04H\x02R\rramTotalBytes\x88\x01\x01\x12 \n" +
-	"\trss_bytes\x18\x05 \x01(\x04H\x03R\brssBytes\x88\x01\x01\x12(\n" +
-	"\x04gpus\x18\x06 \x03(\v2\x14.cohort.v1.GpuSampleR\x04gpus\x12\x1d\n" +
+	"\trss_bytes\x18\x05 \x01(\x04H\x03R\brssBytes\x88\x01\x01\x12-\n" +
+	"\x04gpus\x18\x06 \x03(\v2\x19.cohort.wire.v1.GpuSampleR\x04gpus\x12\x1d\n" +
 	"\n" +
 	"unix_nanos\x18\a \x01(\x03R\tunixNanosB\x0e\n" +
 	"\f_cpu_percentB\x11\n" +
@@ -2655,7 +2655,7 @@ const file_cohort_v1_wire_proto_rawDesc = "" +
 	"\x04rank\x18\x01 \x01(\rR\x04rank\"3\n" +
 	"\tScalarSum\x12\x10\n" +
 	"\x03sum\x18\x01 \x01(\x01R\x03sum\x12\x14\n" +
-	"\x05count\x18\x02 \x01(\x04R\x05count\"\x80\x04\n" +
+	"\x05count\x18\x02 \x01(\x04R\x05count\"\x8f\x04\n" +
 	"\aMetrics\x12\x12\n" +
 	"\x04rank\x18\x01 \x01(\rR\x04rank\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x19\n" +
@@ -2665,15 +2665,15 @@ const file_cohort_v1_wire_proto_rawDesc = "" +
 	"\bepoch_ms\x18\x06 \x01(\x01R\aepochMs\x12\x1d\n" +
 	"\n" +
 	"compute_ms\x18\a \x01(\x01R\tcomputeMs\x12\x17\n" +
-	"\adata_ms\x18\b \x01(\x01R\x06dataMs\x129\n" +
-	"\ascalars\x18\t \x03(\v2\x1f.cohort.v1.Metrics.ScalarsEntryR\ascalars\x12<\n" +
+	"\adata_ms\x18\b \x01(\x01R\x06dataMs\x12>\n" +
+	"\ascalars\x18\t \x03(\v2$.cohort.wire.v1.Metrics.ScalarsEntryR\ascalars\x12A\n" +
 	"\tresources\x18\n" +
-	" \x01(\v2\x19.cohort.v1.ResourceSampleH\x00R\tresources\x88\x01\x01\x12)\n" +
+	" \x01(\v2\x1e.cohort.wire.v1.ResourceSampleH\x00R\tresources\x88\x01\x01\x12)\n" +
 	"\x10partition_offset\x18\v \x01(\x04R\x0fpartitionOffset\x12%\n" +
-	"\x0epartition_size\x18\f \x01(\x04R\rpartitionSize\x1aP\n" +
+	"\x0epartition_size\x18\f \x01(\x04R\rpartitionSize\x1aU\n" +
 	"\fScalarsEntry\x12\x10\n" +
-	"\x03key\x18\x01 \x01(\tR\x03key\x12*\n" +
-	"\x05value\x18\x02 \x01(\v2\x14.cohort.v1.ScalarSumR\x05value:\x028\x01B\f\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12/\n" +
+	"\x05value\x18\x02 \x01(\v2\x19.cohort.wire.v1.ScalarSumR\x05value:\x028\x01B\f\n" +
 	"\n" +
 	"_resources*\xcb\x06\n" +
 	"\tFrameKind\x12\x1a\n" +
@@ -2717,69 +2717,69 @@ const file_cohort_v1_wire_proto_rawDesc = "" +
 	"\x1fSHUTDOWN_REASON_SINGLE_SURVIVOR\x10\x02\x12\"\n" +
 	"\x1eSHUTDOWN_REASON_ALL_RANKS_LOST\x10\x03\x12 \n" +
 	"\x1cSHUTDOWN_REASON_REDUCE_STALL\x10\x04\x12\x1f\n" +
-	"\x1bSHUTDOWN_REASON_INTERRUPTED\x10\x05B<Z:github.com/cohortdl/cohort/shared/proto/cohort/v1;cohortv1b\x06proto3"
+	"\x1bSHUTDOWN_REASON_INTERRUPTED\x10\x05B4Z2github.com/cohortdl/cohort/core/wire/wirepb;wirepbb\x06proto3"
 
 var (
-	file_cohort_v1_wire_proto_rawDescOnce sync.Once
-	file_cohort_v1_wire_proto_rawDescData []byte
+	file_core_wire_wirepb_wire_proto_rawDescOnce sync.Once
+	file_core_wire_wirepb_wire_proto_rawDescData []byte
 )
 
-func file_cohort_v1_wire_proto_rawDescGZIP() []byte {
-	file_cohort_v1_wire_proto_rawDescOnce.Do(func() {
-		file_cohort_v1_wire_proto_rawDescData = protoimpl.X.CompressGZIP(unsafe.Slice(unsafe.StringData(file_cohort_v1_wire_proto_rawDesc), len(file_cohort_v1_wire_proto_rawDesc)))
+func file_core_wire_wirepb_wire_proto_rawDescGZIP() []byte {
+	file_core_wire_wirepb_wire_proto_rawDescOnce.Do(func() {
+		file_core_wire_wirepb_wire_proto_rawDescData = protoimpl.X.CompressGZIP(unsafe.Slice(unsafe.StringData(file_core_wire_wirepb_wire_proto_rawDesc), len(file_core_wire_wirepb_wire_proto_rawDesc)))
 	})
-	return file_cohort_v1_wire_proto_rawDescData
+	return file_core_wire_wirepb_wire_proto_rawDescData
 }
 
-var file_cohort_v1_wire_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_cohort_v1_wire_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
-var file_cohort_v1_wire_proto_goTypes = []any{
-	(FrameKind)(0),               // 0: cohort.v1.FrameKind
-	(SyncMode)(0),                // 1: cohort.v1.SyncMode
-	(ShutdownReason)(0),          // 2: cohort.v1.ShutdownReason
-	(*EpochPlan)(nil),            // 3: cohort.v1.EpochPlan
-	(*StartEpoch)(nil),           // 4: cohort.v1.StartEpoch
-	(*Sync)(nil),                 // 5: cohort.v1.Sync
-	(*Update)(nil),               // 6: cohort.v1.Update
-	(*Throttle)(nil),             // 7: cohort.v1.Throttle
-	(*SetGlobalStep)(nil),        // 8: cohort.v1.SetGlobalStep
-	(*Checkpoint)(nil),           // 9: cohort.v1.Checkpoint
-	(*Evaluate)(nil),             // 10: cohort.v1.Evaluate
-	(*ExtendPartition)(nil),      // 11: cohort.v1.ExtendPartition
-	(*DeclareDead)(nil),          // 12: cohort.v1.DeclareDead
-	(*RequestSessionId)(nil),     // 13: cohort.v1.RequestSessionId
-	(*NewSession)(nil),           // 14: cohort.v1.NewSession
-	(*SetEpochCallbackRole)(nil), // 15: cohort.v1.SetEpochCallbackRole
-	(*Shutdown)(nil),             // 16: cohort.v1.Shutdown
-	(*ShutdownWithSave)(nil),     // 17: cohort.v1.ShutdownWithSave
-	(*CoordinatorHeartbeat)(nil), // 18: cohort.v1.CoordinatorHeartbeat
-	(*Admit)(nil),                // 19: cohort.v1.Admit
-	(*Ready)(nil),                // 20: cohort.v1.Ready
-	(*Batch)(nil),                // 21: cohort.v1.Batch
-	(*SyncAck)(nil),              // 22: cohort.v1.SyncAck
-	(*Heartbeat)(nil),            // 23: cohort.v1.Heartbeat
-	(*SnapshotReady)(nil),        // 24: cohort.v1.SnapshotReady
-	(*EvalResult)(nil),           // 25: cohort.v1.EvalResult
-	(*CheckpointResult)(nil),     // 26: cohort.v1.CheckpointResult
-	(*SessionIdGenerated)(nil),   // 27: cohort.v1.SessionIdGenerated
-	(*EpochFnElapsed)(nil),       // 28: cohort.v1.EpochFnElapsed
-	(*GpuSample)(nil),            // 29: cohort.v1.GpuSample
-	(*ResourceSample)(nil),       // 30: cohort.v1.ResourceSample
-	(*Exiting)(nil),              // 31: cohort.v1.Exiting
-	(*ScalarSum)(nil),            // 32: cohort.v1.ScalarSum
-	(*Metrics)(nil),              // 33: cohort.v1.Metrics
-	nil,                          // 34: cohort.v1.Metrics.ScalarsEntry
+var file_core_wire_wirepb_wire_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
+var file_core_wire_wirepb_wire_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
+var file_core_wire_wirepb_wire_proto_goTypes = []any{
+	(FrameKind)(0),               // 0: cohort.wire.v1.FrameKind
+	(SyncMode)(0),                // 1: cohort.wire.v1.SyncMode
+	(ShutdownReason)(0),          // 2: cohort.wire.v1.ShutdownReason
+	(*EpochPlan)(nil),            // 3: cohort.wire.v1.EpochPlan
+	(*StartEpoch)(nil),           // 4: cohort.wire.v1.StartEpoch
+	(*Sync)(nil),                 // 5: cohort.wire.v1.Sync
+	(*Update)(nil),               // 6: cohort.wire.v1.Update
+	(*Throttle)(nil),             // 7: cohort.wire.v1.Throttle
+	(*SetGlobalStep)(nil),        // 8: cohort.wire.v1.SetGlobalStep
+	(*Checkpoint)(nil),           // 9: cohort.wire.v1.Checkpoint
+	(*Evaluate)(nil),             // 10: cohort.wire.v1.Evaluate
+	(*ExtendPartition)(nil),      // 11: cohort.wire.v1.ExtendPartition
+	(*DeclareDead)(nil),          // 12: cohort.wire.v1.DeclareDead
+	(*RequestSessionId)(nil),     // 13: cohort.wire.v1.RequestSessionId
+	(*NewSession)(nil),           // 14: cohort.wire.v1.NewSession
+	(*SetEpochCallbackRole)(nil), // 15: cohort.wire.v1.SetEpochCallbackRole
+	(*Shutdown)(nil),             // 16: cohort.wire.v1.Shutdown
+	(*ShutdownWithSave)(nil),     // 17: cohort.wire.v1.ShutdownWithSave
+	(*CoordinatorHeartbeat)(nil), // 18: cohort.wire.v1.CoordinatorHeartbeat
+	(*Admit)(nil),                // 19: cohort.wire.v1.Admit
+	(*Ready)(nil),                // 20: cohort.wire.v1.Ready
+	(*Batch)(nil),                // 21: cohort.wire.v1.Batch
+	(*SyncAck)(nil),              // 22: cohort.wire.v1.SyncAck
+	(*Heartbeat)(nil),            // 23: cohort.wire.v1.Heartbeat
+	(*SnapshotReady)(nil),        // 24: cohort.wire.v1.SnapshotReady
+	(*EvalResult)(nil),           // 25: cohort.wire.v1.EvalResult
+	(*CheckpointResult)(nil),     // 26: cohort.wire.v1.CheckpointResult
+	(*SessionIdGenerated)(nil),   // 27: cohort.wire.v1.SessionIdGenerated
+	(*EpochFnElapsed)(nil),       // 28: cohort.wire.v1.EpochFnElapsed
+	(*GpuSample)(nil),            // 29: cohort.wire.v1.GpuSample
+	(*ResourceSample)(nil),       // 30: cohort.wire.v1.ResourceSample
+	(*Exiting)(nil),              // 31: cohort.wire.v1.Exiting
+	(*ScalarSum)(nil),            // 32: cohort.wire.v1.ScalarSum
+	(*Metrics)(nil),              // 33: cohort.wire.v1.Metrics
+	nil,                          // 34: cohort.wire.v1.Metrics.ScalarsEntry
 }
-var file_cohort_v1_wire_proto_depIdxs = []int32{
-	3,  // 0: cohort.v1.StartEpoch.plan:type_name -> cohort.v1.EpochPlan
-	1,  // 1: cohort.v1.Sync.mode:type_name -> cohort.v1.SyncMode
-	3,  // 2: cohort.v1.Sync.next_plan:type_name -> cohort.v1.EpochPlan
-	3,  // 3: cohort.v1.Update.next_plan:type_name -> cohort.v1.EpochPlan
-	2,  // 4: cohort.v1.ShutdownWithSave.reason:type_name -> cohort.v1.ShutdownReason
-	29, // 5: cohort.v1.ResourceSample.gpus:type_name -> cohort.v1.GpuSample
-	34, // 6: cohort.v1.Metrics.scalars:type_name -> cohort.v1.Metrics.ScalarsEntry
-	30, // 7: cohort.v1.Metrics.resources:type_name -> cohort.v1.ResourceSample
-	32, // 8: cohort.v1.Metrics.ScalarsEntry.value:type_name -> cohort.v1.ScalarSum
+var file_core_wire_wirepb_wire_proto_depIdxs = []int32{
+	3,  // 0: cohort.wire.v1.StartEpoch.plan:type_name -> cohort.wire.v1.EpochPlan
+	1,  // 1: cohort.wire.v1.Sync.mode:type_name -> cohort.wire.v1.SyncMode
+	3,  // 2: cohort.wire.v1.Sync.next_plan:type_name -> cohort.wire.v1.EpochPlan
+	3,  // 3: cohort.wire.v1.Update.next_plan:type_name -> cohort.wire.v1.EpochPlan
+	2,  // 4: cohort.wire.v1.ShutdownWithSave.reason:type_name -> cohort.wire.v1.ShutdownReason
+	29, // 5: cohort.wire.v1.ResourceSample.gpus:type_name -> cohort.wire.v1.GpuSample
+	34, // 6: cohort.wire.v1.Metrics.scalars:type_name -> cohort.wire.v1.Metrics.ScalarsEntry
+	30, // 7: cohort.wire.v1.Metrics.resources:type_name -> cohort.wire.v1.ResourceSample
+	32, // 8: cohort.wire.v1.Metrics.ScalarsEntry.value:type_name -> cohort.wire.v1.ScalarSum
 	9,  // [9:9] is the sub-list for method output_type
 	9,  // [9:9] is the sub-list for method input_type
 	9,  // [9:9] is the sub-list for extension type_name
@@ -2787,35 +2787,35 @@ var file_cohort_v1_wire_proto_depIdxs = []int32{
 	0,  // [0:9] is the sub-list for field type_name
 }
 
-func init() { file_cohort_v1_wire_proto_init() }
-func file_cohort_v1_wire_proto_init() {
-	if File_cohort_v1_wire_proto != nil {
+func init() { file_core_wire_wirepb_wire_proto_init() }
+func file_core_wire_wirepb_wire_proto_init() {
+	if File_core_wire_wirepb_wire_proto != nil {
 		return
 	}
-	file_cohort_v1_wire_proto_msgTypes[2].OneofWrappers = []any{}
-	file_cohort_v1_wire_proto_msgTypes[3].OneofWrappers = []any{}
-	file_cohort_v1_wire_proto_msgTypes[18].OneofWrappers = []any{}
-	file_cohort_v1_wire_proto_msgTypes[19].OneofWrappers = []any{}
-	file_cohort_v1_wire_proto_msgTypes[22].OneofWrappers = []any{}
-	file_cohort_v1_wire_proto_msgTypes[26].OneofWrappers = []any{}
-	file_cohort_v1_wire_proto_msgTypes[27].OneofWrappers = []any{}
-	file_cohort_v1_wire_proto_msgTypes[30].OneofWrappers = []any{}
+	file_core_wire_wirepb_wire_proto_msgTypes[2].OneofWrappers = []any{}
+	file_core_wire_wirepb_wire_proto_msgTypes[3].OneofWrappers = []any{}
+	file_core_wire_wirepb_wire_proto_msgTypes[18].OneofWrappers = []any{}
+	file_core_wire_wirepb_wire_proto_msgTypes[19].OneofWrappers = []any{}
+	file_core_wire_wirepb_wire_proto_msgTypes[22].OneofWrappers = []any{}
+	file_core_wire_wirepb_wire_proto_msgTypes[26].OneofWrappers = []any{}
+	file_core_wire_wirepb_wire_proto_msgTypes[27].OneofWrappers = []any{}
+	file_core_wire_wirepb_wire_proto_msgTypes[30].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
-			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cohort_v1_wire_proto_rawDesc), len(file_cohort_v1_wire_proto_rawDesc)),
+			RawDescriptor: unsafe.Slice(unsafe.StringData(file_core_wire_wirepb_wire_proto_rawDesc), len(file_core_wire_wirepb_wire_proto_rawDesc)),
 			NumEnums:      3,
 			NumMessages:   32,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
-		GoTypes:           file_cohort_v1_wire_proto_goTypes,
-		DependencyIndexes: file_cohort_v1_wire_proto_depIdxs,
-		EnumInfos:         file_cohort_v1_wire_proto_enumTypes,
-		MessageInfos:      file_cohort_v1_wire_proto_msgTypes,
+		GoTypes:           file_core_wire_wirepb_wire_proto_goTypes,
+		DependencyIndexes: file_core_wire_wirepb_wire_proto_depIdxs,
+		EnumInfos:         file_core_wire_wirepb_wire_proto_enumTypes,
+		MessageInfos:      file_core_wire_wirepb_wire_proto_msgTypes,
 	}.Build()
-	File_cohort_v1_wire_proto = out.File
-	file_cohort_v1_wire_proto_goTypes = nil
-	file_cohort_v1_wire_proto_depIdxs = nil
+	File_core_wire_wirepb_wire_proto = out.File
+	file_core_wire_wirepb_wire_proto_goTypes = nil
+	file_core_wire_wirepb_wire_proto_depIdxs = nil
 }

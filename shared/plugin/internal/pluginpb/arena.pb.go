@@ -7,9 +7,9 @@
 // versions:
 // 	protoc-gen-go v1.36.12
 // 	protoc        v3.21.12
-// source: cohort/v1/arena.proto
+// source: shared/plugin/internal/pluginpb/arena.proto
 
-package cohortv1
+package pluginpb
 
 import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
@@ -71,11 +71,11 @@ func (x DType) String() string {
 }
 
 func (DType) Descriptor() protoreflect.EnumDescriptor {
-	return file_cohort_v1_arena_proto_enumTypes[0].Descriptor()
+	return file_shared_plugin_internal_pluginpb_arena_proto_enumTypes[0].Descriptor()
 }
 
 func (DType) Type() protoreflect.EnumType {
-	return &file_cohort_v1_arena_proto_enumTypes[0]
+	return &file_shared_plugin_internal_pluginpb_arena_proto_enumTypes[0]
 }
 
 func (x DType) Number() protoreflect.EnumNumber {
@@ -84,7 +84,7 @@ func (x DType) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use DType.Descriptor instead.
 func (DType) EnumDescriptor() ([]byte, []int) {
-	return file_cohort_v1_arena_proto_rawDescGZIP(), []int{0}
+	return file_shared_plugin_internal_pluginpb_arena_proto_rawDescGZIP(), []int{0}
 }
 
 type TensorRole int32
@@ -123,11 +123,11 @@ func (x TensorRole) String() string {
 }
 
 func (TensorRole) Descriptor() protoreflect.EnumDescriptor {
-	return file_cohort_v1_arena_proto_enumTypes[1].Descriptor()
+	return file_shared_plugin_internal_pluginpb_arena_proto_enumTypes[1].Descriptor()
 }
 
 func (TensorRole) Type() protoreflect.EnumType {
-	return &file_cohort_v1_arena_proto_enumTypes[1]
+	return &file_shared_plugin_internal_pluginpb_arena_proto_enumTypes[1]
 }
 
 func (x TensorRole) Number() protoreflect.EnumNumber {
@@ -136,7 +136,7 @@ func (x TensorRole) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use TensorRole.Descriptor instead.
 func (TensorRole) EnumDescriptor() ([]byte, []int) {
-	return file_cohort_v1_arena_proto_rawDescGZIP(), []int{1}
+	return file_shared_plugin_internal_pluginpb_arena_proto_rawDescGZIP(), []int{1}
 }
 
 type TensorEntry struct {
@@ -153,7 +153,7 @@ type TensorEntry struct {
 
 func (x *TensorEntry) Reset() {
 	*x = TensorEntry{}
-	mi := &file_cohort_v1_arena_proto_msgTypes[0]
+	mi := &file_shared_plugin_internal_pluginpb_arena_proto_msgTypes[0]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -165,7 +165,7 @@ func (x *TensorEntry) String() string {
 func (*TensorEntry) ProtoMessage() {}
 
 func (x *TensorEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_arena_proto_msgTypes[0]
+	mi := &file_shared_plugin_internal_pluginpb_arena_proto_msgTypes[0]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -178,7 +178,7 @@ func (x *TensorEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TensorEntry.ProtoReflect.Descriptor instead.
 func (*TensorEntry) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_arena_proto_rawDescGZIP(), []int{0}
+	return file_shared_plugin_internal_pluginpb_arena_proto_rawDescGZIP(), []int{0}
 }
 
 func (x *TensorEntry) GetName() string {
@@ -234,7 +234,7 @@ type Layout struct {
 
 func (x *Layout) Reset() {
 	*x = Layout{}
-	mi := &file_cohort_v1_arena_proto_msgTypes[1]
+	mi := &file_shared_plugin_internal_pluginpb_arena_proto_msgTypes[1]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -246,7 +246,7 @@ func (x *Layout) String() string {
 func (*Layout) ProtoMessage() {}
 
 func (x *Layout) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_arena_proto_msgTypes[1]
+	mi := &file_shared_plugin_internal_pluginpb_arena_proto_msgTypes[1]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -259,7 +259,7 @@ func (x *Layout) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Layout.ProtoReflect.Descriptor instead.
 func (*Layout) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_arena_proto_rawDescGZIP(), []int{1}
+	return file_shared_plugin_internal_pluginpb_arena_proto_rawDescGZIP(), []int{1}
 }
 
 func (x *Layout) GetEntries() []*TensorEntry {
@@ -287,7 +287,7 @@ type ArenaDescriptor struct {
 
 func (x *ArenaDescriptor) Reset() {
 	*x = ArenaDescriptor{}
-	mi := &file_cohort_v1_arena_proto_msgTypes[2]
+	mi := &file_shared_plugin_internal_pluginpb_arena_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -299,7 +299,7 @@ func (x *ArenaDescriptor) String() string {
 func (*ArenaDescriptor) ProtoMessage() {}
 
 func (x *ArenaDescriptor) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_arena_proto_msgTypes[2]
+	mi := &file_shared_plugin_internal_pluginpb_arena_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -312,7 +312,7 @@ func (x *ArenaDescriptor) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ArenaDescriptor.ProtoReflect.Descriptor instead.
 func (*ArenaDescriptor) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_arena_proto_rawDescGZIP(), []int{2}
+	return file_shared_plugin_internal_pluginpb_arena_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *ArenaDescriptor) GetPath() string {
@@ -329,11 +329,11 @@ func (x *ArenaDescriptor) GetLayout() *Layout {
 	return nil
 }
 
-var File_cohort_v1_arena_proto protoreflect.FileDescriptor
+var File_shared_plugin_internal_pluginpb_arena_proto protoreflect.FileDescriptor
 
-const file_cohort_v1_arena_proto_rawDesc = "" +
+const file_shared_plugin_internal_pluginpb_arena_proto_rawDesc = "" +
 	"\n" +
-	"\x15cohort/v1/arena.proto\x12\tcohort.v1\"\xba\x01\n" +
+	"+shared/plugin/internal/pluginpb/arena.proto\x12\tcohort.v1\"\xba\x01\n" +
 	"\vTensorEntry\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12&\n" +
 	"\x05dtype\x18\x02 \x01(\x0e2\x10.cohort.v1.DTypeR\x05dtype\x12\x14\n" +
@@ -360,30 +360,30 @@ const file_cohort_v1_arena_proto_rawDesc = "" +
 	"TensorRole\x12\x1b\n" +
 	"\x17TENSOR_ROLE_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15TENSOR_ROLE_PARAMETER\x10\x01\x12\x16\n" +
-	"\x12TENSOR_ROLE_BUFFER\x10\x02B<Z:github.com/cohortdl/cohort/shared/proto/cohort/v1;cohortv1b\x06proto3"
+	"\x12TENSOR_ROLE_BUFFER\x10\x02BEZCgithub.com/cohortdl/cohort/shared/plugin/internal/pluginpb;pluginpbb\x06proto3"
 
 var (
-	file_cohort_v1_arena_proto_rawDescOnce sync.Once
-	file_cohort_v1_arena_proto_rawDescData []byte
+	file_shared_plugin_internal_pluginpb_arena_proto_rawDescOnce sync.Once
+	file_shared_plugin_internal_pluginpb_arena_proto_rawDescData []byte
 )
 
-func file_cohort_v1_arena_proto_rawDescGZIP() []byte {
-	file_cohort_v1_arena_proto_rawDescOnce.Do(func() {
-		file_cohort_v1_arena_proto_rawDescData = protoimpl.X.CompressGZIP(unsafe.Slice(unsafe.StringData(file_cohort_v1_arena_proto_rawDesc), len(file_cohort_v1_arena_proto_rawDesc)))
+func file_shared_plugin_internal_pluginpb_arena_proto_rawDescGZIP() []byte {
+	file_shared_plugin_internal_pluginpb_arena_proto_rawDescOnce.Do(func() {
+		file_shared_plugin_internal_pluginpb_arena_proto_rawDescData = protoimpl.X.CompressGZIP(unsafe.Slice(unsafe.StringData(file_shared_plugin_internal_pluginpb_arena_proto_rawDesc), len(file_shared_plugin_internal_pluginpb_arena_proto_rawDesc)))
 	})
-	return file_cohort_v1_arena_proto_rawDescData
+	return file_shared_plugin_internal_pluginpb_arena_proto_rawDescData
 }
 
-var file_cohort_v1_arena_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_cohort_v1_arena_proto_msgTypes = make([]protoimpl.MessageInfo, 3)
-var file_cohort_v1_arena_proto_goTypes = []any{
+var file_shared_plugin_internal_pluginpb_arena_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
+var file_shared_plugin_internal_pluginpb_arena_proto_msgTypes = make([]protoimpl.MessageInfo, 3)
+var file_shared_plugin_internal_pluginpb_arena_proto_goTypes = []any{
 	(DType)(0),              // 0: cohort.v1.DType
 	(TensorRole)(0),         // 1: cohort.v1.TensorRole
 	(*TensorEntry)(nil),     // 2: cohort.v1.TensorEntry
 	(*Layout)(nil),          // 3: cohort.v1.Layout
 	(*ArenaDescriptor)(nil), // 4: cohort.v1.ArenaDescriptor
 }
-var file_cohort_v1_arena_proto_depIdxs = []int32{
+var file_shared_plugin_internal_pluginpb_arena_proto_depIdxs = []int32{
 	0, // 0: cohort.v1.TensorEntry.dtype:type_name -> cohort.v1.DType
 	1, // 1: cohort.v1.TensorEntry.role:type_name -> cohort.v1.TensorRole
 	2, // 2: cohort.v1.Layout.entries:type_name -> cohort.v1.TensorEntry
@@ -395,27 +395,27 @@ var file_cohort_v1_arena_proto_depIdxs = []int32{
 	0, // [0:4] is the sub-list for field type_name
 }
 
-func init() { file_cohort_v1_arena_proto_init() }
-func file_cohort_v1_arena_proto_init() {
-	if File_cohort_v1_arena_proto != nil {
+func init() { file_shared_plugin_internal_pluginpb_arena_proto_init() }
+func file_shared_plugin_internal_pluginpb_arena_proto_init() {
+	if File_shared_plugin_internal_pluginpb_arena_proto != nil {
 		return
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
-			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cohort_v1_arena_proto_rawDesc), len(file_cohort_v1_arena_proto_rawDesc)),
+			RawDescriptor: unsafe.Slice(unsafe.StringData(file_shared_plugin_internal_pluginpb_arena_proto_rawDesc), len(file_shared_plugin_internal_pluginpb_arena_proto_rawDesc)),
 			NumEnums:      2,
 			NumMessages:   3,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
-		GoTypes:           file_cohort_v1_arena_proto_goTypes,
-		DependencyIndexes: file_cohort_v1_arena_proto_depIdxs,
-		EnumInfos:         file_cohort_v1_arena_proto_enumTypes,
-		MessageInfos:      file_cohort_v1_arena_proto_msgTypes,
+		GoTypes:           file_shared_plugin_internal_pluginpb_arena_proto_goTypes,
+		DependencyIndexes: file_shared_plugin_internal_pluginpb_arena_proto_depIdxs,
+		EnumInfos:         file_shared_plugin_internal_pluginpb_arena_proto_enumTypes,
+		MessageInfos:      file_shared_plugin_internal_pluginpb_arena_proto_msgTypes,
 	}.Build()
-	File_cohort_v1_arena_proto = out.File
-	file_cohort_v1_arena_proto_goTypes = nil
-	file_cohort_v1_arena_proto_depIdxs = nil
+	File_shared_plugin_internal_pluginpb_arena_proto = out.File
+	file_shared_plugin_internal_pluginpb_arena_proto_goTypes = nil
+	file_shared_plugin_internal_pluginpb_arena_proto_depIdxs = nil
 }

@@ -6,15 +6,14 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/cohortdl/cohort/core/arena"
-	sharena "github.com/cohortdl/cohort/shared/arena"
+	"github.com/cohortdl/cohort/shared/arena"
 )
 
-func layout(t *testing.T, n int64) sharena.Layout {
+func layout(t *testing.T, n int64) arena.Layout {
 	t.Helper()
-	l, err := sharena.Pack([]sharena.Entry{
-		{Name: "w", DType: sharena.F32, Shape: []int64{n}, Role: sharena.Parameter},
-		{Name: "m", DType: sharena.F32, Shape: []int64{3}, Role: sharena.Buffer},
+	l, err := arena.Pack([]arena.Entry{
+		{Name: "w", DType: arena.F32, Shape: []int64{n}, Role: arena.Parameter},
+		{Name: "m", DType: arena.F32, Shape: []int64{3}, Role: arena.Buffer},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -46,7 +45,7 @@ func TestCreateDescribeOpenRemove(t *testing.T) {
 	// core sees the plugin's.
 	w, _ := a.Float32s(0)
 	w[12345] = 7
-	m, err := sharena.Open(a.Descriptor())
+	m, err := arena.Open(a.Descriptor())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,9 +6,9 @@
 // versions:
 // 	protoc-gen-go v1.36.12
 // 	protoc        v3.21.12
-// source: cohort/v1/trainer.proto
+// source: shared/plugin/internal/pluginpb/trainer.proto
 
-package cohortv1
+package pluginpb
 
 import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
@@ -33,7 +33,7 @@ type DescribeRequest struct {
 
 func (x *DescribeRequest) Reset() {
 	*x = DescribeRequest{}
-	mi := &file_cohort_v1_trainer_proto_msgTypes[0]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[0]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -45,7 +45,7 @@ func (x *DescribeRequest) String() string {
 func (*DescribeRequest) ProtoMessage() {}
 
 func (x *DescribeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_trainer_proto_msgTypes[0]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[0]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -58,7 +58,7 @@ func (x *DescribeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeRequest.ProtoReflect.Descriptor instead.
 func (*DescribeRequest) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_trainer_proto_rawDescGZIP(), []int{0}
+	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{0}
 }
 
 type PluginDescription struct {
@@ -73,7 +73,7 @@ type PluginDescription struct {
 
 func (x *PluginDescription) Reset() {
 	*x = PluginDescription{}
-	mi := &file_cohort_v1_trainer_proto_msgTypes[1]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[1]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -85,7 +85,7 @@ func (x *PluginDescription) String() string {
 func (*PluginDescription) ProtoMessage() {}
 
 func (x *PluginDescription) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_trainer_proto_msgTypes[1]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[1]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -98,7 +98,7 @@ func (x *PluginDescription) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PluginDescription.ProtoReflect.Descriptor instead.
 func (*PluginDescription) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_trainer_proto_rawDescGZIP(), []int{1}
+	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{1}
 }
 
 func (x *PluginDescription) GetName() string {
@@ -137,7 +137,7 @@ type TrainerConfigureRequest struct {
 
 func (x *TrainerConfigureRequest) Reset() {
 	*x = TrainerConfigureRequest{}
-	mi := &file_cohort_v1_trainer_proto_msgTypes[2]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -149,7 +149,7 @@ func (x *TrainerConfigureRequest) String() string {
 func (*TrainerConfigureRequest) ProtoMessage() {}
 
 func (x *TrainerConfigureRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_trainer_proto_msgTypes[2]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -162,7 +162,7 @@ func (x *TrainerConfigureRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TrainerConfigureRequest.ProtoReflect.Descriptor instead.
 func (*TrainerConfigureRequest) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_trainer_proto_rawDescGZIP(), []int{2}
+	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *TrainerConfigureRequest) GetRank() uint32 {
@@ -212,7 +212,7 @@ type TrainerConfigureResponse struct {
 
 func (x *TrainerConfigureResponse) Reset() {
 	*x = TrainerConfigureResponse{}
-	mi := &file_cohort_v1_trainer_proto_msgTypes[3]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -224,7 +224,7 @@ func (x *TrainerConfigureResponse) String() string {
 func (*TrainerConfigureResponse) ProtoMessage() {}
 
 func (x *TrainerConfigureResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_trainer_proto_msgTypes[3]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -237,7 +237,7 @@ func (x *TrainerConfigureResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TrainerConfigureResponse.ProtoReflect.Descriptor instead.
 func (*TrainerConfigureResponse) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_trainer_proto_rawDescGZIP(), []int{3}
+	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *TrainerConfigureResponse) GetLayout() *Layout {
@@ -277,7 +277,7 @@ type AttachRequest struct {
 
 func (x *AttachRequest) Reset() {
 	*x = AttachRequest{}
-	mi := &file_cohort_v1_trainer_proto_msgTypes[4]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -289,7 +289,7 @@ func (x *AttachRequest) String() string {
 func (*AttachRequest) ProtoMessage() {}
 
 func (x *AttachRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_trainer_proto_msgTypes[4]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -302,7 +302,7 @@ func (x *AttachRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttachRequest.ProtoReflect.Descriptor instead.
 func (*AttachRequest) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_trainer_proto_rawDescGZIP(), []int{4}
+	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *AttachRequest) GetArena() *ArenaDescriptor {
@@ -323,7 +323,7 @@ type AttachResponse struct {
 
 func (x *AttachResponse) Reset() {
 	*x = AttachResponse{}
-	mi := &file_cohort_v1_trainer_proto_msgTypes[5]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -335,7 +335,7 @@ func (x *AttachResponse) String() string {
 func (*AttachResponse) ProtoMessage() {}
 
 func (x *AttachResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_trainer_proto_msgTypes[5]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -348,7 +348,7 @@ func (x *AttachResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttachResponse.ProtoReflect.Descriptor instead.
 func (*AttachResponse) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_trainer_proto_rawDescGZIP(), []int{5}
+	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *AttachResponse) GetZeroCopy() bool {
@@ -377,7 +377,7 @@ type TrainRequest struct {
 
 func (x *TrainRequest) Reset() {
 	*x = TrainRequest{}
-	mi := &file_cohort_v1_trainer_proto_msgTypes[6]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -389,7 +389,7 @@ func (x *TrainRequest) String() string {
 func (*TrainRequest) ProtoMessage() {}
 
 func (x *TrainRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_trainer_proto_msgTypes[6]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -402,7 +402,7 @@ func (x *TrainRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TrainRequest.ProtoReflect.Descriptor instead.
 func (*TrainRequest) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_trainer_proto_rawDescGZIP(), []int{6}
+	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *TrainRequest) GetEpoch() uint64 {
@@ -464,7 +464,7 @@ type TrainReports struct {
 
 func (x *TrainReports) Reset() {
 	*x = TrainReports{}
-	mi := &file_cohort_v1_trainer_proto_msgTypes[7]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -476,7 +476,7 @@ func (x *TrainReports) String() string {
 func (*TrainReports) ProtoMessage() {}
 
 func (x *TrainReports) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_trainer_proto_msgTypes[7]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -489,7 +489,7 @@ func (x *TrainReports) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TrainReports.ProtoReflect.Descriptor instead.
 func (*TrainReports) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_trainer_proto_rawDescGZIP(), []int{7}
+	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *TrainReports) GetReports() []*BatchReport {
@@ -514,7 +514,7 @@ type BatchReport struct {
 
 func (x *BatchReport) Reset() {
 	*x = BatchReport{}
-	mi := &file_cohort_v1_trainer_proto_msgTypes[8]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -526,7 +526,7 @@ func (x *BatchReport) String() string {
 func (*BatchReport) ProtoMessage() {}
 
 func (x *BatchReport) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_trainer_proto_msgTypes[8]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -539,7 +539,7 @@ func (x *BatchReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchReport.ProtoReflect.Descriptor instead.
 func (*BatchReport) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_trainer_proto_rawDescGZIP(), []int{8}
+	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *BatchReport) GetBatch() uint64 {
@@ -599,7 +599,7 @@ type PublishRequest struct {
 
 func (x *PublishRequest) Reset() {
 	*x = PublishRequest{}
-	mi := &file_cohort_v1_trainer_proto_msgTypes[9]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -611,7 +611,7 @@ func (x *PublishRequest) String() string {
 func (*PublishRequest) ProtoMessage() {}
 
 func (x *PublishRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_trainer_proto_msgTypes[9]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -624,7 +624,7 @@ func (x *PublishRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PublishRequest.ProtoReflect.Descriptor instead.
 func (*PublishRequest) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_trainer_proto_rawDescGZIP(), []int{9}
+	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{9}
 }
 
 type PublishResponse struct {
@@ -639,7 +639,7 @@ type PublishResponse struct {
 
 func (x *PublishResponse) Reset() {
 	*x = PublishResponse{}
-	mi := &file_cohort_v1_trainer_proto_msgTypes[10]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -651,7 +651,7 @@ func (x *PublishResponse) String() string {
 func (*PublishResponse) ProtoMessage() {}
 
 func (x *PublishResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_trainer_proto_msgTypes[10]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -664,7 +664,7 @@ func (x *PublishResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PublishResponse.ProtoReflect.Descriptor instead.
 func (*PublishResponse) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_trainer_proto_rawDescGZIP(), []int{10}
+	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *PublishResponse) GetSteps() uint64 {
@@ -698,7 +698,7 @@ type AdoptRequest struct {
 
 func (x *AdoptRequest) Reset() {
 	*x = AdoptRequest{}
-	mi := &file_cohort_v1_trainer_proto_msgTypes[11]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -710,7 +710,7 @@ func (x *AdoptRequest) String() string {
 func (*AdoptRequest) ProtoMessage() {}
 
 func (x *AdoptRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_trainer_proto_msgTypes[11]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -723,7 +723,7 @@ func (x *AdoptRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdoptRequest.ProtoReflect.Descriptor instead.
 func (*AdoptRequest) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_trainer_proto_rawDescGZIP(), []int{11}
+	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *AdoptRequest) GetBlendAlpha() float64 {
@@ -742,7 +742,7 @@ type AdoptResponse struct {
 
 func (x *AdoptResponse) Reset() {
 	*x = AdoptResponse{}
-	mi := &file_cohort_v1_trainer_proto_msgTypes[12]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -754,7 +754,7 @@ func (x *AdoptResponse) String() string {
 func (*AdoptResponse) ProtoMessage() {}
 
 func (x *AdoptResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_trainer_proto_msgTypes[12]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -767,7 +767,7 @@ func (x *AdoptResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdoptResponse.ProtoReflect.Descriptor instead.
 func (*AdoptResponse) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_trainer_proto_rawDescGZIP(), []int{12}
+	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *AdoptResponse) GetParamNorm() float64 {
@@ -785,7 +785,7 @@ type EvaluateRequest struct {
 
 func (x *EvaluateRequest) Reset() {
 	*x = EvaluateRequest{}
-	mi := &file_cohort_v1_trainer_proto_msgTypes[13]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -797,7 +797,7 @@ func (x *EvaluateRequest) String() string {
 func (*EvaluateRequest) ProtoMessage() {}
 
 func (x *EvaluateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_trainer_proto_msgTypes[13]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -810,7 +810,7 @@ func (x *EvaluateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EvaluateRequest.ProtoReflect.Descriptor instead.
 func (*EvaluateRequest) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_trainer_proto_rawDescGZIP(), []int{13}
+	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{13}
 }
 
 type EvaluateResponse struct {
@@ -824,7 +824,7 @@ type EvaluateResponse struct {
 
 func (x *EvaluateResponse) Reset() {
 	*x = EvaluateResponse{}
-	mi := &file_cohort_v1_trainer_proto_msgTypes[14]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -836,7 +836,7 @@ func (x *EvaluateResponse) String() string {
 func (*EvaluateResponse) ProtoMessage() {}
 
 func (x *EvaluateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_trainer_proto_msgTypes[14]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -849,7 +849,7 @@ func (x *EvaluateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EvaluateResponse.ProtoReflect.Descriptor instead.
 func (*EvaluateResponse) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_trainer_proto_rawDescGZIP(), []int{14}
+	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *EvaluateResponse) GetLoss() float64 {
@@ -882,7 +882,7 @@ type SaveCheckpointRequest struct {
 
 func (x *SaveCheckpointRequest) Reset() {
 	*x = SaveCheckpointRequest{}
-	mi := &file_cohort_v1_trainer_proto_msgTypes[15]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -894,7 +894,7 @@ func (x *SaveCheckpointRequest) String() string {
 func (*SaveCheckpointRequest) ProtoMessage() {}
 
 func (x *SaveCheckpointRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_trainer_proto_msgTypes[15]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -907,7 +907,7 @@ func (x *SaveCheckpointRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SaveCheckpointRequest.ProtoReflect.Descriptor instead.
 func (*SaveCheckpointRequest) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_trainer_proto_rawDescGZIP(), []int{15}
+	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *SaveCheckpointRequest) GetDir() string {
@@ -926,7 +926,7 @@ type SaveCheckpointResponse struct {
 
 func (x *SaveCheckpointResponse) Reset() {
 	*x = SaveCheckpointResponse{}
-	mi := &file_cohort_v1_trainer_proto_msgTypes[16]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -938,7 +938,7 @@ func (x *SaveCheckpointResponse) String() string {
 func (*SaveCheckpointResponse) ProtoMessage() {}
 
 func (x *SaveCheckpointResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_trainer_proto_msgTypes[16]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -951,7 +951,7 @@ func (x *SaveCheckpointResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SaveCheckpointResponse.ProtoReflect.Descriptor instead.
 func (*SaveCheckpointResponse) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_trainer_proto_rawDescGZIP(), []int{16}
+	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *SaveCheckpointResponse) GetFiles() []string {
@@ -970,7 +970,7 @@ type LoadCheckpointRequest struct {
 
 func (x *LoadCheckpointRequest) Reset() {
 	*x = LoadCheckpointRequest{}
-	mi := &file_cohort_v1_trainer_proto_msgTypes[17]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -982,7 +982,7 @@ func (x *LoadCheckpointRequest) String() string {
 func (*LoadCheckpointRequest) ProtoMessage() {}
 
 func (x *LoadCheckpointRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_trainer_proto_msgTypes[17]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -995,7 +995,7 @@ func (x *LoadCheckpointRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadCheckpointRequest.ProtoReflect.Descriptor instead.
 func (*LoadCheckpointRequest) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_trainer_proto_rawDescGZIP(), []int{17}
+	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *LoadCheckpointRequest) GetDir() string {
@@ -1014,7 +1014,7 @@ type LoadCheckpointResponse struct {
 
 func (x *LoadCheckpointResponse) Reset() {
 	*x = LoadCheckpointResponse{}
-	mi := &file_cohort_v1_trainer_proto_msgTypes[18]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1026,7 +1026,7 @@ func (x *LoadCheckpointResponse) String() string {
 func (*LoadCheckpointResponse) ProtoMessage() {}
 
 func (x *LoadCheckpointResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_trainer_proto_msgTypes[18]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1039,7 +1039,7 @@ func (x *LoadCheckpointResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadCheckpointResponse.ProtoReflect.Descriptor instead.
 func (*LoadCheckpointResponse) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_trainer_proto_rawDescGZIP(), []int{18}
+	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *LoadCheckpointResponse) GetStepCount() uint64 {
@@ -1057,7 +1057,7 @@ type ShutdownRequest struct {
 
 func (x *ShutdownRequest) Reset() {
 	*x = ShutdownRequest{}
-	mi := &file_cohort_v1_trainer_proto_msgTypes[19]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1069,7 +1069,7 @@ func (x *ShutdownRequest) String() string {
 func (*ShutdownRequest) ProtoMessage() {}
 
 func (x *ShutdownRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_trainer_proto_msgTypes[19]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1082,7 +1082,7 @@ func (x *ShutdownRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShutdownRequest.ProtoReflect.Descriptor instead.
 func (*ShutdownRequest) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_trainer_proto_rawDescGZIP(), []int{19}
+	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{19}
 }
 
 type ShutdownResponse struct {
@@ -1093,7 +1093,7 @@ type ShutdownResponse struct {
 
 func (x *ShutdownResponse) Reset() {
 	*x = ShutdownResponse{}
-	mi := &file_cohort_v1_trainer_proto_msgTypes[20]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1105,7 +1105,7 @@ func (x *ShutdownResponse) String() string {
 func (*ShutdownResponse) ProtoMessage() {}
 
 func (x *ShutdownResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_trainer_proto_msgTypes[20]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1118,14 +1118,14 @@ func (x *ShutdownResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShutdownResponse.ProtoReflect.Descriptor instead.
 func (*ShutdownResponse) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_trainer_proto_rawDescGZIP(), []int{20}
+	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{20}
 }
 
-var File_cohort_v1_trainer_proto protoreflect.FileDescriptor
+var File_shared_plugin_internal_pluginpb_trainer_proto protoreflect.FileDescriptor
 
-const file_cohort_v1_trainer_proto_rawDesc = "" +
+const file_shared_plugin_internal_pluginpb_trainer_proto_rawDesc = "" +
 	"\n" +
-	"\x17cohort/v1/trainer.proto\x12\tcohort.v1\x1a\x15cohort/v1/arena.proto\"\x11\n" +
+	"-shared/plugin/internal/pluginpb/trainer.proto\x12\tcohort.v1\x1a+shared/plugin/internal/pluginpb/arena.proto\"\x11\n" +
 	"\x0fDescribeRequest\"e\n" +
 	"\x11PluginDescription\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
@@ -1212,22 +1212,22 @@ const file_cohort_v1_trainer_proto_rawDesc = "" +
 	"\bEvaluate\x12\x1a.cohort.v1.EvaluateRequest\x1a\x1b.cohort.v1.EvaluateResponse\x12U\n" +
 	"\x0eSaveCheckpoint\x12 .cohort.v1.SaveCheckpointRequest\x1a!.cohort.v1.SaveCheckpointResponse\x12U\n" +
 	"\x0eLoadCheckpoint\x12 .cohort.v1.LoadCheckpointRequest\x1a!.cohort.v1.LoadCheckpointResponse\x12C\n" +
-	"\bShutdown\x12\x1a.cohort.v1.ShutdownRequest\x1a\x1b.cohort.v1.ShutdownResponseB<Z:github.com/cohortdl/cohort/shared/proto/cohort/v1;cohortv1b\x06proto3"
+	"\bShutdown\x12\x1a.cohort.v1.ShutdownRequest\x1a\x1b.cohort.v1.ShutdownResponseBEZCgithub.com/cohortdl/cohort/shared/plugin/internal/pluginpb;pluginpbb\x06proto3"
 
 var (
-	file_cohort_v1_trainer_proto_rawDescOnce sync.Once
-	file_cohort_v1_trainer_proto_rawDescData []byte
+	file_shared_plugin_internal_pluginpb_trainer_proto_rawDescOnce sync.Once
+	file_shared_plugin_internal_pluginpb_trainer_proto_rawDescData []byte
 )
 
-func file_cohort_v1_trainer_proto_rawDescGZIP() []byte {
-	file_cohort_v1_trainer_proto_rawDescOnce.Do(func() {
-		file_cohort_v1_trainer_proto_rawDescData = protoimpl.X.CompressGZIP(unsafe.Slice(unsafe.StringData(file_cohort_v1_trainer_proto_rawDesc), len(file_cohort_v1_trainer_proto_rawDesc)))
+func file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP() []byte {
+	file_shared_plugin_internal_pluginpb_trainer_proto_rawDescOnce.Do(func() {
+		file_shared_plugin_internal_pluginpb_trainer_proto_rawDescData = protoimpl.X.CompressGZIP(unsafe.Slice(unsafe.StringData(file_shared_plugin_internal_pluginpb_trainer_proto_rawDesc), len(file_shared_plugin_internal_pluginpb_trainer_proto_rawDesc)))
 	})
-	return file_cohort_v1_trainer_proto_rawDescData
+	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescData
 }
 
-var file_cohort_v1_trainer_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
-var file_cohort_v1_trainer_proto_goTypes = []any{
+var file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
+var file_shared_plugin_internal_pluginpb_trainer_proto_goTypes = []any{
 	(*DescribeRequest)(nil),          // 0: cohort.v1.DescribeRequest
 	(*PluginDescription)(nil),        // 1: cohort.v1.PluginDescription
 	(*TrainerConfigureRequest)(nil),  // 2: cohort.v1.TrainerConfigureRequest
@@ -1252,7 +1252,7 @@ var file_cohort_v1_trainer_proto_goTypes = []any{
 	(*Layout)(nil),                   // 21: cohort.v1.Layout
 	(*ArenaDescriptor)(nil),          // 22: cohort.v1.ArenaDescriptor
 }
-var file_cohort_v1_trainer_proto_depIdxs = []int32{
+var file_shared_plugin_internal_pluginpb_trainer_proto_depIdxs = []int32{
 	21, // 0: cohort.v1.TrainerConfigureResponse.layout:type_name -> cohort.v1.Layout
 	22, // 1: cohort.v1.AttachRequest.arena:type_name -> cohort.v1.ArenaDescriptor
 	8,  // 2: cohort.v1.TrainReports.reports:type_name -> cohort.v1.BatchReport
@@ -1283,29 +1283,29 @@ var file_cohort_v1_trainer_proto_depIdxs = []int32{
 	0,  // [0:3] is the sub-list for field type_name
 }
 
-func init() { file_cohort_v1_trainer_proto_init() }
-func file_cohort_v1_trainer_proto_init() {
-	if File_cohort_v1_trainer_proto != nil {
+func init() { file_shared_plugin_internal_pluginpb_trainer_proto_init() }
+func file_shared_plugin_internal_pluginpb_trainer_proto_init() {
+	if File_shared_plugin_internal_pluginpb_trainer_proto != nil {
 		return
 	}
-	file_cohort_v1_arena_proto_init()
-	file_cohort_v1_trainer_proto_msgTypes[8].OneofWrappers = []any{}
-	file_cohort_v1_trainer_proto_msgTypes[14].OneofWrappers = []any{}
+	file_shared_plugin_internal_pluginpb_arena_proto_init()
+	file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[8].OneofWrappers = []any{}
+	file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[14].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
-			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cohort_v1_trainer_proto_rawDesc), len(file_cohort_v1_trainer_proto_rawDesc)),
+			RawDescriptor: unsafe.Slice(unsafe.StringData(file_shared_plugin_internal_pluginpb_trainer_proto_rawDesc), len(file_shared_plugin_internal_pluginpb_trainer_proto_rawDesc)),
 			NumEnums:      0,
 			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
-		GoTypes:           file_cohort_v1_trainer_proto_goTypes,
-		DependencyIndexes: file_cohort_v1_trainer_proto_depIdxs,
-		MessageInfos:      file_cohort_v1_trainer_proto_msgTypes,
+		GoTypes:           file_shared_plugin_internal_pluginpb_trainer_proto_goTypes,
+		DependencyIndexes: file_shared_plugin_internal_pluginpb_trainer_proto_depIdxs,
+		MessageInfos:      file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes,
 	}.Build()
-	File_cohort_v1_trainer_proto = out.File
-	file_cohort_v1_trainer_proto_goTypes = nil
-	file_cohort_v1_trainer_proto_depIdxs = nil
+	File_shared_plugin_internal_pluginpb_trainer_proto = out.File
+	file_shared_plugin_internal_pluginpb_trainer_proto_goTypes = nil
+	file_shared_plugin_internal_pluginpb_trainer_proto_depIdxs = nil
 }

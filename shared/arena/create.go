@@ -1,7 +1,3 @@
-// Package arena owns the lifetime of a rank's parameter arena: it creates the
-// shared-memory file (private to the user, under a unique name), sizes and
-// maps it for the core, and removes it at teardown. What lives inside the
-// block and how plugins open it is shared/arena's.
 package arena
 
 import (
@@ -11,22 +7,21 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-
-	sharena "github.com/cohortdl/cohort/shared/arena"
 )
 
 // DefaultDir is where arenas live on Linux: memory, not disk.
 const DefaultDir = "/dev/shm"
 
-// Arena is an arena this process created and must remove.
-type Arena struct {
-	*sharena.Mapping
+// Owned is an arena this process created and must remove: the rank's
+// core holds one; plugins only ever Open a descriptor.
+type Owned struct {
+	*Mapping
 }
 
 // Create validates layout, creates a new file for it in dir (DefaultDir when
 // empty) with mode 0600, sizes it and maps it. prefix names the owner (e.g.
 // "cohort-r3") so a leftover file can be traced.
-func Create(dir, prefix string, layout sharena.Layout) (*Arena, error) {
+func Create(dir, prefix string, layout Layout) (*Owned, error) {
 	if err := layout.Validate(); err != nil {
 		return nil, fmt.Errorf("create arena: %w", err)
 	}
@@ -43,22 +38,22 @@ func Create(dir, prefix string, layout sharena.Layout) (*Arena, error) {
 		return nil, fmt.Errorf("create arena: %w", err)
 	}
 	defer f.Close()
-	fail := func(err error) (*Arena, error) {
+	fail := func(err error) (*Owned, error) {
 		return nil, errors.Join(err, os.Remove(path))
 	}
 	if err := f.Truncate(int64(layout.Size)); err != nil {
 		return fail(fmt.Errorf("create arena %s: size to %d bytes: %w", path, layout.Size, err))
 	}
-	m, err := sharena.MapFile(f, sharena.Descriptor{Path: path, Layout: layout})
+	m, err := MapFile(f, Descriptor{Path: path, Layout: layout})
 	if err != nil {
 		return fail(fmt.Errorf("create arena: %w", err))
 	}
-	return &Arena{Mapping: m}, nil
+	return &Owned{Mapping: m}, nil
 }
 
 // Remove unmaps the arena and deletes its file. Plugins that still map it
 // keep their pages until they unmap; the name is gone at once.
-func (a *Arena) Remove() error {
+func (a *Owned) Remove() error {
 	path := a.Path()
 	err := a.Close()
 	if rerr := os.Remove(path); rerr != nil && !errors.Is(rerr, os.ErrNotExist) {

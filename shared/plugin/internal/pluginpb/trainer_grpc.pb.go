@@ -6,9 +6,9 @@
 // versions:
 // - protoc-gen-go-grpc v1.5.1
 // - protoc             v3.21.12
-// source: cohort/v1/trainer.proto
+// source: shared/plugin/internal/pluginpb/trainer.proto
 
-package cohortv1
+package pluginpb
 
 import (
 	context "context"
@@ -485,5 +485,5 @@ var Trainer_ServiceDesc = grpc.ServiceDesc{
 			ServerStreams: true,
 		},
 	},
-	Metadata: "cohort/v1/trainer.proto",
+	Metadata: "shared/plugin/internal/pluginpb/trainer.proto",
 }

@@ -6,9 +6,9 @@
 // versions:
 // 	protoc-gen-go v1.36.12
 // 	protoc        v3.21.12
-// source: cohort/v1/averager.proto
+// source: shared/plugin/internal/pluginpb/averager.proto
 
-package cohortv1
+package pluginpb
 
 import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
@@ -45,7 +45,7 @@ type AveragerConfigureRequest struct {
 
 func (x *AveragerConfigureRequest) Reset() {
 	*x = AveragerConfigureRequest{}
-	mi := &file_cohort_v1_averager_proto_msgTypes[0]
+	mi := &file_shared_plugin_internal_pluginpb_averager_proto_msgTypes[0]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -57,7 +57,7 @@ func (x *AveragerConfigureRequest) String() string {
 func (*AveragerConfigureRequest) ProtoMessage() {}
 
 func (x *AveragerConfigureRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_averager_proto_msgTypes[0]
+	mi := &file_shared_plugin_internal_pluginpb_averager_proto_msgTypes[0]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -70,7 +70,7 @@ func (x *AveragerConfigureRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AveragerConfigureRequest.ProtoReflect.Descriptor instead.
 func (*AveragerConfigureRequest) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_averager_proto_rawDescGZIP(), []int{0}
+	return file_shared_plugin_internal_pluginpb_averager_proto_rawDescGZIP(), []int{0}
 }
 
 func (x *AveragerConfigureRequest) GetRank() uint32 {
@@ -134,7 +134,7 @@ type AveragerConfigureResponse struct {
 
 func (x *AveragerConfigureResponse) Reset() {
 	*x = AveragerConfigureResponse{}
-	mi := &file_cohort_v1_averager_proto_msgTypes[1]
+	mi := &file_shared_plugin_internal_pluginpb_averager_proto_msgTypes[1]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -146,7 +146,7 @@ func (x *AveragerConfigureResponse) String() string {
 func (*AveragerConfigureResponse) ProtoMessage() {}
 
 func (x *AveragerConfigureResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_averager_proto_msgTypes[1]
+	mi := &file_shared_plugin_internal_pluginpb_averager_proto_msgTypes[1]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -159,7 +159,7 @@ func (x *AveragerConfigureResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AveragerConfigureResponse.ProtoReflect.Descriptor instead.
 func (*AveragerConfigureResponse) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_averager_proto_rawDescGZIP(), []int{1}
+	return file_shared_plugin_internal_pluginpb_averager_proto_rawDescGZIP(), []int{1}
 }
 
 func (x *AveragerConfigureResponse) GetSoloIdentity() bool {
@@ -183,7 +183,7 @@ type AverageRequest struct {
 
 func (x *AverageRequest) Reset() {
 	*x = AverageRequest{}
-	mi := &file_cohort_v1_averager_proto_msgTypes[2]
+	mi := &file_shared_plugin_internal_pluginpb_averager_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -195,7 +195,7 @@ func (x *AverageRequest) String() string {
 func (*AverageRequest) ProtoMessage() {}
 
 func (x *AverageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_averager_proto_msgTypes[2]
+	mi := &file_shared_plugin_internal_pluginpb_averager_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -208,7 +208,7 @@ func (x *AverageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AverageRequest.ProtoReflect.Descriptor instead.
 func (*AverageRequest) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_averager_proto_rawDescGZIP(), []int{2}
+	return file_shared_plugin_internal_pluginpb_averager_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *AverageRequest) GetRound() uint64 {
@@ -260,7 +260,7 @@ type AverageResponse struct {
 
 func (x *AverageResponse) Reset() {
 	*x = AverageResponse{}
-	mi := &file_cohort_v1_averager_proto_msgTypes[3]
+	mi := &file_shared_plugin_internal_pluginpb_averager_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -272,7 +272,7 @@ func (x *AverageResponse) String() string {
 func (*AverageResponse) ProtoMessage() {}
 
 func (x *AverageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_averager_proto_msgTypes[3]
+	mi := &file_shared_plugin_internal_pluginpb_averager_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -285,7 +285,7 @@ func (x *AverageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AverageResponse.ProtoReflect.Descriptor instead.
 func (*AverageResponse) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_averager_proto_rawDescGZIP(), []int{3}
+	return file_shared_plugin_internal_pluginpb_averager_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *AverageResponse) GetWeight() float64 {
@@ -366,7 +366,7 @@ type NewSessionIdRequest struct {
 
 func (x *NewSessionIdRequest) Reset() {
 	*x = NewSessionIdRequest{}
-	mi := &file_cohort_v1_averager_proto_msgTypes[4]
+	mi := &file_shared_plugin_internal_pluginpb_averager_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -378,7 +378,7 @@ func (x *NewSessionIdRequest) String() string {
 func (*NewSessionIdRequest) ProtoMessage() {}
 
 func (x *NewSessionIdRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_averager_proto_msgTypes[4]
+	mi := &file_shared_plugin_internal_pluginpb_averager_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -391,7 +391,7 @@ func (x *NewSessionIdRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NewSessionIdRequest.ProtoReflect.Descriptor instead.
 func (*NewSessionIdRequest) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_averager_proto_rawDescGZIP(), []int{4}
+	return file_shared_plugin_internal_pluginpb_averager_proto_rawDescGZIP(), []int{4}
 }
 
 type NewSessionIdResponse struct {
@@ -403,7 +403,7 @@ type NewSessionIdResponse struct {
 
 func (x *NewSessionIdResponse) Reset() {
 	*x = NewSessionIdResponse{}
-	mi := &file_cohort_v1_averager_proto_msgTypes[5]
+	mi := &file_shared_plugin_internal_pluginpb_averager_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -415,7 +415,7 @@ func (x *NewSessionIdResponse) String() string {
 func (*NewSessionIdResponse) ProtoMessage() {}
 
 func (x *NewSessionIdResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_averager_proto_msgTypes[5]
+	mi := &file_shared_plugin_internal_pluginpb_averager_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -428,7 +428,7 @@ func (x *NewSessionIdResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NewSessionIdResponse.ProtoReflect.Descriptor instead.
 func (*NewSessionIdResponse) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_averager_proto_rawDescGZIP(), []int{5}
+	return file_shared_plugin_internal_pluginpb_averager_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *NewSessionIdResponse) GetSessionId() []byte {
@@ -451,7 +451,7 @@ type NewSessionRequest struct {
 
 func (x *NewSessionRequest) Reset() {
 	*x = NewSessionRequest{}
-	mi := &file_cohort_v1_averager_proto_msgTypes[6]
+	mi := &file_shared_plugin_internal_pluginpb_averager_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -463,7 +463,7 @@ func (x *NewSessionRequest) String() string {
 func (*NewSessionRequest) ProtoMessage() {}
 
 func (x *NewSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_averager_proto_msgTypes[6]
+	mi := &file_shared_plugin_internal_pluginpb_averager_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -476,7 +476,7 @@ func (x *NewSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NewSessionRequest.ProtoReflect.Descriptor instead.
 func (*NewSessionRequest) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_averager_proto_rawDescGZIP(), []int{6}
+	return file_shared_plugin_internal_pluginpb_averager_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *NewSessionRequest) GetGeneration() uint64 {
@@ -522,7 +522,7 @@ type NewSessionResponse struct {
 
 func (x *NewSessionResponse) Reset() {
 	*x = NewSessionResponse{}
-	mi := &file_cohort_v1_averager_proto_msgTypes[7]
+	mi := &file_shared_plugin_internal_pluginpb_averager_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -534,7 +534,7 @@ func (x *NewSessionResponse) String() string {
 func (*NewSessionResponse) ProtoMessage() {}
 
 func (x *NewSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_averager_proto_msgTypes[7]
+	mi := &file_shared_plugin_internal_pluginpb_averager_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -547,7 +547,7 @@ func (x *NewSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NewSessionResponse.ProtoReflect.Descriptor instead.
 func (*NewSessionResponse) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_averager_proto_rawDescGZIP(), []int{7}
+	return file_shared_plugin_internal_pluginpb_averager_proto_rawDescGZIP(), []int{7}
 }
 
 type AbortRequest struct {
@@ -559,7 +559,7 @@ type AbortRequest struct {
 
 func (x *AbortRequest) Reset() {
 	*x = AbortRequest{}
-	mi := &file_cohort_v1_averager_proto_msgTypes[8]
+	mi := &file_shared_plugin_internal_pluginpb_averager_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -571,7 +571,7 @@ func (x *AbortRequest) String() string {
 func (*AbortRequest) ProtoMessage() {}
 
 func (x *AbortRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_averager_proto_msgTypes[8]
+	mi := &file_shared_plugin_internal_pluginpb_averager_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -584,7 +584,7 @@ func (x *AbortRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbortRequest.ProtoReflect.Descriptor instead.
 func (*AbortRequest) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_averager_proto_rawDescGZIP(), []int{8}
+	return file_shared_plugin_internal_pluginpb_averager_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *AbortRequest) GetReason() string {
@@ -602,7 +602,7 @@ type AbortResponse struct {
 
 func (x *AbortResponse) Reset() {
 	*x = AbortResponse{}
-	mi := &file_cohort_v1_averager_proto_msgTypes[9]
+	mi := &file_shared_plugin_internal_pluginpb_averager_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -614,7 +614,7 @@ func (x *AbortResponse) String() string {
 func (*AbortResponse) ProtoMessage() {}
 
 func (x *AbortResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_averager_proto_msgTypes[9]
+	mi := &file_shared_plugin_internal_pluginpb_averager_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -627,7 +627,7 @@ func (x *AbortResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbortResponse.ProtoReflect.Descriptor instead.
 func (*AbortResponse) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_averager_proto_rawDescGZIP(), []int{9}
+	return file_shared_plugin_internal_pluginpb_averager_proto_rawDescGZIP(), []int{9}
 }
 
 type LoadStateResponse struct {
@@ -638,7 +638,7 @@ type LoadStateResponse struct {
 
 func (x *LoadStateResponse) Reset() {
 	*x = LoadStateResponse{}
-	mi := &file_cohort_v1_averager_proto_msgTypes[10]
+	mi := &file_shared_plugin_internal_pluginpb_averager_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -650,7 +650,7 @@ func (x *LoadStateResponse) String() string {
 func (*LoadStateResponse) ProtoMessage() {}
 
 func (x *LoadStateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cohort_v1_averager_proto_msgTypes[10]
+	mi := &file_shared_plugin_internal_pluginpb_averager_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -663,14 +663,14 @@ func (x *LoadStateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadStateResponse.ProtoReflect.Descriptor instead.
 func (*LoadStateResponse) Descriptor() ([]byte, []int) {
-	return file_cohort_v1_averager_proto_rawDescGZIP(), []int{10}
+	return file_shared_plugin_internal_pluginpb_averager_proto_rawDescGZIP(), []int{10}
 }
 
-var File_cohort_v1_averager_proto protoreflect.FileDescriptor
+var File_shared_plugin_internal_pluginpb_averager_proto protoreflect.FileDescriptor
 
-const file_cohort_v1_averager_proto_rawDesc = "" +
+const file_shared_plugin_internal_pluginpb_averager_proto_rawDesc = "" +
 	"\n" +
-	"\x18cohort/v1/averager.proto\x12\tcohort.v1\x1a\x15cohort/v1/arena.proto\x1a\x17cohort/v1/trainer.proto\"\xf2\x01\n" +
+	".shared/plugin/internal/pluginpb/averager.proto\x12\tcohort.v1\x1a+shared/plugin/internal/pluginpb/arena.proto\x1a-shared/plugin/internal/pluginpb/trainer.proto\"\xf2\x01\n" +
 	"\x18AveragerConfigureRequest\x12\x12\n" +
 	"\x04rank\x18\x01 \x01(\rR\x04rank\x12\x1d\n" +
 	"\n" +
@@ -730,22 +730,22 @@ const file_cohort_v1_averager_proto_rawDesc = "" +
 	"\x05Abort\x12\x17.cohort.v1.AbortRequest\x1a\x18.cohort.v1.AbortResponse\x12P\n" +
 	"\tSaveState\x12 .cohort.v1.SaveCheckpointRequest\x1a!.cohort.v1.SaveCheckpointResponse\x12K\n" +
 	"\tLoadState\x12 .cohort.v1.LoadCheckpointRequest\x1a\x1c.cohort.v1.LoadStateResponse\x12C\n" +
-	"\bShutdown\x12\x1a.cohort.v1.ShutdownRequest\x1a\x1b.cohort.v1.ShutdownResponseB<Z:github.com/cohortdl/cohort/shared/proto/cohort/v1;cohortv1b\x06proto3"
+	"\bShutdown\x12\x1a.cohort.v1.ShutdownRequest\x1a\x1b.cohort.v1.ShutdownResponseBEZCgithub.com/cohortdl/cohort/shared/plugin/internal/pluginpb;pluginpbb\x06proto3"
 
 var (
-	file_cohort_v1_averager_proto_rawDescOnce sync.Once
-	file_cohort_v1_averager_proto_rawDescData []byte
+	file_shared_plugin_internal_pluginpb_averager_proto_rawDescOnce sync.Once
+	file_shared_plugin_internal_pluginpb_averager_proto_rawDescData []byte
 )
 
-func file_cohort_v1_averager_proto_rawDescGZIP() []byte {
-	file_cohort_v1_averager_proto_rawDescOnce.Do(func() {
-		file_cohort_v1_averager_proto_rawDescData = protoimpl.X.CompressGZIP(unsafe.Slice(unsafe.StringData(file_cohort_v1_averager_proto_rawDesc), len(file_cohort_v1_averager_proto_rawDesc)))
+func file_shared_plugin_internal_pluginpb_averager_proto_rawDescGZIP() []byte {
+	file_shared_plugin_internal_pluginpb_averager_proto_rawDescOnce.Do(func() {
+		file_shared_plugin_internal_pluginpb_averager_proto_rawDescData = protoimpl.X.CompressGZIP(unsafe.Slice(unsafe.StringData(file_shared_plugin_internal_pluginpb_averager_proto_rawDesc), len(file_shared_plugin_internal_pluginpb_averager_proto_rawDesc)))
 	})
-	return file_cohort_v1_averager_proto_rawDescData
+	return file_shared_plugin_internal_pluginpb_averager_proto_rawDescData
 }
 
-var file_cohort_v1_averager_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
-var file_cohort_v1_averager_proto_goTypes = []any{
+var file_shared_plugin_internal_pluginpb_averager_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_shared_plugin_internal_pluginpb_averager_proto_goTypes = []any{
 	(*AveragerConfigureRequest)(nil),  // 0: cohort.v1.AveragerConfigureRequest
 	(*AveragerConfigureResponse)(nil), // 1: cohort.v1.AveragerConfigureResponse
 	(*AverageRequest)(nil),            // 2: cohort.v1.AverageRequest
@@ -766,7 +766,7 @@ var file_cohort_v1_averager_proto_goTypes = []any{
 	(*SaveCheckpointResponse)(nil),    // 17: cohort.v1.SaveCheckpointResponse
 	(*ShutdownResponse)(nil),          // 18: cohort.v1.ShutdownResponse
 }
-var file_cohort_v1_averager_proto_depIdxs = []int32{
+var file_shared_plugin_internal_pluginpb_averager_proto_depIdxs = []int32{
 	11, // 0: cohort.v1.AveragerConfigureRequest.arena:type_name -> cohort.v1.ArenaDescriptor
 	12, // 1: cohort.v1.Averager.Describe:input_type -> cohort.v1.DescribeRequest
 	0,  // 2: cohort.v1.Averager.Configure:input_type -> cohort.v1.AveragerConfigureRequest
@@ -793,28 +793,28 @@ var file_cohort_v1_averager_proto_depIdxs = []int32{
 	0,  // [0:1] is the sub-list for field type_name
 }
 
-func init() { file_cohort_v1_averager_proto_init() }
-func file_cohort_v1_averager_proto_init() {
-	if File_cohort_v1_averager_proto != nil {
+func init() { file_shared_plugin_internal_pluginpb_averager_proto_init() }
+func file_shared_plugin_internal_pluginpb_averager_proto_init() {
+	if File_shared_plugin_internal_pluginpb_averager_proto != nil {
 		return
 	}
-	file_cohort_v1_arena_proto_init()
-	file_cohort_v1_trainer_proto_init()
+	file_shared_plugin_internal_pluginpb_arena_proto_init()
+	file_shared_plugin_internal_pluginpb_trainer_proto_init()
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
-			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cohort_v1_averager_proto_rawDesc), len(file_cohort_v1_averager_proto_rawDesc)),
+			RawDescriptor: unsafe.Slice(unsafe.StringData(file_shared_plugin_internal_pluginpb_averager_proto_rawDesc), len(file_shared_plugin_internal_pluginpb_averager_proto_rawDesc)),
 			NumEnums:      0,
 			NumMessages:   11,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
-		GoTypes:           file_cohort_v1_averager_proto_goTypes,
-		DependencyIndexes: file_cohort_v1_averager_proto_depIdxs,
-		MessageInfos:      file_cohort_v1_averager_proto_msgTypes,
+		GoTypes:           file_shared_plugin_internal_pluginpb_averager_proto_goTypes,
+		DependencyIndexes: file_shared_plugin_internal_pluginpb_averager_proto_depIdxs,
+		MessageInfos:      file_shared_plugin_internal_pluginpb_averager_proto_msgTypes,
 	}.Build()
-	File_cohort_v1_averager_proto = out.File
-	file_cohort_v1_averager_proto_goTypes = nil
-	file_cohort_v1_averager_proto_depIdxs = nil
+	File_shared_plugin_internal_pluginpb_averager_proto = out.File
+	file_shared_plugin_internal_pluginpb_averager_proto_goTypes = nil
+	file_shared_plugin_internal_pluginpb_averager_proto_depIdxs = nil
 }

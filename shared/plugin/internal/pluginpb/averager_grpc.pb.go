@@ -6,9 +6,9 @@
 // versions:
 // - protoc-gen-go-grpc v1.5.1
 // - protoc             v3.21.12
-// source: cohort/v1/averager.proto
+// source: shared/plugin/internal/pluginpb/averager.proto
 
-package cohortv1
+package pluginpb
 
 import (
 	context "context"
@@ -439,5 +439,5 @@ var Averager_ServiceDesc = grpc.ServiceDesc{
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
-	Metadata: "cohort/v1/averager.proto",
+	Metadata: "shared/plugin/internal/pluginpb/averager.proto",
 }
