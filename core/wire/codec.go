@@ -80,6 +80,10 @@ func newMessage(kind wirepb.FrameKind) proto.Message {
 		return new(wirepb.CoordinatorHeartbeat)
 	case wirepb.FrameKind_FRAME_KIND_ADMIT:
 		return new(wirepb.Admit)
+	case wirepb.FrameKind_FRAME_KIND_MEETING:
+		return new(wirepb.Meeting)
+	case wirepb.FrameKind_FRAME_KIND_RELAY_RESULT:
+		return new(wirepb.RelayResult)
 
 	case wirepb.FrameKind_FRAME_KIND_READY:
 		return new(wirepb.Ready)
@@ -105,6 +109,10 @@ func newMessage(kind wirepb.FrameKind) proto.Message {
 		return new(wirepb.Exiting)
 	case wirepb.FrameKind_FRAME_KIND_METRICS:
 		return new(wirepb.Metrics)
+	case wirepb.FrameKind_FRAME_KIND_MEET_REQUEST:
+		return new(wirepb.MeetRequest)
+	case wirepb.FrameKind_FRAME_KIND_RELAY_POST:
+		return new(wirepb.RelayPost)
 	}
 	return nil
 }
@@ -145,6 +153,10 @@ func kindOf(msg proto.Message) wirepb.FrameKind {
 		return wirepb.FrameKind_FRAME_KIND_COORDINATOR_HEARTBEAT
 	case *wirepb.Admit:
 		return wirepb.FrameKind_FRAME_KIND_ADMIT
+	case *wirepb.Meeting:
+		return wirepb.FrameKind_FRAME_KIND_MEETING
+	case *wirepb.RelayResult:
+		return wirepb.FrameKind_FRAME_KIND_RELAY_RESULT
 
 	case *wirepb.Ready:
 		return wirepb.FrameKind_FRAME_KIND_READY
@@ -170,6 +182,10 @@ func kindOf(msg proto.Message) wirepb.FrameKind {
 		return wirepb.FrameKind_FRAME_KIND_EXITING
 	case *wirepb.Metrics:
 		return wirepb.FrameKind_FRAME_KIND_METRICS
+	case *wirepb.MeetRequest:
+		return wirepb.FrameKind_FRAME_KIND_MEET_REQUEST
+	case *wirepb.RelayPost:
+		return wirepb.FrameKind_FRAME_KIND_RELAY_POST
 	}
 	return wirepb.FrameKind_FRAME_KIND_UNSPECIFIED
 }

@@ -74,7 +74,7 @@ func TestEncodeRefuses(t *testing.T) {
 }
 
 func TestDecodeRefuses(t *testing.T) {
-	for _, kind := range []wirepb.FrameKind{0, 63, 76, 999, -1} {
+	for _, kind := range []wirepb.FrameKind{0, 19, 63, 78, 999, -1} {
 		if _, err := Decode(kind, nil); !errors.Is(err, ErrUnknownKind) {
 			t.Errorf("Decode(kind %d): %v, want ErrUnknownKind", kind, err)
 		}

@@ -198,7 +198,9 @@ func sampleMessages() []proto.Message {
 		&wirepb.Shutdown{},
 		&wirepb.ShutdownWithSave{Reason: wirepb.ShutdownReason_SHUTDOWN_REASON_SINGLE_SURVIVOR, Dir: "/ckpt", Version: 8},
 		&wirepb.CoordinatorHeartbeat{Sequence: 77},
-		&wirepb.Admit{RunId: "run-7", Seed: 1, AveragingEndpoint: "127.0.0.1:9000", ResumeDir: "/ckpt/run-7", Epochs: 3},
+		&wirepb.Admit{RunId: "run-7", Seed: 1, ResumeDir: "/ckpt/run-7", Epochs: 3},
+		&wirepb.Meeting{Kind: "reduce-server", Endpoint: ":9000"},
+		&wirepb.RelayResult{Key: "nccl/0", Blobs: []*wirepb.RelayBlob{{Rank: 0, Blob: []byte{1, 2, 3}}, {Rank: 1}}},
 		// rank -> coordinator
 		&wirepb.Ready{Rank: 1, Samples: 60000, EvalSamples: 10000, ParameterCount: 1 << 20, ParameterBytes: 4 << 20,
 			LayoutDigest: make([]byte, 32), Trainer: "libtorch", Averager: "cpu", BatchSize: 64},
@@ -216,5 +218,7 @@ func sampleMessages() []proto.Message {
 		&wirepb.Metrics{Rank: 1, Epoch: 3, AvgLoss: 0.42, Batches: 50, Samples: 6400, EpochMs: 1234.5, ComputeMs: 1100, DataMs: 90,
 			Scalars:   map[string]*wirepb.ScalarSum{"loss": {Sum: 21, Count: 50}, "acc": {Sum: 45.5, Count: 50}},
 			Resources: res, PartitionOffset: 100, PartitionSize: 6400},
+		&wirepb.MeetRequest{Kind: "relay", Averager: "mock"},
+		&wirepb.RelayPost{Key: "nccl/0", Blob: []byte("unique-id")},
 	}
 }

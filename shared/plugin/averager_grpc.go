@@ -13,7 +13,8 @@ import (
 // is still in flight.
 type averagerServer struct {
 	pb.UnimplementedAveragerServer
-	impl Averager
+	impl  Averager
+	relay *pluginRelayDialer
 }
 
 func (s *averagerServer) Describe(ctx context.Context, _ *pb.DescribeRequest) (*pb.PluginDescription, error) {
@@ -28,6 +29,11 @@ func (s *averagerServer) Configure(ctx context.Context, req *pb.AveragerConfigur
 	cfg, err := fromprotoAveragerConfig(req)
 	if err != nil {
 		return nil, invalidRequest("Configure", err)
+	}
+	if id := req.GetRelayBrokerId(); id != 0 {
+		if cfg.Relay, err = s.relay.dial(id); err != nil {
+			return nil, invalidRequest("Configure", err)
+		}
 	}
 	traits, err := s.impl.Configure(ctx, cfg)
 	if err != nil {
@@ -92,7 +98,8 @@ func (s *averagerServer) Shutdown(ctx context.Context, _ *pb.ShutdownRequest) (*
 // plugin's cohort.v1.Averager service. Calls share one connection and do
 // not wait for each other.
 type averagerClient struct {
-	rpc pb.AveragerClient
+	rpc   pb.AveragerClient
+	relay *hostRelay
 }
 
 var _ Averager = (*averagerClient)(nil)
@@ -110,6 +117,12 @@ func (c *averagerClient) Configure(ctx context.Context, cfg AveragerConfig) (Ave
 	req, err := toprotoAveragerConfig(cfg)
 	if err != nil {
 		return AveragerTraits{}, errors.New(op + ": " + err.Error())
+	}
+	if cfg.Relay != nil {
+		if c.relay == nil || c.relay.broker == nil {
+			return AveragerTraits{}, errors.New(op + ": a relay needs a go-plugin broker, and this client has none")
+		}
+		req.RelayBrokerId = c.relay.serve(cfg.Relay)
 	}
 	resp, err := c.rpc.Configure(ctx, req)
 	if err != nil {

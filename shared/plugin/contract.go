@@ -14,6 +14,31 @@ type Description struct {
 	Version string
 	// Capabilities are free-form flags such as "cuda" or "torchscript".
 	Capabilities []string
+	// Meeting is an averager's meeting kind: how its ranks find each other
+	// (MeetRelay, the default when empty, or MeetReduceServer). The core
+	// asks the coordinator for a meeting point of this kind and hands its
+	// endpoint to Configure. Trainers leave it empty.
+	Meeting string
+}
+
+// The meeting kinds an averager can declare in Description.Meeting.
+const (
+	// MeetRelay: the ranks meet through AveragerConfig.Relay alone, which
+	// works wherever the control protocol reaches (across hosts too);
+	// AveragerConfig.Endpoint is empty.
+	MeetRelay = "relay"
+	// MeetReduceServer: the ranks meet at the coordinator's reduce server
+	// and speak shared/reduce to it; AveragerConfig.Endpoint is its
+	// address.
+	MeetReduceServer = "reduce-server"
+)
+
+// MeetingKind is d's meeting kind, MeetRelay when d declares none.
+func (d Description) MeetingKind() string {
+	if d.Meeting == "" {
+		return MeetRelay
+	}
+	return d.Meeting
 }
 
 // TrainerConfig is what a trainer needs to build its model and data.
@@ -114,14 +139,48 @@ type AveragerConfig struct {
 	Rank      uint32
 	WorldSize uint32
 	Arena     arena.Descriptor
-	// Endpoint is where the backend meets its peers: the reduce server's
-	// address, a rendezvous directory, ...
+	// Endpoint is where the backend meets its peers, for the meeting kind
+	// its Describe declared: the reduce server's address for
+	// MeetReduceServer, empty for MeetRelay.
 	Endpoint string
 	// DataKey authenticates the backend's own data channel; it is derived
 	// from the run secret and is never the secret itself.
 	DataKey  []byte
 	Settings json.RawMessage
 	RunID    string
+	// Relay exchanges small blobs with the other ranks through the
+	// coordinator (an NCCL unique id, a vendor's addresses). Every averager
+	// gets one, whatever its meeting kind; it is valid until the next
+	// Configure or Shutdown.
+	Relay Relay
+}
+
+// Relay limits. Every poster receives all ranks' blobs in one control
+// frame, so besides each blob's bound the world's blobs together are
+// bounded too, under the control protocol's frame limit; an exchange over
+// either fails with an error saying so. An averager with more to move
+// splits it over several keys.
+const (
+	// MaxRelayBlob bounds one rank's blob.
+	MaxRelayBlob = 4 << 20
+	// MaxRelayExchange bounds the blobs of one exchange together.
+	MaxRelayExchange = 12 << 20
+)
+
+// Relay is an all-gather of small opaque blobs among the live ranks,
+// through the coordinator's control protocol: no address, directory or
+// port of its own, so it works across hosts and firewalls wherever the
+// ranks reach their coordinator.
+type Relay interface {
+	// Exchange posts blob (at most MaxRelayBlob bytes) under key and waits
+	// until every live rank has posted under the same key (before the
+	// cohort forms: every rank of the world). It returns each poster's
+	// blob by global rank; every poster receives the same map. Keys are
+	// the averager's own (say "nccl-id/<generation>"); a key is used once
+	// per run. When a rank dies before the exchange completes it fails,
+	// for every poster, with an error wrapping ErrRoundAborted, and so
+	// does every later post under that key. ctx ending abandons the wait.
+	Exchange(ctx context.Context, key string, blob []byte) (map[uint32][]byte, error)
 }
 
 // AveragerTraits is what Configure tells the core about the averager's

@@ -22,11 +22,11 @@ import (
 // files, layout entries, a scalar's shape) arrive as nil.
 
 func toprotoDescription(d Description) *pb.PluginDescription {
-	return &pb.PluginDescription{Name: d.Name, Version: d.Version, Capabilities: d.Capabilities}
+	return &pb.PluginDescription{Name: d.Name, Version: d.Version, Capabilities: d.Capabilities, Meeting: d.Meeting}
 }
 
 func fromprotoDescription(m *pb.PluginDescription) Description {
-	return Description{Name: m.GetName(), Version: m.GetVersion(), Capabilities: m.GetCapabilities()}
+	return Description{Name: m.GetName(), Version: m.GetVersion(), Capabilities: m.GetCapabilities(), Meeting: m.GetMeeting()}
 }
 
 func toprotoDType(d arena.DType) (pb.DType, error) {

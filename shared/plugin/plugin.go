@@ -84,17 +84,19 @@ type AveragerPlugin struct {
 }
 
 // GRPCServer registers Impl as the cohort.v1.Averager service.
-func (p AveragerPlugin) GRPCServer(_ *goplugin.GRPCBroker, s *grpc.Server) error {
+// The broker carries the host's Relay back to the plugin.
+func (p AveragerPlugin) GRPCServer(broker *goplugin.GRPCBroker, s *grpc.Server) error {
 	if p.Impl == nil {
 		return errors.New("averager plugin: no implementation to serve")
 	}
-	pb.RegisterAveragerServer(s, &averagerServer{impl: p.Impl})
+	pb.RegisterAveragerServer(s, &averagerServer{impl: p.Impl, relay: &pluginRelayDialer{broker: broker}})
 	return nil
 }
 
-// GRPCClient returns an Averager that calls the plugin over c.
-func (p AveragerPlugin) GRPCClient(_ context.Context, _ *goplugin.GRPCBroker, c *grpc.ClientConn) (any, error) {
-	return &averagerClient{rpc: pb.NewAveragerClient(c)}, nil
+// GRPCClient returns an Averager that calls the plugin over c and serves
+// the Relay a Configure names on broker.
+func (p AveragerPlugin) GRPCClient(_ context.Context, broker *goplugin.GRPCBroker, c *grpc.ClientConn) (any, error) {
+	return &averagerClient{rpc: pb.NewAveragerClient(c), relay: &hostRelay{broker: broker}}, nil
 }
 
 var (

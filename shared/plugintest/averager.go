@@ -7,12 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
-	"io"
-	"io/fs"
 	"math"
-	"os"
-	"path/filepath"
-	"strconv"
 	"sync"
 	"time"
 
@@ -29,11 +24,12 @@ const AveragerName = "mock"
 // Shutdown stopped, and of every round of an aborted session.
 var ErrAborted = plugin.ErrRoundAborted
 
-// A contribution file: this header, then the raw little-endian values of
-// every f32 entry of the layout, in layout order.
+// A contribution, as one rank posts it to the relay: this header, then the
+// raw little-endian values of every f32 entry of the layout, in layout
+// order.
 //
 //	0  magic "COHMAVG1"     8  round u64        16 generation u64
-//	24 session-ID hash u64  32 run-ID hash u64  40 global rank u32
+//	24 session-ID hash u64  32 reserved u64     40 global rank u32
 //	44 reserved u32         48 steps u64        56 weight f64
 //	64 layout digest [32]   96 value count u64  104 values
 const (
@@ -43,7 +39,7 @@ const (
 
 // contribution is a parsed contribution header.
 type contribution struct {
-	round, gen, session, run uint64
+	round, gen, session uint64
 	rank                     uint32
 	steps                    uint64
 	weight                   float64
@@ -57,7 +53,7 @@ func (c *contribution) encode(b []byte) {
 	le.PutUint64(b[8:], c.round)
 	le.PutUint64(b[16:], c.gen)
 	le.PutUint64(b[24:], c.session)
-	le.PutUint64(b[32:], c.run)
+	le.PutUint64(b[32:], 0)
 	le.PutUint32(b[40:], c.rank)
 	le.PutUint32(b[44:], 0)
 	le.PutUint64(b[48:], c.steps)
@@ -78,7 +74,6 @@ func decodeContribution(b []byte) (contribution, error) {
 		round:   le.Uint64(b[8:]),
 		gen:     le.Uint64(b[16:]),
 		session: le.Uint64(b[24:]),
-		run:     le.Uint64(b[32:]),
 		rank:    le.Uint32(b[40:]),
 		steps:   le.Uint64(b[48:]),
 		weight:  math.Float64frombits(le.Uint64(b[56:])),
@@ -88,13 +83,14 @@ func decodeContribution(b []byte) (contribution, error) {
 	return c, nil
 }
 
-// Averager is the mock averager: a step-weighted average across the ranks
-// of one host, through files in a shared directory (AveragerConfig.Endpoint),
-// with no coordinator.
+// Averager is the mock averager: a step-weighted average across the ranks,
+// through the relay (AveragerConfig.Relay) and nothing else, so it runs
+// wherever the ranks reach their coordinator, across hosts too. It suits
+// the small models of tests: every rank receives every rank's parameters.
 //
-// Round r writes this rank's contribution to <dir>/round-<r>/rank-<global
-// rank> (temp file and rename), waits until every member of the session has
-// written its own, and computes on every rank, in member order and in
+// Round r posts this rank's contribution under a key naming the session
+// and the round, receives every live member's, and computes on every rank,
+// in member order and in
 // float64, Σ wᵢxᵢ / Σ wᵢ for parameters with wᵢ = stepsᵢ^gamma (0 for no
 // steps), and the plain mean among ranks of weight above 0 for buffers; so
 // the result is bitwise the same everywhere. When Σ wᵢ is 0 every rank keeps
@@ -104,10 +100,9 @@ func decodeContribution(b []byte) (contribution, error) {
 // local. PreNorm and PostNorm are L2 norms over the parameter entries and
 // Divergence is |pre-post| / |post| (|pre-post| when |post| is 0).
 //
-// A file of another run, session generation or session ID counts as not yet
-// written; a file of this session that does not match the layout is an
-// error. At the start of round r the rank deletes its file of round r-2,
-// which every member has read by then. Files of the last two rounds stay.
+// A member that died before posting weighs nothing; a broadcast whose root
+// did not post fails as aborted. A contribution of another round, session
+// or layout is an error.
 //
 // Abort fails the in-flight round at once, and the averager stays aborted
 // (every Average fails with ErrAborted) until NewSession or Configure starts
@@ -120,16 +115,15 @@ type Averager struct {
 	// Shutdown while they change what a round uses: the fields below down
 	// to mu.
 	roundMu sync.Mutex
-	dir     string
+	relay   plugin.Relay
 	gamma   float64
-	poll    time.Duration
-	runHash uint64
 	mapping *arena.Mapping
 	floats  []int // layout indices of f32 entries
 	count   int   // f32 values in all of them
 	digest  [32]byte
 	buf     []byte    // this rank's contribution: header and values
-	peer    []byte    // a peer's values
+	pre     []byte    // this rank's values before the round
+	peer    []float32 // a peer's values
 	acc     []float64 // the reduction
 
 	// mu guards the session state.
@@ -170,7 +164,7 @@ func NewAverager(logger hclog.Logger) *Averager {
 
 // Describe names the mock.
 func (a *Averager) Describe(context.Context) (plugin.Description, error) {
-	return plugin.Description{Name: AveragerName, Version: "1", Capabilities: []string{"cpu", "shared-directory"}}, nil
+	return plugin.Description{Name: AveragerName, Version: "1", Capabilities: []string{"cpu"}, Meeting: plugin.MeetRelay}, nil
 }
 
 func hash64(b []byte) uint64 {
@@ -179,21 +173,18 @@ func hash64(b []byte) uint64 {
 	return h.Sum64()
 }
 
-// Configure maps the arena, creates the rendezvous directory when missing
-// and starts session generation 0 with members 0..WorldSize-1.
+// Configure maps the arena and starts session generation 0 with members
+// 0..WorldSize-1.
 func (a *Averager) Configure(_ context.Context, cfg plugin.AveragerConfig) (plugin.AveragerTraits, error) {
 	if cfg.WorldSize == 0 || cfg.Rank >= cfg.WorldSize {
 		return plugin.AveragerTraits{}, fmt.Errorf("mock averager: rank %d of a world of %d", cfg.Rank, cfg.WorldSize)
 	}
-	if cfg.Endpoint == "" {
-		return plugin.AveragerTraits{}, errors.New("mock averager: no endpoint: it must be the rendezvous directory")
+	if cfg.Relay == nil {
+		return plugin.AveragerTraits{}, errors.New("mock averager: no relay: the host must offer one (AveragerConfig.Relay)")
 	}
-	s, poll, err := parseAveragerSettings(cfg.Settings)
+	s, err := parseAveragerSettings(cfg.Settings)
 	if err != nil {
 		return plugin.AveragerTraits{}, err
-	}
-	if err := os.MkdirAll(cfg.Endpoint, 0o700); err != nil {
-		return plugin.AveragerTraits{}, fmt.Errorf("mock averager: rendezvous directory: %w", err)
 	}
 	var floats []int
 	count := 0
@@ -215,10 +206,11 @@ func (a *Averager) Configure(_ context.Context, cfg plugin.AveragerConfig) (plug
 			a.logger.Warn("closing the previous arena", "error", err)
 		}
 	}
-	a.dir, a.gamma, a.poll, a.runHash = cfg.Endpoint, s.Gamma, poll, hash64([]byte(cfg.RunID))
+	a.relay, a.gamma = cfg.Relay, s.Gamma
 	a.mapping, a.floats, a.count, a.digest = m, floats, count, cfg.Arena.Layout.Digest()
 	a.buf = make([]byte, contribHeader+4*count)
-	a.peer = nil
+	a.pre = make([]byte, 4*count)
+	a.peer = make([]float32, count)
 	a.acc = make([]float64, count)
 
 	members := make([]uint32, cfg.WorldSize)
@@ -229,7 +221,7 @@ func (a *Averager) Configure(_ context.Context, cfg plugin.AveragerConfig) (plug
 	defer a.mu.Unlock()
 	a.configured, a.rank, a.members, a.gen, a.sessionHash = true, cfg.Rank, members, 0, hash64(nil)
 	a.renewAbortLocked("reconfigured")
-	a.logger.Debug("configured", "rank", cfg.Rank, "world", cfg.WorldSize, "dir", cfg.Endpoint, "floats", count)
+	a.logger.Debug("configured", "rank", cfg.Rank, "world", cfg.WorldSize, "floats", count)
 	return plugin.AveragerTraits{SoloIdentity: !s.LoneRounds}, nil
 }
 
@@ -320,16 +312,8 @@ func (a *Averager) Shutdown(context.Context) error {
 		err = a.mapping.Close()
 		a.mapping = nil
 	}
-	a.buf, a.peer, a.acc = nil, nil, nil
+	a.buf, a.pre, a.peer, a.acc, a.relay = nil, nil, nil, nil, nil
 	return err
-}
-
-func (a *Averager) roundDir(r uint64) string {
-	return filepath.Join(a.dir, "round-"+strconv.FormatUint(r, 10))
-}
-
-func (a *Averager) rankFile(r uint64, rank uint32) string {
-	return filepath.Join(a.roundDir(r), "rank-"+strconv.FormatUint(uint64(rank), 10))
 }
 
 // session is what one round uses of the session state.
@@ -384,17 +368,8 @@ func (a *Averager) Average(ctx context.Context, r plugin.Round) (plugin.RoundRes
 		}
 	}
 
-	if r.Round >= 2 {
-		old := a.rankFile(r.Round-2, s.rank)
-		if err := os.Remove(old); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			a.logger.Warn("removing an old contribution", "path", old, "error", err)
-		}
-		// Gone only once every member removed its own.
-		_ = os.Remove(a.roundDir(r.Round - 2))
-	}
-
 	// This rank's contribution: the arena's f32 values as they are now.
-	pre := arena.AsFloat32s(a.buf[contribHeader:])
+	pre := arena.AsFloat32s(a.pre)
 	off := 0
 	for _, i := range a.floats {
 		t, err := a.mapping.Float32s(i)
@@ -403,20 +378,37 @@ func (a *Averager) Average(ctx context.Context, r plugin.Round) (plugin.RoundRes
 		}
 		off += copy(pre[off:], t)
 	}
-	mine := contribution{round: r.Round, gen: s.gen, session: s.hash, run: a.runHash, rank: s.rank,
+	mine := contribution{round: r.Round, gen: s.gen, session: s.hash, rank: s.rank,
 		steps: r.Steps, weight: weight, digest: a.digest, count: uint64(a.count)}
 	mine.encode(a.buf)
-	if err := a.writeContribution(r.Round, s.rank); err != nil {
-		return fail(err)
+	for k, v := range pre {
+		binary.LittleEndian.PutUint32(a.buf[contribHeader+4*k:], math.Float32bits(v))
 	}
-	moved := uint64(len(a.buf))
 
 	waitStart := time.Now()
-	peers, err := a.waitPeers(ctx, r.Round, s)
+	posted, err := a.exchange(ctx, r.Round, s)
 	if err != nil {
 		return fail(err)
 	}
-	peers[s.me] = mine
+	moved := uint64(len(a.buf))
+	// peers[i] is session member i's contribution; missing, it died
+	// before posting and weighs nothing.
+	peers := make([]contribution, len(s.members))
+	blobs := make([][]byte, len(s.members))
+	for i, m := range s.members {
+		blob, ok := posted[m]
+		if !ok {
+			continue
+		}
+		c, err := a.checkContribution(blob, r.Round, m, s)
+		if err != nil {
+			return fail(err)
+		}
+		peers[i], blobs[i] = c, blob
+		if i != s.me {
+			moved += uint64(len(blob))
+		}
+	}
 	reduceStart := time.Now()
 	res := plugin.RoundResult{Weight: weight, WaitMS: ms(reduceStart.Sub(waitStart))}
 	var total float64
@@ -439,12 +431,10 @@ func (a *Averager) Average(ctx context.Context, r plugin.Round) (plugin.RoundRes
 		if int(r.Root) == s.me {
 			break
 		}
-		vals, n, err := a.readValues(r.Round, s.members[r.Root], peers[r.Root])
-		moved += n
-		if err != nil {
-			return fail(err)
+		if blobs[r.Root] == nil {
+			return fail(fmt.Errorf("%w: broadcast root %d (rank %d) posted nothing", ErrAborted, r.Root, s.members[r.Root]))
 		}
-		src = vals
+		src = a.values(blobs[r.Root])
 	case total > 0:
 		res.Realized, average = true, true
 		clear(a.acc)
@@ -454,12 +444,7 @@ func (a *Averager) Average(ctx context.Context, r plugin.Round) (plugin.RoundRes
 			}
 			vals := pre
 			if i != s.me {
-				var n uint64
-				vals, n, err = a.readValues(r.Round, s.members[i], p)
-				moved += n
-				if err != nil {
-					return fail(err)
-				}
+				vals = a.values(blobs[i])
 			}
 			a.accumulate(vals, p.weight)
 		}
@@ -529,146 +514,86 @@ func (a *Averager) accumulate(vals []float32, weight float64) {
 	}
 }
 
-// writeContribution publishes a.buf as this rank's file of round r.
-func (a *Averager) writeContribution(r uint64, rank uint32) (err error) {
-	dir := a.roundDir(r)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return fmt.Errorf("rendezvous directory: %w", err)
-	}
-	f, err := os.CreateTemp(dir, "rank-"+strconv.FormatUint(uint64(rank), 10)+".*.tmp")
-	if err != nil {
-		return fmt.Errorf("write contribution: %w", err)
-	}
-	defer func() {
-		if err != nil {
-			f.Close()
-			os.Remove(f.Name())
+// exchange posts a.buf through the relay under round r's key and returns
+// every poster's contribution by global rank. An Abort of the session ends
+// the wait; so does a peer's death, which the relay reports as an aborted
+// round.
+func (a *Averager) exchange(ctx context.Context, r uint64, s session) (map[uint32][]byte, error) {
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	watch := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		select {
+		case <-s.abort.done:
+			cancel()
+		case <-watch:
 		}
 	}()
-	if _, err = f.Write(a.buf); err != nil {
-		return fmt.Errorf("write contribution: %w", err)
-	}
-	if err = f.Close(); err != nil {
-		return fmt.Errorf("write contribution: %w", err)
-	}
-	if err = os.Rename(f.Name(), a.rankFile(r, rank)); err != nil {
-		return fmt.Errorf("write contribution: %w", err)
-	}
-	return nil
-}
-
-// waitPeers polls until every other member's contribution to round r is
-// there, returning the headers in member order (this rank's slot empty).
-func (a *Averager) waitPeers(ctx context.Context, r uint64, s session) ([]contribution, error) {
-	peers := make([]contribution, len(s.members))
-	ready := make([]bool, len(s.members))
-	ready[s.me] = true
-	left := len(s.members) - 1
-	var timer *time.Timer
-	for {
-		for i, m := range s.members {
-			if ready[i] {
-				continue
-			}
-			c, ok, err := a.peek(r, m, s)
-			if err != nil {
-				return nil, err
-			}
-			if ok {
-				peers[i], ready[i] = c, true
-				left--
-			}
-		}
-		if left == 0 {
-			return peers, nil
-		}
-		if timer == nil {
-			timer = time.NewTimer(a.poll)
-			defer timer.Stop()
-		} else {
-			timer.Reset(a.poll)
-		}
-		select {
-		case <-ctx.Done():
-			return nil, fmt.Errorf("waiting for %d of %d ranks: %w", left, len(s.members), ctx.Err())
-		case <-s.abort.done:
-			return nil, fmt.Errorf("waiting for %d of %d ranks: %w: %s", left, len(s.members), ErrAborted, a.why(s.abort))
-		case <-timer.C:
+	// The relay bounds one exchange, so a large contribution goes in
+	// chunks, one key each; a rank that died between chunks posted only
+	// some, and counts as not posted.
+	key := fmt.Sprintf("mock/g%d/%016x/r%d", s.gen, s.hash, r)
+	chunk := min(plugin.MaxRelayBlob, plugin.MaxRelayExchange/len(s.members))
+	posted := map[uint32][]byte{}
+	var got map[uint32][]byte
+	var err error
+	for off, c := 0, 0; off < len(a.buf) && err == nil; off, c = off+chunk, c+1 {
+		got, err = a.relay.Exchange(rctx, fmt.Sprintf("%s/c%d", key, c), a.buf[off:min(off+chunk, len(a.buf))])
+		for rank, b := range got {
+			posted[rank] = append(posted[rank], b...)
 		}
 	}
-}
-
-// peek reads and checks the header of rank's file of round r. ok is false
-// while there is no file of this session; a file of this session that does
-// not fit the layout is an error.
-func (a *Averager) peek(r uint64, rank uint32, s session) (c contribution, ok bool, err error) {
-	path := a.rankFile(r, rank)
-	f, err := os.Open(path)
-	if errors.Is(err, fs.ErrNotExist) {
-		return contribution{}, false, nil
+	close(watch)
+	<-done
+	select {
+	case <-s.abort.done:
+		return nil, fmt.Errorf("%w: %s", ErrAborted, a.why(s.abort))
+	default:
 	}
 	if err != nil {
-		return contribution{}, false, err
+		return nil, fmt.Errorf("relay exchange %s: %w", key, err)
 	}
-	defer f.Close()
-	c, ok, err = a.checkHeader(f, path, r, rank, s.gen, s.hash)
-	return c, ok, err
+	for rank := range posted {
+		if _, ok := got[rank]; !ok {
+			delete(posted, rank)
+		}
+	}
+	if _, ok := posted[s.rank]; !ok {
+		return nil, fmt.Errorf("relay exchange %s: the result lacks this rank's own contribution", key)
+	}
+	return posted, nil
 }
 
-// checkHeader reads f's header and checks it against the round and layout.
-func (a *Averager) checkHeader(f *os.File, path string, r uint64, rank uint32, gen, hash uint64) (contribution, bool, error) {
-	var h [contribHeader]byte
-	n, err := io.ReadFull(f, h[:])
-	if err != nil && !errors.Is(err, io.ErrUnexpectedEOF) && !errors.Is(err, io.EOF) {
-		return contribution{}, false, fmt.Errorf("read %s: %w", path, err)
-	}
-	c, err := decodeContribution(h[:n])
+// checkContribution checks rank's blob of round r against the session and
+// the layout.
+func (a *Averager) checkContribution(blob []byte, r uint64, rank uint32, s session) (contribution, error) {
+	c, err := decodeContribution(blob)
 	if err != nil {
-		return contribution{}, false, fmt.Errorf("%s: %w", path, err)
-	}
-	if c.run != a.runHash || c.gen != gen || c.session != hash {
-		return contribution{}, false, nil // another run's or session's
-	}
-	st, err := f.Stat()
-	if err != nil {
-		return contribution{}, false, err
+		return contribution{}, fmt.Errorf("rank %d's contribution: %w", rank, err)
 	}
 	switch {
 	case c.round != r || c.rank != rank:
-		return contribution{}, false, fmt.Errorf("%s: holds round %d of rank %d", path, c.round, c.rank)
+		return contribution{}, fmt.Errorf("rank %d's contribution holds round %d of rank %d", rank, c.round, c.rank)
+	case c.gen != s.gen || c.session != s.hash:
+		return contribution{}, fmt.Errorf("rank %d's contribution belongs to session generation %d, this is %d", rank, c.gen, s.gen)
 	case c.digest != a.digest:
-		return contribution{}, false, fmt.Errorf("%s: written for a different layout", path)
+		return contribution{}, fmt.Errorf("rank %d's contribution was written for a different layout", rank)
 	case c.count != uint64(a.count):
-		return contribution{}, false, fmt.Errorf("%s: holds %d values, the layout has %d", path, c.count, a.count)
-	case st.Size() != int64(contribHeader+4*a.count):
-		return contribution{}, false, fmt.Errorf("%s: %d bytes, want %d", path, st.Size(), contribHeader+4*a.count)
+		return contribution{}, fmt.Errorf("rank %d's contribution holds %d values, the layout has %d", rank, c.count, a.count)
+	case len(blob) != contribHeader+4*a.count:
+		return contribution{}, fmt.Errorf("rank %d's contribution is %d bytes, want %d", rank, len(blob), contribHeader+4*a.count)
 	case !(c.weight >= 0) || math.IsInf(c.weight, 0):
-		return contribution{}, false, fmt.Errorf("%s: weight %v", path, c.weight)
+		return contribution{}, fmt.Errorf("rank %d's contribution has weight %v", rank, c.weight)
 	}
-	return c, true, nil
+	return c, nil
 }
 
-// readValues reads the values of rank's file of round r, whose header was
-// h, checking that the file is still that one. n is the bytes read.
-func (a *Averager) readValues(r uint64, rank uint32, h contribution) (vals []float32, n uint64, err error) {
-	path := a.rankFile(r, rank)
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, 0, err
+// values decodes a checked contribution's values into a.peer.
+func (a *Averager) values(blob []byte) []float32 {
+	for k := range a.peer {
+		a.peer[k] = math.Float32frombits(binary.LittleEndian.Uint32(blob[contribHeader+4*k:]))
 	}
-	defer f.Close()
-	c, ok, err := a.checkHeader(f, path, r, rank, h.gen, h.session)
-	if err != nil {
-		return nil, contribHeader, err
-	}
-	if !ok || c != h {
-		return nil, contribHeader, fmt.Errorf("%s: replaced during the round", path)
-	}
-	if a.peer == nil {
-		a.peer = make([]byte, 4*a.count)
-	}
-	if _, err := io.ReadFull(f, a.peer); err != nil {
-		return nil, contribHeader, fmt.Errorf("read %s: %w", path, err)
-	}
-	return arena.AsFloat32s(a.peer), uint64(contribHeader + len(a.peer)), nil
+	return a.peer
 }

@@ -4,9 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
-	"fmt"
 	"math"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -40,11 +38,11 @@ type avgRank struct {
 	avg   *Averager
 }
 
-// avgGroup configures n ranks on one fresh directory, each arena filled
+// avgGroup configures n ranks on one fresh relay group, each arena filled
 // with values of its own.
-func avgGroup(t *testing.T, n int, settings AveragerSettings) (string, []*avgRank) {
+func avgGroup(t *testing.T, n int, settings AveragerSettings) (*RelayGroup, []*avgRank) {
 	t.Helper()
-	dir := filepath.Join(t.TempDir(), "rendezvous")
+	g := NewRelayGroup(uint32(n))
 	layout := avgLayout(t)
 	ranks := make([]*avgRank, n)
 	for r := range ranks {
@@ -52,14 +50,14 @@ func avgGroup(t *testing.T, n int, settings AveragerSettings) (string, []*avgRan
 		fill(t, a.Mapping, r)
 		avg := NewAverager(nil)
 		if _, err := avg.Configure(context.Background(), plugin.AveragerConfig{
-			Rank: uint32(r), WorldSize: uint32(n), Arena: a.Descriptor(), Endpoint: dir, Settings: settings.JSON(), RunID: "test-run",
+			Rank: uint32(r), WorldSize: uint32(n), Arena: a.Descriptor(), Relay: g.Relay(uint32(r)), Settings: settings.JSON(), RunID: "test-run",
 		}); err != nil {
 			t.Fatalf("rank %d Configure: %v", r, err)
 		}
 		t.Cleanup(func() { avg.Shutdown(context.Background()) })
 		ranks[r] = &avgRank{arena: a, avg: avg}
 	}
-	return dir, ranks
+	return g, ranks
 }
 
 // fill gives every float of m a value that depends on seed, and the integer
@@ -240,18 +238,9 @@ func TestAverager(t *testing.T) {
 				if (g.Divergence > 0) != (realized && !(c.broadcast && uint32(i) == c.root)) {
 					t.Errorf("rank %d divergence %v", i, g.Divergence)
 				}
-				size := contribSize(layout)
-				wantMoved := size // its own file
-				switch {
-				case c.broadcast && uint32(i) != c.root:
-					wantMoved += size
-				case !c.broadcast:
-					for j := range ranks {
-						if j != i && weights[j] > 0 {
-							wantMoved += size
-						}
-					}
-				}
+				// Its own contribution out, every peer's in, whatever
+				// the weights: the relay is an all-gather.
+				wantMoved := contribSize(layout) * uint64(len(ranks))
 				if g.BytesMoved != wantMoved {
 					t.Errorf("rank %d moved %d bytes, want %d", i, g.BytesMoved, wantMoved)
 				}
@@ -264,31 +253,6 @@ func TestAverager(t *testing.T) {
 }
 
 func near(a, b float64) bool { return math.Abs(a-b) <= 1e-12*math.Max(1, math.Abs(b)) }
-
-func TestAveragerRoundsCleanUp(t *testing.T) {
-	dir, ranks := avgGroup(t, 2, DefaultAveragerSettings())
-	for r := range uint64(4) {
-		_, errs := roundAll(context.Background(), ranks, []plugin.Round{{Round: r, Steps: 1}, {Round: r, Steps: 2}})
-		if err := errors.Join(errs...); err != nil {
-			t.Fatalf("round %d: %v", r, err)
-		}
-	}
-	for r, want := range []bool{false, false, true, true} {
-		for rank := range 2 {
-			_, err := os.Stat(filepath.Join(dir, fmt.Sprintf("round-%d", r), fmt.Sprintf("rank-%d", rank)))
-			if exists := err == nil; exists != want {
-				t.Errorf("round %d rank %d file exists = %v, want %v", r, rank, exists, want)
-			}
-		}
-		if _, err := os.Stat(filepath.Join(dir, fmt.Sprintf("round-%d", r))); (err == nil) != want {
-			t.Errorf("round %d directory exists = %v, want %v", r, err == nil, want)
-		}
-	}
-	tmps, _ := filepath.Glob(filepath.Join(dir, "*", "*.tmp"))
-	if len(tmps) > 0 {
-		t.Errorf("temp files left: %v", tmps)
-	}
-}
 
 func TestAveragerAbortAndNewSession(t *testing.T) {
 	cases := []struct {
@@ -307,7 +271,7 @@ func TestAveragerAbortAndNewSession(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			_, ranks := avgGroup(t, 3, DefaultAveragerSettings())
+			g, ranks := avgGroup(t, 3, DefaultAveragerSettings())
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			done := make(chan struct{})
@@ -340,9 +304,10 @@ func TestAveragerAbortAndNewSession(t *testing.T) {
 				}
 			}
 
-			// Survivors form a new session and redo round 5. Rank 0 comes
-			// first with new values: rank 1's file of the aborted attempt
-			// is there and must not be taken.
+			// Rank 2 is dead to the relay, as the coordinator makes it;
+			// survivors form a new session and redo round 5. Rank 0 comes
+			// first with new values: it must wait for rank 1's new post.
+			g.Kill(2)
 			id, err := ranks[0].avg.NewSessionID(context.Background())
 			if err != nil || len(id) != 16 {
 				t.Fatalf("NewSessionID = %x, %v", id, err)
@@ -361,7 +326,7 @@ func TestAveragerAbortAndNewSession(t *testing.T) {
 			}()
 			select {
 			case err := <-res:
-				t.Fatalf("rank 0 finished the new session's round alone (%v): it took a stale file", err)
+				t.Fatalf("rank 0 finished the new session's round alone (%v)", err)
 			case <-time.After(50 * time.Millisecond):
 			}
 			want := make([][]byte, 0)
@@ -396,19 +361,30 @@ func TestAveragerAbortAndNewSession(t *testing.T) {
 	}
 }
 
+// posted counts the posts of the exchanges in flight.
+func (g *RelayGroup) posted() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	n := 0
+	for _, ex := range g.pending {
+		n += len(ex.posted)
+	}
+	return n
+}
+
 func TestAveragerShutdownEndsRound(t *testing.T) {
-	_, ranks := avgGroup(t, 2, DefaultAveragerSettings())
+	g, ranks := avgGroup(t, 2, DefaultAveragerSettings())
 	a := ranks[0].avg
 	errc := make(chan error, 1)
 	go func() {
 		_, err := a.Average(context.Background(), plugin.Round{Round: 0, Steps: 1})
 		errc <- err
 	}()
-	// The round is in flight once its contribution is on disk: it then
+	// The round is in flight once its contribution is posted: it then
 	// waits for rank 1, which never comes.
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		if _, err := os.Stat(a.rankFile(0, 0)); err == nil {
+		if g.posted() == 1 {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -440,14 +416,28 @@ func TestAveragerShutdownEndsRound(t *testing.T) {
 	}
 }
 
-func TestAveragerRefusesBadFiles(t *testing.T) {
+// fixedRelay answers every exchange with the caller's own blob and peer's.
+type fixedRelay struct {
+	rank uint32
+	peer map[uint32][]byte
+}
+
+func (f fixedRelay) Exchange(_ context.Context, _ string, blob []byte) (map[uint32][]byte, error) {
+	out := map[uint32][]byte{f.rank: blob}
+	for r, b := range f.peer {
+		out[r] = b
+	}
+	return out, nil
+}
+
+func TestAveragerRefusesBadContributions(t *testing.T) {
 	layout := avgLayout(t)
 	count := (contribSize(layout) - contribHeader) / 4
 	good := func() contribution {
-		return contribution{round: 0, gen: 0, session: hash64(nil), run: hash64([]byte("test-run")), rank: 1,
+		return contribution{round: 0, gen: 0, session: hash64(nil), rank: 1,
 			steps: 1, weight: 1, digest: layout.Digest(), count: count}
 	}
-	file := func(c contribution, values uint64) []byte {
+	blob := func(c contribution, values uint64) []byte {
 		b := make([]byte, contribHeader+4*values)
 		c.encode(b)
 		return b
@@ -455,45 +445,41 @@ func TestAveragerRefusesBadFiles(t *testing.T) {
 	cases := []struct {
 		name    string
 		bytes   []byte
-		wantErr string // "" means the file is not this session's: keep waiting
+		wantErr string
 	}{
-		{name: "empty", bytes: nil, wantErr: "shorter than the"},
-		{name: "short header", bytes: file(good(), count)[:50], wantErr: "shorter than the"},
-		{name: "bad magic", bytes: func() []byte { b := file(good(), count); b[0] = 'x'; return b }(), wantErr: "magic"},
-		{name: "short values", bytes: file(good(), count)[:contribHeader+4*count-4], wantErr: "bytes, want"},
-		{name: "long values", bytes: file(good(), count+1), wantErr: "bytes, want"},
-		{name: "wrong count", bytes: func() []byte { c := good(); c.count--; return file(c, count-1) }(), wantErr: "values, the layout has"},
-		{name: "huge count", bytes: func() []byte { c := good(); c.count = math.MaxUint64; return file(c, count) }(), wantErr: "values, the layout has"},
-		{name: "other layout", bytes: func() []byte { c := good(); c.digest[0] ^= 1; return file(c, count) }(), wantErr: "different layout"},
-		{name: "other rank", bytes: func() []byte { c := good(); c.rank = 2; return file(c, count) }(), wantErr: "of rank 2"},
-		{name: "other round", bytes: func() []byte { c := good(); c.round = 9; return file(c, count) }(), wantErr: "holds round 9"},
-		{name: "NaN weight", bytes: func() []byte { c := good(); c.weight = math.NaN(); return file(c, count) }(), wantErr: "weight"},
-		{name: "negative weight", bytes: func() []byte { c := good(); c.weight = -1; return file(c, count) }(), wantErr: "weight"},
-		{name: "infinite weight", bytes: func() []byte { c := good(); c.weight = math.Inf(1); return file(c, count) }(), wantErr: "weight"},
-		{name: "older generation", bytes: func() []byte { c := good(); c.gen = 5; return file(c, count) }()},
-		{name: "other session", bytes: func() []byte { c := good(); c.session++; return file(c, count) }()},
-		{name: "other run", bytes: func() []byte { c := good(); c.run++; return file(c, count) }()},
+		{name: "empty", bytes: []byte{}, wantErr: "shorter than the"},
+		{name: "short header", bytes: blob(good(), count)[:50], wantErr: "shorter than the"},
+		{name: "bad magic", bytes: func() []byte { b := blob(good(), count); b[0] = 'x'; return b }(), wantErr: "magic"},
+		{name: "short values", bytes: blob(good(), count)[:contribHeader+4*count-4], wantErr: "bytes, want"},
+		{name: "long values", bytes: blob(good(), count+1), wantErr: "bytes, want"},
+		{name: "wrong count", bytes: func() []byte { c := good(); c.count--; return blob(c, count-1) }(), wantErr: "values, the layout has"},
+		{name: "huge count", bytes: func() []byte { c := good(); c.count = math.MaxUint64; return blob(c, count) }(), wantErr: "values, the layout has"},
+		{name: "other layout", bytes: func() []byte { c := good(); c.digest[0] ^= 1; return blob(c, count) }(), wantErr: "different layout"},
+		{name: "other rank", bytes: func() []byte { c := good(); c.rank = 2; return blob(c, count) }(), wantErr: "of rank 2"},
+		{name: "other round", bytes: func() []byte { c := good(); c.round = 9; return blob(c, count) }(), wantErr: "holds round 9"},
+		{name: "NaN weight", bytes: func() []byte { c := good(); c.weight = math.NaN(); return blob(c, count) }(), wantErr: "weight"},
+		{name: "negative weight", bytes: func() []byte { c := good(); c.weight = -1; return blob(c, count) }(), wantErr: "weight"},
+		{name: "infinite weight", bytes: func() []byte { c := good(); c.weight = math.Inf(1); return blob(c, count) }(), wantErr: "weight"},
+		{name: "other generation", bytes: func() []byte { c := good(); c.gen = 5; return blob(c, count) }(), wantErr: "session generation 5"},
+		{name: "other session", bytes: func() []byte { c := good(); c.session++; return blob(c, count) }(), wantErr: "session generation"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			dir, ranks := avgGroup(t, 2, DefaultAveragerSettings())
-			if err := os.MkdirAll(filepath.Join(dir, "round-0"), 0o700); err != nil {
+			a := newArena(t, layout)
+			fill(t, a.Mapping, 0)
+			avg := NewAverager(nil)
+			if _, err := avg.Configure(context.Background(), plugin.AveragerConfig{
+				Rank: 0, WorldSize: 2, Arena: a.Descriptor(), Relay: fixedRelay{rank: 0, peer: map[uint32][]byte{1: c.bytes}},
+			}); err != nil {
 				t.Fatal(err)
 			}
-			if err := os.WriteFile(filepath.Join(dir, "round-0", "rank-1"), c.bytes, 0o600); err != nil {
-				t.Fatal(err)
-			}
-			before := snapshot(ranks[0].arena.Mapping)
-			ctx, cancel := context.WithTimeout(context.Background(), 150*time.Millisecond)
-			defer cancel()
-			_, err := ranks[0].avg.Average(ctx, plugin.Round{Round: 0, Steps: 1})
-			switch {
-			case c.wantErr == "" && !errors.Is(err, context.DeadlineExceeded):
-				t.Errorf("Average = %v, want it to wait for a file of this session", err)
-			case c.wantErr != "" && (err == nil || !strings.Contains(err.Error(), c.wantErr)):
+			defer avg.Shutdown(context.Background())
+			before := snapshot(a.Mapping)
+			_, err := avg.Average(context.Background(), plugin.Round{Round: 0, Steps: 1})
+			if err == nil || !strings.Contains(err.Error(), c.wantErr) {
 				t.Errorf("Average = %v, want an error containing %q", err, c.wantErr)
 			}
-			if !slices.EqualFunc(before, snapshot(ranks[0].arena.Mapping), slices.Equal) {
+			if !slices.EqualFunc(before, snapshot(a.Mapping), slices.Equal) {
 				t.Error("a failed round changed the arena")
 			}
 		})
@@ -504,18 +490,17 @@ func TestAveragerConfigErrors(t *testing.T) {
 	layout := avgLayout(t)
 	a := newArena(t, layout)
 	dir := t.TempDir()
-	ok := plugin.AveragerConfig{Rank: 0, WorldSize: 2, Arena: a.Descriptor(), Endpoint: dir}
+	ok := plugin.AveragerConfig{Rank: 0, WorldSize: 2, Arena: a.Descriptor(), Relay: NewRelayGroup(2).Relay(0)}
 	cases := []struct {
 		name   string
 		mutate func(*plugin.AveragerConfig)
 	}{
 		{name: "rank outside the world", mutate: func(c *plugin.AveragerConfig) { c.Rank = 2 }},
 		{name: "empty world", mutate: func(c *plugin.AveragerConfig) { c.WorldSize = 0 }},
-		{name: "no endpoint", mutate: func(c *plugin.AveragerConfig) { c.Endpoint = "" }},
+		{name: "no relay", mutate: func(c *plugin.AveragerConfig) { c.Relay = nil }},
 		{name: "unknown setting", mutate: func(c *plugin.AveragerConfig) { c.Settings = []byte(`{"gama": 1}`) }},
 		{name: "negative gamma", mutate: func(c *plugin.AveragerConfig) { c.Settings = []byte(`{"gamma": -1}`) }},
-		{name: "zero poll", mutate: func(c *plugin.AveragerConfig) { c.Settings = []byte(`{"poll": "0s"}`) }},
-		{name: "bad poll", mutate: func(c *plugin.AveragerConfig) { c.Settings = []byte(`{"poll": "often"}`) }},
+		{name: "removed poll setting", mutate: func(c *plugin.AveragerConfig) { c.Settings = []byte(`{"poll": "2ms"}`) }},
 		{name: "missing arena", mutate: func(c *plugin.AveragerConfig) { c.Arena.Path = filepath.Join(dir, "none") }},
 		{name: "arena smaller than its layout", mutate: func(c *plugin.AveragerConfig) { c.Arena.Layout.Size *= 4 }},
 	}
@@ -562,7 +547,7 @@ func TestAveragerConfigErrors(t *testing.T) {
 func TestTrainersAverageInProcess(t *testing.T) {
 	const seed, world = 21, 3
 	ctx := context.Background()
-	dir := t.TempDir()
+	g := NewRelayGroup(world)
 	trainers := make([]*Trainer, world)
 	arenas := make([]*arena.Owned, world)
 	avgs := make([]*avgRank, world)
@@ -571,7 +556,7 @@ func TestTrainersAverageInProcess(t *testing.T) {
 		tr, setup := configure(t, uint32(r), world, seed, small())
 		trainers[r], arenas[r], samples = tr, attach(t, tr, setup), setup.Samples
 		avg := NewAverager(nil)
-		if _, err := avg.Configure(ctx, plugin.AveragerConfig{Rank: uint32(r), WorldSize: world, Arena: arenas[r].Descriptor(), Endpoint: dir}); err != nil {
+		if _, err := avg.Configure(ctx, plugin.AveragerConfig{Rank: uint32(r), WorldSize: world, Arena: arenas[r].Descriptor(), Relay: g.Relay(uint32(r))}); err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { avg.Shutdown(ctx) })

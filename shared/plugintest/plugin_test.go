@@ -204,7 +204,8 @@ func TestPluginTrainerRPCs(t *testing.T) {
 }
 
 // TestPluginAveragerRPCs runs rank 0 as an averager plugin process and
-// rank 1 in-process, on one directory, through every Averager RPC.
+// rank 1 in-process, on one relay group (rank 0's relay served back to its
+// process over the go-plugin broker), through every Averager RPC.
 func TestPluginAveragerRPCs(t *testing.T) {
 	_, avBin := BuildPlugins(t)
 	ctx := context.Background()
@@ -217,7 +218,7 @@ func TestPluginAveragerRPCs(t *testing.T) {
 		t.Fatalf("Describe = %+v, %v", d, err)
 	}
 	layout := avgLayout(t)
-	dir := filepath.Join(t.TempDir(), "rendezvous")
+	g := NewRelayGroup(2)
 	arenas := make([]*arena.Owned, 2)
 	for i, a := range both {
 		arenas[i] = newArena(t, layout)
@@ -225,7 +226,7 @@ func TestPluginAveragerRPCs(t *testing.T) {
 		s := DefaultAveragerSettings()
 		s.Gamma = 0.5
 		if _, err := a.Configure(ctx, plugin.AveragerConfig{Rank: uint32(i), WorldSize: 2, Arena: arenas[i].Descriptor(),
-			Endpoint: dir, DataKey: []byte("k"), Settings: s.JSON(), RunID: "rpc"}); err != nil {
+			Relay: g.Relay(uint32(i)), DataKey: []byte("k"), Settings: s.JSON(), RunID: "rpc"}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -342,7 +343,7 @@ func TestPluginDataPlane(t *testing.T) {
 	ctx := context.Background()
 	s := DefaultTrainerSettings()
 	s.Features, s.Samples, s.EvalSamples, s.BatchSize = 1<<21, 4, 2, 2
-	dir := t.TempDir()
+	g := NewRelayGroup(world)
 	trainers := make([]plugin.Trainer, world)
 	avgs := make([]plugin.Averager, world)
 	arenas := make([]*arena.Owned, world)
@@ -354,7 +355,7 @@ func TestPluginDataPlane(t *testing.T) {
 	errs := make([]error, world)
 	var wg sync.WaitGroup
 	for r := range world {
-		wg.Go(func() { arenas[r], errs[r] = dataPlaneRank(t, r, trainers[r], avgs[r], s, dir) })
+		wg.Go(func() { arenas[r], errs[r] = dataPlaneRank(t, r, trainers[r], avgs[r], s, g.Relay(uint32(r))) })
 	}
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
@@ -413,7 +414,7 @@ func TestPluginDataPlane(t *testing.T) {
 
 // dataPlaneRank configures rank r's trainer and averager on a new arena,
 // trains the rank's half of the samples and publishes.
-func dataPlaneRank(t *testing.T, r int, tr plugin.Trainer, av plugin.Averager, s TrainerSettings, dir string) (*arena.Owned, error) {
+func dataPlaneRank(t *testing.T, r int, tr plugin.Trainer, av plugin.Averager, s TrainerSettings, relay plugin.Relay) (*arena.Owned, error) {
 	ctx := context.Background()
 	setup, err := tr.Configure(ctx, plugin.TrainerConfig{Rank: uint32(r), WorldSize: 2, Seed: 17, Settings: s.JSON()})
 	if err != nil {
@@ -430,7 +431,7 @@ func dataPlaneRank(t *testing.T, r int, tr plugin.Trainer, av plugin.Averager, s
 	if _, err := tr.Attach(ctx, a.Descriptor()); err != nil {
 		return nil, err
 	}
-	if _, err := av.Configure(ctx, plugin.AveragerConfig{Rank: uint32(r), WorldSize: 2, Arena: a.Descriptor(), Endpoint: dir}); err != nil {
+	if _, err := av.Configure(ctx, plugin.AveragerConfig{Rank: uint32(r), WorldSize: 2, Arena: a.Descriptor(), Relay: relay}); err != nil {
 		return nil, err
 	}
 	plan := plugin.Plan{Seed: 17, PickSpace: s.Samples, PartitionOffset: uint64(r) * 2, PartitionSize: 2}

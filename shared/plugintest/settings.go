@@ -138,9 +138,6 @@ func parseTrainerSettings(raw json.RawMessage, rank uint32) (TrainerSettings, ti
 type AveragerSettings struct {
 	// Gamma shapes a rank's weight: steps^gamma (0 when it made no steps).
 	Gamma float64 `json:"gamma"`
-	// Poll is a time.Duration string: how often a waiting round looks for
-	// its peers' files.
-	Poll string `json:"poll"`
 	// LoneRounds makes Configure deny that a lone rank's round is the
 	// identity (it is, for this plain mean), so the core runs the rounds of
 	// a one-rank cohort instead of skipping them: for testing that path.
@@ -149,7 +146,7 @@ type AveragerSettings struct {
 
 // DefaultAveragerSettings are the settings of an empty config block.
 func DefaultAveragerSettings() AveragerSettings {
-	return AveragerSettings{Gamma: 1, Poll: "2ms"}
+	return AveragerSettings{Gamma: 1}
 }
 
 // JSON encodes s for AveragerConfig.Settings.
@@ -161,20 +158,13 @@ func (s AveragerSettings) JSON() json.RawMessage {
 	return b
 }
 
-func parseAveragerSettings(raw json.RawMessage) (AveragerSettings, time.Duration, error) {
+func parseAveragerSettings(raw json.RawMessage) (AveragerSettings, error) {
 	s := DefaultAveragerSettings()
 	if err := decodeStrict(raw, &s); err != nil {
-		return AveragerSettings{}, 0, fmt.Errorf("mock averager settings: %w", err)
+		return AveragerSettings{}, fmt.Errorf("mock averager settings: %w", err)
 	}
 	if !(s.Gamma >= 0) || math.IsInf(s.Gamma, 0) {
-		return AveragerSettings{}, 0, fmt.Errorf("mock averager settings: gamma = %v, want a finite number, 0 or more", s.Gamma)
+		return AveragerSettings{}, fmt.Errorf("mock averager settings: gamma = %v, want a finite number, 0 or more", s.Gamma)
 	}
-	poll, err := time.ParseDuration(s.Poll)
-	if err != nil {
-		return AveragerSettings{}, 0, fmt.Errorf("mock averager settings: poll: %w", err)
-	}
-	if poll <= 0 || poll > time.Second {
-		return AveragerSettings{}, 0, fmt.Errorf("mock averager settings: poll = %v, want above 0 and at most 1s", poll)
-	}
-	return s, poll, nil
+	return s, nil
 }

@@ -53,6 +53,8 @@ const (
 	FrameKind_FRAME_KIND_SHUTDOWN_WITH_SAVE      FrameKind = 14
 	FrameKind_FRAME_KIND_COORDINATOR_HEARTBEAT   FrameKind = 15
 	FrameKind_FRAME_KIND_ADMIT                   FrameKind = 16
+	FrameKind_FRAME_KIND_MEETING                 FrameKind = 17
+	FrameKind_FRAME_KIND_RELAY_RESULT            FrameKind = 18
 	// rank -> coordinator
 	FrameKind_FRAME_KIND_READY                FrameKind = 64
 	FrameKind_FRAME_KIND_BATCH                FrameKind = 65
@@ -66,6 +68,8 @@ const (
 	FrameKind_FRAME_KIND_RESOURCE_SAMPLE      FrameKind = 73
 	FrameKind_FRAME_KIND_EXITING              FrameKind = 74
 	FrameKind_FRAME_KIND_METRICS              FrameKind = 75
+	FrameKind_FRAME_KIND_MEET_REQUEST         FrameKind = 76
+	FrameKind_FRAME_KIND_RELAY_POST           FrameKind = 77
 )
 
 // Enum value maps for FrameKind.
@@ -88,6 +92,8 @@ var (
 		14: "FRAME_KIND_SHUTDOWN_WITH_SAVE",
 		15: "FRAME_KIND_COORDINATOR_HEARTBEAT",
 		16: "FRAME_KIND_ADMIT",
+		17: "FRAME_KIND_MEETING",
+		18: "FRAME_KIND_RELAY_RESULT",
 		64: "FRAME_KIND_READY",
 		65: "FRAME_KIND_BATCH",
 		66: "FRAME_KIND_SYNC_ACK",
@@ -100,6 +106,8 @@ var (
 		73: "FRAME_KIND_RESOURCE_SAMPLE",
 		74: "FRAME_KIND_EXITING",
 		75: "FRAME_KIND_METRICS",
+		76: "FRAME_KIND_MEET_REQUEST",
+		77: "FRAME_KIND_RELAY_POST",
 	}
 	FrameKind_value = map[string]int32{
 		"FRAME_KIND_UNSPECIFIED":             0,
@@ -119,6 +127,8 @@ var (
 		"FRAME_KIND_SHUTDOWN_WITH_SAVE":      14,
 		"FRAME_KIND_COORDINATOR_HEARTBEAT":   15,
 		"FRAME_KIND_ADMIT":                   16,
+		"FRAME_KIND_MEETING":                 17,
+		"FRAME_KIND_RELAY_RESULT":            18,
 		"FRAME_KIND_READY":                   64,
 		"FRAME_KIND_BATCH":                   65,
 		"FRAME_KIND_SYNC_ACK":                66,
@@ -131,6 +141,8 @@ var (
 		"FRAME_KIND_RESOURCE_SAMPLE":         73,
 		"FRAME_KIND_EXITING":                 74,
 		"FRAME_KIND_METRICS":                 75,
+		"FRAME_KIND_MEET_REQUEST":            76,
+		"FRAME_KIND_RELAY_POST":              77,
 	}
 )
 
@@ -1179,9 +1191,6 @@ type Admit struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	RunId string                 `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
 	Seed  uint64                 `protobuf:"varint,2,opt,name=seed,proto3" json:"seed,omitempty"`
-	// Where the averaging plugin meets its peers (the reduce server's
-	// address, a rendezvous directory); passed to the averager as is.
-	AveragingEndpoint string `protobuf:"bytes,3,opt,name=averaging_endpoint,json=averagingEndpoint,proto3" json:"averaging_endpoint,omitempty"`
 	// Set when the run resumes: the directory holding this run's last
 	// complete checkpoint; the rank loads its trainer state from it.
 	ResumeDir     string `protobuf:"bytes,4,opt,name=resume_dir,json=resumeDir,proto3" json:"resume_dir,omitempty"`
@@ -1234,13 +1243,6 @@ func (x *Admit) GetSeed() uint64 {
 	return 0
 }
 
-func (x *Admit) GetAveragingEndpoint() string {
-	if x != nil {
-		return x.AveragingEndpoint
-	}
-	return ""
-}
-
 func (x *Admit) GetResumeDir() string {
 	if x != nil {
 		return x.ResumeDir
@@ -1253,6 +1255,187 @@ func (x *Admit) GetEpochs() uint64 {
 		return x.Epochs
 	}
 	return 0
+}
+
+// Meeting answers MeetRequest: where the rank's averager meets its peers,
+// handed to the averager's Configure as is. An endpoint of the form ":port"
+// is on the host the rank dialled the coordinator at. error, when set, says
+// why the coordinator serves no such meeting point; the rank fails its setup
+// with it.
+type Meeting struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Kind          string                 `protobuf:"bytes,1,opt,name=kind,proto3" json:"kind,omitempty"`
+	Endpoint      string                 `protobuf:"bytes,2,opt,name=endpoint,proto3" json:"endpoint,omitempty"`
+	Error         string                 `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Meeting) Reset() {
+	*x = Meeting{}
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Meeting) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Meeting) ProtoMessage() {}
+
+func (x *Meeting) ProtoReflect() protoreflect.Message {
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Meeting.ProtoReflect.Descriptor instead.
+func (*Meeting) Descriptor() ([]byte, []int) {
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *Meeting) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *Meeting) GetEndpoint() string {
+	if x != nil {
+		return x.Endpoint
+	}
+	return ""
+}
+
+func (x *Meeting) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+// RelayResult completes one relay exchange (RelayPost) for every rank that
+// posted under key: the blobs of every rank that posted, in rank order. When
+// error is set the exchange failed (a rank died before it completed) and
+// blobs is empty; the key stays failed for the rest of the run.
+type RelayResult struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Key           string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	Blobs         []*RelayBlob           `protobuf:"bytes,2,rep,name=blobs,proto3" json:"blobs,omitempty"`
+	Error         string                 `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RelayResult) Reset() {
+	*x = RelayResult{}
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RelayResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RelayResult) ProtoMessage() {}
+
+func (x *RelayResult) ProtoReflect() protoreflect.Message {
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RelayResult.ProtoReflect.Descriptor instead.
+func (*RelayResult) Descriptor() ([]byte, []int) {
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *RelayResult) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *RelayResult) GetBlobs() []*RelayBlob {
+	if x != nil {
+		return x.Blobs
+	}
+	return nil
+}
+
+func (x *RelayResult) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+type RelayBlob struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Rank          uint32                 `protobuf:"varint,1,opt,name=rank,proto3" json:"rank,omitempty"`
+	Blob          []byte                 `protobuf:"bytes,2,opt,name=blob,proto3" json:"blob,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RelayBlob) Reset() {
+	*x = RelayBlob{}
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RelayBlob) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RelayBlob) ProtoMessage() {}
+
+func (x *RelayBlob) ProtoReflect() protoreflect.Message {
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RelayBlob.ProtoReflect.Descriptor instead.
+func (*RelayBlob) Descriptor() ([]byte, []int) {
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *RelayBlob) GetRank() uint32 {
+	if x != nil {
+		return x.Rank
+	}
+	return 0
+}
+
+func (x *RelayBlob) GetBlob() []byte {
+	if x != nil {
+		return x.Blob
+	}
+	return nil
 }
 
 // Ready ends a rank's setup (only Heartbeats precede it, so a slow model
@@ -1280,7 +1463,7 @@ type Ready struct {
 
 func (x *Ready) Reset() {
 	*x = Ready{}
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[17]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1292,7 +1475,7 @@ func (x *Ready) String() string {
 func (*Ready) ProtoMessage() {}
 
 func (x *Ready) ProtoReflect() protoreflect.Message {
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[17]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1305,7 +1488,7 @@ func (x *Ready) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Ready.ProtoReflect.Descriptor instead.
 func (*Ready) Descriptor() ([]byte, []int) {
-	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{17}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *Ready) GetRank() uint32 {
@@ -1404,7 +1587,7 @@ type Batch struct {
 
 func (x *Batch) Reset() {
 	*x = Batch{}
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[18]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1416,7 +1599,7 @@ func (x *Batch) String() string {
 func (*Batch) ProtoMessage() {}
 
 func (x *Batch) ProtoReflect() protoreflect.Message {
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[18]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1429,7 +1612,7 @@ func (x *Batch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Batch.ProtoReflect.Descriptor instead.
 func (*Batch) Descriptor() ([]byte, []int) {
-	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{18}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *Batch) GetRank() uint32 {
@@ -1538,7 +1721,7 @@ type SyncAck struct {
 
 func (x *SyncAck) Reset() {
 	*x = SyncAck{}
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[19]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1550,7 +1733,7 @@ func (x *SyncAck) String() string {
 func (*SyncAck) ProtoMessage() {}
 
 func (x *SyncAck) ProtoReflect() protoreflect.Message {
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[19]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1563,7 +1746,7 @@ func (x *SyncAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncAck.ProtoReflect.Descriptor instead.
 func (*SyncAck) Descriptor() ([]byte, []int) {
-	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{19}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *SyncAck) GetRank() uint32 {
@@ -1660,7 +1843,7 @@ type Heartbeat struct {
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[20]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1672,7 +1855,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[20]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1685,7 +1868,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{20}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *Heartbeat) GetRank() uint32 {
@@ -1712,7 +1895,7 @@ type SnapshotReady struct {
 
 func (x *SnapshotReady) Reset() {
 	*x = SnapshotReady{}
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[21]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1724,7 +1907,7 @@ func (x *SnapshotReady) String() string {
 func (*SnapshotReady) ProtoMessage() {}
 
 func (x *SnapshotReady) ProtoReflect() protoreflect.Message {
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[21]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1737,7 +1920,7 @@ func (x *SnapshotReady) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotReady.ProtoReflect.Descriptor instead.
 func (*SnapshotReady) Descriptor() ([]byte, []int) {
-	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{21}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *SnapshotReady) GetRank() uint32 {
@@ -1770,7 +1953,7 @@ type EvalResult struct {
 
 func (x *EvalResult) Reset() {
 	*x = EvalResult{}
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[22]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1782,7 +1965,7 @@ func (x *EvalResult) String() string {
 func (*EvalResult) ProtoMessage() {}
 
 func (x *EvalResult) ProtoReflect() protoreflect.Message {
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[22]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1795,7 +1978,7 @@ func (x *EvalResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EvalResult.ProtoReflect.Descriptor instead.
 func (*EvalResult) Descriptor() ([]byte, []int) {
-	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{22}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *EvalResult) GetRank() uint32 {
@@ -1867,7 +2050,7 @@ type CheckpointResult struct {
 
 func (x *CheckpointResult) Reset() {
 	*x = CheckpointResult{}
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[23]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1879,7 +2062,7 @@ func (x *CheckpointResult) String() string {
 func (*CheckpointResult) ProtoMessage() {}
 
 func (x *CheckpointResult) ProtoReflect() protoreflect.Message {
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[23]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1892,7 +2075,7 @@ func (x *CheckpointResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointResult.ProtoReflect.Descriptor instead.
 func (*CheckpointResult) Descriptor() ([]byte, []int) {
-	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{23}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *CheckpointResult) GetRank() uint32 {
@@ -1941,7 +2124,7 @@ type SessionIdGenerated struct {
 
 func (x *SessionIdGenerated) Reset() {
 	*x = SessionIdGenerated{}
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[24]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1953,7 +2136,7 @@ func (x *SessionIdGenerated) String() string {
 func (*SessionIdGenerated) ProtoMessage() {}
 
 func (x *SessionIdGenerated) ProtoReflect() protoreflect.Message {
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[24]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1966,7 +2149,7 @@ func (x *SessionIdGenerated) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionIdGenerated.ProtoReflect.Descriptor instead.
 func (*SessionIdGenerated) Descriptor() ([]byte, []int) {
-	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{24}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *SessionIdGenerated) GetRank() uint32 {
@@ -2001,7 +2184,7 @@ type EpochFnElapsed struct {
 
 func (x *EpochFnElapsed) Reset() {
 	*x = EpochFnElapsed{}
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[25]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2013,7 +2196,7 @@ func (x *EpochFnElapsed) String() string {
 func (*EpochFnElapsed) ProtoMessage() {}
 
 func (x *EpochFnElapsed) ProtoReflect() protoreflect.Message {
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[25]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2026,7 +2209,7 @@ func (x *EpochFnElapsed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EpochFnElapsed.ProtoReflect.Descriptor instead.
 func (*EpochFnElapsed) Descriptor() ([]byte, []int) {
-	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{25}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *EpochFnElapsed) GetRank() uint32 {
@@ -2063,7 +2246,7 @@ type GpuSample struct {
 
 func (x *GpuSample) Reset() {
 	*x = GpuSample{}
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[26]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2075,7 +2258,7 @@ func (x *GpuSample) String() string {
 func (*GpuSample) ProtoMessage() {}
 
 func (x *GpuSample) ProtoReflect() protoreflect.Message {
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[26]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2088,7 +2271,7 @@ func (x *GpuSample) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GpuSample.ProtoReflect.Descriptor instead.
 func (*GpuSample) Descriptor() ([]byte, []int) {
-	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{26}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *GpuSample) GetIndex() uint32 {
@@ -2141,7 +2324,7 @@ type ResourceSample struct {
 
 func (x *ResourceSample) Reset() {
 	*x = ResourceSample{}
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[27]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2153,7 +2336,7 @@ func (x *ResourceSample) String() string {
 func (*ResourceSample) ProtoMessage() {}
 
 func (x *ResourceSample) ProtoReflect() protoreflect.Message {
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[27]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2166,7 +2349,7 @@ func (x *ResourceSample) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResourceSample.ProtoReflect.Descriptor instead.
 func (*ResourceSample) Descriptor() ([]byte, []int) {
-	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{27}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ResourceSample) GetRank() uint32 {
@@ -2227,7 +2410,7 @@ type Exiting struct {
 
 func (x *Exiting) Reset() {
 	*x = Exiting{}
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[28]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2239,7 +2422,7 @@ func (x *Exiting) String() string {
 func (*Exiting) ProtoMessage() {}
 
 func (x *Exiting) ProtoReflect() protoreflect.Message {
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[28]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2252,7 +2435,7 @@ func (x *Exiting) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Exiting.ProtoReflect.Descriptor instead.
 func (*Exiting) Descriptor() ([]byte, []int) {
-	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{28}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *Exiting) GetRank() uint32 {
@@ -2272,7 +2455,7 @@ type ScalarSum struct {
 
 func (x *ScalarSum) Reset() {
 	*x = ScalarSum{}
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[29]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2284,7 +2467,7 @@ func (x *ScalarSum) String() string {
 func (*ScalarSum) ProtoMessage() {}
 
 func (x *ScalarSum) ProtoReflect() protoreflect.Message {
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[29]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2297,7 +2480,7 @@ func (x *ScalarSum) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScalarSum.ProtoReflect.Descriptor instead.
 func (*ScalarSum) Descriptor() ([]byte, []int) {
-	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{29}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ScalarSum) GetSum() float64 {
@@ -2337,7 +2520,7 @@ type Metrics struct {
 
 func (x *Metrics) Reset() {
 	*x = Metrics{}
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[30]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2349,7 +2532,7 @@ func (x *Metrics) String() string {
 func (*Metrics) ProtoMessage() {}
 
 func (x *Metrics) ProtoReflect() protoreflect.Message {
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[30]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2362,7 +2545,7 @@ func (x *Metrics) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Metrics.ProtoReflect.Descriptor instead.
 func (*Metrics) Descriptor() ([]byte, []int) {
-	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{30}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *Metrics) GetRank() uint32 {
@@ -2449,6 +2632,119 @@ func (x *Metrics) GetPartitionSize() uint64 {
 	return 0
 }
 
+// MeetRequest asks for the meeting point of the kind the rank's averager
+// declared (its Describe's meeting kind; "relay" when it declared none),
+// after Admit and before Ready. The coordinator starts one meeting point of
+// each kind on first request and answers Meeting.
+type MeetRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Kind          string                 `protobuf:"bytes,1,opt,name=kind,proto3" json:"kind,omitempty"`
+	Averager      string                 `protobuf:"bytes,2,opt,name=averager,proto3" json:"averager,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MeetRequest) Reset() {
+	*x = MeetRequest{}
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MeetRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MeetRequest) ProtoMessage() {}
+
+func (x *MeetRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MeetRequest.ProtoReflect.Descriptor instead.
+func (*MeetRequest) Descriptor() ([]byte, []int) {
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *MeetRequest) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *MeetRequest) GetAverager() string {
+	if x != nil {
+		return x.Averager
+	}
+	return ""
+}
+
+// RelayPost is this rank's part of a relay exchange: an all-gather of small
+// opaque blobs among the live ranks, keyed by a string the averager chose
+// (an NCCL unique id, a vendor's addresses, a mock round's parameters). Once
+// every live rank has posted under key (every rank of the world, before the
+// cohort formed), each poster receives RelayResult.
+type RelayPost struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Key           string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	Blob          []byte                 `protobuf:"bytes,2,opt,name=blob,proto3" json:"blob,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RelayPost) Reset() {
+	*x = RelayPost{}
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RelayPost) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RelayPost) ProtoMessage() {}
+
+func (x *RelayPost) ProtoReflect() protoreflect.Message {
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RelayPost.ProtoReflect.Descriptor instead.
+func (*RelayPost) Descriptor() ([]byte, []int) {
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *RelayPost) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *RelayPost) GetBlob() []byte {
+	if x != nil {
+		return x.Blob
+	}
+	return nil
+}
+
 var File_core_wire_wirepb_wire_proto protoreflect.FileDescriptor
 
 const file_core_wire_wirepb_wire_proto_rawDesc = "" +
@@ -2527,14 +2823,24 @@ const file_core_wire_wirepb_wire_proto_rawDesc = "" +
 	"\x03dir\x18\x02 \x01(\tR\x03dir\x12\x18\n" +
 	"\aversion\x18\x03 \x01(\x04R\aversion\"2\n" +
 	"\x14CoordinatorHeartbeat\x12\x1a\n" +
-	"\bsequence\x18\x01 \x01(\x04R\bsequence\"\x98\x01\n" +
+	"\bsequence\x18\x01 \x01(\x04R\bsequence\"o\n" +
 	"\x05Admit\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x12\n" +
-	"\x04seed\x18\x02 \x01(\x04R\x04seed\x12-\n" +
-	"\x12averaging_endpoint\x18\x03 \x01(\tR\x11averagingEndpoint\x12\x1d\n" +
+	"\x04seed\x18\x02 \x01(\x04R\x04seed\x12\x1d\n" +
 	"\n" +
 	"resume_dir\x18\x04 \x01(\tR\tresumeDir\x12\x16\n" +
-	"\x06epochs\x18\x05 \x01(\x04R\x06epochs\"\xc9\x02\n" +
+	"\x06epochs\x18\x05 \x01(\x04R\x06epochsJ\x04\b\x03\x10\x04\"O\n" +
+	"\aMeeting\x12\x12\n" +
+	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x1a\n" +
+	"\bendpoint\x18\x02 \x01(\tR\bendpoint\x12\x14\n" +
+	"\x05error\x18\x03 \x01(\tR\x05error\"f\n" +
+	"\vRelayResult\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12/\n" +
+	"\x05blobs\x18\x02 \x03(\v2\x19.cohort.wire.v1.RelayBlobR\x05blobs\x12\x14\n" +
+	"\x05error\x18\x03 \x01(\tR\x05error\"3\n" +
+	"\tRelayBlob\x12\x12\n" +
+	"\x04rank\x18\x01 \x01(\rR\x04rank\x12\x12\n" +
+	"\x04blob\x18\x02 \x01(\fR\x04blob\"\xc9\x02\n" +
 	"\x05Ready\x12\x12\n" +
 	"\x04rank\x18\x01 \x01(\rR\x04rank\x12\x18\n" +
 	"\asamples\x18\x02 \x01(\x04R\asamples\x12!\n" +
@@ -2675,7 +2981,13 @@ const file_core_wire_wirepb_wire_proto_rawDesc = "" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12/\n" +
 	"\x05value\x18\x02 \x01(\v2\x19.cohort.wire.v1.ScalarSumR\x05value:\x028\x01B\f\n" +
 	"\n" +
-	"_resources*\xcb\x06\n" +
+	"_resources\"=\n" +
+	"\vMeetRequest\x12\x12\n" +
+	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x1a\n" +
+	"\baverager\x18\x02 \x01(\tR\baverager\"1\n" +
+	"\tRelayPost\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x12\n" +
+	"\x04blob\x18\x02 \x01(\fR\x04blob*\xb8\a\n" +
 	"\tFrameKind\x12\x1a\n" +
 	"\x16FRAME_KIND_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16FRAME_KIND_START_EPOCH\x10\x01\x12\x13\n" +
@@ -2694,7 +3006,9 @@ const file_core_wire_wirepb_wire_proto_rawDesc = "" +
 	"\x13FRAME_KIND_SHUTDOWN\x10\r\x12!\n" +
 	"\x1dFRAME_KIND_SHUTDOWN_WITH_SAVE\x10\x0e\x12$\n" +
 	" FRAME_KIND_COORDINATOR_HEARTBEAT\x10\x0f\x12\x14\n" +
-	"\x10FRAME_KIND_ADMIT\x10\x10\x12\x14\n" +
+	"\x10FRAME_KIND_ADMIT\x10\x10\x12\x16\n" +
+	"\x12FRAME_KIND_MEETING\x10\x11\x12\x1b\n" +
+	"\x17FRAME_KIND_RELAY_RESULT\x10\x12\x12\x14\n" +
 	"\x10FRAME_KIND_READY\x10@\x12\x14\n" +
 	"\x10FRAME_KIND_BATCH\x10A\x12\x17\n" +
 	"\x13FRAME_KIND_SYNC_ACK\x10B\x12\x18\n" +
@@ -2706,7 +3020,9 @@ const file_core_wire_wirepb_wire_proto_rawDesc = "" +
 	"\x1bFRAME_KIND_EPOCH_FN_ELAPSED\x10H\x12\x1e\n" +
 	"\x1aFRAME_KIND_RESOURCE_SAMPLE\x10I\x12\x16\n" +
 	"\x12FRAME_KIND_EXITING\x10J\x12\x16\n" +
-	"\x12FRAME_KIND_METRICS\x10K*U\n" +
+	"\x12FRAME_KIND_METRICS\x10K\x12\x1b\n" +
+	"\x17FRAME_KIND_MEET_REQUEST\x10L\x12\x19\n" +
+	"\x15FRAME_KIND_RELAY_POST\x10M*U\n" +
 	"\bSyncMode\x12\x19\n" +
 	"\x15SYNC_MODE_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11SYNC_MODE_AVERAGE\x10\x01\x12\x17\n" +
@@ -2732,7 +3048,7 @@ func file_core_wire_wirepb_wire_proto_rawDescGZIP() []byte {
 }
 
 var file_core_wire_wirepb_wire_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_core_wire_wirepb_wire_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
+var file_core_wire_wirepb_wire_proto_msgTypes = make([]protoimpl.MessageInfo, 37)
 var file_core_wire_wirepb_wire_proto_goTypes = []any{
 	(FrameKind)(0),               // 0: cohort.wire.v1.FrameKind
 	(SyncMode)(0),                // 1: cohort.wire.v1.SyncMode
@@ -2754,21 +3070,26 @@ var file_core_wire_wirepb_wire_proto_goTypes = []any{
 	(*ShutdownWithSave)(nil),     // 17: cohort.wire.v1.ShutdownWithSave
 	(*CoordinatorHeartbeat)(nil), // 18: cohort.wire.v1.CoordinatorHeartbeat
 	(*Admit)(nil),                // 19: cohort.wire.v1.Admit
-	(*Ready)(nil),                // 20: cohort.wire.v1.Ready
-	(*Batch)(nil),                // 21: cohort.wire.v1.Batch
-	(*SyncAck)(nil),              // 22: cohort.wire.v1.SyncAck
-	(*Heartbeat)(nil),            // 23: cohort.wire.v1.Heartbeat
-	(*SnapshotReady)(nil),        // 24: cohort.wire.v1.SnapshotReady
-	(*EvalResult)(nil),           // 25: cohort.wire.v1.EvalResult
-	(*CheckpointResult)(nil),     // 26: cohort.wire.v1.CheckpointResult
-	(*SessionIdGenerated)(nil),   // 27: cohort.wire.v1.SessionIdGenerated
-	(*EpochFnElapsed)(nil),       // 28: cohort.wire.v1.EpochFnElapsed
-	(*GpuSample)(nil),            // 29: cohort.wire.v1.GpuSample
-	(*ResourceSample)(nil),       // 30: cohort.wire.v1.ResourceSample
-	(*Exiting)(nil),              // 31: cohort.wire.v1.Exiting
-	(*ScalarSum)(nil),            // 32: cohort.wire.v1.ScalarSum
-	(*Metrics)(nil),              // 33: cohort.wire.v1.Metrics
-	nil,                          // 34: cohort.wire.v1.Metrics.ScalarsEntry
+	(*Meeting)(nil),              // 20: cohort.wire.v1.Meeting
+	(*RelayResult)(nil),          // 21: cohort.wire.v1.RelayResult
+	(*RelayBlob)(nil),            // 22: cohort.wire.v1.RelayBlob
+	(*Ready)(nil),                // 23: cohort.wire.v1.Ready
+	(*Batch)(nil),                // 24: cohort.wire.v1.Batch
+	(*SyncAck)(nil),              // 25: cohort.wire.v1.SyncAck
+	(*Heartbeat)(nil),            // 26: cohort.wire.v1.Heartbeat
+	(*SnapshotReady)(nil),        // 27: cohort.wire.v1.SnapshotReady
+	(*EvalResult)(nil),           // 28: cohort.wire.v1.EvalResult
+	(*CheckpointResult)(nil),     // 29: cohort.wire.v1.CheckpointResult
+	(*SessionIdGenerated)(nil),   // 30: cohort.wire.v1.SessionIdGenerated
+	(*EpochFnElapsed)(nil),       // 31: cohort.wire.v1.EpochFnElapsed
+	(*GpuSample)(nil),            // 32: cohort.wire.v1.GpuSample
+	(*ResourceSample)(nil),       // 33: cohort.wire.v1.ResourceSample
+	(*Exiting)(nil),              // 34: cohort.wire.v1.Exiting
+	(*ScalarSum)(nil),            // 35: cohort.wire.v1.ScalarSum
+	(*Metrics)(nil),              // 36: cohort.wire.v1.Metrics
+	(*MeetRequest)(nil),          // 37: cohort.wire.v1.MeetRequest
+	(*RelayPost)(nil),            // 38: cohort.wire.v1.RelayPost
+	nil,                          // 39: cohort.wire.v1.Metrics.ScalarsEntry
 }
 var file_core_wire_wirepb_wire_proto_depIdxs = []int32{
 	3,  // 0: cohort.wire.v1.StartEpoch.plan:type_name -> cohort.wire.v1.EpochPlan
@@ -2776,15 +3097,16 @@ var file_core_wire_wirepb_wire_proto_depIdxs = []int32{
 	3,  // 2: cohort.wire.v1.Sync.next_plan:type_name -> cohort.wire.v1.EpochPlan
 	3,  // 3: cohort.wire.v1.Update.next_plan:type_name -> cohort.wire.v1.EpochPlan
 	2,  // 4: cohort.wire.v1.ShutdownWithSave.reason:type_name -> cohort.wire.v1.ShutdownReason
-	29, // 5: cohort.wire.v1.ResourceSample.gpus:type_name -> cohort.wire.v1.GpuSample
-	34, // 6: cohort.wire.v1.Metrics.scalars:type_name -> cohort.wire.v1.Metrics.ScalarsEntry
-	30, // 7: cohort.wire.v1.Metrics.resources:type_name -> cohort.wire.v1.ResourceSample
-	32, // 8: cohort.wire.v1.Metrics.ScalarsEntry.value:type_name -> cohort.wire.v1.ScalarSum
-	9,  // [9:9] is the sub-list for method output_type
-	9,  // [9:9] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	22, // 5: cohort.wire.v1.RelayResult.blobs:type_name -> cohort.wire.v1.RelayBlob
+	32, // 6: cohort.wire.v1.ResourceSample.gpus:type_name -> cohort.wire.v1.GpuSample
+	39, // 7: cohort.wire.v1.Metrics.scalars:type_name -> cohort.wire.v1.Metrics.ScalarsEntry
+	33, // 8: cohort.wire.v1.Metrics.resources:type_name -> cohort.wire.v1.ResourceSample
+	35, // 9: cohort.wire.v1.Metrics.ScalarsEntry.value:type_name -> cohort.wire.v1.ScalarSum
+	10, // [10:10] is the sub-list for method output_type
+	10, // [10:10] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_core_wire_wirepb_wire_proto_init() }
@@ -2794,19 +3116,19 @@ func file_core_wire_wirepb_wire_proto_init() {
 	}
 	file_core_wire_wirepb_wire_proto_msgTypes[2].OneofWrappers = []any{}
 	file_core_wire_wirepb_wire_proto_msgTypes[3].OneofWrappers = []any{}
-	file_core_wire_wirepb_wire_proto_msgTypes[18].OneofWrappers = []any{}
-	file_core_wire_wirepb_wire_proto_msgTypes[19].OneofWrappers = []any{}
+	file_core_wire_wirepb_wire_proto_msgTypes[21].OneofWrappers = []any{}
 	file_core_wire_wirepb_wire_proto_msgTypes[22].OneofWrappers = []any{}
-	file_core_wire_wirepb_wire_proto_msgTypes[26].OneofWrappers = []any{}
-	file_core_wire_wirepb_wire_proto_msgTypes[27].OneofWrappers = []any{}
+	file_core_wire_wirepb_wire_proto_msgTypes[25].OneofWrappers = []any{}
+	file_core_wire_wirepb_wire_proto_msgTypes[29].OneofWrappers = []any{}
 	file_core_wire_wirepb_wire_proto_msgTypes[30].OneofWrappers = []any{}
+	file_core_wire_wirepb_wire_proto_msgTypes[33].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_core_wire_wirepb_wire_proto_rawDesc), len(file_core_wire_wirepb_wire_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   32,
+			NumMessages:   37,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

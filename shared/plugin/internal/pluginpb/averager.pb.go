@@ -30,15 +30,18 @@ type AveragerConfigureRequest struct {
 	Rank      uint32                 `protobuf:"varint,1,opt,name=rank,proto3" json:"rank,omitempty"`
 	WorldSize uint32                 `protobuf:"varint,2,opt,name=world_size,json=worldSize,proto3" json:"world_size,omitempty"`
 	Arena     *ArenaDescriptor       `protobuf:"bytes,3,opt,name=arena,proto3" json:"arena,omitempty"`
-	// Where the backend meets its peers: the reduce server's address, a
-	// rendezvous directory, ...
+	// Where the backend meets its peers, for the meeting kind its Describe
+	// declared: the reduce server's address; empty for the relay.
 	Endpoint string `protobuf:"bytes,4,opt,name=endpoint,proto3" json:"endpoint,omitempty"`
 	// Key for authenticating the backend's own data channel, derived from the
 	// run secret; never the secret itself.
 	DataKey []byte `protobuf:"bytes,5,opt,name=data_key,json=dataKey,proto3" json:"data_key,omitempty"`
 	// The plugin's own config block, as JSON.
-	SettingsJson  []byte `protobuf:"bytes,6,opt,name=settings_json,json=settingsJson,proto3" json:"settings_json,omitempty"`
-	RunId         string `protobuf:"bytes,7,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	SettingsJson []byte `protobuf:"bytes,6,opt,name=settings_json,json=settingsJson,proto3" json:"settings_json,omitempty"`
+	RunId        string `protobuf:"bytes,7,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	// The go-plugin broker id on which the host serves the Relay service for
+	// this averager; 0 when the host offers none.
+	RelayBrokerId uint32 `protobuf:"varint,8,opt,name=relay_broker_id,json=relayBrokerId,proto3" json:"relay_broker_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -120,6 +123,13 @@ func (x *AveragerConfigureRequest) GetRunId() string {
 		return x.RunId
 	}
 	return ""
+}
+
+func (x *AveragerConfigureRequest) GetRelayBrokerId() uint32 {
+	if x != nil {
+		return x.RelayBrokerId
+	}
+	return 0
 }
 
 type AveragerConfigureResponse struct {
@@ -666,11 +676,159 @@ func (*LoadStateResponse) Descriptor() ([]byte, []int) {
 	return file_shared_plugin_internal_pluginpb_averager_proto_rawDescGZIP(), []int{10}
 }
 
+type RelayExchangeRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Key           string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	Blob          []byte                 `protobuf:"bytes,2,opt,name=blob,proto3" json:"blob,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RelayExchangeRequest) Reset() {
+	*x = RelayExchangeRequest{}
+	mi := &file_shared_plugin_internal_pluginpb_averager_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RelayExchangeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RelayExchangeRequest) ProtoMessage() {}
+
+func (x *RelayExchangeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_shared_plugin_internal_pluginpb_averager_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RelayExchangeRequest.ProtoReflect.Descriptor instead.
+func (*RelayExchangeRequest) Descriptor() ([]byte, []int) {
+	return file_shared_plugin_internal_pluginpb_averager_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *RelayExchangeRequest) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *RelayExchangeRequest) GetBlob() []byte {
+	if x != nil {
+		return x.Blob
+	}
+	return nil
+}
+
+type RelayExchangeResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Entries       []*RelayEntry          `protobuf:"bytes,1,rep,name=entries,proto3" json:"entries,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RelayExchangeResponse) Reset() {
+	*x = RelayExchangeResponse{}
+	mi := &file_shared_plugin_internal_pluginpb_averager_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RelayExchangeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RelayExchangeResponse) ProtoMessage() {}
+
+func (x *RelayExchangeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_shared_plugin_internal_pluginpb_averager_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RelayExchangeResponse.ProtoReflect.Descriptor instead.
+func (*RelayExchangeResponse) Descriptor() ([]byte, []int) {
+	return file_shared_plugin_internal_pluginpb_averager_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *RelayExchangeResponse) GetEntries() []*RelayEntry {
+	if x != nil {
+		return x.Entries
+	}
+	return nil
+}
+
+type RelayEntry struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Rank          uint32                 `protobuf:"varint,1,opt,name=rank,proto3" json:"rank,omitempty"`
+	Blob          []byte                 `protobuf:"bytes,2,opt,name=blob,proto3" json:"blob,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RelayEntry) Reset() {
+	*x = RelayEntry{}
+	mi := &file_shared_plugin_internal_pluginpb_averager_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RelayEntry) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RelayEntry) ProtoMessage() {}
+
+func (x *RelayEntry) ProtoReflect() protoreflect.Message {
+	mi := &file_shared_plugin_internal_pluginpb_averager_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RelayEntry.ProtoReflect.Descriptor instead.
+func (*RelayEntry) Descriptor() ([]byte, []int) {
+	return file_shared_plugin_internal_pluginpb_averager_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *RelayEntry) GetRank() uint32 {
+	if x != nil {
+		return x.Rank
+	}
+	return 0
+}
+
+func (x *RelayEntry) GetBlob() []byte {
+	if x != nil {
+		return x.Blob
+	}
+	return nil
+}
+
 var File_shared_plugin_internal_pluginpb_averager_proto protoreflect.FileDescriptor
 
 const file_shared_plugin_internal_pluginpb_averager_proto_rawDesc = "" +
 	"\n" +
-	".shared/plugin/internal/pluginpb/averager.proto\x12\tcohort.v1\x1a+shared/plugin/internal/pluginpb/arena.proto\x1a-shared/plugin/internal/pluginpb/trainer.proto\"\xf2\x01\n" +
+	".shared/plugin/internal/pluginpb/averager.proto\x12\tcohort.v1\x1a+shared/plugin/internal/pluginpb/arena.proto\x1a-shared/plugin/internal/pluginpb/trainer.proto\"\x9a\x02\n" +
 	"\x18AveragerConfigureRequest\x12\x12\n" +
 	"\x04rank\x18\x01 \x01(\rR\x04rank\x12\x1d\n" +
 	"\n" +
@@ -679,7 +837,8 @@ const file_shared_plugin_internal_pluginpb_averager_proto_rawDesc = "" +
 	"\bendpoint\x18\x04 \x01(\tR\bendpoint\x12\x19\n" +
 	"\bdata_key\x18\x05 \x01(\fR\adataKey\x12#\n" +
 	"\rsettings_json\x18\x06 \x01(\fR\fsettingsJson\x12\x15\n" +
-	"\x06run_id\x18\a \x01(\tR\x05runId\"@\n" +
+	"\x06run_id\x18\a \x01(\tR\x05runId\x12&\n" +
+	"\x0frelay_broker_id\x18\b \x01(\rR\rrelayBrokerId\"@\n" +
 	"\x19AveragerConfigureResponse\x12#\n" +
 	"\rsolo_identity\x18\x01 \x01(\bR\fsoloIdentity\"n\n" +
 	"\x0eAverageRequest\x12\x14\n" +
@@ -719,7 +878,16 @@ const file_shared_plugin_internal_pluginpb_averager_proto_rawDesc = "" +
 	"\fAbortRequest\x12\x16\n" +
 	"\x06reason\x18\x01 \x01(\tR\x06reason\"\x0f\n" +
 	"\rAbortResponse\"\x13\n" +
-	"\x11LoadStateResponse2\xa6\x05\n" +
+	"\x11LoadStateResponse\"<\n" +
+	"\x14RelayExchangeRequest\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x12\n" +
+	"\x04blob\x18\x02 \x01(\fR\x04blob\"H\n" +
+	"\x15RelayExchangeResponse\x12/\n" +
+	"\aentries\x18\x01 \x03(\v2\x15.cohort.v1.RelayEntryR\aentries\"4\n" +
+	"\n" +
+	"RelayEntry\x12\x12\n" +
+	"\x04rank\x18\x01 \x01(\rR\x04rank\x12\x12\n" +
+	"\x04blob\x18\x02 \x01(\fR\x04blob2\xa6\x05\n" +
 	"\bAverager\x12D\n" +
 	"\bDescribe\x12\x1a.cohort.v1.DescribeRequest\x1a\x1c.cohort.v1.PluginDescription\x12V\n" +
 	"\tConfigure\x12#.cohort.v1.AveragerConfigureRequest\x1a$.cohort.v1.AveragerConfigureResponse\x12@\n" +
@@ -730,7 +898,9 @@ const file_shared_plugin_internal_pluginpb_averager_proto_rawDesc = "" +
 	"\x05Abort\x12\x17.cohort.v1.AbortRequest\x1a\x18.cohort.v1.AbortResponse\x12P\n" +
 	"\tSaveState\x12 .cohort.v1.SaveCheckpointRequest\x1a!.cohort.v1.SaveCheckpointResponse\x12K\n" +
 	"\tLoadState\x12 .cohort.v1.LoadCheckpointRequest\x1a\x1c.cohort.v1.LoadStateResponse\x12C\n" +
-	"\bShutdown\x12\x1a.cohort.v1.ShutdownRequest\x1a\x1b.cohort.v1.ShutdownResponseBEZCgithub.com/cohortdl/cohort/shared/plugin/internal/pluginpb;pluginpbb\x06proto3"
+	"\bShutdown\x12\x1a.cohort.v1.ShutdownRequest\x1a\x1b.cohort.v1.ShutdownResponse2V\n" +
+	"\x05Relay\x12M\n" +
+	"\bExchange\x12\x1f.cohort.v1.RelayExchangeRequest\x1a .cohort.v1.RelayExchangeResponseBEZCgithub.com/cohortdl/cohort/shared/plugin/internal/pluginpb;pluginpbb\x06proto3"
 
 var (
 	file_shared_plugin_internal_pluginpb_averager_proto_rawDescOnce sync.Once
@@ -744,7 +914,7 @@ func file_shared_plugin_internal_pluginpb_averager_proto_rawDescGZIP() []byte {
 	return file_shared_plugin_internal_pluginpb_averager_proto_rawDescData
 }
 
-var file_shared_plugin_internal_pluginpb_averager_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_shared_plugin_internal_pluginpb_averager_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_shared_plugin_internal_pluginpb_averager_proto_goTypes = []any{
 	(*AveragerConfigureRequest)(nil),  // 0: cohort.v1.AveragerConfigureRequest
 	(*AveragerConfigureResponse)(nil), // 1: cohort.v1.AveragerConfigureResponse
@@ -757,40 +927,46 @@ var file_shared_plugin_internal_pluginpb_averager_proto_goTypes = []any{
 	(*AbortRequest)(nil),              // 8: cohort.v1.AbortRequest
 	(*AbortResponse)(nil),             // 9: cohort.v1.AbortResponse
 	(*LoadStateResponse)(nil),         // 10: cohort.v1.LoadStateResponse
-	(*ArenaDescriptor)(nil),           // 11: cohort.v1.ArenaDescriptor
-	(*DescribeRequest)(nil),           // 12: cohort.v1.DescribeRequest
-	(*SaveCheckpointRequest)(nil),     // 13: cohort.v1.SaveCheckpointRequest
-	(*LoadCheckpointRequest)(nil),     // 14: cohort.v1.LoadCheckpointRequest
-	(*ShutdownRequest)(nil),           // 15: cohort.v1.ShutdownRequest
-	(*PluginDescription)(nil),         // 16: cohort.v1.PluginDescription
-	(*SaveCheckpointResponse)(nil),    // 17: cohort.v1.SaveCheckpointResponse
-	(*ShutdownResponse)(nil),          // 18: cohort.v1.ShutdownResponse
+	(*RelayExchangeRequest)(nil),      // 11: cohort.v1.RelayExchangeRequest
+	(*RelayExchangeResponse)(nil),     // 12: cohort.v1.RelayExchangeResponse
+	(*RelayEntry)(nil),                // 13: cohort.v1.RelayEntry
+	(*ArenaDescriptor)(nil),           // 14: cohort.v1.ArenaDescriptor
+	(*DescribeRequest)(nil),           // 15: cohort.v1.DescribeRequest
+	(*SaveCheckpointRequest)(nil),     // 16: cohort.v1.SaveCheckpointRequest
+	(*LoadCheckpointRequest)(nil),     // 17: cohort.v1.LoadCheckpointRequest
+	(*ShutdownRequest)(nil),           // 18: cohort.v1.ShutdownRequest
+	(*PluginDescription)(nil),         // 19: cohort.v1.PluginDescription
+	(*SaveCheckpointResponse)(nil),    // 20: cohort.v1.SaveCheckpointResponse
+	(*ShutdownResponse)(nil),          // 21: cohort.v1.ShutdownResponse
 }
 var file_shared_plugin_internal_pluginpb_averager_proto_depIdxs = []int32{
-	11, // 0: cohort.v1.AveragerConfigureRequest.arena:type_name -> cohort.v1.ArenaDescriptor
-	12, // 1: cohort.v1.Averager.Describe:input_type -> cohort.v1.DescribeRequest
-	0,  // 2: cohort.v1.Averager.Configure:input_type -> cohort.v1.AveragerConfigureRequest
-	2,  // 3: cohort.v1.Averager.Average:input_type -> cohort.v1.AverageRequest
-	4,  // 4: cohort.v1.Averager.NewSessionId:input_type -> cohort.v1.NewSessionIdRequest
-	6,  // 5: cohort.v1.Averager.NewSession:input_type -> cohort.v1.NewSessionRequest
-	8,  // 6: cohort.v1.Averager.Abort:input_type -> cohort.v1.AbortRequest
-	13, // 7: cohort.v1.Averager.SaveState:input_type -> cohort.v1.SaveCheckpointRequest
-	14, // 8: cohort.v1.Averager.LoadState:input_type -> cohort.v1.LoadCheckpointRequest
-	15, // 9: cohort.v1.Averager.Shutdown:input_type -> cohort.v1.ShutdownRequest
-	16, // 10: cohort.v1.Averager.Describe:output_type -> cohort.v1.PluginDescription
-	1,  // 11: cohort.v1.Averager.Configure:output_type -> cohort.v1.AveragerConfigureResponse
-	3,  // 12: cohort.v1.Averager.Average:output_type -> cohort.v1.AverageResponse
-	5,  // 13: cohort.v1.Averager.NewSessionId:output_type -> cohort.v1.NewSessionIdResponse
-	7,  // 14: cohort.v1.Averager.NewSession:output_type -> cohort.v1.NewSessionResponse
-	9,  // 15: cohort.v1.Averager.Abort:output_type -> cohort.v1.AbortResponse
-	17, // 16: cohort.v1.Averager.SaveState:output_type -> cohort.v1.SaveCheckpointResponse
-	10, // 17: cohort.v1.Averager.LoadState:output_type -> cohort.v1.LoadStateResponse
-	18, // 18: cohort.v1.Averager.Shutdown:output_type -> cohort.v1.ShutdownResponse
-	10, // [10:19] is the sub-list for method output_type
-	1,  // [1:10] is the sub-list for method input_type
-	1,  // [1:1] is the sub-list for extension type_name
-	1,  // [1:1] is the sub-list for extension extendee
-	0,  // [0:1] is the sub-list for field type_name
+	14, // 0: cohort.v1.AveragerConfigureRequest.arena:type_name -> cohort.v1.ArenaDescriptor
+	13, // 1: cohort.v1.RelayExchangeResponse.entries:type_name -> cohort.v1.RelayEntry
+	15, // 2: cohort.v1.Averager.Describe:input_type -> cohort.v1.DescribeRequest
+	0,  // 3: cohort.v1.Averager.Configure:input_type -> cohort.v1.AveragerConfigureRequest
+	2,  // 4: cohort.v1.Averager.Average:input_type -> cohort.v1.AverageRequest
+	4,  // 5: cohort.v1.Averager.NewSessionId:input_type -> cohort.v1.NewSessionIdRequest
+	6,  // 6: cohort.v1.Averager.NewSession:input_type -> cohort.v1.NewSessionRequest
+	8,  // 7: cohort.v1.Averager.Abort:input_type -> cohort.v1.AbortRequest
+	16, // 8: cohort.v1.Averager.SaveState:input_type -> cohort.v1.SaveCheckpointRequest
+	17, // 9: cohort.v1.Averager.LoadState:input_type -> cohort.v1.LoadCheckpointRequest
+	18, // 10: cohort.v1.Averager.Shutdown:input_type -> cohort.v1.ShutdownRequest
+	11, // 11: cohort.v1.Relay.Exchange:input_type -> cohort.v1.RelayExchangeRequest
+	19, // 12: cohort.v1.Averager.Describe:output_type -> cohort.v1.PluginDescription
+	1,  // 13: cohort.v1.Averager.Configure:output_type -> cohort.v1.AveragerConfigureResponse
+	3,  // 14: cohort.v1.Averager.Average:output_type -> cohort.v1.AverageResponse
+	5,  // 15: cohort.v1.Averager.NewSessionId:output_type -> cohort.v1.NewSessionIdResponse
+	7,  // 16: cohort.v1.Averager.NewSession:output_type -> cohort.v1.NewSessionResponse
+	9,  // 17: cohort.v1.Averager.Abort:output_type -> cohort.v1.AbortResponse
+	20, // 18: cohort.v1.Averager.SaveState:output_type -> cohort.v1.SaveCheckpointResponse
+	10, // 19: cohort.v1.Averager.LoadState:output_type -> cohort.v1.LoadStateResponse
+	21, // 20: cohort.v1.Averager.Shutdown:output_type -> cohort.v1.ShutdownResponse
+	12, // 21: cohort.v1.Relay.Exchange:output_type -> cohort.v1.RelayExchangeResponse
+	12, // [12:22] is the sub-list for method output_type
+	2,  // [2:12] is the sub-list for method input_type
+	2,  // [2:2] is the sub-list for extension type_name
+	2,  // [2:2] is the sub-list for extension extendee
+	0,  // [0:2] is the sub-list for field type_name
 }
 
 func init() { file_shared_plugin_internal_pluginpb_averager_proto_init() }
@@ -806,9 +982,9 @@ func file_shared_plugin_internal_pluginpb_averager_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_shared_plugin_internal_pluginpb_averager_proto_rawDesc), len(file_shared_plugin_internal_pluginpb_averager_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   11,
+			NumMessages:   14,
 			NumExtensions: 0,
-			NumServices:   1,
+			NumServices:   2,
 		},
 		GoTypes:           file_shared_plugin_internal_pluginpb_averager_proto_goTypes,
 		DependencyIndexes: file_shared_plugin_internal_pluginpb_averager_proto_depIdxs,

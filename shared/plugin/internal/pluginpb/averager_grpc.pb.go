@@ -441,3 +441,117 @@ var Averager_ServiceDesc = grpc.ServiceDesc{
 	Streams:  []grpc.StreamDesc{},
 	Metadata: "shared/plugin/internal/pluginpb/averager.proto",
 }
+
+const (
+	Relay_Exchange_FullMethodName = "/cohort.v1.Relay/Exchange"
+)
+
+// RelayClient is the client API for Relay service.
+//
+// For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
+//
+// Relay is served by the host (the rank's core) to its averager over the
+// go-plugin broker: an all-gather of small opaque blobs among the live
+// ranks, through the coordinator's control protocol.
+type RelayClient interface {
+	// Exchange posts this rank's blob under key and returns once every live
+	// rank has posted under it. Status Aborted: a rank died first.
+	Exchange(ctx context.Context, in *RelayExchangeRequest, opts ...grpc.CallOption) (*RelayExchangeResponse, error)
+}
+
+type relayClient struct {
+	cc grpc.ClientConnInterface
+}
+
+func NewRelayClient(cc grpc.ClientConnInterface) RelayClient {
+	return &relayClient{cc}
+}
+
+func (c *relayClient) Exchange(ctx context.Context, in *RelayExchangeRequest, opts ...grpc.CallOption) (*RelayExchangeResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RelayExchangeResponse)
+	err := c.cc.Invoke(ctx, Relay_Exchange_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// RelayServer is the server API for Relay service.
+// All implementations must embed UnimplementedRelayServer
+// for forward compatibility.
+//
+// Relay is served by the host (the rank's core) to its averager over the
+// go-plugin broker: an all-gather of small opaque blobs among the live
+// ranks, through the coordinator's control protocol.
+type RelayServer interface {
+	// Exchange posts this rank's blob under key and returns once every live
+	// rank has posted under it. Status Aborted: a rank died first.
+	Exchange(context.Context, *RelayExchangeRequest) (*RelayExchangeResponse, error)
+	mustEmbedUnimplementedRelayServer()
+}
+
+// UnimplementedRelayServer must be embedded to have
+// forward compatible implementations.
+//
+// NOTE: this should be embedded by value instead of pointer to avoid a nil
+// pointer dereference when methods are called.
+type UnimplementedRelayServer struct{}
+
+func (UnimplementedRelayServer) Exchange(context.Context, *RelayExchangeRequest) (*RelayExchangeResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method Exchange not implemented")
+}
+func (UnimplementedRelayServer) mustEmbedUnimplementedRelayServer() {}
+func (UnimplementedRelayServer) testEmbeddedByValue()               {}
+
+// UnsafeRelayServer may be embedded to opt out of forward compatibility for this service.
+// Use of this interface is not recommended, as added methods to RelayServer will
+// result in compilation errors.
+type UnsafeRelayServer interface {
+	mustEmbedUnimplementedRelayServer()
+}
+
+func RegisterRelayServer(s grpc.ServiceRegistrar, srv RelayServer) {
+	// If the following call pancis, it indicates UnimplementedRelayServer was
+	// embedded by pointer and is nil.  This will cause panics if an
+	// unimplemented method is ever invoked, so we test this at initialization
+	// time to prevent it from happening at runtime later due to I/O.
+	if t, ok := srv.(interface{ testEmbeddedByValue() }); ok {
+		t.testEmbeddedByValue()
+	}
+	s.RegisterService(&Relay_ServiceDesc, srv)
+}
+
+func _Relay_Exchange_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RelayExchangeRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RelayServer).Exchange(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Relay_Exchange_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RelayServer).Exchange(ctx, req.(*RelayExchangeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+// Relay_ServiceDesc is the grpc.ServiceDesc for Relay service.
+// It's only intended for direct use with grpc.RegisterService,
+// and not to be introspected or modified (even as a copy)
+var Relay_ServiceDesc = grpc.ServiceDesc{
+	ServiceName: "cohort.v1.Relay",
+	HandlerType: (*RelayServer)(nil),
+	Methods: []grpc.MethodDesc{
+		{
+			MethodName: "Exchange",
+			Handler:    _Relay_Exchange_Handler,
+		},
+	},
+	Streams:  []grpc.StreamDesc{},
+	Metadata: "shared/plugin/internal/pluginpb/averager.proto",
+}

@@ -66,7 +66,10 @@ type PluginDescription struct {
 	Name    string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	Version string                 `protobuf:"bytes,2,opt,name=version,proto3" json:"version,omitempty"`
 	// Free-form capabilities, e.g. "cuda", "torchscript", "bf16-wire".
-	Capabilities  []string `protobuf:"bytes,3,rep,name=capabilities,proto3" json:"capabilities,omitempty"`
+	Capabilities []string `protobuf:"bytes,3,rep,name=capabilities,proto3" json:"capabilities,omitempty"`
+	// An averager's meeting kind: how its ranks find each other ("relay",
+	// the default when empty, or "reduce-server").
+	Meeting       string `protobuf:"bytes,4,opt,name=meeting,proto3" json:"meeting,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -120,6 +123,13 @@ func (x *PluginDescription) GetCapabilities() []string {
 		return x.Capabilities
 	}
 	return nil
+}
+
+func (x *PluginDescription) GetMeeting() string {
+	if x != nil {
+		return x.Meeting
+	}
+	return ""
 }
 
 type TrainerConfigureRequest struct {
@@ -1126,11 +1136,12 @@ var File_shared_plugin_internal_pluginpb_trainer_proto protoreflect.FileDescript
 const file_shared_plugin_internal_pluginpb_trainer_proto_rawDesc = "" +
 	"\n" +
 	"-shared/plugin/internal/pluginpb/trainer.proto\x12\tcohort.v1\x1a+shared/plugin/internal/pluginpb/arena.proto\"\x11\n" +
-	"\x0fDescribeRequest\"e\n" +
+	"\x0fDescribeRequest\"\x7f\n" +
 	"\x11PluginDescription\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x12\"\n" +
-	"\fcapabilities\x18\x03 \x03(\tR\fcapabilities\"\xa6\x01\n" +
+	"\fcapabilities\x18\x03 \x03(\tR\fcapabilities\x12\x18\n" +
+	"\ameeting\x18\x04 \x01(\tR\ameeting\"\xa6\x01\n" +
 	"\x17TrainerConfigureRequest\x12\x12\n" +
 	"\x04rank\x18\x01 \x01(\rR\x04rank\x12\x1d\n" +
 	"\n" +
