@@ -40,11 +40,11 @@ const (
 // contribution is a parsed contribution header.
 type contribution struct {
 	round, gen, session uint64
-	rank                     uint32
-	steps                    uint64
-	weight                   float64
-	digest                   [32]byte
-	count                    uint64
+	rank                uint32
+	steps               uint64
+	weight              float64
+	digest              [32]byte
+	count               uint64
 }
 
 func (c *contribution) encode(b []byte) {
