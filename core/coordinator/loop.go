@@ -63,29 +63,6 @@ type rankState struct {
 	batchMS float64
 }
 
-// round is an averaging round in flight.
-type round struct {
-	num     uint64
-	mode    wirepb.SyncMode
-	root    uint32
-	issued  time.Time
-	waiting map[uint32]bool
-	acks    map[uint32]*wirepb.SyncAck
-	initial bool // round 0: the run starts when it completes
-	// snap, when the Sync carried the next window's plans, is the
-	// checkpoint snapshot as of the round (taken at issue: ranks start
-	// those plans before the round completes everywhere).
-	snap *progress
-}
-
-// reissue is a round to run again after an abort, once the group is
-// re-formed.
-type reissue struct {
-	mode    wirepb.SyncMode
-	root    uint32
-	initial bool
-}
-
 // window is a set of plans handed out together under a windowed policy;
 // it closes when every one of them has its Metrics.
 type window struct {
