@@ -1,7 +1,6 @@
 package coordinator
 
 import (
-	"fmt"
 	"sort"
 	"time"
 
@@ -127,58 +126,6 @@ func (r *runner) nextEpoch() {
 	}
 }
 
-// beginCheckpoint asks every live rank to save into its directory of a
-// new checkpoint.
-func (r *runner) beginCheckpoint() {
-	live := r.live()
-	v, tmp, err := r.c.store.begin(live)
-	if err != nil {
-		r.log.Error("checkpoint skipped", "epoch", r.epoch, "error", err)
-		r.nextEpoch()
-		return
-	}
-	r.phase = phCheckpoint
-	r.ckpt = &ckptWait{version: v, tmp: tmp, pending: map[uint32]bool{}, progress: r.snap, reason: ReasonCheckpoint}
-	for _, id := range live {
-		r.ckpt.pending[id] = true
-		r.send(r.ranks[id], &wirepb.Checkpoint{Version: v, TargetRank: id, Dir: rankDir(tmp, id)})
-	}
-}
-
-// beginSave sends ShutdownWithSave to every live rank: each saves into
-// its rank-<r> of a new checkpoint and exits. The run ends with status
-// once they have.
-func (r *runner) beginSave(reason wirepb.ShutdownReason, metaReason, status string, err error) {
-	if r.phase == phSaving || r.phase == phShutdown || r.phase == phDone {
-		return
-	}
-	if r.ckpt != nil && !r.ckpt.resolved {
-		r.c.store.abandon(r.ckpt.tmp)
-		r.ckpt = nil
-	}
-	r.saveStatus, r.saveErr = status, err
-	r.phase = phSaving
-	r.exitDeadline = time.Now().Add(r.exitTimeout())
-	live := r.live()
-	v, tmp, berr := r.c.store.begin(live)
-	if berr != nil {
-		// Without a directory the ranks can only stop.
-		r.log.Error("cannot save; stopping without a checkpoint", "error", berr)
-		r.saveErr = fmt.Errorf("coordinator: save: %w", berr)
-		r.saveStatus = StatusFailed
-		r.phase = phShutdown
-		r.broadcast(&wirepb.Shutdown{})
-		return
-	}
-	r.save = &ckptWait{version: v, tmp: tmp, pending: map[uint32]bool{}, progress: r.snap, reason: metaReason}
-	msg := &wirepb.ShutdownWithSave{Reason: reason, Dir: tmp, Version: v}
-	for _, id := range live {
-		r.save.pending[id] = true
-		r.send(r.ranks[id], msg)
-	}
-	r.log.Info("ShutdownWithSave sent", "reason", reason.String(), "version", v, "ranks", live)
-}
-
 // shutdown ends a completed run: Shutdown to every live rank, then wait
 // for their Exiting.
 func (r *runner) shutdown() {
@@ -186,110 +133,6 @@ func (r *runner) shutdown() {
 	r.exitDeadline = time.Now().Add(r.exitTimeout())
 	r.broadcast(&wirepb.Shutdown{})
 	r.log.Info("training complete; Shutdown sent", "ranks", r.live())
-}
-
-func (r *runner) onCheckpointResult(rs *rankState, m *wirepb.CheckpointResult) {
-	var w *ckptWait
-	switch {
-	case r.ckpt != nil && r.ckpt.version == m.GetVersion():
-		w = r.ckpt
-	case r.save != nil && r.save.version == m.GetVersion():
-		w = r.save
-	}
-	if w == nil || !w.pending[rs.id] {
-		r.log.Warn("ignoring an unexpected CheckpointResult", "rank", rs.id, "version", m.GetVersion())
-		return
-	}
-	delete(w.pending, rs.id)
-	if e := m.GetError(); e != "" {
-		r.log.Error("a rank failed to save", "rank", rs.id, "version", w.version, "error", e)
-	} else {
-		w.saved = append(w.saved, rs.id)
-	}
-	r.settleCkpt(w)
-}
-
-// ckptRankGone stops waiting for a lost rank's save.
-func (r *runner) ckptRankGone(w *ckptWait, rank uint32) {
-	if w == nil {
-		return
-	}
-	delete(w.pending, rank)
-	r.settleCkpt(w)
-}
-
-// settleCkpt completes a checkpoint once no save is pending; after an
-// epoch checkpoint the run moves on.
-func (r *runner) settleCkpt(w *ckptWait) {
-	if len(w.pending) > 0 || w.resolved {
-		return
-	}
-	r.resolveCkpt(w)
-	if w == r.ckpt {
-		r.ckpt = nil
-		if r.phase == phCheckpoint {
-			r.nextEpoch()
-		}
-	}
-}
-
-// resolveCkpt commits w if any rank saved into it, else removes it.
-func (r *runner) resolveCkpt(w *ckptWait) {
-	w.resolved = true
-	if len(w.saved) == 0 {
-		r.log.Error("checkpoint abandoned: no rank saved", "version", w.version)
-		if err := r.c.store.abandon(w.tmp); err != nil {
-			r.log.Error("removing an abandoned checkpoint failed", "error", err)
-		}
-		return
-	}
-	sort.Slice(w.saved, func(i, j int) bool { return w.saved[i] < w.saved[j] })
-	m := r.meta(w)
-	path, err := r.c.store.commit(w.tmp, m)
-	if err != nil {
-		r.log.Error("checkpoint failed", "version", w.version, "error", err)
-		r.c.store.abandon(w.tmp)
-		return
-	}
-	r.lastCkpt = path
-	r.log.Info("checkpoint complete", "path", path, "epoch", m.Epoch, "reason", w.reason)
-	r.emit(Progress{Kind: ProgressCheckpoint, Checkpoint: path})
-}
-
-func (r *runner) meta(w *ckptWait) *Meta {
-	p := w.progress
-	m := &Meta{
-		SchemaVersion: metaSchema,
-		Version:       w.version,
-		RunID:         r.c.runID,
-		Reason:        w.reason,
-		Time:          time.Now().UTC(),
-		Seed:          r.cfg.Run.Seed,
-		WorldSize:     r.world,
-		Policy:        string(r.policy),
-		Epochs:        r.cfg.Run.Epochs,
-		PickSpace:     r.pickSpace,
-		BatchSize:     r.batch,
-		SavedRanks:    w.saved,
-		Epoch:         p.epoch,
-		Pool:          p.pool,
-		Partial:       p.partial,
-		Rounds:        r.roundsBefore + r.rounds,
-		GlobalStep:    r.globalStep(),
-		Finished:      r.finished,
-	}
-	ids := make([]uint32, 0, len(p.remaining))
-	for id := range p.remaining {
-		ids = append(ids, id)
-	}
-	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
-	for _, id := range ids {
-		m.Remaining = append(m.Remaining, RankRanges{Rank: id, Ranges: p.remaining[id]})
-	}
-	if r.cad != nil {
-		m.Cadence = r.cad.state()
-	}
-	return m
 }
 
 // summary builds the run's Summary.

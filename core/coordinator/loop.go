@@ -82,27 +82,6 @@ type sessionReq struct {
 	id        []byte
 }
 
-// ckptWait is a checkpoint (or a ShutdownWithSave) being written.
-type ckptWait struct {
-	version  uint64
-	tmp      string
-	pending  map[uint32]bool
-	saved    []uint32
-	progress progress
-	reason   string
-	resolved bool
-}
-
-// progress is where training stands at a point all ranks' models agree on
-// (the last completed round, or an epoch boundary): the samples of the
-// epoch not yet averaged into the model, per rank and shared.
-type progress struct {
-	epoch     uint64
-	remaining map[uint32][]Range
-	pool      []Range
-	partial   EpochProgress
-}
-
 // epochAgg accumulates one epoch's figures.
 type epochAgg struct {
 	started time.Time

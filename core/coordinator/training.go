@@ -434,46 +434,4 @@ func (r *runner) onMetrics(rs *rankState, m *wirepb.Metrics) {
 	}
 }
 
-// progressNow is the state of the epoch as the models of the last round
-// see it: everything not yet dispatched plus every plan still open.
-func (r *runner) progressNow() progress {
-	p := progress{epoch: r.epoch, remaining: map[uint32][]Range{}}
-	if r.work == nil {
-		return p
-	}
-	for _, id := range r.live() {
-		var rs []Range
-		for _, pl := range r.ranks[id].outstanding {
-			rs = append(rs, pl.rng)
-		}
-		rs = append(rs, r.work.parts[id]...)
-		p.remaining[id] = rs
-	}
-	p.pool = slices.Clone(r.work.pool)
-	if a := r.agg; a != nil {
-		p.partial = EpochProgress{
-			Samples:     a.prior.Samples + a.samples,
-			Batches:     a.prior.Batches + a.batches,
-			LossSum:     a.prior.LossSum + a.lossSum,
-			LossBatches: a.prior.LossBatches + a.lossBatches,
-			Seconds:     a.prior.Seconds + time.Since(a.started).Seconds(),
-		}
-	}
-	return p
-}
-
-// freshProgress is the start of epoch e, split over the live ranks.
-func (r *runner) freshProgress(e uint64) progress {
-	p := progress{epoch: e, remaining: map[uint32][]Range{}}
-	if e >= uint64(r.cfg.Run.Epochs) {
-		return p
-	}
-	w := newEpochWork(e, r.pickSpace, r.live(), r.shared())
-	for _, id := range r.live() {
-		p.remaining[id] = w.parts[id]
-	}
-	p.pool = w.pool
-	return p
-}
-
 func finite(x float64) bool { return !math.IsNaN(x) && !math.IsInf(x, 0) }
