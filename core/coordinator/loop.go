@@ -82,55 +82,6 @@ type sessionReq struct {
 	id        []byte
 }
 
-// epochAgg accumulates one epoch's figures.
-type epochAgg struct {
-	started time.Time
-	prior   EpochProgress
-	samples uint64
-	batches uint64
-	lossSum float64
-	// lossBatches are the batches lossSum covers: a report with a
-	// non-finite loss is left out of the mean, not counted as zero.
-	lossBatches uint64
-	trained     uint64 // samples from Batch reports, for progress
-	windows     uint64
-	rounds      uint64
-	roundMS     float64
-	waitSum     float64
-	waitN       uint64
-	evalLoss    *float64
-	accuracy    *float64
-	perRank     map[uint32]*rankAgg
-}
-
-type rankAgg struct {
-	batches, samples, windows uint64
-	waitSum                   float64
-	waitN                     uint64
-	trainMS                   float64 // the rank's own batch times, summed
-}
-
-func (a *epochAgg) rank(r uint32) *rankAgg {
-	ra := a.perRank[r]
-	if ra == nil {
-		ra = &rankAgg{}
-		a.perRank[r] = ra
-	}
-	return ra
-}
-
-func (a *epochAgg) addWait(r uint32, d time.Duration) {
-	ms := float64(d) / float64(time.Millisecond)
-	if ms < 0 {
-		ms = 0
-	}
-	a.waitSum += ms
-	a.waitN++
-	ra := a.rank(r)
-	ra.waitSum += ms
-	ra.waitN++
-}
-
 // runner is the state of one Run, owned by the loop goroutine.
 type runner struct {
 	c      *Coordinator
@@ -700,20 +651,6 @@ func (r *runner) setupCadence() {
 	if r.c.meta != nil {
 		r.cad.restore(r.c.meta.Cadence)
 	}
-}
-
-func (r *runner) emit(p Progress) {
-	if r.c.opts.Progress == nil {
-		return
-	}
-	p.Epoch = r.epoch
-	p.Epochs = r.cfg.Run.Epochs
-	p.World = int(r.world)
-	p.Live = len(r.live())
-	if p.Total == 0 {
-		p.Total = r.pickSpace
-	}
-	r.c.opts.Progress(p)
 }
 
 // onExiting records a clean exit. One in the middle of training is a

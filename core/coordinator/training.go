@@ -1,7 +1,6 @@
 package coordinator
 
 import (
-	"math"
 	"slices"
 	"time"
 
@@ -173,10 +172,6 @@ func (r *runner) startEpoch(e uint64) {
 	r.phase = phTraining
 	r.snap = r.progressNow()
 	r.log.Info("epoch started", "epoch", e, "samples", r.pickSpace, "ranks", len(r.live()))
-}
-
-func (r *runner) newAgg(prior EpochProgress) *epochAgg {
-	return &epochAgg{started: time.Now(), prior: prior, perRank: map[uint32]*rankAgg{}}
 }
 
 // startTraining runs when round 0 completes: a fresh run starts epoch 0, a
@@ -433,5 +428,3 @@ func (r *runner) onMetrics(rs *rankState, m *wirepb.Metrics) {
 		}
 	}
 }
-
-func finite(x float64) bool { return !math.IsNaN(x) && !math.IsInf(x, 0) }
