@@ -5,8 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"os"
 	"sync"
 	"time"
 
@@ -70,18 +68,6 @@ type window struct {
 	ranks  map[uint32]bool
 }
 
-// sessionReq is a re-formation of the averaging group after a death:
-// waiting for the generator's session id, then for the in-flight round to
-// resolve, then NewSession goes out.
-type sessionReq struct {
-	gen       uint64
-	generator uint32
-	deadline  time.Time
-	tried     map[uint32]bool
-	haveID    bool
-	id        []byte
-}
-
 // runner is the state of one Run, owned by the loop goroutine.
 type runner struct {
 	c      *Coordinator
@@ -142,11 +128,6 @@ type runner struct {
 	lastCkpt     string
 	hbSeq        uint64
 	deathQ       []deathNote
-}
-
-type deathNote struct {
-	rank   uint32
-	reason string
 }
 
 func newRunner(c *Coordinator) *runner {
@@ -355,31 +336,6 @@ func (r *runner) onJoined(rs *rankState, conn *wire.Conn) {
 	r.send(rs, admit)
 }
 
-func (r *runner) onLinkDown(rs *rankState, err error) {
-	switch rs.status {
-	case stExited, stDead:
-		rs.link.close()
-		return
-	case stJoined, stReady:
-		// Before formation a lost rank may simply connect again.
-		r.log.Warn("rank left before the cohort formed", "rank", rs.id, "error", err)
-		r.dropUnformed(rs)
-		return
-	}
-	r.noteDeath(rs.id, linkReason(err, r.hbTimeout))
-}
-
-// linkReason says why a link counts as dead.
-func linkReason(err error, timeout time.Duration) string {
-	switch {
-	case errors.Is(err, os.ErrDeadlineExceeded):
-		return fmt.Sprintf("silent for %v (heartbeat timeout)", timeout)
-	case errors.Is(err, io.EOF):
-		return "link closed without Exiting"
-	}
-	return fmt.Sprintf("link broken: %v", err)
-}
-
 // dropUnformed forgets a rank that has not joined the formed cohort and
 // frees its slot.
 func (r *runner) dropUnformed(rs *rankState) {
@@ -390,18 +346,6 @@ func (r *runner) dropUnformed(rs *rankState) {
 	rs.status = stAbsent
 	rs.ready = nil
 	r.slots.release(rs.id)
-}
-
-// noteDeath queues a death; advance applies it after the current handler,
-// so a failure found in the middle of a broadcast never changes the set
-// of ranks being iterated.
-func (r *runner) noteDeath(rank uint32, reason string) {
-	for _, d := range r.deathQ {
-		if d.rank == rank {
-			return
-		}
-	}
-	r.deathQ = append(r.deathQ, deathNote{rank, reason})
 }
 
 // send queues msg for rs; a rank whose queue is full is not reading and
@@ -430,16 +374,6 @@ func (r *runner) live() []uint32 {
 func (r *runner) broadcast(msg proto.Message) {
 	for _, id := range r.live() {
 		r.send(r.ranks[id], msg)
-	}
-}
-
-func (r *runner) heartbeat() {
-	r.hbSeq++
-	msg := &wirepb.CoordinatorHeartbeat{Sequence: r.hbSeq}
-	for _, rs := range r.ranks {
-		if rs.status == stJoined || rs.status == stReady || rs.status == stLive {
-			r.send(rs, msg)
-		}
 	}
 }
 
@@ -651,25 +585,6 @@ func (r *runner) setupCadence() {
 	if r.c.meta != nil {
 		r.cad.restore(r.c.meta.Cadence)
 	}
-}
-
-// onExiting records a clean exit. One in the middle of training is a
-// departure, handled like a death but not counted as one.
-func (r *runner) onExiting(rs *rankState) {
-	switch rs.status {
-	case stJoined, stReady:
-		r.dropUnformed(rs)
-		return
-	case stLive:
-	default:
-		return
-	}
-	if r.phase == phShutdown || r.phase == phSaving {
-		rs.status = stExited
-		r.log.Debug("rank exited", "rank", rs.id)
-		return
-	}
-	r.depart(rs, "left", "sent Exiting before the run ended", stExited)
 }
 
 // checkExits ends the run once no rank is live and any save is resolved.
