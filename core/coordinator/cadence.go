@@ -3,6 +3,8 @@ package coordinator
 import (
 	"math"
 	"slices"
+
+	"github.com/cohortdl/cohort/core/config"
 )
 
 // Cadence tuning, after floDl's ElChe: the EMA weight of a new batch time,
@@ -168,4 +170,19 @@ func scaleCounts(counts []uint64, total uint64) []uint64 {
 		given++
 	}
 	return out
+}
+
+func (r *runner) setupCadence() {
+	if r.policy != config.PolicyCadence {
+		return
+	}
+	base := uint64(r.cfg.Coordinator.ChunkBatches)
+	if base == 0 {
+		base = uint64(r.cfg.Coordinator.SyncEvery)
+	}
+	epochBatches := (r.pickSpace + r.batch - 1) / r.batch
+	r.cad = newCadence(base, epochBatches, r.cfg.Coordinator.OverheadTarget)
+	if r.c.meta != nil {
+		r.cad.restore(r.c.meta.Cadence)
+	}
 }
