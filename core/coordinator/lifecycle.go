@@ -1,10 +1,71 @@
 package coordinator
 
 import (
+	"slices"
 	"time"
 
 	"github.com/cohortdl/cohort/core/wire/wirepb"
 )
+
+// startTraining runs when round 0 completes: a fresh run starts epoch 0, a
+// resumed one rebuilds the epoch in progress from its checkpoint.
+func (r *runner) startTraining() {
+	m := r.c.meta
+	if m == nil {
+		r.startEpoch(0)
+		return
+	}
+	r.roundsBefore = m.Rounds
+	r.stepsBefore = m.GlobalStep
+	r.finished = slices.Clone(m.Finished)
+	r.epoch = m.Epoch
+	if m.Epoch >= uint64(r.cfg.Run.Epochs) {
+		r.log.Info("the checkpoint holds a finished run; shutting down", "epoch", m.Epoch)
+		r.work = &epochWork{epoch: m.Epoch, parts: map[uint32][]Range{}}
+		r.agg = r.newAgg(EpochProgress{})
+		r.shutdown()
+		return
+	}
+	live := r.live()
+	w := &epochWork{epoch: m.Epoch, parts: map[uint32][]Range{}}
+	same := len(m.Remaining) == len(live) && len(m.Pool) == 0 && !r.shared()
+	for i, rr := range m.Remaining {
+		same = same && rr.Rank == live[i]
+	}
+	if same {
+		for _, rr := range m.Remaining {
+			w.parts[rr.Rank] = slices.Clone(rr.Ranges)
+		}
+	} else {
+		var all []Range
+		for _, rr := range m.Remaining {
+			all = append(all, rr.Ranges...)
+		}
+		all = append(all, m.Pool...)
+		if r.shared() {
+			w.pool = all
+		} else {
+			for i, rs := range splitRanges(all, equalSizes(sumRanges(all), len(live))) {
+				w.parts[live[i]] = rs
+			}
+		}
+	}
+	r.work = w
+	r.agg = r.newAgg(m.Partial)
+	r.snap = r.progressNow()
+	r.log.Info("resumed", "checkpoint", r.c.resume, "epoch", m.Epoch, "samples_left", w.remaining(),
+		"same_partitions", same)
+}
+
+// startEpoch splits epoch e over the live ranks.
+func (r *runner) startEpoch(e uint64) {
+	r.epoch = e
+	r.work = newEpochWork(e, r.pickSpace, r.live(), r.shared())
+	r.agg = r.newAgg(EpochProgress{})
+	r.phase = phTraining
+	r.snap = r.progressNow()
+	r.log.Info("epoch started", "epoch", e, "samples", r.pickSpace, "ranks", len(r.live()))
+}
 
 // endEpoch runs after the epoch's last round: evaluation on the
 // epoch-callback rank, then the checkpoint when due, then the next epoch.
@@ -87,4 +148,20 @@ func (r *runner) shutdown() {
 	r.exitDeadline = time.Now().Add(r.exitTimeout())
 	r.broadcast(&wirepb.Shutdown{})
 	r.log.Info("training complete; Shutdown sent", "ranks", r.live())
+}
+
+// checkExits ends the run once no rank is live and any save is resolved.
+func (r *runner) checkExits() bool {
+	if len(r.live()) > 0 {
+		return false
+	}
+	if r.save != nil && !r.save.resolved {
+		r.resolveCkpt(r.save)
+	}
+	if r.phase == phSaving {
+		r.finish(r.saveStatus, r.saveErr)
+	} else {
+		r.finish(StatusCompleted, nil)
+	}
+	return true
 }

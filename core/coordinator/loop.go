@@ -60,13 +60,6 @@ type rankState struct {
 	batchMS float64
 }
 
-// window is a set of plans handed out together under a windowed policy;
-// it closes when every one of them has its Metrics.
-type window struct {
-	opened time.Time
-	ranks  map[uint32]bool
-}
-
 // runner is the state of one Run, owned by the loop goroutine.
 type runner struct {
 	c      *Coordinator
@@ -435,20 +428,4 @@ func (r *runner) onMessage(rs *rankState, msg proto.Message) {
 	default:
 		r.log.Warn("ignoring an unexpected frame", "rank", rs.id, "type", fmt.Sprintf("%T", msg))
 	}
-}
-
-// checkExits ends the run once no rank is live and any save is resolved.
-func (r *runner) checkExits() bool {
-	if len(r.live()) > 0 {
-		return false
-	}
-	if r.save != nil && !r.save.resolved {
-		r.resolveCkpt(r.save)
-	}
-	if r.phase == phSaving {
-		r.finish(r.saveStatus, r.saveErr)
-	} else {
-		r.finish(StatusCompleted, nil)
-	}
-	return true
 }
