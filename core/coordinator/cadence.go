@@ -7,10 +7,10 @@ import (
 	"github.com/cohortdl/cohort/core/config"
 )
 
-// Cadence tuning, after floDl's ElChe: the EMA weight of a new batch time,
-// the most batches a fast rank gets per anchor batch, the relative change
-// below which a rank's count is left alone (so jitter does not reshuffle
-// work every window), and the most the window grows in one step.
+// Cadence tuning: the EMA weight of a new batch time, the most batches a
+// fast rank gets per anchor batch, the relative change below which a rank's
+// count is left alone (so jitter does not reshuffle work every window), and
+// the most the window grows in one step.
 const (
 	cadenceEMA      = 0.3
 	cadenceMaxRatio = 64
