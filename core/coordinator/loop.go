@@ -44,6 +44,7 @@ const (
 	stDead                     // lost
 )
 
+// rankState is what the loop knows of one rank.
 type rankState struct {
 	id     uint32
 	status rankStatus
@@ -118,8 +119,9 @@ type runner struct {
 	roundMS      float64
 	bytes        float64
 	lastCkpt     string
-	hbSeq        uint64
-	deathQ       []deathNote
+
+	hbSeq  uint64      // the last CoordinatorHeartbeat's sequence
+	deathQ []deathNote // deaths found by the current handler, for advance
 }
 
 func newRunner(c *Coordinator) *runner {
@@ -331,6 +333,9 @@ func (r *runner) broadcast(msg proto.Message) {
 	}
 }
 
+// requestStop takes Stop to the run: before formation it ends at once;
+// otherwise dispatch stops and training saves once what is in flight is
+// averaged.
 func (r *runner) requestStop() {
 	if r.stopReq {
 		return
@@ -385,6 +390,8 @@ func (r *runner) nextDeadline() (next time.Time, ok bool) {
 	return next, ok
 }
 
+// exitTimeout bounds the wait for Exiting after Shutdown, or for the saves
+// and exits after ShutdownWithSave.
 func (r *runner) exitTimeout() time.Duration {
 	if r.phase == phSaving {
 		if d := r.c.opts.SaveTimeout; d > 0 {
