@@ -172,6 +172,9 @@ func scaleCounts(counts []uint64, total uint64) []uint64 {
 	return out
 }
 
+// setupCadence builds the cadence policy's sizing at formation, when the
+// epoch's batch count is known; a resumed run continues from the
+// checkpoint's window sizes.
 func (r *runner) setupCadence() {
 	if r.policy != config.PolicyCadence {
 		return
