@@ -3,12 +3,14 @@ package coordinator
 import (
 	"math"
 	"slices"
+
+	"github.com/cohortdl/cohort/core/config"
 )
 
-// Cadence tuning, after floDl's ElChe: the EMA weight of a new batch time,
-// the most batches a fast rank gets per anchor batch, the relative change
-// below which a rank's count is left alone (so jitter does not reshuffle
-// work every window), and the most the window grows in one step.
+// Cadence tuning: the EMA weight of a new batch time, the most batches a
+// fast rank gets per anchor batch, the relative change below which a rank's
+// count is left alone (so jitter does not reshuffle work every window), and
+// the most the window grows in one step.
 const (
 	cadenceEMA      = 0.3
 	cadenceMaxRatio = 64
@@ -168,4 +170,22 @@ func scaleCounts(counts []uint64, total uint64) []uint64 {
 		given++
 	}
 	return out
+}
+
+// setupCadence builds the cadence policy's sizing at formation, when the
+// epoch's batch count is known; a resumed run continues from the
+// checkpoint's window sizes.
+func (r *runner) setupCadence() {
+	if r.policy != config.PolicyCadence {
+		return
+	}
+	base := uint64(r.cfg.Coordinator.ChunkBatches)
+	if base == 0 {
+		base = uint64(r.cfg.Coordinator.SyncEvery)
+	}
+	epochBatches := (r.pickSpace + r.batch - 1) / r.batch
+	r.cad = newCadence(base, epochBatches, r.cfg.Coordinator.OverheadTarget)
+	if r.c.meta != nil {
+		r.cad.restore(r.c.meta.Cadence)
+	}
 }

@@ -8,10 +8,12 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/cohortdl/cohort/core/wire/wirepb"
 	"github.com/cohortdl/cohort/shared/atomicfile"
 )
 
@@ -256,4 +258,223 @@ func (s *ckptStore) abandon(tmp string) error {
 		return fmt.Errorf("remove incomplete checkpoint %s: %w", tmp, err)
 	}
 	return nil
+}
+
+// progress is where training stands at a point all ranks' models agree on
+// (the last completed round, or an epoch boundary): the samples of the
+// epoch not yet averaged into the model, per rank and shared.
+type progress struct {
+	epoch     uint64
+	remaining map[uint32][]Range
+	pool      []Range
+	partial   EpochProgress
+}
+
+// progressNow is the state of the epoch as the models of the last round
+// see it: everything not yet dispatched plus every plan still open.
+func (r *runner) progressNow() progress {
+	p := progress{epoch: r.epoch, remaining: map[uint32][]Range{}}
+	if r.work == nil {
+		return p
+	}
+	for _, id := range r.live() {
+		var rs []Range
+		for _, pl := range r.ranks[id].outstanding {
+			rs = append(rs, pl.rng)
+		}
+		rs = append(rs, r.work.parts[id]...)
+		p.remaining[id] = rs
+	}
+	p.pool = slices.Clone(r.work.pool)
+	if a := r.agg; a != nil {
+		p.partial = EpochProgress{
+			Samples:     a.prior.Samples + a.samples,
+			Batches:     a.prior.Batches + a.batches,
+			LossSum:     a.prior.LossSum + a.lossSum,
+			LossBatches: a.prior.LossBatches + a.lossBatches,
+			Seconds:     a.prior.Seconds + time.Since(a.started).Seconds(),
+		}
+	}
+	return p
+}
+
+// freshProgress is the start of epoch e, split over the live ranks.
+func (r *runner) freshProgress(e uint64) progress {
+	p := progress{epoch: e, remaining: map[uint32][]Range{}}
+	if e >= uint64(r.cfg.Run.Epochs) {
+		return p
+	}
+	w := newEpochWork(e, r.pickSpace, r.live(), r.shared())
+	for _, id := range r.live() {
+		p.remaining[id] = w.parts[id]
+	}
+	p.pool = w.pool
+	return p
+}
+
+// ckptWait is a checkpoint (or a ShutdownWithSave) being written.
+type ckptWait struct {
+	version  uint64
+	tmp      string
+	pending  map[uint32]bool
+	saved    []uint32
+	progress progress
+	reason   string
+	resolved bool
+}
+
+// beginCheckpoint asks every live rank to save into its directory of a
+// new checkpoint.
+func (r *runner) beginCheckpoint() {
+	live := r.live()
+	v, tmp, err := r.c.store.begin(live)
+	if err != nil {
+		r.log.Error("checkpoint skipped", "epoch", r.epoch, "error", err)
+		r.nextEpoch()
+		return
+	}
+	r.phase = phCheckpoint
+	r.ckpt = &ckptWait{version: v, tmp: tmp, pending: map[uint32]bool{}, progress: r.snap, reason: ReasonCheckpoint}
+	for _, id := range live {
+		r.ckpt.pending[id] = true
+		r.send(r.ranks[id], &wirepb.Checkpoint{Version: v, TargetRank: id, Dir: rankDir(tmp, id)})
+	}
+}
+
+// beginSave sends ShutdownWithSave to every live rank: each saves into
+// its rank-<r> of a new checkpoint and exits. The run ends with status
+// once they have.
+func (r *runner) beginSave(reason wirepb.ShutdownReason, metaReason, status string, err error) {
+	if r.phase == phSaving || r.phase == phShutdown || r.phase == phDone {
+		return
+	}
+	if r.ckpt != nil && !r.ckpt.resolved {
+		r.c.store.abandon(r.ckpt.tmp)
+		r.ckpt = nil
+	}
+	r.saveStatus, r.saveErr = status, err
+	r.phase = phSaving
+	r.exitDeadline = time.Now().Add(r.exitTimeout())
+	live := r.live()
+	v, tmp, berr := r.c.store.begin(live)
+	if berr != nil {
+		// Without a directory the ranks can only stop.
+		r.log.Error("cannot save; stopping without a checkpoint", "error", berr)
+		r.saveErr = fmt.Errorf("coordinator: save: %w", berr)
+		r.saveStatus = StatusFailed
+		r.phase = phShutdown
+		r.broadcast(&wirepb.Shutdown{})
+		return
+	}
+	r.save = &ckptWait{version: v, tmp: tmp, pending: map[uint32]bool{}, progress: r.snap, reason: metaReason}
+	msg := &wirepb.ShutdownWithSave{Reason: reason, Dir: tmp, Version: v}
+	for _, id := range live {
+		r.save.pending[id] = true
+		r.send(r.ranks[id], msg)
+	}
+	r.log.Info("ShutdownWithSave sent", "reason", reason.String(), "version", v, "ranks", live)
+}
+
+func (r *runner) onCheckpointResult(rs *rankState, m *wirepb.CheckpointResult) {
+	var w *ckptWait
+	switch {
+	case r.ckpt != nil && r.ckpt.version == m.GetVersion():
+		w = r.ckpt
+	case r.save != nil && r.save.version == m.GetVersion():
+		w = r.save
+	}
+	if w == nil || !w.pending[rs.id] {
+		r.log.Warn("ignoring an unexpected CheckpointResult", "rank", rs.id, "version", m.GetVersion())
+		return
+	}
+	delete(w.pending, rs.id)
+	if e := m.GetError(); e != "" {
+		r.log.Error("a rank failed to save", "rank", rs.id, "version", w.version, "error", e)
+	} else {
+		w.saved = append(w.saved, rs.id)
+	}
+	r.settleCkpt(w)
+}
+
+// ckptRankGone stops waiting for a lost rank's save.
+func (r *runner) ckptRankGone(w *ckptWait, rank uint32) {
+	if w == nil {
+		return
+	}
+	delete(w.pending, rank)
+	r.settleCkpt(w)
+}
+
+// settleCkpt completes a checkpoint once no save is pending; after an
+// epoch checkpoint the run moves on.
+func (r *runner) settleCkpt(w *ckptWait) {
+	if len(w.pending) > 0 || w.resolved {
+		return
+	}
+	r.resolveCkpt(w)
+	if w == r.ckpt {
+		r.ckpt = nil
+		if r.phase == phCheckpoint {
+			r.nextEpoch()
+		}
+	}
+}
+
+// resolveCkpt commits w if any rank saved into it, else removes it.
+func (r *runner) resolveCkpt(w *ckptWait) {
+	w.resolved = true
+	if len(w.saved) == 0 {
+		r.log.Error("checkpoint abandoned: no rank saved", "version", w.version)
+		if err := r.c.store.abandon(w.tmp); err != nil {
+			r.log.Error("removing an abandoned checkpoint failed", "error", err)
+		}
+		return
+	}
+	sort.Slice(w.saved, func(i, j int) bool { return w.saved[i] < w.saved[j] })
+	m := r.meta(w)
+	path, err := r.c.store.commit(w.tmp, m)
+	if err != nil {
+		r.log.Error("checkpoint failed", "version", w.version, "error", err)
+		r.c.store.abandon(w.tmp)
+		return
+	}
+	r.lastCkpt = path
+	r.log.Info("checkpoint complete", "path", path, "epoch", m.Epoch, "reason", w.reason)
+	r.emit(Progress{Kind: ProgressCheckpoint, Checkpoint: path})
+}
+
+func (r *runner) meta(w *ckptWait) *Meta {
+	p := w.progress
+	m := &Meta{
+		SchemaVersion: metaSchema,
+		Version:       w.version,
+		RunID:         r.c.runID,
+		Reason:        w.reason,
+		Time:          time.Now().UTC(),
+		Seed:          r.cfg.Run.Seed,
+		WorldSize:     r.world,
+		Policy:        string(r.policy),
+		Epochs:        r.cfg.Run.Epochs,
+		PickSpace:     r.pickSpace,
+		BatchSize:     r.batch,
+		SavedRanks:    w.saved,
+		Epoch:         p.epoch,
+		Pool:          p.pool,
+		Partial:       p.partial,
+		Rounds:        r.roundsBefore + r.rounds,
+		GlobalStep:    r.globalStep(),
+		Finished:      r.finished,
+	}
+	ids := make([]uint32, 0, len(p.remaining))
+	for id := range p.remaining {
+		ids = append(ids, id)
+	}
+	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
+	for _, id := range ids {
+		m.Remaining = append(m.Remaining, RankRanges{Rank: id, Ranges: p.remaining[id]})
+	}
+	if r.cad != nil {
+		m.Cadence = r.cad.state()
+	}
+	return m
 }

@@ -10,6 +10,19 @@
 // One goroutine, the loop, owns all run state; connection goroutines only
 // turn frames into events for it, and one sender goroutine per rank writes
 // the frames the loop queues, so the loop never blocks on a peer.
+//
+// Where things are:
+//   - coordinator.go: Options, New and Run
+//   - loop.go: the loop, the dispatch of incoming frames, deadlines
+//   - server.go: connections, the handshake, each rank's sender
+//   - formation.go: admission and formation, up to round 0
+//   - membership.go: heartbeat and liveness, deaths, session re-formation
+//   - rounds.go: averaging rounds (Sync, SyncAck, Update, retry after an abort)
+//   - training.go: dispatch of plans, Batch and Metrics; work.go holds the
+//     sample ranges, cadence.go the cadence policy's window sizes
+//   - lifecycle.go: epoch start and end, evaluation, shutdown
+//   - checkpoint.go: checkpoints, meta.json, the waits for the ranks' saves
+//   - summary.go: epoch figures, Progress reports, the run summary
 package coordinator
 
 import (

@@ -1,12 +1,71 @@
 package coordinator
 
 import (
-	"fmt"
-	"sort"
+	"slices"
 	"time"
 
 	"github.com/cohortdl/cohort/core/wire/wirepb"
 )
+
+// startTraining runs when round 0 completes: a fresh run starts epoch 0, a
+// resumed one rebuilds the epoch in progress from its checkpoint.
+func (r *runner) startTraining() {
+	m := r.c.meta
+	if m == nil {
+		r.startEpoch(0)
+		return
+	}
+	r.roundsBefore = m.Rounds
+	r.stepsBefore = m.GlobalStep
+	r.finished = slices.Clone(m.Finished)
+	r.epoch = m.Epoch
+	if m.Epoch >= uint64(r.cfg.Run.Epochs) {
+		r.log.Info("the checkpoint holds a finished run; shutting down", "epoch", m.Epoch)
+		r.work = &epochWork{epoch: m.Epoch, parts: map[uint32][]Range{}}
+		r.agg = r.newAgg(EpochProgress{})
+		r.shutdown()
+		return
+	}
+	live := r.live()
+	w := &epochWork{epoch: m.Epoch, parts: map[uint32][]Range{}}
+	same := len(m.Remaining) == len(live) && len(m.Pool) == 0 && !r.shared()
+	for i, rr := range m.Remaining {
+		same = same && rr.Rank == live[i]
+	}
+	if same {
+		for _, rr := range m.Remaining {
+			w.parts[rr.Rank] = slices.Clone(rr.Ranges)
+		}
+	} else {
+		var all []Range
+		for _, rr := range m.Remaining {
+			all = append(all, rr.Ranges...)
+		}
+		all = append(all, m.Pool...)
+		if r.shared() {
+			w.pool = all
+		} else {
+			for i, rs := range splitRanges(all, equalSizes(sumRanges(all), len(live))) {
+				w.parts[live[i]] = rs
+			}
+		}
+	}
+	r.work = w
+	r.agg = r.newAgg(m.Partial)
+	r.snap = r.progressNow()
+	r.log.Info("resumed", "checkpoint", r.c.resume, "epoch", m.Epoch, "samples_left", w.remaining(),
+		"same_partitions", same)
+}
+
+// startEpoch splits epoch e over the live ranks.
+func (r *runner) startEpoch(e uint64) {
+	r.epoch = e
+	r.work = newEpochWork(e, r.pickSpace, r.live(), r.shared())
+	r.agg = r.newAgg(EpochProgress{})
+	r.phase = phTraining
+	r.snap = r.progressNow()
+	r.log.Info("epoch started", "epoch", e, "samples", r.pickSpace, "ranks", len(r.live()))
+}
 
 // endEpoch runs after the epoch's last round: evaluation on the
 // epoch-callback rank, then the checkpoint when due, then the next epoch.
@@ -67,51 +126,6 @@ func (r *runner) closeEpoch() {
 	r.nextEpoch()
 }
 
-// recordEpoch closes the epoch's figures; from here on a save resumes at
-// the next epoch.
-func (r *runner) recordEpoch() {
-	a := r.agg
-	s := EpochSummary{
-		Epoch:    r.epoch,
-		EvalLoss: a.evalLoss,
-		Accuracy: a.accuracy,
-		Seconds:  a.prior.Seconds + time.Since(a.started).Seconds(),
-		Samples:  a.prior.Samples + a.samples,
-		Windows:  a.windows,
-		Rounds:   a.rounds,
-	}
-	if b := a.prior.LossBatches + a.lossBatches; b > 0 {
-		s.Loss = safe((a.prior.LossSum + a.lossSum) / float64(b))
-	}
-	if a.rounds > 0 {
-		s.MeanRoundMS = safe(a.roundMS / float64(a.rounds))
-	}
-	if a.waitN > 0 {
-		s.WaitAtSyncMS = safe(a.waitSum / float64(a.waitN))
-	}
-	ids := make([]uint32, 0, len(a.perRank))
-	for id := range a.perRank {
-		ids = append(ids, id)
-	}
-	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
-	for _, id := range ids {
-		ra := a.perRank[id]
-		er := EpochRank{Rank: id, Batches: ra.batches, Samples: ra.samples, Windows: ra.windows, TrainMS: safe(ra.trainMS)}
-		if ra.windows > 0 {
-			er.BatchesPerWindow = float64(ra.batches) / float64(ra.windows)
-		}
-		if ra.waitN > 0 {
-			er.WaitAtSyncMS = safe(ra.waitSum / float64(ra.waitN))
-		}
-		s.Ranks = append(s.Ranks, er)
-	}
-	r.finished = append(r.finished, s)
-	r.snap = r.freshProgress(r.epoch + 1)
-	r.log.Info("epoch finished", "epoch", r.epoch, "loss", s.Loss, "seconds", s.Seconds,
-		"samples", s.Samples, "rounds", s.Rounds, "wait_at_sync_ms", s.WaitAtSyncMS)
-	r.emit(Progress{Kind: ProgressEpoch, Summary: &s})
-}
-
 // nextEpoch starts the next epoch, or ends the run after the last, or
 // saves when a stop is pending.
 func (r *runner) nextEpoch() {
@@ -127,58 +141,6 @@ func (r *runner) nextEpoch() {
 	}
 }
 
-// beginCheckpoint asks every live rank to save into its directory of a
-// new checkpoint.
-func (r *runner) beginCheckpoint() {
-	live := r.live()
-	v, tmp, err := r.c.store.begin(live)
-	if err != nil {
-		r.log.Error("checkpoint skipped", "epoch", r.epoch, "error", err)
-		r.nextEpoch()
-		return
-	}
-	r.phase = phCheckpoint
-	r.ckpt = &ckptWait{version: v, tmp: tmp, pending: map[uint32]bool{}, progress: r.snap, reason: ReasonCheckpoint}
-	for _, id := range live {
-		r.ckpt.pending[id] = true
-		r.send(r.ranks[id], &wirepb.Checkpoint{Version: v, TargetRank: id, Dir: rankDir(tmp, id)})
-	}
-}
-
-// beginSave sends ShutdownWithSave to every live rank: each saves into
-// its rank-<r> of a new checkpoint and exits. The run ends with status
-// once they have.
-func (r *runner) beginSave(reason wirepb.ShutdownReason, metaReason, status string, err error) {
-	if r.phase == phSaving || r.phase == phShutdown || r.phase == phDone {
-		return
-	}
-	if r.ckpt != nil && !r.ckpt.resolved {
-		r.c.store.abandon(r.ckpt.tmp)
-		r.ckpt = nil
-	}
-	r.saveStatus, r.saveErr = status, err
-	r.phase = phSaving
-	r.exitDeadline = time.Now().Add(r.exitTimeout())
-	live := r.live()
-	v, tmp, berr := r.c.store.begin(live)
-	if berr != nil {
-		// Without a directory the ranks can only stop.
-		r.log.Error("cannot save; stopping without a checkpoint", "error", berr)
-		r.saveErr = fmt.Errorf("coordinator: save: %w", berr)
-		r.saveStatus = StatusFailed
-		r.phase = phShutdown
-		r.broadcast(&wirepb.Shutdown{})
-		return
-	}
-	r.save = &ckptWait{version: v, tmp: tmp, pending: map[uint32]bool{}, progress: r.snap, reason: metaReason}
-	msg := &wirepb.ShutdownWithSave{Reason: reason, Dir: tmp, Version: v}
-	for _, id := range live {
-		r.save.pending[id] = true
-		r.send(r.ranks[id], msg)
-	}
-	r.log.Info("ShutdownWithSave sent", "reason", reason.String(), "version", v, "ranks", live)
-}
-
 // shutdown ends a completed run: Shutdown to every live rank, then wait
 // for their Exiting.
 func (r *runner) shutdown() {
@@ -188,169 +150,18 @@ func (r *runner) shutdown() {
 	r.log.Info("training complete; Shutdown sent", "ranks", r.live())
 }
 
-func (r *runner) onCheckpointResult(rs *rankState, m *wirepb.CheckpointResult) {
-	var w *ckptWait
-	switch {
-	case r.ckpt != nil && r.ckpt.version == m.GetVersion():
-		w = r.ckpt
-	case r.save != nil && r.save.version == m.GetVersion():
-		w = r.save
+// checkExits ends the run once no rank is live and any save is resolved.
+func (r *runner) checkExits() bool {
+	if len(r.live()) > 0 {
+		return false
 	}
-	if w == nil || !w.pending[rs.id] {
-		r.log.Warn("ignoring an unexpected CheckpointResult", "rank", rs.id, "version", m.GetVersion())
-		return
+	if r.save != nil && !r.save.resolved {
+		r.resolveCkpt(r.save)
 	}
-	delete(w.pending, rs.id)
-	if e := m.GetError(); e != "" {
-		r.log.Error("a rank failed to save", "rank", rs.id, "version", w.version, "error", e)
+	if r.phase == phSaving {
+		r.finish(r.saveStatus, r.saveErr)
 	} else {
-		w.saved = append(w.saved, rs.id)
+		r.finish(StatusCompleted, nil)
 	}
-	r.settleCkpt(w)
-}
-
-// ckptRankGone stops waiting for a lost rank's save.
-func (r *runner) ckptRankGone(w *ckptWait, rank uint32) {
-	if w == nil {
-		return
-	}
-	delete(w.pending, rank)
-	r.settleCkpt(w)
-}
-
-// settleCkpt completes a checkpoint once no save is pending; after an
-// epoch checkpoint the run moves on.
-func (r *runner) settleCkpt(w *ckptWait) {
-	if len(w.pending) > 0 || w.resolved {
-		return
-	}
-	r.resolveCkpt(w)
-	if w == r.ckpt {
-		r.ckpt = nil
-		if r.phase == phCheckpoint {
-			r.nextEpoch()
-		}
-	}
-}
-
-// resolveCkpt commits w if any rank saved into it, else removes it.
-func (r *runner) resolveCkpt(w *ckptWait) {
-	w.resolved = true
-	if len(w.saved) == 0 {
-		r.log.Error("checkpoint abandoned: no rank saved", "version", w.version)
-		if err := r.c.store.abandon(w.tmp); err != nil {
-			r.log.Error("removing an abandoned checkpoint failed", "error", err)
-		}
-		return
-	}
-	sort.Slice(w.saved, func(i, j int) bool { return w.saved[i] < w.saved[j] })
-	m := r.meta(w)
-	path, err := r.c.store.commit(w.tmp, m)
-	if err != nil {
-		r.log.Error("checkpoint failed", "version", w.version, "error", err)
-		r.c.store.abandon(w.tmp)
-		return
-	}
-	r.lastCkpt = path
-	r.log.Info("checkpoint complete", "path", path, "epoch", m.Epoch, "reason", w.reason)
-	r.emit(Progress{Kind: ProgressCheckpoint, Checkpoint: path})
-}
-
-func (r *runner) meta(w *ckptWait) *Meta {
-	p := w.progress
-	m := &Meta{
-		SchemaVersion: metaSchema,
-		Version:       w.version,
-		RunID:         r.c.runID,
-		Reason:        w.reason,
-		Time:          time.Now().UTC(),
-		Seed:          r.cfg.Run.Seed,
-		WorldSize:     r.world,
-		Policy:        string(r.policy),
-		Epochs:        r.cfg.Run.Epochs,
-		PickSpace:     r.pickSpace,
-		BatchSize:     r.batch,
-		SavedRanks:    w.saved,
-		Epoch:         p.epoch,
-		Pool:          p.pool,
-		Partial:       p.partial,
-		Rounds:        r.roundsBefore + r.rounds,
-		GlobalStep:    r.globalStep(),
-		Finished:      r.finished,
-	}
-	ids := make([]uint32, 0, len(p.remaining))
-	for id := range p.remaining {
-		ids = append(ids, id)
-	}
-	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
-	for _, id := range ids {
-		m.Remaining = append(m.Remaining, RankRanges{Rank: id, Ranges: p.remaining[id]})
-	}
-	if r.cad != nil {
-		m.Cadence = r.cad.state()
-	}
-	return m
-}
-
-// summary builds the run's Summary.
-func (r *runner) summary() *Summary {
-	s := &Summary{
-		Status:           r.status,
-		RunID:            r.c.runID,
-		WorldSize:        int(r.world),
-		Policy:           string(r.policy),
-		Trainer:          r.cfg.Trainer.Name,
-		Averager:         r.cfg.Averager.Name,
-		ResumedFrom:      r.c.resume,
-		Started:          r.started.UTC(),
-		Seconds:          time.Since(r.started).Seconds(),
-		GlobalStep:       r.globalStep(),
-		Epochs:           r.finished,
-		MembershipEvents: r.memberEvents,
-		Checkpoint:       r.lastCkpt,
-		Averaging: AveragingSummary{
-			Backend:     r.cfg.Averager.Name,
-			Rounds:      r.rounds,
-			RoundsTotal: r.roundsBefore + r.rounds,
-		},
-	}
-	if r.err != nil {
-		s.Error = r.err.Error()
-	}
-	if s.Epochs == nil {
-		s.Epochs = []EpochSummary{}
-	}
-	if s.MembershipEvents == nil {
-		s.MembershipEvents = []MembershipEvent{}
-	}
-	if r.rounds > 0 {
-		s.Averaging.MeanRoundMS = safe(r.roundMS / float64(r.rounds))
-		s.Averaging.BytesPerRound = safe(r.bytes / float64(r.rounds))
-	}
-	for _, rs := range r.ranks {
-		state := RankExited
-		if rs.status != stExited {
-			// Anything but a clean exit is a loss, including a rank that
-			// never joined.
-			state = RankDead
-		}
-		reason := rs.reason
-		if state == RankDead && reason == "" {
-			if rs.status == stAbsent || rs.status == stJoined || rs.status == stReady {
-				reason = "never joined the cohort"
-			} else {
-				reason = "still connected when the run ended"
-			}
-		}
-		s.Ranks = append(s.Ranks, RankSummary{Rank: rs.id, State: state, Samples: rs.samples, Batches: rs.batches, Reason: reason})
-	}
-	return s
-}
-
-// safe keeps a figure JSON can encode.
-func safe(x float64) float64 {
-	if !finite(x) {
-		return 0
-	}
-	return x
+	return true
 }

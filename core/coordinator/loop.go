@@ -1,12 +1,9 @@
 package coordinator
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"os"
 	"sync"
 	"time"
 
@@ -47,6 +44,7 @@ const (
 	stDead                     // lost
 )
 
+// rankState is what the loop knows of one rank.
 type rankState struct {
 	id     uint32
 	status rankStatus
@@ -61,118 +59,6 @@ type rankState struct {
 	samples     uint64
 	// batchMS is a moving average of the rank's reported batch times.
 	batchMS float64
-}
-
-// round is an averaging round in flight.
-type round struct {
-	num     uint64
-	mode    wirepb.SyncMode
-	root    uint32
-	issued  time.Time
-	waiting map[uint32]bool
-	acks    map[uint32]*wirepb.SyncAck
-	initial bool // round 0: the run starts when it completes
-	// snap, when the Sync carried the next window's plans, is the
-	// checkpoint snapshot as of the round (taken at issue: ranks start
-	// those plans before the round completes everywhere).
-	snap *progress
-}
-
-// reissue is a round to run again after an abort, once the group is
-// re-formed.
-type reissue struct {
-	mode    wirepb.SyncMode
-	root    uint32
-	initial bool
-}
-
-// window is a set of plans handed out together under a windowed policy;
-// it closes when every one of them has its Metrics.
-type window struct {
-	opened time.Time
-	ranks  map[uint32]bool
-}
-
-// sessionReq is a re-formation of the averaging group after a death:
-// waiting for the generator's session id, then for the in-flight round to
-// resolve, then NewSession goes out.
-type sessionReq struct {
-	gen       uint64
-	generator uint32
-	deadline  time.Time
-	tried     map[uint32]bool
-	haveID    bool
-	id        []byte
-}
-
-// ckptWait is a checkpoint (or a ShutdownWithSave) being written.
-type ckptWait struct {
-	version  uint64
-	tmp      string
-	pending  map[uint32]bool
-	saved    []uint32
-	progress progress
-	reason   string
-	resolved bool
-}
-
-// progress is where training stands at a point all ranks' models agree on
-// (the last completed round, or an epoch boundary): the samples of the
-// epoch not yet averaged into the model, per rank and shared.
-type progress struct {
-	epoch     uint64
-	remaining map[uint32][]Range
-	pool      []Range
-	partial   EpochProgress
-}
-
-// epochAgg accumulates one epoch's figures.
-type epochAgg struct {
-	started time.Time
-	prior   EpochProgress
-	samples uint64
-	batches uint64
-	lossSum float64
-	// lossBatches are the batches lossSum covers: a report with a
-	// non-finite loss is left out of the mean, not counted as zero.
-	lossBatches uint64
-	trained     uint64 // samples from Batch reports, for progress
-	windows     uint64
-	rounds      uint64
-	roundMS     float64
-	waitSum     float64
-	waitN       uint64
-	evalLoss    *float64
-	accuracy    *float64
-	perRank     map[uint32]*rankAgg
-}
-
-type rankAgg struct {
-	batches, samples, windows uint64
-	waitSum                   float64
-	waitN                     uint64
-	trainMS                   float64 // the rank's own batch times, summed
-}
-
-func (a *epochAgg) rank(r uint32) *rankAgg {
-	ra := a.perRank[r]
-	if ra == nil {
-		ra = &rankAgg{}
-		a.perRank[r] = ra
-	}
-	return ra
-}
-
-func (a *epochAgg) addWait(r uint32, d time.Duration) {
-	ms := float64(d) / float64(time.Millisecond)
-	if ms < 0 {
-		ms = 0
-	}
-	a.waitSum += ms
-	a.waitN++
-	ra := a.rank(r)
-	ra.waitSum += ms
-	ra.waitN++
 }
 
 // runner is the state of one Run, owned by the loop goroutine.
@@ -233,13 +119,9 @@ type runner struct {
 	roundMS      float64
 	bytes        float64
 	lastCkpt     string
-	hbSeq        uint64
-	deathQ       []deathNote
-}
 
-type deathNote struct {
-	rank   uint32
-	reason string
+	hbSeq  uint64      // the last CoordinatorHeartbeat's sequence
+	deathQ []deathNote // deaths found by the current handler, for advance
 }
 
 func newRunner(c *Coordinator) *runner {
@@ -422,81 +304,6 @@ func (r *runner) onEvent(ev event) {
 	}
 }
 
-func (r *runner) onJoined(rs *rankState, conn *wire.Conn) {
-	if r.phase != phForming || rs.status != stAbsent {
-		// The slot check makes this impossible; never let a second
-		// connection take over a rank.
-		r.log.Warn("dropping an unexpected connection", "rank", rs.id, "phase", r.phase.String())
-		conn.Close()
-		return
-	}
-	rs.link = newLink(rs.id, conn)
-	rs.status = stJoined
-	r.wg.Add(1)
-	go func() {
-		defer r.wg.Done()
-		rs.link.run(r.ctx, r.events)
-	}()
-	r.log.Info("rank joined", "rank", rs.id, "remote", conn.RemoteAddr().String())
-	admit := &wirepb.Admit{
-		RunId:             r.c.runID,
-		Seed:              uint64(r.cfg.Run.Seed),
-		AveragingEndpoint: r.c.endpoint,
-		ResumeDir:         r.c.resume,
-		Epochs:            uint64(r.cfg.Run.Epochs),
-	}
-	r.send(rs, admit)
-}
-
-func (r *runner) onLinkDown(rs *rankState, err error) {
-	switch rs.status {
-	case stExited, stDead:
-		rs.link.close()
-		return
-	case stJoined, stReady:
-		// Before formation a lost rank may simply connect again.
-		r.log.Warn("rank left before the cohort formed", "rank", rs.id, "error", err)
-		r.dropUnformed(rs)
-		return
-	}
-	r.noteDeath(rs.id, linkReason(err, r.hbTimeout))
-}
-
-// linkReason says why a link counts as dead.
-func linkReason(err error, timeout time.Duration) string {
-	switch {
-	case errors.Is(err, os.ErrDeadlineExceeded):
-		return fmt.Sprintf("silent for %v (heartbeat timeout)", timeout)
-	case errors.Is(err, io.EOF):
-		return "link closed without Exiting"
-	}
-	return fmt.Sprintf("link broken: %v", err)
-}
-
-// dropUnformed forgets a rank that has not joined the formed cohort and
-// frees its slot.
-func (r *runner) dropUnformed(rs *rankState) {
-	if rs.link != nil {
-		rs.link.close()
-		rs.link = nil
-	}
-	rs.status = stAbsent
-	rs.ready = nil
-	r.slots.release(rs.id)
-}
-
-// noteDeath queues a death; advance applies it after the current handler,
-// so a failure found in the middle of a broadcast never changes the set
-// of ranks being iterated.
-func (r *runner) noteDeath(rank uint32, reason string) {
-	for _, d := range r.deathQ {
-		if d.rank == rank {
-			return
-		}
-	}
-	r.deathQ = append(r.deathQ, deathNote{rank, reason})
-}
-
 // send queues msg for rs; a rank whose queue is full is not reading and
 // is noted dead.
 func (r *runner) send(rs *rankState, msg proto.Message) {
@@ -526,16 +333,9 @@ func (r *runner) broadcast(msg proto.Message) {
 	}
 }
 
-func (r *runner) heartbeat() {
-	r.hbSeq++
-	msg := &wirepb.CoordinatorHeartbeat{Sequence: r.hbSeq}
-	for _, rs := range r.ranks {
-		if rs.status == stJoined || rs.status == stReady || rs.status == stLive {
-			r.send(rs, msg)
-		}
-	}
-}
-
+// requestStop takes Stop to the run: before formation it ends at once;
+// otherwise dispatch stops and training saves once what is in flight is
+// averaged.
 func (r *runner) requestStop() {
 	if r.stopReq {
 		return
@@ -590,24 +390,8 @@ func (r *runner) nextDeadline() (next time.Time, ok bool) {
 	return next, ok
 }
 
-func (r *runner) formationError() error {
-	var joined, ready []uint32
-	for _, rs := range r.ranks {
-		if rs.status >= stJoined {
-			joined = append(joined, rs.id)
-		}
-		if rs.status >= stReady {
-			ready = append(ready, rs.id)
-		}
-	}
-	err := fmt.Errorf("coordinator: formation: %d/%d ranks ready within %v (joined %v, ready %v)",
-		len(ready), r.world, r.cfg.Coordinator.FormationTimeout, joined, ready)
-	if len(r.refusals) > 0 {
-		err = fmt.Errorf("%w; refused: %s", err, r.refusals[len(r.refusals)-1])
-	}
-	return err
-}
-
+// exitTimeout bounds the wait for Exiting after Shutdown, or for the saves
+// and exits after ShutdownWithSave.
 func (r *runner) exitTimeout() time.Duration {
 	if r.phase == phSaving {
 		if d := r.c.opts.SaveTimeout; d > 0 {
@@ -651,146 +435,4 @@ func (r *runner) onMessage(rs *rankState, msg proto.Message) {
 	default:
 		r.log.Warn("ignoring an unexpected frame", "rank", rs.id, "type", fmt.Sprintf("%T", msg))
 	}
-}
-
-// onReady checks a rank's Ready against rank 0's.
-func (r *runner) onReady(rs *rankState, m *wirepb.Ready) {
-	if r.phase != phForming || rs.status != stJoined {
-		r.log.Warn("ignoring a Ready outside formation", "rank", rs.id, "phase", r.phase.String())
-		return
-	}
-	rs.ready = m
-	rs.status = stReady
-	ref := r.ranks[0]
-	if rs.id == 0 {
-		if m.GetSamples() == 0 || m.GetBatchSize() == 0 {
-			r.refuse(rs, fmt.Sprintf("its trainer has %d samples and batch size %d", m.GetSamples(), m.GetBatchSize()))
-			return
-		}
-		for _, o := range r.ranks[1:] {
-			if o.status == stReady {
-				r.verifyReady(o, m)
-			}
-		}
-		return
-	}
-	if ref.status == stReady {
-		r.verifyReady(rs, ref.ready)
-	}
-}
-
-func (r *runner) verifyReady(rs *rankState, ref *wirepb.Ready) {
-	m := rs.ready
-	switch {
-	case !bytes.Equal(m.GetLayoutDigest(), ref.GetLayoutDigest()):
-		r.refuse(rs, fmt.Sprintf("its parameter layout digest %x differs from rank 0's %x (another model?)", m.GetLayoutDigest(), ref.GetLayoutDigest()))
-	case m.GetSamples() != ref.GetSamples():
-		r.refuse(rs, fmt.Sprintf("its trainer has %d samples, rank 0's has %d", m.GetSamples(), ref.GetSamples()))
-	case m.GetBatchSize() != ref.GetBatchSize():
-		r.refuse(rs, fmt.Sprintf("its batch size is %d, rank 0's is %d", m.GetBatchSize(), ref.GetBatchSize()))
-	}
-}
-
-// refuse drops a rank at formation; its slot is free for a corrected
-// process, and the formation timeout reports the reason if none comes.
-func (r *runner) refuse(rs *rankState, why string) {
-	msg := fmt.Sprintf("rank %d: %s", rs.id, why)
-	r.refusals = append(r.refusals, msg)
-	r.log.Warn("refused a rank at formation", "rank", rs.id, "reason", why)
-	r.dropUnformed(rs)
-}
-
-// tryForm forms the cohort once every rank is Ready.
-func (r *runner) tryForm() bool {
-	for _, rs := range r.ranks {
-		if rs.status != stReady {
-			return false
-		}
-	}
-	ref := r.ranks[0].ready
-	r.pickSpace = ref.GetSamples()
-	r.batch = uint64(ref.GetBatchSize())
-	if m := r.c.meta; m != nil && m.PickSpace != r.pickSpace {
-		r.finish(StatusFailed, fmt.Errorf("coordinator: resume: checkpoint %s was taken with %d samples, the trainer now has %d",
-			r.c.resume, m.PickSpace, r.pickSpace))
-		return true
-	}
-	for _, rs := range r.ranks {
-		rs.status = stLive
-	}
-	r.phase = phTraining
-	r.log.Info("cohort formed", "ranks", r.world, "samples", r.pickSpace, "batch_size", r.batch,
-		"trainer", ref.GetTrainer(), "averager", ref.GetAverager(), "seconds", time.Since(r.started).Seconds())
-	r.setupCadence()
-	r.emit(Progress{Kind: ProgressFormed})
-	r.role = 0
-	r.broadcast(&wirepb.SetEpochCallbackRole{Rank: r.role})
-	// Every rank starts from rank 0's parameters (after a resume: from
-	// what rank 0 loaded).
-	r.issueRound(wirepb.SyncMode_SYNC_MODE_BROADCAST, 0, true)
-	return true
-}
-
-func (r *runner) setupCadence() {
-	if r.policy != config.PolicyCadence {
-		return
-	}
-	base := uint64(r.cfg.Coordinator.ChunkBatches)
-	if base == 0 {
-		base = uint64(r.cfg.Coordinator.SyncEvery)
-	}
-	epochBatches := (r.pickSpace + r.batch - 1) / r.batch
-	r.cad = newCadence(base, epochBatches, r.cfg.Coordinator.OverheadTarget)
-	if r.c.meta != nil {
-		r.cad.restore(r.c.meta.Cadence)
-	}
-}
-
-func (r *runner) emit(p Progress) {
-	if r.c.opts.Progress == nil {
-		return
-	}
-	p.Epoch = r.epoch
-	p.Epochs = r.cfg.Run.Epochs
-	p.World = int(r.world)
-	p.Live = len(r.live())
-	if p.Total == 0 {
-		p.Total = r.pickSpace
-	}
-	r.c.opts.Progress(p)
-}
-
-// onExiting records a clean exit. One in the middle of training is a
-// departure, handled like a death but not counted as one.
-func (r *runner) onExiting(rs *rankState) {
-	switch rs.status {
-	case stJoined, stReady:
-		r.dropUnformed(rs)
-		return
-	case stLive:
-	default:
-		return
-	}
-	if r.phase == phShutdown || r.phase == phSaving {
-		rs.status = stExited
-		r.log.Debug("rank exited", "rank", rs.id)
-		return
-	}
-	r.depart(rs, "left", "sent Exiting before the run ended", stExited)
-}
-
-// checkExits ends the run once no rank is live and any save is resolved.
-func (r *runner) checkExits() bool {
-	if len(r.live()) > 0 {
-		return false
-	}
-	if r.save != nil && !r.save.resolved {
-		r.resolveCkpt(r.save)
-	}
-	if r.phase == phSaving {
-		r.finish(r.saveStatus, r.saveErr)
-	} else {
-		r.finish(StatusCompleted, nil)
-	}
-	return true
 }

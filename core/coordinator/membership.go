@@ -1,12 +1,93 @@
 package coordinator
 
 import (
+	"errors"
 	"fmt"
+	"io"
+	"os"
 	"slices"
 	"time"
 
 	"github.com/cohortdl/cohort/core/wire/wirepb"
 )
+
+// heartbeat is the coordinator's proof of life to every connected rank: a
+// rank that hears nothing past its liveness timeout shuts down. A rank's
+// own silence is caught by its connection's read timeout (the heartbeat
+// timeout, set in run), which ends in onLinkDown.
+func (r *runner) heartbeat() {
+	r.hbSeq++
+	msg := &wirepb.CoordinatorHeartbeat{Sequence: r.hbSeq}
+	for _, rs := range r.ranks {
+		if rs.status == stJoined || rs.status == stReady || rs.status == stLive {
+			r.send(rs, msg)
+		}
+	}
+}
+
+// onLinkDown handles a broken or silent link: before formation the rank
+// may connect again; a member of the cohort is dead.
+func (r *runner) onLinkDown(rs *rankState, err error) {
+	switch rs.status {
+	case stExited, stDead:
+		rs.link.close()
+		return
+	case stJoined, stReady:
+		// Before formation a lost rank may simply connect again.
+		r.log.Warn("rank left before the cohort formed", "rank", rs.id, "error", err)
+		r.dropUnformed(rs)
+		return
+	}
+	r.noteDeath(rs.id, linkReason(err, r.hbTimeout))
+}
+
+// linkReason says why a link counts as dead.
+func linkReason(err error, timeout time.Duration) string {
+	switch {
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		return fmt.Sprintf("silent for %v (heartbeat timeout)", timeout)
+	case errors.Is(err, io.EOF):
+		return "link closed without Exiting"
+	}
+	return fmt.Sprintf("link broken: %v", err)
+}
+
+// deathNote is a death found while handling an event, applied after it.
+type deathNote struct {
+	rank   uint32
+	reason string
+}
+
+// noteDeath queues a death; advance applies it after the current handler,
+// so a failure found in the middle of a broadcast never changes the set
+// of ranks being iterated.
+func (r *runner) noteDeath(rank uint32, reason string) {
+	for _, d := range r.deathQ {
+		if d.rank == rank {
+			return
+		}
+	}
+	r.deathQ = append(r.deathQ, deathNote{rank, reason})
+}
+
+// onExiting records a clean exit. One in the middle of training is a
+// departure, handled like a death but not counted as one.
+func (r *runner) onExiting(rs *rankState) {
+	switch rs.status {
+	case stJoined, stReady:
+		r.dropUnformed(rs)
+		return
+	case stLive:
+	default:
+		return
+	}
+	if r.phase == phShutdown || r.phase == phSaving {
+		rs.status = stExited
+		r.log.Debug("rank exited", "rank", rs.id)
+		return
+	}
+	r.depart(rs, "left", "sent Exiting before the run ended", stExited)
+}
 
 // lose handles a rank found dead (its link broke, or it fell silent, or it
 // stopped reading).
@@ -144,6 +225,18 @@ func extSlot(open []*plan) int {
 		at++
 	}
 	return at
+}
+
+// sessionReq is a re-formation of the averaging group after a death:
+// waiting for the generator's session id, then for the in-flight round to
+// resolve, then NewSession goes out.
+type sessionReq struct {
+	gen       uint64
+	generator uint32
+	deadline  time.Time
+	tried     map[uint32]bool
+	haveID    bool
+	id        []byte
 }
 
 // requestSession starts (or restarts, for a later death) the re-formation

@@ -3,8 +3,10 @@ package coordinator
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
+	"sort"
 	"time"
 
 	"github.com/cohortdl/cohort/shared/atomicfile"
@@ -142,3 +144,180 @@ func writeJSONAtomic(path string, v any) error {
 	}
 	return atomicfile.WriteBytes(path, append(b, '\n'))
 }
+
+// epochAgg accumulates one epoch's figures.
+type epochAgg struct {
+	started time.Time
+	prior   EpochProgress
+	samples uint64
+	batches uint64
+	lossSum float64
+	// lossBatches are the batches lossSum covers: a report with a
+	// non-finite loss is left out of the mean, not counted as zero.
+	lossBatches uint64
+	trained     uint64 // samples from Batch reports, for progress
+	windows     uint64
+	rounds      uint64
+	roundMS     float64
+	waitSum     float64
+	waitN       uint64
+	evalLoss    *float64
+	accuracy    *float64
+	perRank     map[uint32]*rankAgg
+}
+
+type rankAgg struct {
+	batches, samples, windows uint64
+	waitSum                   float64
+	waitN                     uint64
+	trainMS                   float64 // the rank's own batch times, summed
+}
+
+func (a *epochAgg) rank(r uint32) *rankAgg {
+	ra := a.perRank[r]
+	if ra == nil {
+		ra = &rankAgg{}
+		a.perRank[r] = ra
+	}
+	return ra
+}
+
+func (a *epochAgg) addWait(r uint32, d time.Duration) {
+	ms := float64(d) / float64(time.Millisecond)
+	if ms < 0 {
+		ms = 0
+	}
+	a.waitSum += ms
+	a.waitN++
+	ra := a.rank(r)
+	ra.waitSum += ms
+	ra.waitN++
+}
+
+func (r *runner) newAgg(prior EpochProgress) *epochAgg {
+	return &epochAgg{started: time.Now(), prior: prior, perRank: map[uint32]*rankAgg{}}
+}
+
+// recordEpoch closes the epoch's figures; from here on a save resumes at
+// the next epoch.
+func (r *runner) recordEpoch() {
+	a := r.agg
+	s := EpochSummary{
+		Epoch:    r.epoch,
+		EvalLoss: a.evalLoss,
+		Accuracy: a.accuracy,
+		Seconds:  a.prior.Seconds + time.Since(a.started).Seconds(),
+		Samples:  a.prior.Samples + a.samples,
+		Windows:  a.windows,
+		Rounds:   a.rounds,
+	}
+	if b := a.prior.LossBatches + a.lossBatches; b > 0 {
+		s.Loss = safe((a.prior.LossSum + a.lossSum) / float64(b))
+	}
+	if a.rounds > 0 {
+		s.MeanRoundMS = safe(a.roundMS / float64(a.rounds))
+	}
+	if a.waitN > 0 {
+		s.WaitAtSyncMS = safe(a.waitSum / float64(a.waitN))
+	}
+	ids := make([]uint32, 0, len(a.perRank))
+	for id := range a.perRank {
+		ids = append(ids, id)
+	}
+	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
+	for _, id := range ids {
+		ra := a.perRank[id]
+		er := EpochRank{Rank: id, Batches: ra.batches, Samples: ra.samples, Windows: ra.windows, TrainMS: safe(ra.trainMS)}
+		if ra.windows > 0 {
+			er.BatchesPerWindow = float64(ra.batches) / float64(ra.windows)
+		}
+		if ra.waitN > 0 {
+			er.WaitAtSyncMS = safe(ra.waitSum / float64(ra.waitN))
+		}
+		s.Ranks = append(s.Ranks, er)
+	}
+	r.finished = append(r.finished, s)
+	r.snap = r.freshProgress(r.epoch + 1)
+	r.log.Info("epoch finished", "epoch", r.epoch, "loss", s.Loss, "seconds", s.Seconds,
+		"samples", s.Samples, "rounds", s.Rounds, "wait_at_sync_ms", s.WaitAtSyncMS)
+	r.emit(Progress{Kind: ProgressEpoch, Summary: &s})
+}
+
+// summary builds the run's Summary.
+func (r *runner) summary() *Summary {
+	s := &Summary{
+		Status:           r.status,
+		RunID:            r.c.runID,
+		WorldSize:        int(r.world),
+		Policy:           string(r.policy),
+		Trainer:          r.cfg.Trainer.Name,
+		Averager:         r.cfg.Averager.Name,
+		ResumedFrom:      r.c.resume,
+		Started:          r.started.UTC(),
+		Seconds:          time.Since(r.started).Seconds(),
+		GlobalStep:       r.globalStep(),
+		Epochs:           r.finished,
+		MembershipEvents: r.memberEvents,
+		Checkpoint:       r.lastCkpt,
+		Averaging: AveragingSummary{
+			Backend:     r.cfg.Averager.Name,
+			Rounds:      r.rounds,
+			RoundsTotal: r.roundsBefore + r.rounds,
+		},
+	}
+	if r.err != nil {
+		s.Error = r.err.Error()
+	}
+	if s.Epochs == nil {
+		s.Epochs = []EpochSummary{}
+	}
+	if s.MembershipEvents == nil {
+		s.MembershipEvents = []MembershipEvent{}
+	}
+	if r.rounds > 0 {
+		s.Averaging.MeanRoundMS = safe(r.roundMS / float64(r.rounds))
+		s.Averaging.BytesPerRound = safe(r.bytes / float64(r.rounds))
+	}
+	for _, rs := range r.ranks {
+		state := RankExited
+		if rs.status != stExited {
+			// Anything but a clean exit is a loss, including a rank that
+			// never joined.
+			state = RankDead
+		}
+		reason := rs.reason
+		if state == RankDead && reason == "" {
+			if rs.status == stAbsent || rs.status == stJoined || rs.status == stReady {
+				reason = "never joined the cohort"
+			} else {
+				reason = "still connected when the run ended"
+			}
+		}
+		s.Ranks = append(s.Ranks, RankSummary{Rank: rs.id, State: state, Samples: rs.samples, Batches: rs.batches, Reason: reason})
+	}
+	return s
+}
+
+func (r *runner) emit(p Progress) {
+	if r.c.opts.Progress == nil {
+		return
+	}
+	p.Epoch = r.epoch
+	p.Epochs = r.cfg.Run.Epochs
+	p.World = int(r.world)
+	p.Live = len(r.live())
+	if p.Total == 0 {
+		p.Total = r.pickSpace
+	}
+	r.c.opts.Progress(p)
+}
+
+// safe keeps a figure JSON can encode.
+func safe(x float64) float64 {
+	if !finite(x) {
+		return 0
+	}
+	return x
+}
+
+func finite(x float64) bool { return !math.IsNaN(x) && !math.IsInf(x, 0) }

@@ -35,8 +35,8 @@ package wire
 
 import "errors"
 
-// Protocol constants. The magic values are cohort's own, so a floDl peer (or
-// anything else) fails at the first four bytes instead of being misread.
+// Protocol constants. The magic values are cohort's own, so a peer speaking
+// any other protocol fails at the first four bytes instead of being misread.
 const (
 	// Version is the protocol version carried by every hello, ack and frame.
 	Version uint32 = 1

@@ -8,11 +8,10 @@ import (
 )
 
 // profile is where the main loop's time went, for the trace-level
-// "worker-prof" line at teardown (floDl's [worker-prof], behavior-notes
-// §2.3 and §11.7). Run time is inside Train; wait time is everything
-// between plans, split at the moment the last round's parameters were
-// adopted: before it the rank waited for the reduce and slow peers, after
-// it for the coordinator's next dispatch.
+// "worker-prof" line at teardown. Run time is inside Train; wait time is
+// everything between plans, split at the moment the last round's parameters
+// were adopted: before it the rank waited for the reduce and slow peers,
+// after it for the coordinator's next dispatch.
 type profile struct {
 	run, wait             time.Duration
 	preUpdate, postUpdate time.Duration

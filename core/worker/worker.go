@@ -335,13 +335,13 @@ func (w *worker) sendReady(ctx context.Context) error {
 	return nil
 }
 
-// teardown ends the worker in the order floDl's ClusterWorker settled on
-// (behavior-notes §2.4): a queued save first (the coordinator may already
-// count on it), then abort the averager (a round stuck on a dead peer would
-// block the rest), publish the final parameters into the arena, announce
-// Exiting only on a clean exit (an error exit must stay visible as a
-// death), stop the goroutines, close the link, stop the plugins, remove the
-// arena. Teardown errors are logged; the result is the run's.
+// teardown ends the worker in this order: a queued save first (the
+// coordinator may already count on it), then abort the averager (a round
+// stuck on a dead peer would block the rest), publish the final parameters
+// into the arena, announce Exiting only on a clean exit (an error exit must
+// stay visible as a death), stop the goroutines, close the link, stop the
+// plugins, remove the arena. Teardown errors are logged; the result is the
+// run's.
 func (w *worker) teardown(ctx context.Context, clean bool, runErr error) error {
 	tctx := context.WithoutCancel(ctx)
 	w.endWait(time.Now())
