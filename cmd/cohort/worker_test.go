@@ -92,7 +92,7 @@ averager "mock" {}
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	if err := conn.Send(ctx, &wirepb.Admit{RunId: "cmd", Seed: 1, AveragingEndpoint: t.TempDir()}); err != nil {
+	if err := conn.Send(ctx, &wirepb.Admit{RunId: "cmd", Seed: 1}); err != nil {
 		t.Fatal(err)
 	}
 	next := func() proto.Message {

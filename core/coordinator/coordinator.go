@@ -40,23 +40,8 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/cohortdl/cohort/core/config"
-	"github.com/cohortdl/cohort/core/reduce"
 	"github.com/cohortdl/cohort/core/wire"
 )
-
-// ReduceServer is the meeting point of the "cpu" averager: the coordinator
-// hands its address to the ranks and tells it which ranks died.
-type ReduceServer interface {
-	// Endpoint is the address a rank's averager dials.
-	Endpoint() string
-	// MarkDead takes a rank out of every later round.
-	MarkDead(rank uint32)
-}
-
-// reduceServer adapts the built-in reduce server.
-type reduceServer struct{ *reduce.Server }
-
-func (s reduceServer) Endpoint() string { return s.Addr() }
 
 // Options configure a Coordinator. Config and Keys are required.
 type Options struct {
@@ -72,11 +57,11 @@ type Options struct {
 	// Resume is a checkpoint to continue from: a checkpoint directory, a
 	// run's out directory or its checkpoints directory.
 	Resume string
-	// ReduceServer serves averager "cpu"; when nil the coordinator starts
-	// its own reduce server for that averager, on the control listener's
-	// host.
-	ReduceServer ReduceServer
-	Logger       hclog.Logger
+	// Meetings add meeting kinds to the built-in ones (the relay, the
+	// reduce server) or replace them: an averager whose Describe declares
+	// such a kind meets at the point its factory starts.
+	Meetings map[string]MeetingFactory
+	Logger   hclog.Logger
 	// Progress, when set, is called on the coordinator's loop as the run
 	// advances; it must return quickly.
 	Progress func(Progress)
@@ -133,9 +118,7 @@ type Coordinator struct {
 	ln       net.Listener
 	out      string
 	runID    string
-	endpoint string
-	reducer  ReduceServer
-	ownRed   *reduce.Server
+	meetings *meetings
 	resume   string
 	meta     *Meta
 	store    *ckptStore
@@ -174,9 +157,6 @@ func New(opts Options) (_ *Coordinator, err error) {
 		if err != nil && opts.Listener != nil {
 			opts.Listener.Close()
 		}
-		if err != nil && c.ownRed != nil {
-			c.ownRed.Close()
-		}
 	}()
 
 	if c.runID, err = newRunID(); err != nil {
@@ -196,31 +176,13 @@ func New(opts Options) (_ *Coordinator, err error) {
 		return nil, fmt.Errorf("coordinator: create out directory: %w", err)
 	}
 
-	// The averaging endpoint is checked before anything listens, so a
-	// misconfigured run fails at once rather than after forming.
-	if cfg.Averager.Name == "cpu" {
-		c.reducer = opts.ReduceServer
-		if c.reducer == nil {
-			if c.ownRed, err = c.startReduceServer(); err != nil {
-				return nil, err
-			}
-			c.reducer = reduceServer{c.ownRed}
-		}
-		c.endpoint = c.reducer.Endpoint()
-		if h, port, err := net.SplitHostPort(c.endpoint); err == nil {
-			if ip := net.ParseIP(h); ip != nil && ip.IsUnspecified() {
-				c.endpoint = ":" + port
-			}
-		}
-	} else {
-		// One directory per run, so files a previous run left behind can
-		// never be taken for this run's.
-		dir := filepath.Join(c.out, "rendezvous", c.runID)
-		if err := os.MkdirAll(dir, 0o700); err != nil {
-			return nil, fmt.Errorf("coordinator: create rendezvous directory: %w", err)
-		}
-		c.endpoint = dir
-	}
+	c.meetings = newMeetings(MeetingEnv{
+		Listen: cfg.Coordinator.Listen,
+		Keys:   opts.Keys,
+		RunID:  c.runID,
+		World:  uint32(cfg.Run.Ranks),
+		Logger: c.log,
+	}, opts.Meetings)
 
 	if opts.Resume != "" {
 		if c.resume, err = ResolveCheckpoint(opts.Resume); err != nil {
@@ -273,40 +235,10 @@ func (c *Coordinator) Stop() {
 	c.stopOnce.Do(func() { close(c.stopCh) })
 }
 
-// Close releases the listener (and the reduce server) of a Coordinator
+// Close releases the listener (and any meeting point) of a Coordinator
 // that will not Run.
 func (c *Coordinator) Close() error {
-	err := c.ln.Close()
-	if c.ownRed != nil {
-		err = errors.Join(err, c.ownRed.Close())
-	}
-	return err
-}
-
-// startReduceServer listens for averager "cpu" on the host the control
-// server listens on. When that host is unspecified (all interfaces) the
-// endpoint handed to ranks is ":port", which a rank completes with the
-// coordinator host it dialled.
-func (c *Coordinator) startReduceServer() (*reduce.Server, error) {
-	host, _, err := net.SplitHostPort(c.cfg.Coordinator.Listen)
-	if err != nil {
-		return nil, fmt.Errorf("coordinator: listen address %q: %w", c.cfg.Coordinator.Listen, err)
-	}
-	key, err := c.opts.Keys.Derive(wire.AveragingDataKeyLabel)
-	if err != nil {
-		return nil, fmt.Errorf("coordinator: reduce server key: %w", err)
-	}
-	srv, err := reduce.Listen(context.Background(), reduce.Config{
-		Addr:   net.JoinHostPort(host, "0"),
-		Key:    key,
-		RunID:  c.runID,
-		World:  uint32(c.cfg.Run.Ranks),
-		Logger: c.log.Named("reduce"),
-	})
-	if err != nil {
-		return nil, fmt.Errorf("coordinator: start the reduce server: %w", err)
-	}
-	return srv, nil
+	return errors.Join(c.ln.Close(), c.meetings.close())
 }
 
 // Run runs the cohort until the run completes, fails, is stopped, or ctx
@@ -322,14 +254,11 @@ func (c *Coordinator) Run(ctx context.Context) (*Summary, error) {
 	}
 	r := newRunner(c)
 	sum, runErr := r.run(ctx)
-	if c.ownRed != nil {
-		st := c.ownRed.Stats()
-		if st.Rounds > 0 {
-			sum.Averaging.BytesPerRound = float64(st.BulkBytes) / float64(st.Rounds)
-		}
-		if err := c.ownRed.Close(); err != nil {
-			c.log.Warn("closing the reduce server", "error", err)
-		}
+	if rounds, bytes := c.meetings.bulk(); rounds > 0 {
+		sum.Averaging.BytesPerRound = float64(bytes) / float64(rounds)
+	}
+	if err := c.meetings.close(); err != nil {
+		c.log.Warn("closing the meeting points", "error", err)
 	}
 	if err := writeJSONAtomic(filepath.Join(c.out, SummaryFile), sum); err != nil {
 		c.log.Error("writing the run summary failed", "error", err)

@@ -8,7 +8,6 @@ import (
 	"errors"
 	"io"
 	"net"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -18,7 +17,6 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
-	"github.com/cohortdl/cohort/core/config"
 	"github.com/cohortdl/cohort/core/wire"
 	"github.com/cohortdl/cohort/core/wire/wirepb"
 )
@@ -45,11 +43,6 @@ func TestSyncRunCompletes(t *testing.T) {
 	for _, f := range ranks {
 		if f.admit == nil || f.admit.GetSeed() != 7 || f.admit.GetEpochs() != 2 || f.admit.GetRunId() != h.coord.RunID() {
 			t.Errorf("rank %d: Admit %v, want seed 7, epochs 2, run id %s", f.id, f.admit, h.coord.RunID())
-		}
-		if ep := f.admit.GetAveragingEndpoint(); !strings.HasPrefix(ep, filepath.Join(h.out, "rendezvous")) {
-			t.Errorf("rank %d: averaging endpoint %q is not under the run's rendezvous directory", f.id, ep)
-		} else if st, err := os.Stat(ep); err != nil || !st.IsDir() {
-			t.Errorf("rank %d: rendezvous directory %s: %v", f.id, ep, err)
 		}
 		roles := messagesOf[*wirepb.SetEpochCallbackRole](f)
 		syncs := messagesOf[*wirepb.Sync](f)
@@ -350,42 +343,76 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-// Averager "cpu" meets at a reduce server: without one given the
-// coordinator starts its own on the control listener's host and hands its
-// address out; a given one's endpoint is what Admit carries (that it hears
-// of deaths is checked in TestDeadRankRedistributed).
-func TestAveragingEndpoint(t *testing.T) {
-	cfg := testConfig(t)
-	cfg.Averager = config.Plugin{Name: "cpu", Settings: []byte(`{}`)}
-	keys, _ := wire.DeriveKeys(testSecret)
-	own, err := New(Options{Config: cfg, Keys: keys})
-	if err != nil {
-		t.Fatalf("New starting its own reduce server: %v", err)
+// A rank asks for its averager's meeting point by kind, never by name: the
+// reduce-server kind gets the coordinator's own reduce server on the control
+// listener's host (closed when the run ends), the relay kind an empty
+// endpoint, a kind Options.Meetings
+// adds gets its point (which hears of deaths), and an unknown kind or a
+// kind other than the cohort's is refused with a reason.
+func TestMeetingKinds(t *testing.T) {
+	cases := []struct {
+		name     string
+		kinds    []string // per rank
+		extra    map[string]MeetingFactory
+		wantErr  []string // per rank: "" for an endpoint
+		endpoint func(t *testing.T, ep string)
+	}{
+		{name: "relay", kinds: []string{"relay", "relay"}, wantErr: []string{"", ""},
+			endpoint: func(t *testing.T, ep string) {
+				if ep != "" {
+					t.Errorf("relay endpoint %q, want none", ep)
+				}
+			}},
+		{name: "reduce server", kinds: []string{"reduce-server", "reduce-server"}, wantErr: []string{"", ""},
+			endpoint: func(t *testing.T, ep string) {
+				if host, port, err := net.SplitHostPort(ep); err != nil || host != "127.0.0.1" || port == "0" {
+					t.Errorf("reduce server endpoint %q, want 127.0.0.1:<port>", ep)
+					return
+				}
+				// Checked once the run has ended: the meeting point
+				// must not outlive it.
+				if conn, err := net.Dial("tcp", ep); err == nil {
+					conn.Close()
+					t.Errorf("the reduce server at %s still listens after the run", ep)
+				}
+			}},
+		{name: "added kind", kinds: []string{"fabric", "fabric"}, wantErr: []string{"", ""},
+			extra: map[string]MeetingFactory{"fabric": func(MeetingEnv) (MeetingPoint, error) { return &fixedEndpoint{addr: "10.0.0.1:7000"}, nil }},
+			endpoint: func(t *testing.T, ep string) {
+				if ep != "10.0.0.1:7000" {
+					t.Errorf("added kind's endpoint %q, want its point's", ep)
+				}
+			}},
+		{name: "unknown kind", kinds: []string{"carrier-pigeon", "carrier-pigeon"}, wantErr: []string{`no meeting kind "carrier-pigeon"`, `no meeting kind "carrier-pigeon"`}},
+		{name: "kinds disagree", kinds: []string{"relay", "reduce-server"}, wantErr: []string{"", `meets by "reduce-server", but the cohort's ranks before it asked for "relay"`}},
 	}
-	if host, port, err := net.SplitHostPort(own.endpoint); err != nil || host != "127.0.0.1" || port == "0" {
-		t.Errorf("own reduce server endpoint %q, want 127.0.0.1:<port>", own.endpoint)
-	}
-	if conn, err := net.Dial("tcp", own.endpoint); err != nil {
-		t.Errorf("own reduce server is not listening: %v", err)
-	} else {
-		conn.Close()
-	}
-	if err := own.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if conn, err := net.Dial("tcp", own.endpoint); err == nil {
-		conn.Close()
-		t.Error("reduce server still listening after Close")
-	}
-
-	cfg.Run.Ranks = 1
-	cfg.Run.Epochs = 1
-	red := &fixedEndpoint{addr: "10.0.0.1:7000"}
-	h := newHarness(t, cfg, func(o *Options) { o.ReduceServer = red })
-	ranks := h.startAll(nil)
-	h.mustComplete()
-	if got := ranks[0].admit.GetAveragingEndpoint(); got != "10.0.0.1:7000" {
-		t.Errorf("Admit endpoint %q, want the reduce server's", got)
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := testConfig(t)
+			cfg.Run.Ranks, cfg.Run.Epochs = 2, 1
+			h := newHarness(t, cfg, func(o *Options) { o.Meetings = tc.extra })
+			h.start()
+			// Rank 1 asks only once rank 0 has its answer, so "the
+			// cohort's first kind" is rank 0's.
+			f0 := h.rank(0, rankScript{meet: tc.kinds[0], msPerBatch: time.Millisecond})
+			waitFor(t, "rank 0's Meeting", func() bool { return len(messagesOf[*wirepb.Meeting](f0)) == 1 })
+			f1 := h.rank(1, rankScript{meet: tc.kinds[1], msPerBatch: time.Millisecond})
+			h.mustComplete()
+			for i, f := range []*fakeRank{f0, f1} {
+				got := messagesOf[*wirepb.Meeting](f)
+				if len(got) != 1 || got[0].GetKind() != tc.kinds[i] {
+					t.Fatalf("rank %d: Meeting answers %v, want one for %q", i, got, tc.kinds[i])
+				}
+				switch want := tc.wantErr[i]; {
+				case want == "" && got[0].GetError() != "":
+					t.Errorf("rank %d refused: %s", i, got[0].GetError())
+				case want != "" && !strings.Contains(got[0].GetError(), want):
+					t.Errorf("rank %d: error %q, want it to contain %q", i, got[0].GetError(), want)
+				case want == "" && tc.endpoint != nil:
+					tc.endpoint(t, got[0].GetEndpoint())
+				}
+			}
+		})
 	}
 }
 
@@ -396,6 +423,7 @@ type fixedEndpoint struct {
 }
 
 func (e *fixedEndpoint) Endpoint() string { return e.addr }
+func (e *fixedEndpoint) Close() error     { return nil }
 
 func (e *fixedEndpoint) MarkDead(rank uint32) {
 	e.mu.Lock()

@@ -174,6 +174,11 @@ type rankScript struct {
 	ignoreShutdown bool
 	// ignoreSessionRequest: RequestSessionId goes unanswered.
 	ignoreSessionRequest bool
+	// meet, when set, is the meeting kind the rank asks for after Admit;
+	// relayKeys are relay exchanges it posts to (blob "<key>@<rank>")
+	// after Admit. The answers are recorded; Ready follows at once.
+	meet      string
+	relayKeys []string
 }
 
 // planRec is one plan a rank received.
@@ -328,7 +333,7 @@ func (f *fakeRank) play(ctx context.Context) error {
 					continue
 				}
 				send(&wirepb.SessionIdGenerated{Rank: f.id, Generation: v.GetGeneration(), SessionId: []byte(fmt.Sprintf("session-%d-from-%d", v.GetGeneration(), f.id))})
-			case *wirepb.CoordinatorHeartbeat:
+			case *wirepb.CoordinatorHeartbeat, *wirepb.Meeting, *wirepb.RelayResult:
 			default:
 				cmds <- m
 			}
@@ -500,6 +505,16 @@ func (f *fakeRank) play(ctx context.Context) error {
 			f.mu.Lock()
 			f.admit = v
 			f.mu.Unlock()
+			if s.meet != "" {
+				if err := send(&wirepb.MeetRequest{Kind: s.meet, Averager: "scripted"}); err != nil {
+					return err
+				}
+			}
+			for _, key := range s.relayKeys {
+				if err := send(&wirepb.RelayPost{Key: key, Blob: []byte(fmt.Sprintf("%s@%d", key, f.id))}); err != nil {
+					return err
+				}
+			}
 			ready := &wirepb.Ready{Rank: f.id, Samples: samples, EvalSamples: 32, LayoutDigest: digest, BatchSize: uint32(batch),
 				Trainer: "scripted", Averager: "scripted", SoloIdentity: s.solo}
 			if s.noEval {

@@ -28,11 +28,10 @@ func (r *runner) onJoined(rs *rankState, conn *wire.Conn) {
 	}()
 	r.log.Info("rank joined", "rank", rs.id, "remote", conn.RemoteAddr().String())
 	admit := &wirepb.Admit{
-		RunId:             r.c.runID,
-		Seed:              uint64(r.cfg.Run.Seed),
-		AveragingEndpoint: r.c.endpoint,
-		ResumeDir:         r.c.resume,
-		Epochs:            uint64(r.cfg.Run.Epochs),
+		RunId:     r.c.runID,
+		Seed:      uint64(r.cfg.Run.Seed),
+		ResumeDir: r.c.resume,
+		Epochs:    uint64(r.cfg.Run.Epochs),
 	}
 	r.send(rs, admit)
 }
@@ -143,4 +142,5 @@ func (r *runner) dropUnformed(rs *rankState) {
 	rs.status = stAbsent
 	rs.ready = nil
 	r.slots.release(rs.id)
+	r.relay.rankGone(rs.id, "", false)
 }

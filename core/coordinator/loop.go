@@ -96,6 +96,8 @@ type runner struct {
 	stepsBefore  uint64
 	session      *sessionReq
 	generation   uint64
+	relay        *relayHub
+	meetKind     string // the meeting kind the first MeetRequest named
 	role         uint32
 	cad          *cadence
 	snap         progress
@@ -138,6 +140,7 @@ func newRunner(c *Coordinator) *runner {
 		hbTimeout:  cfg.Coordinator.HeartbeatTimeout,
 		evalTarget: -1,
 		lastCkpt:   c.lastCkpt,
+		relay:      newRelayHub(),
 	}
 	for i := range world {
 		r.ranks = append(r.ranks, &rankState{id: i})
@@ -432,6 +435,10 @@ func (r *runner) onMessage(rs *rankState, msg proto.Message) {
 		r.log.Trace("resource sample", "rank", rs.id)
 	case *wirepb.Exiting:
 		r.onExiting(rs)
+	case *wirepb.MeetRequest:
+		r.onMeetRequest(rs, m)
+	case *wirepb.RelayPost:
+		r.onRelayPost(rs, m)
 	default:
 		r.log.Warn("ignoring an unexpected frame", "rank", rs.id, "type", fmt.Sprintf("%T", msg))
 	}

@@ -121,9 +121,8 @@ func (r *runner) depart(rs *rankState, event, reason string, status rankStatus) 
 	if r.cad != nil {
 		r.cad.forget(rs.id)
 	}
-	if red := r.c.reducer; red != nil {
-		red.MarkDead(rs.id)
-	}
+	r.c.meetings.markDead(rs.id)
+	r.sendRelay(r.relay.rankGone(rs.id, reason, true))
 	unfinished := r.unfinishedOf(rs)
 	survivors := r.live()
 

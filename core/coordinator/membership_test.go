@@ -10,7 +10,6 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
-	"github.com/cohortdl/cohort/core/config"
 	"github.com/cohortdl/cohort/core/wire/wirepb"
 )
 
@@ -33,22 +32,24 @@ func TestDeadRankRedistributed(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := testConfig(t)
 			cfg.Coordinator.HeartbeatTimeout = time.Second
-			// Averager "cpu" meets at a reduce server, which must hear of
-			// the death too (the scripted ranks average nothing).
-			cfg.Averager = config.Plugin{Name: "cpu", Settings: []byte(`{}`)}
+			// A meeting point the ranks asked for must hear of the death
+			// too (the scripted ranks average nothing).
 			red := &fixedEndpoint{addr: "127.0.0.1:1"}
-			h := newHarness(t, cfg, func(o *Options) { o.ReduceServer = red })
+			h := newHarness(t, cfg, func(o *Options) {
+				o.Meetings = map[string]MeetingFactory{"fabric": func(MeetingEnv) (MeetingPoint, error) { return red, nil }}
+			})
 			ranks := h.startAll(func(r uint32) rankScript {
 				if r == 2 {
+					tc.script.meet = "fabric"
 					return tc.script
 				}
-				return rankScript{msPerBatch: 5 * time.Millisecond}
+				return rankScript{meet: "fabric", msPerBatch: 5 * time.Millisecond}
 			})
 			sum := h.mustComplete()
 			h.ledger.checkExactlyOnce(t, 2, 96)
 			red.mu.Lock()
 			if !slices.Equal(red.dead, []uint32{2}) {
-				t.Errorf("reduce server told of deaths %v, want [2]", red.dead)
+				t.Errorf("meeting point told of deaths %v, want [2]", red.dead)
 			}
 			red.mu.Unlock()
 

@@ -79,6 +79,12 @@ func (w *worker) inbound(ctx context.Context) {
 			w.log.Info("new averaging session received", "generation", m.GetGeneration(), "members", m.GetMembers())
 		case *wirepb.RequestSessionId:
 			w.answerSessionID(ctx, m.GetGeneration())
+		case *wirepb.Meeting:
+			w.relay.deliverMeeting(m)
+		case *wirepb.RelayResult:
+			if !w.relay.deliver(m) {
+				w.log.Debug("relay result nobody waits for", "key", m.GetKey())
+			}
 		case *wirepb.Admit:
 			w.log.Warn("ignoring a second Admit")
 		case *wirepb.Shutdown, *wirepb.ShutdownWithSave:

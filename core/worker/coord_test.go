@@ -7,6 +7,7 @@ import (
 	"os"
 	"runtime"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -39,9 +40,10 @@ func testLogger() hclog.Logger {
 }
 
 type coordinator struct {
-	t    *testing.T
-	ln   net.Listener
-	keys wire.Keys
+	t     *testing.T
+	ln    net.Listener
+	keys  wire.Keys
+	relay *testRelay
 }
 
 func newCoordinator(t *testing.T) *coordinator {
@@ -55,7 +57,7 @@ func newCoordinator(t *testing.T) *coordinator {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &coordinator{t: t, ln: ln, keys: keys}
+	return &coordinator{t: t, ln: ln, keys: keys, relay: &testRelay{links: map[uint32]*link{}, posts: map[string]map[uint32][]byte{}}}
 }
 
 func (c *coordinator) addr() string { return c.ln.Addr().String() }
@@ -69,6 +71,7 @@ type link struct {
 	raw    *net.TCPConn
 	frames chan proto.Message
 	done   chan struct{} // closed when the reader stops (the rank closed)
+	relay  *testRelay
 	seen   []proto.Message
 }
 
@@ -85,13 +88,24 @@ func (c *coordinator) accept(admit *wirepb.Admit) *link {
 		c.t.Fatalf("handshake: %v", err)
 	}
 	l := &link{t: c.t, rank: hello.Rank, conn: conn, raw: nc.(*net.TCPConn),
-		frames: make(chan proto.Message, 4096), done: make(chan struct{})}
+		frames: make(chan proto.Message, 4096), done: make(chan struct{}), relay: c.relay}
+	c.relay.join(l, hello.World)
 	go func() {
 		defer close(l.done)
 		for {
 			m, err := conn.Receive(context.Background())
 			if err != nil {
 				return
+			}
+			// The meeting and the relay are answered here, as the
+			// coordinator would, so tests see only the conversation.
+			switch v := m.(type) {
+			case *wirepb.MeetRequest:
+				conn.Send(context.Background(), &wirepb.Meeting{Kind: v.GetKind()})
+				continue
+			case *wirepb.RelayPost:
+				c.relay.post(l.rank, v)
+				continue
 			}
 			l.frames <- m
 		}
@@ -119,6 +133,9 @@ func (c *coordinator) acceptAll(n int, admit *wirepb.Admit) []*link {
 
 func (l *link) send(m proto.Message) {
 	l.t.Helper()
+	if dd, ok := m.(*wirepb.DeclareDead); ok {
+		l.relay.dead(dd.GetRank())
+	}
 	if err := l.conn.Send(context.Background(), m); err != nil {
 		l.t.Fatalf("send %T to rank %d: %v", m, l.rank, err)
 	}
@@ -250,7 +267,7 @@ func (c *coordinator) options(rank, world uint32, ts plugintest.TrainerSettings)
 		World:           world,
 		Secret:          testSecret,
 		Trainer:         config.Plugin{Name: "mock", Settings: ts.JSON()},
-		Averager:        config.Plugin{Name: "mock", Settings: []byte(`{"poll":"5ms"}`)},
+		Averager:        config.Plugin{Name: "mock", Settings: []byte(`{}`)},
 		LivenessTimeout: 10 * time.Second,
 		ConnectTimeout:  5 * time.Second,
 		ShutdownGrace:   2 * time.Second,
@@ -330,4 +347,69 @@ func expectNoWorkerGoroutines(t *testing.T) {
 // plan builds an EpochPlan.
 func plan(epoch, offset, size, seed, pickSpace uint64) *wirepb.EpochPlan {
 	return &wirepb.EpochPlan{Epoch: epoch, PartitionOffset: offset, PartitionSize: size, Seed: seed, PickSpace: pickSpace}
+}
+
+// testRelay is the test coordinator's relay: an exchange completes once
+// every rank not declared dead has posted; a DeclareDead the test sends
+// fails the exchanges in flight, as the coordinator does.
+type testRelay struct {
+	mu     sync.Mutex
+	world  uint32
+	links  map[uint32]*link
+	gone   map[uint32]bool
+	posts  map[string]map[uint32][]byte
+	failed map[string]bool
+}
+
+func (r *testRelay) join(l *link, world uint32) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.world = world
+	r.links[l.rank] = l
+}
+
+func (r *testRelay) post(rank uint32, m *wirepb.RelayPost) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	key := m.GetKey()
+	if r.failed[key] {
+		r.links[rank].conn.Send(context.Background(), &wirepb.RelayResult{Key: key, Error: "a rank died"})
+		return
+	}
+	if r.posts[key] == nil {
+		r.posts[key] = map[uint32][]byte{}
+	}
+	r.posts[key][rank] = m.GetBlob()
+	if len(r.posts[key]) < int(r.world)-len(r.gone) {
+		return
+	}
+	res := &wirepb.RelayResult{Key: key}
+	for i := range r.world {
+		if b, ok := r.posts[key][i]; ok {
+			res.Blobs = append(res.Blobs, &wirepb.RelayBlob{Rank: i, Blob: b})
+		}
+	}
+	for _, b := range res.Blobs {
+		r.links[b.Rank].conn.Send(context.Background(), res)
+	}
+	delete(r.posts, key)
+}
+
+func (r *testRelay) dead(rank uint32) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.gone == nil {
+		r.gone, r.failed = map[uint32]bool{}, map[string]bool{}
+	}
+	if r.gone[rank] {
+		return
+	}
+	r.gone[rank] = true
+	for key, posts := range r.posts {
+		for p := range posts {
+			r.links[p].conn.Send(context.Background(), &wirepb.RelayResult{Key: key, Error: "a rank died"})
+		}
+		r.failed[key] = true
+		delete(r.posts, key)
+	}
 }

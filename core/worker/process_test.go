@@ -77,7 +77,7 @@ func TestAveragerKilledMidRound(t *testing.T) {
 	hp := worker.NewHostPlugins(pluginhost.Options{Dirs: []string{dir}, Grace: 2 * time.Second, Logger: testLogger()})
 	o.Plugins = hp
 	run := start(t, o)
-	l := c.accept(&wirepb.Admit{RunId: "kill", Seed: 1, AveragingEndpoint: t.TempDir()})
+	l := c.accept(&wirepb.Admit{RunId: "kill", Seed: 1})
 	expect[*wirepb.Ready](l)
 	pids, averager := pidsOf(t, hp)
 
@@ -137,7 +137,7 @@ trainer "mock" {
   lr           = 0.1
 }
 averager %q {
-  poll = "5ms"
+  gamma = 1
 }
 `, dir, averager)
 	}
@@ -169,7 +169,7 @@ averager %q {
 			o.ArenaDir, o.Logger = t.TempDir(), testLogger()
 			o.Withhold = []string{"COHORT_SECRET"}
 			run := start(t, o)
-			l := c.accept(&wirepb.Admit{RunId: "config", Seed: 1, AveragingEndpoint: t.TempDir()})
+			l := c.accept(&wirepb.Admit{RunId: "config", Seed: 1})
 			if !tc.clean {
 				err := run.wait(frameWait)
 				if err == nil || !strings.Contains(err.Error(), filepath.Join(dir, tc.wantBin)) {

@@ -32,6 +32,7 @@ type worker struct {
 	keys wire.Keys
 
 	conn    *wire.Conn
+	relay   *relayClient
 	admit   *wirepb.Admit
 	plugins Plugins
 	trainer plugin.Trainer
@@ -112,6 +113,7 @@ func (w *worker) run(ctx context.Context) (clean bool, err error) {
 		return false, err
 	}
 	w.log.Info("admitted", "run", w.admit.GetRunId(), "seed", w.admit.GetSeed(), "resume", w.admit.GetResumeDir())
+	w.relay = newRelayClient(w.conn, w.stopCtx.Done())
 
 	// From here, while the plugins start (a libtorch trainer may load for
 	// longer than the coordinator's heartbeat timeout), the coordinator
@@ -160,7 +162,8 @@ func (w *worker) finishInterrupted(ctx context.Context) (bool, error) {
 }
 
 // setUp starts and configures the plugins and the arena, in the order of
-// docs/protocol.md: trainer, arena, attach, resume, averager.
+// docs/protocol.md: the averager's meeting point, trainer, arena, attach,
+// resume, averager.
 func (w *worker) setUp(ctx context.Context) error {
 	if w.o.Plugins != nil {
 		w.plugins = w.o.Plugins
@@ -185,8 +188,16 @@ func (w *worker) setUp(ctx context.Context) error {
 	if d, err := t.Describe(ctx); err == nil {
 		w.log.Debug("trainer plugin", "name", d.Name, "version", d.Version, "capabilities", d.Capabilities)
 	}
-	if d, err := a.Describe(ctx); err == nil {
-		w.log.Debug("averager plugin", "name", d.Name, "version", d.Version, "capabilities", d.Capabilities)
+	ad, err := a.Describe(ctx)
+	if err != nil {
+		return fmt.Errorf("describe averager plugin %q: %w", w.o.Averager.Name, err)
+	}
+	w.log.Debug("averager plugin", "name", ad.Name, "version", ad.Version, "capabilities", ad.Capabilities, "meeting", ad.MeetingKind())
+	// Asked before the trainer's Configure, which may load for long: a
+	// coordinator that serves no such meeting point fails the rank at once.
+	endpoint, err := w.relay.meet(ctx, ad.MeetingKind(), w.o.Averager.Name)
+	if err != nil {
+		return err
 	}
 
 	w.setup, err = t.Configure(ctx, plugin.TrainerConfig{
@@ -230,10 +241,11 @@ func (w *worker) setUp(ctx context.Context) error {
 		Rank:      w.o.Rank,
 		WorldSize: w.o.World,
 		Arena:     w.arena.Descriptor(),
-		Endpoint:  averagingEndpoint(w.admit.GetAveragingEndpoint(), w.o.Coordinator),
+		Endpoint:  averagingEndpoint(endpoint, w.o.Coordinator),
 		DataKey:   dataKey,
 		Settings:  w.o.Averager.Settings,
 		RunID:     w.admit.GetRunId(),
+		Relay:     w.relay,
 	})
 	if err != nil {
 		return fmt.Errorf("configure averager: %w", err)

@@ -43,7 +43,7 @@ func TestEpochWithTwoRounds(t *testing.T) {
 		}
 		runs[r] = start(t, o)
 	}
-	admit := &wirepb.Admit{RunId: "two-rounds", Seed: 7, AveragingEndpoint: t.TempDir(), Epochs: 1}
+	admit := &wirepb.Admit{RunId: "two-rounds", Seed: 7, Epochs: 1}
 	links := c.acceptAll(world, admit)
 
 	var digest []byte
@@ -154,7 +154,7 @@ func TestThrottle(t *testing.T) {
 	o := c.options(0, 1, ts)
 	inProcess(&o)
 	run := start(t, o)
-	l := c.accept(&wirepb.Admit{RunId: "throttle", Seed: 3, AveragingEndpoint: t.TempDir()})
+	l := c.accept(&wirepb.Admit{RunId: "throttle", Seed: 3})
 	expect[*wirepb.Ready](l)
 
 	l.send(&wirepb.StartEpoch{Plan: plan(0, 0, 96, 3, 256)})
@@ -193,7 +193,7 @@ func TestExtendPartition(t *testing.T) {
 	o := c.options(0, 1, ts)
 	tr := inProcess(&o)
 	run := start(t, o)
-	l := c.accept(&wirepb.Admit{RunId: "extend", Seed: 5, AveragingEndpoint: t.TempDir()})
+	l := c.accept(&wirepb.Admit{RunId: "extend", Seed: 5})
 	expect[*wirepb.Ready](l)
 
 	l.send(&wirepb.StartEpoch{Plan: plan(0, 0, 64, 5, 256)})
@@ -273,7 +273,7 @@ func TestDeclareDeadAbortsRound(t *testing.T) {
 				inProcess(&o)
 			}
 			run := start(t, o)
-			l := c.accept(&wirepb.Admit{RunId: "dead", Seed: 1, AveragingEndpoint: t.TempDir()})
+			l := c.accept(&wirepb.Admit{RunId: "dead", Seed: 1})
 			expect[*wirepb.Ready](l)
 
 			l.send(&wirepb.StartEpoch{Plan: plan(0, 0, 64, 1, 256)})
@@ -395,7 +395,7 @@ func TestExit(t *testing.T) {
 			o.HeartbeatInterval = 100 * time.Millisecond
 			inProcess(&o)
 			run := start(t, o)
-			l := c.accept(&wirepb.Admit{RunId: "exit", Seed: 1, AveragingEndpoint: t.TempDir()})
+			l := c.accept(&wirepb.Admit{RunId: "exit", Seed: 1})
 			expect[*wirepb.Ready](l)
 			acted := time.Now()
 			tc.act(l)
@@ -435,7 +435,7 @@ func TestShutdownWithSave(t *testing.T) {
 		o := c.options(0, 1, trainerSettings())
 		tr := inProcess(&o)
 		run := start(t, o)
-		l := c.accept(&wirepb.Admit{RunId: "save", Seed: 2, AveragingEndpoint: t.TempDir()})
+		l := c.accept(&wirepb.Admit{RunId: "save", Seed: 2})
 		expect[*wirepb.Ready](l)
 		l.send(&wirepb.StartEpoch{Plan: plan(0, 0, 64, 2, 256)})
 		expectPlan(l, 4)
@@ -463,7 +463,7 @@ func TestShutdownWithSave(t *testing.T) {
 			o := c.options(rw.rank, rw.world, trainerSettings())
 			tr := inProcess(&o)
 			run := start(t, o)
-			l := c.accept(&wirepb.Admit{RunId: "resume", Seed: 2, AveragingEndpoint: t.TempDir(), ResumeDir: ckpt})
+			l := c.accept(&wirepb.Admit{RunId: "resume", Seed: 2, ResumeDir: ckpt})
 			expect[*wirepb.Ready](l)
 			w, _, steps, _ := tr.Snapshot()
 			if !slices.Equal(w, saved) || steps != savedSteps {
@@ -485,7 +485,7 @@ func TestCheckpointAndEvaluate(t *testing.T) {
 	o := c.options(0, 1, trainerSettings())
 	inProcess(&o)
 	run := start(t, o)
-	l := c.accept(&wirepb.Admit{RunId: "ckpt", Seed: 2, AveragingEndpoint: t.TempDir()})
+	l := c.accept(&wirepb.Admit{RunId: "ckpt", Seed: 2})
 	expect[*wirepb.Ready](l)
 	dir := filepath.Join(t.TempDir(), "v1", "rank-0")
 
@@ -536,7 +536,7 @@ func TestShutdownInterruptsPlan(t *testing.T) {
 			o := c.options(0, 1, ts)
 			inProcess(&o)
 			run := start(t, o)
-			l := c.accept(&wirepb.Admit{RunId: "interrupt", Seed: 1, AveragingEndpoint: t.TempDir()})
+			l := c.accept(&wirepb.Admit{RunId: "interrupt", Seed: 1})
 			expect[*wirepb.Ready](l)
 			l.send(&wirepb.StartEpoch{Plan: plan(0, 0, 256, 1, 256)}) // 16 batches: 1.6 s
 			expect[*wirepb.Batch](l)
@@ -585,7 +585,7 @@ func TestEASGDBlend(t *testing.T) {
 		trainers[r] = inProcess(&o)
 		start(t, o)
 	}
-	links := c.acceptAll(2, &wirepb.Admit{RunId: "easgd", Seed: 4, AveragingEndpoint: t.TempDir()})
+	links := c.acceptAll(2, &wirepb.Admit{RunId: "easgd", Seed: 4})
 	round := func(n uint64, mode wirepb.SyncMode) {
 		t.Helper()
 		for _, l := range links {
@@ -641,7 +641,7 @@ func TestOddFrames(t *testing.T) {
 	o := c.options(0, 1, trainerSettings())
 	inProcess(&o)
 	run := start(t, o)
-	l := c.accept(&wirepb.Admit{RunId: "odd", Seed: 1, AveragingEndpoint: t.TempDir()})
+	l := c.accept(&wirepb.Admit{RunId: "odd", Seed: 1})
 	expect[*wirepb.Ready](l)
 
 	l.send(&wirepb.DeclareDead{Rank: 7})                                               // no such rank
@@ -722,7 +722,7 @@ func TestHeartbeatDuringSetup(t *testing.T) {
 	o.HeartbeatInterval = 50 * time.Millisecond
 	o.Plugins = worker.InProcess(slowTrainer{plugintest.NewTrainer(nil), 500 * time.Millisecond}, plugintest.NewAverager(nil))
 	run := start(t, o)
-	l := c.accept(&wirepb.Admit{RunId: "slow", Seed: 1, AveragingEndpoint: t.TempDir()})
+	l := c.accept(&wirepb.Admit{RunId: "slow", Seed: 1})
 	beats := 0
 	for ready := false; !ready; {
 		select {
@@ -758,7 +758,7 @@ func TestStopAbortsStalledRound(t *testing.T) {
 	o := c.options(0, 2, trainerSettings())
 	inProcess(&o)
 	run := start(t, o)
-	l := c.accept(&wirepb.Admit{RunId: "stall", Seed: 1, AveragingEndpoint: t.TempDir()})
+	l := c.accept(&wirepb.Admit{RunId: "stall", Seed: 1})
 	expect[*wirepb.Ready](l)
 	l.send(&wirepb.Sync{Round: 0, Mode: wirepb.SyncMode_SYNC_MODE_BROADCAST, Root: 0})
 	expect[*wirepb.SnapshotReady](l)
@@ -809,7 +809,7 @@ func TestGlobalStepPassedOnce(t *testing.T) {
 			o.Averager.Settings = s.JSON()
 		}
 		run := start(t, o)
-		l := c.accept(&wirepb.Admit{RunId: "steps", Seed: 3, AveragingEndpoint: t.TempDir()})
+		l := c.accept(&wirepb.Admit{RunId: "steps", Seed: 3})
 		if r := expect[*wirepb.Ready](l); r.GetSoloIdentity() == lone {
 			t.Fatalf("lone_rounds %v: Ready.solo_identity = %v", lone, r.GetSoloIdentity())
 		}
@@ -843,7 +843,7 @@ func TestSyncBringsNextPlan(t *testing.T) {
 	tr := &stepTrainer{Trainer: plugintest.NewTrainer(nil)}
 	o.Plugins = worker.InProcess(tr, plugintest.NewAverager(nil))
 	run := start(t, o)
-	l := c.accept(&wirepb.Admit{RunId: "prefetch", Seed: 3, AveragingEndpoint: t.TempDir()})
+	l := c.accept(&wirepb.Admit{RunId: "prefetch", Seed: 3})
 	expect[*wirepb.Ready](l)
 	l.send(&wirepb.StartEpoch{Plan: plan(0, 0, 32, 3, 256)})
 	expectPlan(l, 2)
@@ -876,7 +876,7 @@ func TestMergedBatchReports(t *testing.T) {
 	o := c.options(0, 1, trainerSettings())
 	inProcess(&o)
 	run := start(t, o)
-	l := c.accept(&wirepb.Admit{RunId: "merge", Seed: 3, AveragingEndpoint: t.TempDir()})
+	l := c.accept(&wirepb.Admit{RunId: "merge", Seed: 3})
 	expect[*wirepb.Ready](l)
 
 	merging := plan(0, 0, 64, 3, 256)

@@ -1,0 +1,205 @@
+package coordinator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"net"
+	"slices"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/cohortdl/cohort/core/reduce"
+	"github.com/cohortdl/cohort/core/wire"
+	"github.com/cohortdl/cohort/core/wire/wirepb"
+	"github.com/cohortdl/cohort/shared/plugin"
+)
+
+// A MeetingPoint is where the averagers of one meeting kind meet their
+// peers: the coordinator starts one per kind the ranks ask for
+// (MeetRequest, naming the kind their averager's Describe declared), hands
+// its endpoint to every rank, tells it of deaths and closes it when the run
+// ends. The kind decides, never the averager's name.
+type MeetingPoint interface {
+	// Endpoint is handed to each rank's averager as is; ":port" means
+	// that port on the host the rank dialled the coordinator at.
+	Endpoint() string
+	// MarkDead takes a rank out of every later round.
+	MarkDead(rank uint32)
+	Close() error
+}
+
+// RoundBytes is what a MeetingPoint that carries the rounds' data itself
+// reports for the summary's bytes_per_round.
+type RoundBytes interface {
+	// Bulk is the rounds served and the data bytes moved over the
+	// network in them.
+	Bulk() (rounds, bytes uint64)
+}
+
+// MeetingEnv is what a meeting point starts from.
+type MeetingEnv struct {
+	// Listen is the control server's listen address; a meeting point
+	// that listens does so on its host.
+	Listen string
+	// Keys are the run's; DataKey is derived from them for the averagers'
+	// own data channels.
+	Keys   wire.Keys
+	RunID  string
+	World  uint32
+	Logger hclog.Logger
+}
+
+// MeetingFactory starts the meeting point of one kind.
+type MeetingFactory func(MeetingEnv) (MeetingPoint, error)
+
+// builtinMeetings are the kinds every coordinator serves;
+// Options.Meetings adds to or replaces them.
+func builtinMeetings() map[string]MeetingFactory {
+	return map[string]MeetingFactory{
+		plugin.MeetRelay:        startRelayMeeting,
+		plugin.MeetReduceServer: startReduceServer,
+	}
+}
+
+// relayMeeting is the meeting point of averagers that meet through the
+// relay alone: nothing to start, no endpoint. The relay itself runs on the
+// coordinator's loop (relay.go), for every averager.
+type relayMeeting struct{}
+
+func startRelayMeeting(MeetingEnv) (MeetingPoint, error) { return relayMeeting{}, nil }
+
+func (relayMeeting) Endpoint() string { return "" }
+func (relayMeeting) MarkDead(uint32)  {}
+func (relayMeeting) Close() error     { return nil }
+
+// reduceMeeting is the reduce server (core/reduce) as a meeting point.
+type reduceMeeting struct {
+	*reduce.Server
+	endpoint string
+}
+
+// startReduceServer listens on the host the control server listens on.
+// When that host is unspecified (all interfaces) the endpoint handed to
+// ranks is ":port", which a rank completes with the coordinator host it
+// dialled.
+func startReduceServer(env MeetingEnv) (MeetingPoint, error) {
+	host, _, err := net.SplitHostPort(env.Listen)
+	if err != nil {
+		return nil, fmt.Errorf("listen address %q: %w", env.Listen, err)
+	}
+	key, err := env.Keys.Derive(wire.AveragingDataKeyLabel)
+	if err != nil {
+		return nil, fmt.Errorf("reduce server key: %w", err)
+	}
+	srv, err := reduce.Listen(context.Background(), reduce.Config{
+		Addr:   net.JoinHostPort(host, "0"),
+		Key:    key,
+		RunID:  env.RunID,
+		World:  env.World,
+		Logger: env.Logger,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("start the reduce server: %w", err)
+	}
+	endpoint := srv.Addr()
+	if h, port, err := net.SplitHostPort(endpoint); err == nil {
+		if ip := net.ParseIP(h); ip != nil && ip.IsUnspecified() {
+			endpoint = ":" + port
+		}
+	}
+	return reduceMeeting{Server: srv, endpoint: endpoint}, nil
+}
+
+func (m reduceMeeting) Endpoint() string { return m.endpoint }
+
+func (m reduceMeeting) Bulk() (rounds, bytes uint64) {
+	st := m.Stats()
+	return st.Rounds, st.BulkBytes
+}
+
+// meetings is the coordinator's table of meeting kinds and the points it
+// started. Only the loop touches it while the run runs; Close after.
+type meetings struct {
+	env       MeetingEnv
+	factories map[string]MeetingFactory
+	started   map[string]MeetingPoint
+}
+
+func newMeetings(env MeetingEnv, extra map[string]MeetingFactory) *meetings {
+	f := builtinMeetings()
+	maps.Copy(f, extra)
+	return &meetings{env: env, factories: f, started: map[string]MeetingPoint{}}
+}
+
+// point returns the meeting point of kind, starting it on first use.
+func (m *meetings) point(kind string) (MeetingPoint, error) {
+	if p, ok := m.started[kind]; ok {
+		return p, nil
+	}
+	f, ok := m.factories[kind]
+	if !ok {
+		return nil, fmt.Errorf("this coordinator serves no meeting kind %q (it serves %v): the averager plugin and cohort disagree", kind, slices.Sorted(maps.Keys(m.factories)))
+	}
+	p, err := f(m.env)
+	if err != nil {
+		return nil, fmt.Errorf("start the %q meeting point: %w", kind, err)
+	}
+	m.started[kind] = p
+	return p, nil
+}
+
+func (m *meetings) markDead(rank uint32) {
+	for _, p := range m.started {
+		p.MarkDead(rank)
+	}
+}
+
+// bulk adds up the data moved by the meeting points that carry it.
+func (m *meetings) bulk() (rounds, bytes uint64) {
+	for _, p := range m.started {
+		if rb, ok := p.(RoundBytes); ok {
+			r, b := rb.Bulk()
+			rounds, bytes = rounds+r, bytes+b
+		}
+	}
+	return rounds, bytes
+}
+
+func (m *meetings) close() error {
+	var errs []error
+	for kind, p := range m.started {
+		if err := p.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("close the %q meeting point: %w", kind, err))
+		}
+		delete(m.started, kind)
+	}
+	return errors.Join(errs...)
+}
+
+// onMeetRequest answers a rank's request for its averager's meeting point.
+// Every rank runs the same averager, so every rank must ask for the same
+// kind; a rank that asks for another is answered with an error, and its
+// setup fails with it.
+func (r *runner) onMeetRequest(rs *rankState, m *wirepb.MeetRequest) {
+	kind := m.GetKind()
+	if kind == "" {
+		kind = plugin.MeetRelay
+	}
+	reply := &wirepb.Meeting{Kind: kind}
+	if r.meetKind != "" && kind != r.meetKind {
+		reply.Error = fmt.Sprintf("rank %d's averager %q meets by %q, but the cohort's ranks before it asked for %q", rs.id, m.GetAverager(), kind, r.meetKind)
+	} else if p, err := r.c.meetings.point(kind); err != nil {
+		reply.Error = err.Error()
+	} else {
+		r.meetKind = kind
+		reply.Endpoint = p.Endpoint()
+	}
+	if reply.Error != "" {
+		r.log.Error("refused a meeting request", "rank", rs.id, "averager", m.GetAverager(), "kind", kind, "reason", reply.Error)
+	} else {
+		r.log.Debug("meeting point handed out", "rank", rs.id, "kind", kind, "endpoint", reply.Endpoint)
+	}
+	r.send(rs, reply)
+}
