@@ -73,9 +73,11 @@ func New(log hclog.Logger) *Averager {
 
 var _ plugin.Averager = (*Averager)(nil)
 
-// Describe names the plugin.
+// Describe names the plugin; its ranks meet at the coordinator's reduce
+// server.
 func (a *Averager) Describe(context.Context) (plugin.Description, error) {
-	return plugin.Description{Name: Name, Version: Version, Capabilities: []string{"shm-fold", "bf16-wire", "outer-slowmo", "outer-diloco", "easgd"}}, nil
+	return plugin.Description{Name: Name, Version: Version, Capabilities: []string{"shm-fold", "bf16-wire", "outer-slowmo", "outer-diloco", "easgd"},
+		Meeting: plugin.MeetReduceServer}, nil
 }
 
 // Configure joins the cohort: it opens the arena, connects to the reduce

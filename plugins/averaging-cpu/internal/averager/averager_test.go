@@ -539,3 +539,12 @@ func TestSoloIdentity(t *testing.T) {
 		})
 	}
 }
+
+// The core picks the meeting point by the kind Describe declares: this
+// averager's ranks must be sent to the reduce server, not the relay.
+func TestDescribeMeetsAtReduceServer(t *testing.T) {
+	d, err := New(nil).Describe(context.Background())
+	if err != nil || d.MeetingKind() != plugin.MeetReduceServer {
+		t.Fatalf("Describe = %+v, %v; want meeting kind %q", d, err, plugin.MeetReduceServer)
+	}
+}
