@@ -35,7 +35,7 @@ func Encode(msg proto.Message) (wirepb.FrameKind, []byte, error) {
 func Decode(kind wirepb.FrameKind, payload []byte) (proto.Message, error) {
 	msg := newMessage(kind)
 	if msg == nil {
-		return nil, fmt.Errorf("%w: %d", ErrUnknownKind, uint32(kind))
+		return nil, fmt.Errorf("wire: %w: %d", ErrUnknownKind, uint32(kind))
 	}
 	if err := proto.Unmarshal(payload, msg); err != nil {
 		return nil, fmt.Errorf("wire: decode %s payload (%d bytes): %w", kind, len(payload), err)

@@ -130,42 +130,41 @@ func TestConnConcurrentSend(t *testing.T) {
 func TestConnRejectsBadFrames(t *testing.T) {
 	other := mustKeys(t, otherSecret)
 	k := mustKeys(t, testSecret)
-	helloOther := encodeHello(Hello{Rank: 0, World: 2}, k.handshake)
+	helloOther := encodeHello(Hello{Rank: 0, World: 2}, k.k.Handshake())
 	hb := func(n uint64) proto.Message { return &wirepb.Heartbeat{Rank: 1, Counter: n} }
 	cases := []struct {
 		name  string
-		bytes func(w *frameWriter) []byte // after one good frame
+		bytes func(w *frameWriter, first []byte) []byte // after one good frame
 		want  error
 	}{
-		{"replayed frame", func(w *frameWriter) []byte {
-			w.seq--
-			return mustFrame(w, hb(0))
+		{"replayed frame", func(_ *frameWriter, first []byte) []byte {
+			return first
 		}, ErrBadTag},
-		{"dropped frame", func(w *frameWriter) []byte {
+		{"dropped frame", func(w *frameWriter, _ []byte) []byte {
 			mustFrame(w, hb(1))
 			return mustFrame(w, hb(2))
 		}, ErrBadTag},
-		{"wrong secret", func(w *frameWriter) []byte {
-			hbytes := encodeHello(Hello{Rank: 1, World: 2}, other.handshake)
-			ow := &frameWriter{mac: newFrameMAC(connKey(other, dirToCoord, hbytes[:])), seq: w.seq}
+		{"wrong secret", func(w *frameWriter, _ []byte) []byte {
+			hbytes := encodeHello(Hello{Rank: 1, World: 2}, other.k.Handshake())
+			ow := writerAt(connKey(other, dirToCoord, hbytes[:]), w.mac.Seq())
 			return mustFrame(ow, hb(1))
 		}, ErrBadTag},
-		{"spliced from rank 0's connection", func(w *frameWriter) []byte {
-			ow := &frameWriter{mac: newFrameMAC(connKey(k, dirToCoord, helloOther[:])), seq: w.seq}
+		{"spliced from rank 0's connection", func(w *frameWriter, _ []byte) []byte {
+			ow := writerAt(connKey(k, dirToCoord, helloOther[:]), w.mac.Seq())
 			return mustFrame(ow, hb(1))
 		}, ErrBadTag},
-		{"flipped payload bit", func(w *frameWriter) []byte {
+		{"flipped payload bit", func(w *frameWriter, _ []byte) []byte {
 			b := mustFrame(w, hb(1))
 			b[len(b)-1] ^= 4
 			return b
 		}, ErrBadTag},
-		{"wrong-direction kind", func(w *frameWriter) []byte {
+		{"wrong-direction kind", func(w *frameWriter, _ []byte) []byte {
 			return mustFrame(w, &wirepb.Shutdown{})
 		}, ErrUnknownKind},
-		{"over the limit", func(w *frameWriter) []byte {
+		{"over the limit", func(w *frameWriter, _ []byte) []byte {
 			return mustFrame(w, &wirepb.Ready{Trainer: string(make([]byte, 300))})
 		}, ErrTooLarge},
-		{"closed mid-frame", func(w *frameWriter) []byte {
+		{"closed mid-frame", func(w *frameWriter, _ []byte) []byte {
 			return mustFrame(w, hb(1))[:headerSize+2]
 		}, ErrTruncated},
 	}
@@ -175,8 +174,9 @@ func TestConnRejectsBadFrames(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
 			go func() {
-				raw.Write(mustFrame(w, hb(0)))
-				raw.Write(tc.bytes(w))
+				first := mustFrame(w, hb(0))
+				raw.Write(first)
+				raw.Write(tc.bytes(w, first))
 				raw.Close()
 			}()
 			if msg, err := coord.Receive(ctx); err != nil || !proto.Equal(msg, hb(0)) {

@@ -11,7 +11,8 @@
 //	frame  magic u32 | version u32 | tag [8] | kind u32 | length u32 | payload
 //
 // Every tag is the first 8 bytes of an HMAC-SHA256 under a key derived from
-// the run's secret (see [DeriveKeys]):
+// the run's secret (see [DeriveKeys]; the derivation and the frame MAC are
+// the authenticated-framing kernel's, internal/authframe):
 //
 //   - hello: over the hello's bytes [0:16], under the handshake key;
 //   - ack: over the ack's bytes [0:8] followed by the 24 bytes of the hello it
@@ -33,7 +34,7 @@
 // sentinel errors, so callers can test for it with errors.Is.
 package wire
 
-import "errors"
+import "github.com/cohortdl/cohort/internal/authframe"
 
 // Protocol constants. The magic values are cohort's own, so a floDl peer (or
 // anything else) fails at the first four bytes instead of being misread.
@@ -58,7 +59,7 @@ const (
 	helloSize  = 24
 	ackSize    = 16
 	headerSize = 24
-	tagSize    = 8
+	tagSize    = authframe.TagSize
 
 	// Kinds below kindRankBase flow coordinator -> rank; the others rank ->
 	// coordinator.
@@ -66,22 +67,24 @@ const (
 )
 
 // Sentinel errors. Every refusal of bytes read from a peer wraps exactly one
-// of them; the message around it says what was seen.
+// of them; the message around it says what was seen. They are the
+// authenticated-framing kernel's (internal/authframe), shared with the
+// averager's data channel, so errors.Is works across both protocols.
 var (
 	// ErrBadMagic: the first four bytes are not the expected magic.
-	ErrBadMagic = errors.New("wire: bad magic")
+	ErrBadMagic = authframe.ErrBadMagic
 	// ErrBadVersion: the peer speaks another protocol version.
-	ErrBadVersion = errors.New("wire: unsupported version")
+	ErrBadVersion = authframe.ErrBadVersion
 	// ErrUnknownKind: a frame kind that is not in wire.proto, or that flows
 	// the other way.
-	ErrUnknownKind = errors.New("wire: unknown frame kind")
+	ErrUnknownKind = authframe.ErrUnknownKind
 	// ErrTooLarge: a declared payload length over the reader's limit.
-	ErrTooLarge = errors.New("wire: payload too large")
+	ErrTooLarge = authframe.ErrTooLarge
 	// ErrTruncated: the stream ended or stalled inside a hello, ack or frame.
-	ErrTruncated = errors.New("wire: truncated")
+	ErrTruncated = authframe.ErrTruncated
 	// ErrBadTag: an authentication tag that does not verify (wrong secret,
 	// tampered bytes, or a replayed, dropped or reordered frame).
-	ErrBadTag = errors.New("wire: authentication failed")
+	ErrBadTag = authframe.ErrBadTag
 	// ErrRefused: the coordinator refused a rank's hello.
-	ErrRefused = errors.New("wire: handshake refused")
+	ErrRefused = authframe.ErrRefused
 )

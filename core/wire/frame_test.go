@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/cohortdl/cohort/core/wire/wirepb"
+	"github.com/cohortdl/cohort/internal/authframe"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -51,7 +52,7 @@ func TestReadFrameAccepts(t *testing.T) {
 	key := bytes.Repeat([]byte{1}, 32)
 	msgs := []proto.Message{&wirepb.Heartbeat{Rank: 1, Counter: 1}, &wirepb.Exiting{}, &wirepb.Heartbeat{Rank: 1, Counter: 2}}
 	src := bytes.NewReader(bytes.Join(frameBytes(t, key, msgs...), nil))
-	r := &frameReader{mac: newFrameMAC(key), dir: dirToCoord, max: MaxControlPayload}
+	r := &frameReader{mac: authframe.NewMAC(key), dir: dirToCoord, max: MaxControlPayload}
 	for i, want := range msgs {
 		kind, payload, err := r.readFrame(src)
 		if err != nil {
@@ -71,8 +72,8 @@ func TestReadFrameAccepts(t *testing.T) {
 func TestReadFrameRejects(t *testing.T) {
 	key := bytes.Repeat([]byte{1}, 32)
 	k := mustKeys(t, testSecret)
-	hb := encodeHello(Hello{Rank: 0, World: 2}, k.handshake)
-	hb1 := encodeHello(Hello{Rank: 1, World: 2}, k.handshake)
+	hb := encodeHello(Hello{Rank: 0, World: 2}, k.k.Handshake())
+	hb1 := encodeHello(Hello{Rank: 1, World: 2}, k.k.Handshake())
 	connToCoord := connKey(k, dirToCoord, hb[:])
 
 	hbeat := func(n uint64) proto.Message { return &wirepb.Heartbeat{Rank: 1, Counter: n} }
@@ -83,7 +84,7 @@ func TestReadFrameRejects(t *testing.T) {
 		return c
 	}
 	withKind := func(kind uint32) []byte {
-		w := &frameWriter{mac: newFrameMAC(key)}
+		w := &frameWriter{mac: authframe.NewMAC(key)}
 		return w.appendFrame(nil, wirepb.FrameKind(kind), []byte{8, 1})
 	}
 	cat := func(bs ...[]byte) []byte { return bytes.Join(bs, nil) }
@@ -131,7 +132,7 @@ func TestReadFrameRejects(t *testing.T) {
 			if tc.max != 0 {
 				max = tc.max
 			}
-			r := &frameReader{mac: newFrameMAC(rk), dir: dirToCoord, max: max}
+			r := &frameReader{mac: authframe.NewMAC(rk), dir: dirToCoord, max: max}
 			src := bytes.NewReader(tc.stream)
 			for i := 0; i < tc.good; i++ {
 				if _, _, err := r.readFrame(src); err != nil {
@@ -175,11 +176,11 @@ func TestReadFrameDoesNotAllocateDeclaredLength(t *testing.T) {
 		maxAlloc uint64
 	}{
 		{"huge length", 0xFFFFFFF0, 100, ErrTooLarge, 64 << 10},
-		{"limit-sized length, little sent", MaxControlPayload, 100, ErrTruncated, readChunk + 64<<10},
+		{"limit-sized length, little sent", MaxControlPayload, 100, ErrTruncated, authframe.ReadChunk + 64<<10},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			stream := append(header(tc.declared), make([]byte, tc.sent)...)
-			r := &frameReader{mac: newFrameMAC(key), dir: dirToCoord, max: MaxControlPayload}
+			r := &frameReader{mac: authframe.NewMAC(key), dir: dirToCoord, max: MaxControlPayload}
 			var before, after runtime.MemStats
 			runtime.GC()
 			runtime.ReadMemStats(&before)

@@ -3,6 +3,7 @@ package wire
 import (
 	"bytes"
 	"errors"
+	"github.com/cohortdl/cohort/internal/authframe"
 	"io"
 	"testing"
 )
@@ -62,8 +63,8 @@ func FuzzReadFrame(f *testing.F) {
 		if toRankDir {
 			dir = dirToRank
 		}
-		r := &frameReader{mac: newFrameMAC(fuzzFrameKey), dir: dir, max: fuzzMaxPayload}
-		w := &frameWriter{mac: newFrameMAC(fuzzFrameKey)}
+		r := &frameReader{mac: authframe.NewMAC(fuzzFrameKey), dir: dir, max: fuzzMaxPayload}
+		w := &frameWriter{mac: authframe.NewMAC(fuzzFrameKey)}
 		src := bytes.NewReader(data)
 		for {
 			start := len(data) - src.Len()
@@ -76,7 +77,7 @@ func FuzzReadFrame(f *testing.F) {
 			}
 			consumed := data[start : len(data)-src.Len()]
 			if re := w.appendFrame(nil, kind, payload); !bytes.Equal(re, consumed) {
-				t.Fatalf("frame %d: read % x, which re-encodes to % x", w.seq-1, consumed, re)
+				t.Fatalf("frame %d: read % x, which re-encodes to % x", w.mac.Seq()-1, consumed, re)
 			}
 			_, _ = Decode(kind, payload)
 		}

@@ -84,15 +84,15 @@ func TestHandshakeRejections(t *testing.T) {
 	keys := mustKeys(t, testSecret)
 	otherKeys := mustKeys(t, otherSecret)
 	hello := Hello{Rank: 1, World: 2}
-	hb := encodeHello(hello, keys.handshake)
+	hb := encodeHello(hello, keys.k.Handshake())
 	setU32 := func(b []byte, off int, v uint32) []byte {
 		c := append([]byte(nil), b...)
 		binary.LittleEndian.PutUint32(c[off:], v)
 		return c
 	}
-	goodAck := encodeAck(hb[:], keys.handshake)
-	otherHello := encodeHello(Hello{Rank: 0, World: 2}, keys.handshake)
-	forged := func(h Hello) []byte { b := encodeHello(h, keys.handshake); return b[:] }
+	goodAck := encodeAck(hb[:], keys.k.Handshake())
+	otherHello := encodeHello(Hello{Rank: 0, World: 2}, keys.k.Handshake())
+	forged := func(h Hello) []byte { b := encodeHello(h, keys.k.Handshake()); return b[:] }
 
 	// The coordinator's side, facing hand-made hellos.
 	serverCases := []struct {
@@ -104,7 +104,7 @@ func TestHandshakeRejections(t *testing.T) {
 	}{
 		{name: "wrong magic", hello: setU32(hb[:], 0, 0xF10D17C2), want: ErrBadMagic},
 		{name: "wrong version", hello: setU32(hb[:], 4, 2), want: ErrBadVersion},
-		{name: "wrong secret", hello: func() []byte { b := encodeHello(hello, otherKeys.handshake); return b[:] }(), want: ErrBadTag},
+		{name: "wrong secret", hello: func() []byte { b := encodeHello(hello, otherKeys.k.Handshake()); return b[:] }(), want: ErrBadTag},
 		{name: "forged rank", hello: setU32(hb[:], 8, 0), want: ErrBadTag},
 		{name: "flipped tag bit", hello: func() []byte { c := append([]byte(nil), hb[:]...); c[20] ^= 1; return c }(), want: ErrBadTag},
 		{name: "truncated", hello: hb[:10], want: ErrTruncated},
@@ -149,8 +149,8 @@ func TestHandshakeRejections(t *testing.T) {
 	}{
 		{name: "wrong magic", ack: setU32(goodAck[:], 0, 0xF10D17C3), want: ErrBadMagic},
 		{name: "wrong version", ack: setU32(goodAck[:], 4, 6), want: ErrBadVersion},
-		{name: "wrong secret", ack: func() []byte { b := encodeAck(hb[:], otherKeys.handshake); return b[:] }(), want: ErrBadTag},
-		{name: "bound to another hello", ack: func() []byte { b := encodeAck(otherHello[:], keys.handshake); return b[:] }(), want: ErrBadTag},
+		{name: "wrong secret", ack: func() []byte { b := encodeAck(hb[:], otherKeys.k.Handshake()); return b[:] }(), want: ErrBadTag},
+		{name: "bound to another hello", ack: func() []byte { b := encodeAck(otherHello[:], keys.k.Handshake()); return b[:] }(), want: ErrBadTag},
 		{name: "truncated", ack: goodAck[:15], want: ErrTruncated},
 		{name: "no ack", ack: nil, want: ErrTruncated},
 	}
