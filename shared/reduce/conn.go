@@ -2,17 +2,16 @@ package reduce
 
 import (
 	"context"
-	"crypto/hmac"
-	"crypto/sha256"
 	"errors"
 	"fmt"
-	"hash"
 	"io"
 	"net"
 	"os"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/cohortdl/cohort/internal/authframe"
 )
 
 // Dir is the way a frame flows.
@@ -53,7 +52,7 @@ func (o Options) withDefaults() Options {
 
 // chunk is the unit of streamed reads and writes of a bulk payload; each
 // gets its own deadline.
-const chunk = 1 << 20
+const chunk = authframe.ReadChunk
 
 // Conn is one authenticated data-channel connection after the handshake.
 //
@@ -68,11 +67,9 @@ type Conn struct {
 	sendDir Dir
 
 	rmu  sync.Mutex
-	rmac hash.Hash
-	rseq uint64
+	rmac *authframe.MAC
 	rerr error
 	rbuf []byte
-	rsum []byte
 
 	smu       sync.RWMutex // read-held while queueing; Close write-holds it to close quit
 	closed    bool
@@ -99,12 +96,12 @@ func newConn(nc net.Conn, k Keys, h Hello, hello, ackCore []byte, sendDir Dir, o
 		hello:     h,
 		opts:      o,
 		sendDir:   sendDir,
-		rmac:      hmac.New(sha256.New, k.connKey(sendDir.other(), hello, ackCore)),
+		rmac:      authframe.NewMAC(k.connKey(sendDir.other(), hello, ackCore)),
 		sendq:     make(chan *sendReq, 64),
 		quit:      make(chan struct{}),
 		writerEnd: make(chan struct{}),
 	}
-	go c.writeLoop(hmac.New(sha256.New, k.connKey(sendDir, hello, ackCore)))
+	go c.writeLoop(authframe.NewMAC(k.connKey(sendDir, hello, ackCore)))
 	return c
 }
 
@@ -147,7 +144,7 @@ func (c *Conn) SendAsync(kind Kind, parts ...[]byte) (<-chan error, error) {
 		n += uint64(len(p))
 	}
 	if err := c.checkLength(kind, n); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("reduce: send: %w", err)
 	}
 	req := &sendReq{kind: kind, parts: parts, done: make(chan error, 1)}
 	c.smu.RLock()
@@ -186,12 +183,12 @@ func (c *Conn) checkLength(k Kind, n uint64) error {
 	return nil
 }
 
-func (c *Conn) writeLoop(mac hash.Hash) {
+// writeLoop is the one goroutine that writes to the socket. mac tags the
+// frames this end sends.
+func (c *Conn) writeLoop(mac *authframe.MAC) {
 	defer close(c.writerEnd)
-	var seq uint64
 	var werr error
 	buf := make([]byte, 0, 4096)
-	sum := make([]byte, 0, sha256.Size)
 	ping := time.NewTicker(c.opts.Timeout / 4)
 	defer ping.Stop()
 	quiet := true
@@ -223,11 +220,7 @@ func (c *Conn) writeLoop(mac hash.Hash) {
 		le.PutUint16(hdr[4:], uint16(kind))
 		le.PutUint16(hdr[6:], 0)
 		le.PutUint64(hdr[8:], n)
-		var sb [8]byte
-		le.PutUint64(sb[:], seq)
-		mac.Reset()
-		mac.Write(sb[:])
-		mac.Write(hdr[:])
+		mac.Begin(hdr[:])
 		var err error
 		if n <= 1<<16 {
 			buf = append(buf[:0], hdr[:]...)
@@ -235,8 +228,7 @@ func (c *Conn) writeLoop(mac hash.Hash) {
 				mac.Write(p)
 				buf = append(buf, p...)
 			}
-			sum = mac.Sum(sum[:0])
-			buf = append(buf, sum[:tagSize]...)
+			buf = append(buf, mac.Seal()...)
 			err = write(buf)
 		} else {
 			err = write(hdr[:])
@@ -249,11 +241,9 @@ func (c *Conn) writeLoop(mac hash.Hash) {
 				}
 			}
 			if err == nil {
-				sum = mac.Sum(sum[:0])
-				err = write(sum[:tagSize])
+				err = write(mac.Seal())
 			}
 		}
-		seq++
 		if err != nil {
 			werr = fmt.Errorf("reduce: send %v to %s: %w", kind, c.nc.RemoteAddr(), err)
 			c.nc.Close()
@@ -351,38 +341,34 @@ func (c *Conn) receive(dest Dest) (Frame, error) {
 		switch {
 		case n == 0 && err == io.EOF:
 			return Frame{}, io.EOF
-		case isEOF(err):
-			return Frame{}, fmt.Errorf("%w: frame header from %s: got %d of %d bytes", ErrTruncated, peer, n, headerSize)
+		case authframe.IsEOF(err):
+			return Frame{}, fmt.Errorf("reduce: %w: frame header from %s: got %d of %d bytes", ErrTruncated, peer, n, headerSize)
 		case errors.Is(err, os.ErrDeadlineExceeded):
 			return Frame{}, fmt.Errorf("reduce: nothing from %s for %v (peer gone): %w", peer, c.opts.Timeout, err)
 		}
 		return Frame{}, fmt.Errorf("reduce: receive from %s: %w", peer, err)
 	}
 	if m := le.Uint32(hdr[0:]); m != FrameMagic {
-		return Frame{}, fmt.Errorf("%w: frame magic 0x%08x from %s, want 0x%08x", ErrBadMagic, m, peer, FrameMagic)
+		return Frame{}, fmt.Errorf("reduce: %w: frame magic 0x%08x from %s, want 0x%08x", ErrBadMagic, m, peer, FrameMagic)
 	}
 	kind := Kind(le.Uint16(hdr[4:]))
 	if fl := le.Uint16(hdr[6:]); fl != 0 {
-		return Frame{}, fmt.Errorf("%w: frame flags 0x%x from %s, want 0", ErrMalformed, fl, peer)
+		return Frame{}, fmt.Errorf("reduce: %w: frame flags 0x%x from %s, want 0", ErrMalformed, fl, peer)
 	}
 	recvDir := c.sendDir.other()
 	if !kind.Known() || kind.Dir() != recvDir {
-		return Frame{}, fmt.Errorf("%w: kind 0x%04x from %s (expecting %v frames)", ErrUnknownKind, uint16(kind), peer, recvDir)
+		return Frame{}, fmt.Errorf("reduce: %w: kind 0x%04x from %s (expecting %v frames)", ErrUnknownKind, uint16(kind), peer, recvDir)
 	}
 	n := le.Uint64(hdr[8:])
 	if err := c.checkLength(kind, n); err != nil {
-		return Frame{}, fmt.Errorf("frame from %s refused: %w", peer, err)
+		return Frame{}, fmt.Errorf("reduce: frame from %s refused: %w", peer, err)
 	}
-	var sb [8]byte
-	le.PutUint64(sb[:], c.rseq)
-	c.rmac.Reset()
-	c.rmac.Write(sb[:])
-	c.rmac.Write(hdr[:])
+	c.rmac.Begin(hdr[:])
 	f := Frame{Kind: kind}
 	var parts [][]byte
 	if kind.Bulk() {
 		if dest == nil {
-			return Frame{}, fmt.Errorf("%w: unexpected %v frame from %s", ErrUnknownKind, kind, peer)
+			return Frame{}, fmt.Errorf("reduce: %w: unexpected %v frame from %s", ErrUnknownKind, kind, peer)
 		}
 		data, err := dest(kind, n-BulkHeaderSize)
 		if err != nil {
@@ -408,8 +394,8 @@ func (c *Conn) receive(dest Dest) (Frame, error) {
 			k := min(len(p), chunk)
 			got, err := c.readFull(p[:k])
 			if err != nil {
-				if isEOF(err) || errors.Is(err, os.ErrDeadlineExceeded) {
-					return Frame{}, fmt.Errorf("%w: %v frame from %s ended inside its %d-byte payload: %w", ErrTruncated, kind, peer, n, err)
+				if authframe.IsEOF(err) || errors.Is(err, os.ErrDeadlineExceeded) {
+					return Frame{}, fmt.Errorf("reduce: %w: %v frame from %s ended inside its %d-byte payload: %w", ErrTruncated, kind, peer, n, err)
 				}
 				return Frame{}, fmt.Errorf("reduce: receive %v from %s: %w", kind, peer, err)
 			}
@@ -419,13 +405,11 @@ func (c *Conn) receive(dest Dest) (Frame, error) {
 	}
 	var tag [tagSize]byte
 	if _, err := c.readFull(tag[:]); err != nil {
-		return Frame{}, fmt.Errorf("%w: %v frame from %s ended before its tag: %w", ErrTruncated, kind, peer, err)
+		return Frame{}, fmt.Errorf("reduce: %w: %v frame from %s ended before its tag: %w", ErrTruncated, kind, peer, err)
 	}
-	c.rsum = c.rmac.Sum(c.rsum[:0])
-	if !hmac.Equal(c.rsum[:tagSize], tag[:]) {
-		return Frame{}, fmt.Errorf("%w: %v frame %d from %s (tampered, replayed, reordered, or another key)", ErrBadTag, kind, c.rseq, peer)
+	if err := c.rmac.Verify(tag[:]); err != nil {
+		return Frame{}, fmt.Errorf("reduce: %v frame from %s: %w", kind, peer, err)
 	}
-	c.rseq++
 	return f, nil
 }
 

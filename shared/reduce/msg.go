@@ -232,7 +232,7 @@ type dec struct {
 
 func (d *dec) fail(format string, a ...any) {
 	if d.err == nil {
-		d.err = fmt.Errorf("%w: %s: %s", ErrMalformed, d.what, fmt.Sprintf(format, a...))
+		d.err = fmt.Errorf("reduce: %w: %s: %s", ErrMalformed, d.what, fmt.Sprintf(format, a...))
 	}
 }
 
