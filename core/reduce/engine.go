@@ -12,6 +12,8 @@ import (
 
 	rdc "github.com/cohortdl/cohort/shared/reduce"
 	"github.com/cohortdl/cohort/shared/reduce/numeric"
+
+	"github.com/cohortdl/cohort/internal/authframe"
 )
 
 type evKind int
@@ -139,7 +141,7 @@ func (e *engine) handle(ev event) {
 	case evLost:
 		if m := e.members[ev.who()]; m != nil && m.rc == ev.rc {
 			why := "lost its data channel"
-			for _, bad := range []error{rdc.ErrBadTag, rdc.ErrTruncated, rdc.ErrTooLarge, rdc.ErrBadMagic, rdc.ErrUnknownKind, rdc.ErrMalformed} {
+			for _, bad := range []error{authframe.ErrBadTag, authframe.ErrTruncated, authframe.ErrTooLarge, authframe.ErrBadMagic, authframe.ErrUnknownKind, authframe.ErrMalformed} {
 				if errors.Is(ev.err, bad) {
 					why = "sent a frame that was refused"
 				}

@@ -26,6 +26,8 @@ import (
 
 	"github.com/cohortdl/cohort/shared/arena"
 	rdc "github.com/cohortdl/cohort/shared/reduce"
+
+	"github.com/cohortdl/cohort/internal/authframe"
 )
 
 // Config configures a Server.
@@ -289,7 +291,7 @@ func (s *Server) admit(nc net.Conn) {
 		s.mu.Unlock()
 	}
 	if err != nil {
-		if errors.Is(err, rdc.ErrRefused) {
+		if errors.Is(err, authframe.ErrRefused) {
 			s.log.Warn("refused a rank's data channel", "remote", nc.RemoteAddr().String(), "rank", h.Rank, "error", err.Error())
 		} else if s.ctx.Err() == nil {
 			s.log.Warn("refused a data-channel connection", "remote", nc.RemoteAddr().String(), "error", err.Error())

@@ -7,6 +7,8 @@ import (
 
 	"github.com/cohortdl/cohort/core/wire/wirepb"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/cohortdl/cohort/internal/authframe"
 )
 
 // Every FrameKind in wire.proto has a message type, both ways, and
@@ -75,8 +77,8 @@ func TestEncodeRefuses(t *testing.T) {
 
 func TestDecodeRefuses(t *testing.T) {
 	for _, kind := range []wirepb.FrameKind{0, 63, 76, 999, -1} {
-		if _, err := Decode(kind, nil); !errors.Is(err, ErrUnknownKind) {
-			t.Errorf("Decode(kind %d): %v, want ErrUnknownKind", kind, err)
+		if _, err := Decode(kind, nil); !errors.Is(err, authframe.ErrUnknownKind) {
+			t.Errorf("Decode(kind %d): %v, want authframe.ErrUnknownKind", kind, err)
 		}
 	}
 	// A truncated varint does not parse; the error names the kind.

@@ -159,7 +159,7 @@ func (c *Conn) Send(ctx context.Context, msg proto.Message) error {
 		return fmt.Errorf("wire: cannot send %s on this end: it flows %s, this end sends %s", kind, d, c.sendDir)
 	}
 	if len(payload) > int(c.opts.maxPayload) {
-		return fmt.Errorf("wire: %w: %s is %d bytes, limit %d", ErrTooLarge, kind, len(payload), c.opts.maxPayload)
+		return fmt.Errorf("wire: %w: %s is %d bytes, limit %d", authframe.ErrTooLarge, kind, len(payload), c.opts.maxPayload)
 	}
 	req := &sendReq{kind: kind, payload: payload, done: make(chan error, 1)}
 	select {

@@ -12,6 +12,8 @@ import (
 
 	"github.com/cohortdl/cohort/core/wire/wirepb"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/cohortdl/cohort/internal/authframe"
 )
 
 // Every message kind crosses a real Conn pair intact, each in its own
@@ -139,34 +141,34 @@ func TestConnRejectsBadFrames(t *testing.T) {
 	}{
 		{"replayed frame", func(_ *frameWriter, first []byte) []byte {
 			return first
-		}, ErrBadTag},
+		}, authframe.ErrBadTag},
 		{"dropped frame", func(w *frameWriter, _ []byte) []byte {
 			mustFrame(w, hb(1))
 			return mustFrame(w, hb(2))
-		}, ErrBadTag},
+		}, authframe.ErrBadTag},
 		{"wrong secret", func(w *frameWriter, _ []byte) []byte {
 			hbytes := encodeHello(Hello{Rank: 1, World: 2}, other.k.Handshake())
 			ow := writerAt(connKey(other, dirToCoord, hbytes[:]), w.mac.Seq())
 			return mustFrame(ow, hb(1))
-		}, ErrBadTag},
+		}, authframe.ErrBadTag},
 		{"spliced from rank 0's connection", func(w *frameWriter, _ []byte) []byte {
 			ow := writerAt(connKey(k, dirToCoord, helloOther[:]), w.mac.Seq())
 			return mustFrame(ow, hb(1))
-		}, ErrBadTag},
+		}, authframe.ErrBadTag},
 		{"flipped payload bit", func(w *frameWriter, _ []byte) []byte {
 			b := mustFrame(w, hb(1))
 			b[len(b)-1] ^= 4
 			return b
-		}, ErrBadTag},
+		}, authframe.ErrBadTag},
 		{"wrong-direction kind", func(w *frameWriter, _ []byte) []byte {
 			return mustFrame(w, &wirepb.Shutdown{})
-		}, ErrUnknownKind},
+		}, authframe.ErrUnknownKind},
 		{"over the limit", func(w *frameWriter, _ []byte) []byte {
 			return mustFrame(w, &wirepb.Ready{Trainer: string(make([]byte, 300))})
-		}, ErrTooLarge},
+		}, authframe.ErrTooLarge},
 		{"closed mid-frame", func(w *frameWriter, _ []byte) []byte {
 			return mustFrame(w, hb(1))[:headerSize+2]
-		}, ErrTruncated},
+		}, authframe.ErrTruncated},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -247,13 +249,13 @@ func TestReceiveWaits(t *testing.T) {
 		start := time.Now()
 		_, err := coord.Receive(ctx)
 		el := time.Since(start)
-		if !errors.Is(err, ErrTruncated) || !errors.Is(err, os.ErrDeadlineExceeded) {
-			t.Fatalf("got %v, want ErrTruncated after the read timeout", err)
+		if !errors.Is(err, authframe.ErrTruncated) || !errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatalf("got %v, want authframe.ErrTruncated after the read timeout", err)
 		}
 		if el < 3*short-10*time.Millisecond || el > 3*time.Second {
 			t.Fatalf("gave up mid-frame after %v, want about %v (the read timeout, not ctx)", el, 3*short)
 		}
-		if _, again := coord.Receive(context.Background()); !errors.Is(again, ErrTruncated) {
+		if _, again := coord.Receive(context.Background()); !errors.Is(again, authframe.ErrTruncated) {
 			t.Fatalf("next Receive: %v, want the same failure", again)
 		}
 	})
@@ -272,7 +274,7 @@ func TestSendRefuses(t *testing.T) {
 		{"coordinator sends a rank kind", coord, &wirepb.Heartbeat{}, nil},
 		{"nil", rank, nil, nil},
 		{"not a control message", rank, &wirepb.EpochPlan{}, nil},
-		{"over the limit", rank, &wirepb.Ready{Trainer: string(make([]byte, 65))}, ErrTooLarge},
+		{"over the limit", rank, &wirepb.Ready{Trainer: string(make([]byte, 65))}, authframe.ErrTooLarge},
 	} {
 		err := tc.c.Send(ctx, tc.msg)
 		if err == nil || (tc.want != nil && !errors.Is(err, tc.want)) {

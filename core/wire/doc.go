@@ -30,8 +30,16 @@
 // reader's direction: kinds below 64 flow coordinator to rank, the others
 // rank to coordinator), and length (at most [MaxControlPayload]) before it
 // allocates anything, then reads the payload and verifies the tag; only a
-// verified payload is decoded. Each refusal wraps one of the exported
-// sentinel errors, so callers can test for it with errors.Is.
+// verified payload is decoded. Each refusal wraps exactly one of the
+// sentinel errors of internal/authframe, which the averager's data channel
+// shares, so callers test with errors.Is(err, authframe.ErrBadTag) whichever
+// protocol failed: ErrBadMagic and ErrBadVersion (a peer that is not a
+// cohort control peer of this version), ErrUnknownKind (a kind not in
+// wire.proto, or flowing the other way), ErrTooLarge (a length over the
+// reader's limit), ErrTruncated (the stream ended or stalled inside a hello,
+// ack or frame), ErrBadTag (another secret, or a tampered, replayed, dropped,
+// reordered, reflected or spliced frame) and ErrRefused (the coordinator
+// refused the hello).
 package wire
 
 import "github.com/cohortdl/cohort/internal/authframe"
@@ -64,27 +72,4 @@ const (
 	// Kinds below kindRankBase flow coordinator -> rank; the others rank ->
 	// coordinator.
 	kindRankBase = 64
-)
-
-// Sentinel errors. Every refusal of bytes read from a peer wraps exactly one
-// of them; the message around it says what was seen. They are the
-// authenticated-framing kernel's (internal/authframe), shared with the
-// averager's data channel, so errors.Is works across both protocols.
-var (
-	// ErrBadMagic: the first four bytes are not the expected magic.
-	ErrBadMagic = authframe.ErrBadMagic
-	// ErrBadVersion: the peer speaks another protocol version.
-	ErrBadVersion = authframe.ErrBadVersion
-	// ErrUnknownKind: a frame kind that is not in wire.proto, or that flows
-	// the other way.
-	ErrUnknownKind = authframe.ErrUnknownKind
-	// ErrTooLarge: a declared payload length over the reader's limit.
-	ErrTooLarge = authframe.ErrTooLarge
-	// ErrTruncated: the stream ended or stalled inside a hello, ack or frame.
-	ErrTruncated = authframe.ErrTruncated
-	// ErrBadTag: an authentication tag that does not verify (wrong secret,
-	// tampered bytes, or a replayed, dropped or reordered frame).
-	ErrBadTag = authframe.ErrBadTag
-	// ErrRefused: the coordinator refused a rank's hello.
-	ErrRefused = authframe.ErrRefused
 )

@@ -88,21 +88,21 @@ func (r *frameReader) readFrame(src io.Reader) (wirepb.FrameKind, []byte, error)
 // payload, tag. Only a verified payload is returned.
 func (r *frameReader) readRest(src io.Reader) (wirepb.FrameKind, []byte, error) {
 	if n, err := io.ReadFull(src, r.hdr[1:]); err != nil {
-		return 0, nil, fmt.Errorf("%w: frame header: got %d of %d bytes: %w", ErrTruncated, 1+n, headerSize, err)
+		return 0, nil, fmt.Errorf("%w: frame header: got %d of %d bytes: %w", authframe.ErrTruncated, 1+n, headerSize, err)
 	}
 	if magic := le.Uint32(r.hdr[0:4]); magic != FrameMagic {
-		return 0, nil, fmt.Errorf("%w: frame magic 0x%08x, want 0x%08x", ErrBadMagic, magic, FrameMagic)
+		return 0, nil, fmt.Errorf("%w: frame magic 0x%08x, want 0x%08x", authframe.ErrBadMagic, magic, FrameMagic)
 	}
 	if v := le.Uint32(r.hdr[4:8]); v != Version {
-		return 0, nil, fmt.Errorf("%w: frame version %d, want %d", ErrBadVersion, v, Version)
+		return 0, nil, fmt.Errorf("%w: frame version %d, want %d", authframe.ErrBadVersion, v, Version)
 	}
 	kind := wirepb.FrameKind(le.Uint32(r.hdr[16:20]))
 	if newMessage(kind) == nil {
-		return 0, nil, fmt.Errorf("%w: frame kind %d is not in wire.proto", ErrUnknownKind, uint32(kind))
+		return 0, nil, fmt.Errorf("%w: frame kind %d is not in wire.proto", authframe.ErrUnknownKind, uint32(kind))
 	}
 	if d := dirOf(kind); d != r.dir {
 		return 0, nil, fmt.Errorf("%w: frame kind %s (%d) flows %s, this reader accepts %s kinds only",
-			ErrUnknownKind, kind, uint32(kind), d, r.dir)
+			authframe.ErrUnknownKind, kind, uint32(kind), d, r.dir)
 	}
 	n := le.Uint32(r.hdr[20:24])
 	payload, err := authframe.ReadPayload(src, uint64(n), uint64(r.max))

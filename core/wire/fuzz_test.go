@@ -20,7 +20,7 @@ const fuzzMaxPayload = 1 << 16
 // isSentinel reports whether err wraps one of the wire sentinels: every
 // refusal of bytes must.
 func isSentinel(err error) bool {
-	return isAny(err, ErrBadMagic, ErrBadVersion, ErrUnknownKind, ErrTooLarge, ErrTruncated, ErrBadTag)
+	return isAny(err, authframe.ErrBadMagic, authframe.ErrBadVersion, authframe.ErrUnknownKind, authframe.ErrTooLarge, authframe.ErrTruncated, authframe.ErrBadTag)
 }
 
 func FuzzDecodeHello(f *testing.F) {

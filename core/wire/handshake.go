@@ -31,16 +31,16 @@ func encodeHello(h Hello, hk []byte) [helloSize]byte {
 // decodeHello checks and decodes a hello: length, magic, version, tag.
 func decodeHello(b []byte, hk []byte) (Hello, error) {
 	if len(b) != helloSize {
-		return Hello{}, fmt.Errorf("%w: hello is %d bytes, want %d", ErrTruncated, len(b), helloSize)
+		return Hello{}, fmt.Errorf("%w: hello is %d bytes, want %d", authframe.ErrTruncated, len(b), helloSize)
 	}
 	if m := le.Uint32(b[0:4]); m != HelloMagic {
-		return Hello{}, fmt.Errorf("%w: hello magic 0x%08x, want 0x%08x", ErrBadMagic, m, HelloMagic)
+		return Hello{}, fmt.Errorf("%w: hello magic 0x%08x, want 0x%08x", authframe.ErrBadMagic, m, HelloMagic)
 	}
 	if v := le.Uint32(b[4:8]); v != Version {
-		return Hello{}, fmt.Errorf("%w: hello version %d, want %d", ErrBadVersion, v, Version)
+		return Hello{}, fmt.Errorf("%w: hello version %d, want %d", authframe.ErrBadVersion, v, Version)
 	}
 	if !authframe.TagOK(hk, b[16:24], b[0:16]) {
-		return Hello{}, fmt.Errorf("%w: hello tag does not verify (the rank holds another secret)", ErrBadTag)
+		return Hello{}, fmt.Errorf("%w: hello tag does not verify (the rank holds another secret)", authframe.ErrBadTag)
 	}
 	return Hello{Rank: le.Uint32(b[8:12]), World: le.Uint32(b[12:16])}, nil
 }
@@ -58,16 +58,16 @@ func encodeAck(hello []byte, hk []byte) [ackSize]byte {
 // magic, version, tag.
 func verifyAck(ack, hello []byte, hk []byte) error {
 	if len(ack) != ackSize {
-		return fmt.Errorf("%w: ack is %d bytes, want %d", ErrTruncated, len(ack), ackSize)
+		return fmt.Errorf("%w: ack is %d bytes, want %d", authframe.ErrTruncated, len(ack), ackSize)
 	}
 	if m := le.Uint32(ack[0:4]); m != AckMagic {
-		return fmt.Errorf("%w: ack magic 0x%08x, want 0x%08x", ErrBadMagic, m, AckMagic)
+		return fmt.Errorf("%w: ack magic 0x%08x, want 0x%08x", authframe.ErrBadMagic, m, AckMagic)
 	}
 	if v := le.Uint32(ack[4:8]); v != Version {
-		return fmt.Errorf("%w: ack version %d, want %d", ErrBadVersion, v, Version)
+		return fmt.Errorf("%w: ack version %d, want %d", authframe.ErrBadVersion, v, Version)
 	}
 	if !authframe.TagOK(hk, ack[8:16], ack[0:8], hello) {
-		return fmt.Errorf("%w: ack tag does not verify (the coordinator holds another secret, or the ack answers another hello)", ErrBadTag)
+		return fmt.Errorf("%w: ack tag does not verify (the coordinator holds another secret, or the ack answers another hello)", authframe.ErrBadTag)
 	}
 	return nil
 }
@@ -85,7 +85,7 @@ func checkHello(h Hello) error {
 // finish within the handshake timeout (10 s by default), or by ctx's
 // deadline if that is sooner; ctx's end aborts it. On success the returned
 // Conn owns nc; on failure nc is closed. A coordinator that refuses the hello
-// closes the connection without an ack, which reads as ErrTruncated here.
+// closes the connection without an ack, which reads as authframe.ErrTruncated here.
 func ClientHandshake(ctx context.Context, nc net.Conn, keys Keys, hello Hello, opts ...Option) (_ *Conn, err error) {
 	o := buildOptions(opts)
 	defer func() {
@@ -111,7 +111,7 @@ func ClientHandshake(ctx context.Context, nc net.Conn, keys Keys, hello Hello, o
 		if n, err := io.ReadFull(nc, ab[:]); err != nil {
 			if authframe.IsEOF(err) {
 				return fmt.Errorf("wire: %w: ack from %s: got %d of %d bytes (the coordinator may have refused the hello): %w",
-					ErrTruncated, nc.RemoteAddr(), n, ackSize, err)
+					authframe.ErrTruncated, nc.RemoteAddr(), n, ackSize, err)
 			}
 			return fmt.Errorf("wire: read ack from %s: got %d of %d bytes: %w", nc.RemoteAddr(), n, ackSize, authframe.CtxCause(ctx, err))
 		}
@@ -133,7 +133,7 @@ func ClientHandshake(ctx context.Context, nc net.Conn, keys Keys, hello Hello, o
 // duplicate or out-of-range rank, or a wrong world size; nil accepts any
 // rank below its world size), and answers with an ack. The hello must arrive
 // within the handshake timeout (10 s by default), or by ctx's deadline if
-// that is sooner. On refusal no ack is sent, the error wraps ErrRefused and
+// that is sooner. On refusal no ack is sent, the error wraps authframe.ErrRefused and
 // accept's error, and the Hello is returned for the log. On success the
 // returned Conn owns nc; on failure nc is closed.
 func ServerHandshake(ctx context.Context, nc net.Conn, keys Keys, accept func(Hello) error, opts ...Option) (_ *Conn, _ Hello, err error) {
@@ -154,7 +154,7 @@ func ServerHandshake(ctx context.Context, nc net.Conn, keys Keys, accept func(He
 	err = authframe.WithDeadline(ctx, nc, o.handshakeTimeout, func() error {
 		if n, err := io.ReadFull(nc, hb[:]); err != nil {
 			if authframe.IsEOF(err) {
-				return fmt.Errorf("wire: %w: hello from %s: got %d of %d bytes: %w", ErrTruncated, nc.RemoteAddr(), n, helloSize, err)
+				return fmt.Errorf("wire: %w: hello from %s: got %d of %d bytes: %w", authframe.ErrTruncated, nc.RemoteAddr(), n, helloSize, err)
 			}
 			return fmt.Errorf("wire: read hello from %s: got %d of %d bytes: %w", nc.RemoteAddr(), n, helloSize, authframe.CtxCause(ctx, err))
 		}
@@ -163,11 +163,11 @@ func ServerHandshake(ctx context.Context, nc net.Conn, keys Keys, accept func(He
 			return fmt.Errorf("wire: handshake with %s: %w", nc.RemoteAddr(), err)
 		}
 		if err := checkHello(hello); err != nil {
-			return fmt.Errorf("wire: %w: hello from %s: %s", ErrRefused, nc.RemoteAddr(), err)
+			return fmt.Errorf("wire: %w: hello from %s: %s", authframe.ErrRefused, nc.RemoteAddr(), err)
 		}
 		if accept != nil {
 			if err := accept(hello); err != nil {
-				return fmt.Errorf("wire: %w: hello from %s (rank %d, world %d): %w", ErrRefused, nc.RemoteAddr(), hello.Rank, hello.World, err)
+				return fmt.Errorf("wire: %w: hello from %s (rank %d, world %d): %w", authframe.ErrRefused, nc.RemoteAddr(), hello.Rank, hello.World, err)
 			}
 		}
 		ab := encodeAck(hb[:], keys.k.Handshake())
@@ -177,7 +177,7 @@ func ServerHandshake(ctx context.Context, nc net.Conn, keys Keys, accept func(He
 		return nil
 	})
 	if err != nil {
-		if errors.Is(err, ErrRefused) {
+		if errors.Is(err, authframe.ErrRefused) {
 			return nil, hello, err
 		}
 		return nil, Hello{}, err

@@ -168,7 +168,7 @@ func (c *Conn) errClosed() error {
 func (c *Conn) checkLength(k Kind, n uint64) error {
 	if !k.Bulk() {
 		if n > MaxControlPayload {
-			return fmt.Errorf("%w: %v frame of %d bytes, limit %d", ErrTooLarge, k, n, MaxControlPayload)
+			return fmt.Errorf("%w: %v frame of %d bytes, limit %d", authframe.ErrTooLarge, k, n, MaxControlPayload)
 		}
 		return nil
 	}
@@ -176,9 +176,9 @@ func (c *Conn) checkLength(k Kind, n uint64) error {
 	f32, wire := BulkHeaderSize+e*WireF32.Size(), BulkHeaderSize+e*c.hello.Wire.Size()
 	if n != f32 && n != wire {
 		if n > f32 {
-			return fmt.Errorf("%w: %v frame of %d bytes, the layout's is %d (f32) or %d (%v)", ErrTooLarge, k, n, f32, wire, c.hello.Wire)
+			return fmt.Errorf("%w: %v frame of %d bytes, the layout's is %d (f32) or %d (%v)", authframe.ErrTooLarge, k, n, f32, wire, c.hello.Wire)
 		}
-		return fmt.Errorf("%w: %v frame of %d bytes, the layout's is %d (f32) or %d (%v)", ErrMalformed, k, n, f32, wire, c.hello.Wire)
+		return fmt.Errorf("%w: %v frame of %d bytes, the layout's is %d (f32) or %d (%v)", authframe.ErrMalformed, k, n, f32, wire, c.hello.Wire)
 	}
 	return nil
 }
@@ -342,22 +342,22 @@ func (c *Conn) receive(dest Dest) (Frame, error) {
 		case n == 0 && err == io.EOF:
 			return Frame{}, io.EOF
 		case authframe.IsEOF(err):
-			return Frame{}, fmt.Errorf("reduce: %w: frame header from %s: got %d of %d bytes", ErrTruncated, peer, n, headerSize)
+			return Frame{}, fmt.Errorf("reduce: %w: frame header from %s: got %d of %d bytes", authframe.ErrTruncated, peer, n, headerSize)
 		case errors.Is(err, os.ErrDeadlineExceeded):
 			return Frame{}, fmt.Errorf("reduce: nothing from %s for %v (peer gone): %w", peer, c.opts.Timeout, err)
 		}
 		return Frame{}, fmt.Errorf("reduce: receive from %s: %w", peer, err)
 	}
 	if m := le.Uint32(hdr[0:]); m != FrameMagic {
-		return Frame{}, fmt.Errorf("reduce: %w: frame magic 0x%08x from %s, want 0x%08x", ErrBadMagic, m, peer, FrameMagic)
+		return Frame{}, fmt.Errorf("reduce: %w: frame magic 0x%08x from %s, want 0x%08x", authframe.ErrBadMagic, m, peer, FrameMagic)
 	}
 	kind := Kind(le.Uint16(hdr[4:]))
 	if fl := le.Uint16(hdr[6:]); fl != 0 {
-		return Frame{}, fmt.Errorf("reduce: %w: frame flags 0x%x from %s, want 0", ErrMalformed, fl, peer)
+		return Frame{}, fmt.Errorf("reduce: %w: frame flags 0x%x from %s, want 0", authframe.ErrMalformed, fl, peer)
 	}
 	recvDir := c.sendDir.other()
 	if !kind.Known() || kind.Dir() != recvDir {
-		return Frame{}, fmt.Errorf("reduce: %w: kind 0x%04x from %s (expecting %v frames)", ErrUnknownKind, uint16(kind), peer, recvDir)
+		return Frame{}, fmt.Errorf("reduce: %w: kind 0x%04x from %s (expecting %v frames)", authframe.ErrUnknownKind, uint16(kind), peer, recvDir)
 	}
 	n := le.Uint64(hdr[8:])
 	if err := c.checkLength(kind, n); err != nil {
@@ -368,7 +368,7 @@ func (c *Conn) receive(dest Dest) (Frame, error) {
 	var parts [][]byte
 	if kind.Bulk() {
 		if dest == nil {
-			return Frame{}, fmt.Errorf("reduce: %w: unexpected %v frame from %s", ErrUnknownKind, kind, peer)
+			return Frame{}, fmt.Errorf("reduce: %w: unexpected %v frame from %s", authframe.ErrUnknownKind, kind, peer)
 		}
 		data, err := dest(kind, n-BulkHeaderSize)
 		if err != nil {
@@ -395,7 +395,7 @@ func (c *Conn) receive(dest Dest) (Frame, error) {
 			got, err := c.readFull(p[:k])
 			if err != nil {
 				if authframe.IsEOF(err) || errors.Is(err, os.ErrDeadlineExceeded) {
-					return Frame{}, fmt.Errorf("reduce: %w: %v frame from %s ended inside its %d-byte payload: %w", ErrTruncated, kind, peer, n, err)
+					return Frame{}, fmt.Errorf("reduce: %w: %v frame from %s ended inside its %d-byte payload: %w", authframe.ErrTruncated, kind, peer, n, err)
 				}
 				return Frame{}, fmt.Errorf("reduce: receive %v from %s: %w", kind, peer, err)
 			}
@@ -405,7 +405,7 @@ func (c *Conn) receive(dest Dest) (Frame, error) {
 	}
 	var tag [tagSize]byte
 	if _, err := c.readFull(tag[:]); err != nil {
-		return Frame{}, fmt.Errorf("reduce: %w: %v frame from %s ended before its tag: %w", ErrTruncated, kind, peer, err)
+		return Frame{}, fmt.Errorf("reduce: %w: %v frame from %s ended before its tag: %w", authframe.ErrTruncated, kind, peer, err)
 	}
 	if err := c.rmac.Verify(tag[:]); err != nil {
 		return Frame{}, fmt.Errorf("reduce: %v frame from %s: %w", kind, peer, err)

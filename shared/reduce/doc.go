@@ -44,7 +44,10 @@
 // for a bulk kind) before it reads or allocates anything, reads the payload
 // into the destination its caller chose, and returns nothing until the tag
 // verifies. Every read has a deadline. One goroutine owns each socket's
-// writes. Every refusal wraps one of the exported sentinel errors.
+// writes. Every refusal wraps exactly one of the sentinel errors of
+// internal/authframe (the control protocol's too): ErrMalformed, on this
+// channel, means bytes that verified but break a rule of msg.go or the
+// handshake (a reserved field set, a payload that does not parse).
 package reduce
 
 import "github.com/cohortdl/cohort/internal/authframe"
@@ -74,19 +77,4 @@ const (
 
 	headerSize = 16
 	tagSize    = authframe.TagSize
-)
-
-// Sentinel errors. Every refusal of bytes read from a peer wraps exactly one
-// of them; the message around it says what was seen and from whom. They are
-// the authenticated-framing kernel's (internal/authframe), shared with the
-// control protocol, so errors.Is works across both.
-var (
-	ErrBadMagic    = authframe.ErrBadMagic
-	ErrBadVersion  = authframe.ErrBadVersion
-	ErrUnknownKind = authframe.ErrUnknownKind
-	ErrTooLarge    = authframe.ErrTooLarge
-	ErrTruncated   = authframe.ErrTruncated
-	ErrBadTag      = authframe.ErrBadTag
-	ErrRefused     = authframe.ErrRefused
-	ErrMalformed   = authframe.ErrMalformed
 )

@@ -110,19 +110,19 @@ func DecodeHello(b []byte, k Keys) (Hello, error) {
 		return Hello{}, errZeroKeys
 	}
 	if len(b) != HelloSize {
-		return Hello{}, fmt.Errorf("%w: hello is %d bytes, want %d", ErrTruncated, len(b), HelloSize)
+		return Hello{}, fmt.Errorf("%w: hello is %d bytes, want %d", authframe.ErrTruncated, len(b), HelloSize)
 	}
 	if m := le.Uint32(b[0:]); m != HelloMagic {
-		return Hello{}, fmt.Errorf("%w: hello magic 0x%08x, want 0x%08x", ErrBadMagic, m, HelloMagic)
+		return Hello{}, fmt.Errorf("%w: hello magic 0x%08x, want 0x%08x", authframe.ErrBadMagic, m, HelloMagic)
 	}
 	if v := le.Uint32(b[4:]); v != Version {
-		return Hello{}, fmt.Errorf("%w: hello version %d, want %d", ErrBadVersion, v, Version)
+		return Hello{}, fmt.Errorf("%w: hello version %d, want %d", authframe.ErrBadVersion, v, Version)
 	}
 	if !authframe.TagOK(k.k.Handshake(), b[136:144], b[:136]) {
-		return Hello{}, fmt.Errorf("%w: hello tag does not verify (the rank holds another data key)", ErrBadTag)
+		return Hello{}, fmt.Errorf("%w: hello tag does not verify (the rank holds another data key)", authframe.ErrBadTag)
 	}
 	if f := le.Uint32(b[20:]); f != 0 {
-		return Hello{}, fmt.Errorf("%w: hello flags 0x%x, want 0", ErrMalformed, f)
+		return Hello{}, fmt.Errorf("%w: hello flags 0x%x, want 0", authframe.ErrMalformed, f)
 	}
 	h := Hello{
 		Rank:    le.Uint32(b[8:]),
@@ -208,19 +208,19 @@ func encodeAck(status Status, nonce [16]byte, hello []byte, hk []byte) [AckSize]
 // decodeAck verifies that ack answers hello and returns its status.
 func decodeAck(ack, hello []byte, k Keys) (Status, error) {
 	if len(ack) != AckSize {
-		return 0, fmt.Errorf("%w: ack is %d bytes, want %d", ErrTruncated, len(ack), AckSize)
+		return 0, fmt.Errorf("%w: ack is %d bytes, want %d", authframe.ErrTruncated, len(ack), AckSize)
 	}
 	if m := le.Uint32(ack[0:]); m != AckMagic {
-		return 0, fmt.Errorf("%w: ack magic 0x%08x, want 0x%08x", ErrBadMagic, m, AckMagic)
+		return 0, fmt.Errorf("%w: ack magic 0x%08x, want 0x%08x", authframe.ErrBadMagic, m, AckMagic)
 	}
 	if v := le.Uint32(ack[4:]); v != Version {
-		return 0, fmt.Errorf("%w: ack version %d, want %d", ErrBadVersion, v, Version)
+		return 0, fmt.Errorf("%w: ack version %d, want %d", authframe.ErrBadVersion, v, Version)
 	}
 	if !authframe.TagOK(k.k.Handshake(), ack[32:40], ack[:32], hello) {
-		return 0, fmt.Errorf("%w: ack tag does not verify (the server holds another data key, or the ack answers another hello)", ErrBadTag)
+		return 0, fmt.Errorf("%w: ack tag does not verify (the server holds another data key, or the ack answers another hello)", authframe.ErrBadTag)
 	}
 	if r := le.Uint32(ack[12:]); r != 0 {
-		return 0, fmt.Errorf("%w: ack reserved field 0x%x, want 0", ErrMalformed, r)
+		return 0, fmt.Errorf("%w: ack reserved field 0x%x, want 0", authframe.ErrMalformed, r)
 	}
 	return Status(le.Uint32(ack[8:])), nil
 }
@@ -229,7 +229,7 @@ var errZeroKeys = errors.New("reduce: keys not derived (use DeriveKeys)")
 
 // ClientHandshake runs the rank's side of the handshake on nc and returns
 // the connection. The whole handshake is bounded by opts.Timeout (and ctx).
-// A refusal is an error wrapping ErrRefused and a *Refusal; on any failure
+// A refusal is an error wrapping authframe.ErrRefused and a *Refusal; on any failure
 // nc is closed.
 func ClientHandshake(ctx context.Context, nc net.Conn, k Keys, h Hello, opts Options) (_ *Conn, err error) {
 	opts = opts.withDefaults()
@@ -258,7 +258,7 @@ func ClientHandshake(ctx context.Context, nc net.Conn, k Keys, h Hello, opts Opt
 		if n, err := io.ReadFull(nc, ab[:]); err != nil {
 			if authframe.IsEOF(err) {
 				return fmt.Errorf("reduce: %w: ack from %s: got %d of %d bytes; the server closed the connection without answering (a wrong data key is never answered): %w",
-					ErrTruncated, nc.RemoteAddr(), n, AckSize, err)
+					authframe.ErrTruncated, nc.RemoteAddr(), n, AckSize, err)
 			}
 			return fmt.Errorf("reduce: read ack from %s: got %d of %d bytes: %w", nc.RemoteAddr(), n, AckSize, authframe.CtxCause(ctx, err))
 		}
@@ -279,7 +279,7 @@ func ClientHandshake(ctx context.Context, nc net.Conn, k Keys, h Hello, opts Opt
 		return nil, err
 	}
 	if st != Accepted {
-		return nil, fmt.Errorf("reduce: %w: server %s refused rank %d: %w", ErrRefused, nc.RemoteAddr(), h.Rank, &Refusal{Status: st})
+		return nil, fmt.Errorf("reduce: %w: server %s refused rank %d: %w", authframe.ErrRefused, nc.RemoteAddr(), h.Rank, &Refusal{Status: st})
 	}
 	return newConn(nc, k, h, hb[:], ab[:32], ToServer, opts), nil
 }
@@ -287,7 +287,7 @@ func ClientHandshake(ctx context.Context, nc net.Conn, k Keys, h Hello, opts Opt
 // ServerHandshake runs the server's side: it reads and verifies a hello,
 // asks accept, and answers. A hello whose tag fails is not answered. When
 // accept returns a *Refusal (or any error, answered as RefusedClosing), the
-// refusal is answered, nc closed, and the error wraps ErrRefused; the Hello
+// refusal is answered, nc closed, and the error wraps authframe.ErrRefused; the Hello
 // is returned for the log. Bounded by opts.Timeout and ctx.
 func ServerHandshake(ctx context.Context, nc net.Conn, k Keys, accept func(Hello) error, opts Options) (_ *Conn, _ Hello, err error) {
 	opts = opts.withDefaults()
@@ -306,7 +306,7 @@ func ServerHandshake(ctx context.Context, nc net.Conn, k Keys, accept func(Hello
 	err = authframe.WithDeadline(ctx, nc, opts.Timeout, func() error {
 		if n, err := io.ReadFull(nc, hb[:]); err != nil {
 			if authframe.IsEOF(err) {
-				return fmt.Errorf("reduce: %w: hello from %s: got %d of %d bytes: %w", ErrTruncated, nc.RemoteAddr(), n, HelloSize, err)
+				return fmt.Errorf("reduce: %w: hello from %s: got %d of %d bytes: %w", authframe.ErrTruncated, nc.RemoteAddr(), n, HelloSize, err)
 			}
 			return fmt.Errorf("reduce: read hello from %s: got %d of %d bytes: %w", nc.RemoteAddr(), n, HelloSize, authframe.CtxCause(ctx, err))
 		}
@@ -340,7 +340,7 @@ func ServerHandshake(ctx context.Context, nc net.Conn, k Keys, accept func(Hello
 		return nil, Hello{}, err
 	}
 	if refused != nil {
-		return nil, h, fmt.Errorf("reduce: %w: hello from %s (rank %d, world %d): %w", ErrRefused, nc.RemoteAddr(), h.Rank, h.World, refused)
+		return nil, h, fmt.Errorf("reduce: %w: hello from %s (rank %d, world %d): %w", authframe.ErrRefused, nc.RemoteAddr(), h.Rank, h.World, refused)
 	}
 	return newConn(nc, k, h, hb[:], ab[:32], ToRank, opts), h, nil
 }

@@ -3,6 +3,8 @@ package reduce
 import (
 	"fmt"
 	"math"
+
+	"github.com/cohortdl/cohort/internal/authframe"
 )
 
 // Kind is a frame's type. Kinds below 0x40 flow rank to server, the others
@@ -232,7 +234,7 @@ type dec struct {
 
 func (d *dec) fail(format string, a ...any) {
 	if d.err == nil {
-		d.err = fmt.Errorf("reduce: %w: %s: %s", ErrMalformed, d.what, fmt.Sprintf(format, a...))
+		d.err = fmt.Errorf("reduce: %w: %s: %s", authframe.ErrMalformed, d.what, fmt.Sprintf(format, a...))
 	}
 }
 

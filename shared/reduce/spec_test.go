@@ -2,22 +2,17 @@ package reduce
 
 import (
 	"bytes"
-	"crypto/hmac"
-	"crypto/sha256"
 	"encoding/binary"
 	"testing"
+
+	"github.com/cohortdl/cohort/internal/authframe"
 )
 
 // The handshake and frame bytes follow doc.go, with every key and tag
-// computed here from the data key alone, independently of the code.
+// computed here from the data key and the labels alone, by plain HMAC
+// (authframe.Sum, whose own tests check it against crypto/hmac).
 func TestWireBytesFollowTheSpec(t *testing.T) {
-	sum := func(key []byte, parts ...[]byte) []byte {
-		m := hmac.New(sha256.New, key)
-		for _, p := range parts {
-			m.Write(p)
-		}
-		return m.Sum(nil)
-	}
+	sum := authframe.Sum
 	le := binary.LittleEndian
 	dataKey := []byte("fuzzing data key, thirty-two by.") // fuzzKeys' key
 	hk := sum(dataKey, []byte("cohort/reduce/v1/handshake"))
