@@ -21,7 +21,6 @@ import (
 	"github.com/cohortdl/cohort/core/config"
 	"github.com/cohortdl/cohort/core/wire"
 	"github.com/cohortdl/cohort/core/wire/wirepb"
-
 	"github.com/cohortdl/cohort/internal/authframe"
 )
 

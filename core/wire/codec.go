@@ -5,9 +5,8 @@ import (
 	"fmt"
 
 	"github.com/cohortdl/cohort/core/wire/wirepb"
-	"google.golang.org/protobuf/proto"
-
 	"github.com/cohortdl/cohort/internal/authframe"
+	"google.golang.org/protobuf/proto"
 )
 
 // Encode returns the frame kind of msg and its protobuf encoding (with

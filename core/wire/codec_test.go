@@ -6,9 +6,8 @@ import (
 	"testing"
 
 	"github.com/cohortdl/cohort/core/wire/wirepb"
-	"google.golang.org/protobuf/proto"
-
 	"github.com/cohortdl/cohort/internal/authframe"
+	"google.golang.org/protobuf/proto"
 )
 
 // Every FrameKind in wire.proto has a message type, both ways, and

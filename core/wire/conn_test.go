@@ -11,9 +11,8 @@ import (
 	"time"
 
 	"github.com/cohortdl/cohort/core/wire/wirepb"
-	"google.golang.org/protobuf/proto"
-
 	"github.com/cohortdl/cohort/internal/authframe"
+	"google.golang.org/protobuf/proto"
 )
 
 // Every message kind crosses a real Conn pair intact, each in its own

@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/cohortdl/cohort/core/wire/wirepb"
-
 	"github.com/cohortdl/cohort/internal/authframe"
 )
 
