@@ -11,6 +11,12 @@
 // frame, a protocol violation) is refused or dropped with a logged error;
 // the server goes on serving the others, and a dropped rank leaves the
 // barrier as if it had died.
+//
+// Where is: the listener, admission and per-connection goroutines in
+// server.go; the engine's event loop in engine.go, with membership in
+// membership.go, the round barrier in barrier.go and the cross-host sum in
+// sum.go. The channel's bytes are shared/reduce's, its authentication
+// internal/authframe's.
 package reduce
 
 import (
@@ -24,10 +30,9 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/cohortdl/cohort/internal/authframe"
 	"github.com/cohortdl/cohort/shared/arena"
 	rdc "github.com/cohortdl/cohort/shared/reduce"
-
-	"github.com/cohortdl/cohort/internal/authframe"
 )
 
 // Config configures a Server.

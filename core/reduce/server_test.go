@@ -16,9 +16,8 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
-	rdc "github.com/cohortdl/cohort/shared/reduce"
-
 	"github.com/cohortdl/cohort/internal/authframe"
+	rdc "github.com/cohortdl/cohort/shared/reduce"
 )
 
 var (
