@@ -46,8 +46,13 @@
 // verifies. Every read has a deadline. One goroutine owns each socket's
 // writes. Every refusal wraps exactly one of the sentinel errors of
 // internal/authframe (the control protocol's too): ErrMalformed, on this
-// channel, means bytes that verified but break a rule of msg.go or the
+// channel, means bytes that verified but break a rule of codec.go or the
 // handshake (a reserved field set, a payload that does not parse).
+//
+// Where is: keys.go the key schedule's labels; handshake.go the hello, ack
+// and both handshakes; conn.go the Conn and its lifetime, send.go its writer
+// goroutine, receive.go its reader; kind.go the frame kinds; msg.go the
+// messages and codec.go their bytes.
 package reduce
 
 import "github.com/cohortdl/cohort/internal/authframe"
