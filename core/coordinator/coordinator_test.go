@@ -19,6 +19,7 @@ import (
 
 	"github.com/cohortdl/cohort/core/wire"
 	"github.com/cohortdl/cohort/core/wire/wirepb"
+	"github.com/cohortdl/cohort/internal/authframe"
 )
 
 // A clean sync run: the conversation follows the protocol page from Admit
@@ -192,7 +193,7 @@ func TestHandshakeRefusals(t *testing.T) {
 			}
 			if err := tc.dial(h); err == nil {
 				t.Fatal("the coordinator acked a hello it must refuse")
-			} else if !errors.Is(err, wire.ErrTruncated) && !errors.Is(err, io.EOF) {
+			} else if !errors.Is(err, authframe.ErrTruncated) && !errors.Is(err, io.EOF) {
 				t.Errorf("client side: %v, want the connection closed without an ack", err)
 			}
 			waitFor(t, "the refusal to be logged", func() bool { return h.logHas("refused a rank connection", tc.logged) })

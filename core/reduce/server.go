@@ -11,6 +11,12 @@
 // frame, a protocol violation) is refused or dropped with a logged error;
 // the server goes on serving the others, and a dropped rank leaves the
 // barrier as if it had died.
+//
+// Where is: the listener, admission and per-connection goroutines in
+// server.go; the engine's event loop in engine.go, with membership in
+// membership.go, the round barrier in barrier.go and the cross-host sum in
+// sum.go. The channel's bytes are shared/reduce's, its authentication
+// internal/authframe's.
 package reduce
 
 import (
@@ -24,6 +30,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/cohortdl/cohort/internal/authframe"
 	"github.com/cohortdl/cohort/shared/arena"
 	rdc "github.com/cohortdl/cohort/shared/reduce"
 )
@@ -289,7 +296,7 @@ func (s *Server) admit(nc net.Conn) {
 		s.mu.Unlock()
 	}
 	if err != nil {
-		if errors.Is(err, rdc.ErrRefused) {
+		if errors.Is(err, authframe.ErrRefused) {
 			s.log.Warn("refused a rank's data channel", "remote", nc.RemoteAddr().String(), "rank", h.Rank, "error", err.Error())
 		} else if s.ctx.Err() == nil {
 			s.log.Warn("refused a data-channel connection", "remote", nc.RemoteAddr().String(), "error", err.Error())

@@ -16,6 +16,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/cohortdl/cohort/internal/authframe"
 	rdc "github.com/cohortdl/cohort/shared/reduce"
 )
 
@@ -259,7 +260,7 @@ func TestMisbehavingConnections(t *testing.T) {
 			name: "wrong key", joins: false, log: "hello tag does not verify",
 			act: func(t *testing.T, s *Server) {
 				_, err := dialRank(t, s, testHello(1, 2), wrongKey)
-				if err == nil || !errors.Is(err, rdc.ErrTruncated) {
+				if err == nil || !errors.Is(err, authframe.ErrTruncated) {
 					t.Fatalf("wrong-key handshake: %v", err)
 				}
 			},

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/cohortdl/cohort/core/wire/wirepb"
+	"github.com/cohortdl/cohort/internal/authframe"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -30,12 +31,12 @@ func Encode(msg proto.Message) (wirepb.FrameKind, []byte, error) {
 }
 
 // Decode parses payload as the message type that kind names. An unknown kind
-// wraps ErrUnknownKind; a payload that does not parse is an error naming the
+// wraps authframe.ErrUnknownKind; a payload that does not parse is an error naming the
 // kind.
 func Decode(kind wirepb.FrameKind, payload []byte) (proto.Message, error) {
 	msg := newMessage(kind)
 	if msg == nil {
-		return nil, fmt.Errorf("%w: %d", ErrUnknownKind, uint32(kind))
+		return nil, fmt.Errorf("wire: %w: %d", authframe.ErrUnknownKind, uint32(kind))
 	}
 	if err := proto.Unmarshal(payload, msg); err != nil {
 		return nil, fmt.Errorf("wire: decode %s payload (%d bytes): %w", kind, len(payload), err)

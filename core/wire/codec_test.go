@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/cohortdl/cohort/core/wire/wirepb"
+	"github.com/cohortdl/cohort/internal/authframe"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -75,8 +76,8 @@ func TestEncodeRefuses(t *testing.T) {
 
 func TestDecodeRefuses(t *testing.T) {
 	for _, kind := range []wirepb.FrameKind{0, 19, 63, 78, 999, -1} {
-		if _, err := Decode(kind, nil); !errors.Is(err, ErrUnknownKind) {
-			t.Errorf("Decode(kind %d): %v, want ErrUnknownKind", kind, err)
+		if _, err := Decode(kind, nil); !errors.Is(err, authframe.ErrUnknownKind) {
+			t.Errorf("Decode(kind %d): %v, want authframe.ErrUnknownKind", kind, err)
 		}
 	}
 	// A truncated varint does not parse; the error names the kind.

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/cohortdl/cohort/core/wire/wirepb"
+	"github.com/cohortdl/cohort/internal/authframe"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -128,12 +129,12 @@ func newConn(nc net.Conn, keys Keys, hello Hello, hb []byte, sendDir direction, 
 		hello:     hello,
 		opts:      o,
 		sendDir:   sendDir,
-		rd:        frameReader{mac: newFrameMAC(connKey(keys, recvDir, hb)), dir: recvDir, max: o.maxPayload},
+		rd:        frameReader{mac: authframe.NewMAC(connKey(keys, recvDir, hb)), dir: recvDir, max: o.maxPayload},
 		sendq:     make(chan *sendReq, 16),
 		quit:      make(chan struct{}),
 		writerEnd: make(chan struct{}),
 	}
-	go c.writeLoop(&frameWriter{mac: newFrameMAC(connKey(keys, sendDir, hb))})
+	go c.writeLoop(&frameWriter{mac: authframe.NewMAC(connKey(keys, sendDir, hb))})
 	return c
 }
 
@@ -158,7 +159,7 @@ func (c *Conn) Send(ctx context.Context, msg proto.Message) error {
 		return fmt.Errorf("wire: cannot send %s on this end: it flows %s, this end sends %s", kind, d, c.sendDir)
 	}
 	if len(payload) > int(c.opts.maxPayload) {
-		return fmt.Errorf("%w: %s is %d bytes, limit %d", ErrTooLarge, kind, len(payload), c.opts.maxPayload)
+		return fmt.Errorf("wire: %w: %s is %d bytes, limit %d", authframe.ErrTooLarge, kind, len(payload), c.opts.maxPayload)
 	}
 	req := &sendReq{kind: kind, payload: payload, done: make(chan error, 1)}
 	select {
@@ -224,7 +225,7 @@ func (c *Conn) writeLoop(w *frameWriter) {
 				err = werr
 			}
 			req.done <- err
-			if cap(buf) > readChunk {
+			if cap(buf) > authframe.ReadChunk {
 				buf = nil
 			}
 		}
@@ -255,8 +256,8 @@ func (c *Conn) Receive(ctx context.Context) (proto.Message, error) {
 	// Idle: wait for a frame's first byte.
 	// Setting a deadline fails only on a connection that is closed or whose
 	// peer has gone (net.Pipe); the read then reports what happened.
-	_ = c.nc.SetReadDeadline(sooner(time.Now(), c.opts.idleTimeout, ctx))
-	stop := interruptOn(ctx, c.nc.SetReadDeadline)
+	_ = c.nc.SetReadDeadline(authframe.Deadline(ctx, time.Now(), c.opts.idleTimeout))
+	stop := authframe.InterruptOn(ctx, c.nc.SetReadDeadline)
 	_, err := io.ReadFull(c.nc, c.rd.hdr[:1])
 	stop()
 	if err != nil {
@@ -264,7 +265,7 @@ func (c *Conn) Receive(ctx context.Context) (proto.Message, error) {
 		case err == io.EOF:
 			return nil, c.failRead(io.EOF)
 		case errors.Is(err, os.ErrDeadlineExceeded):
-			if cerr := ctxErr(ctx); cerr != nil {
+			if cerr := authframe.CtxErr(ctx); cerr != nil {
 				return nil, cerr
 			}
 			return nil, fmt.Errorf("wire: no frame from %s within %v: %w", c.nc.RemoteAddr(), c.opts.idleTimeout, err)
@@ -309,62 +310,4 @@ func (c *Conn) Close() error {
 		<-c.writerEnd
 	})
 	return c.closeErr
-}
-
-// sooner returns the deadline now+timeout (none if timeout <= 0), or ctx's
-// deadline if that is sooner.
-func sooner(now time.Time, timeout time.Duration, ctx context.Context) time.Time {
-	var dl time.Time
-	if timeout > 0 {
-		dl = now.Add(timeout)
-	}
-	if cd, ok := ctx.Deadline(); ok && (dl.IsZero() || cd.Before(dl)) {
-		return cd
-	}
-	return dl
-}
-
-// ioErr turns a deadline error caused by ctx into ctx's error.
-func ioErr(ctx context.Context, err error) error {
-	if errors.Is(err, os.ErrDeadlineExceeded) {
-		if cerr := ctxErr(ctx); cerr != nil {
-			return cerr
-		}
-	}
-	return err
-}
-
-// ctxErr is ctx.Err(), or context.DeadlineExceeded once ctx's deadline has
-// passed even if ctx has not noticed yet.
-func ctxErr(ctx context.Context) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	if d, ok := ctx.Deadline(); ok && !time.Now().Before(d) {
-		return context.DeadlineExceeded
-	}
-	return nil
-}
-
-// interruptOn makes ctx's end interrupt blocked socket I/O by moving the
-// deadline (through set) into the past. After stop returns it never fires.
-func interruptOn(ctx context.Context, set func(time.Time) error) (stop func()) {
-	if ctx.Done() == nil {
-		return func() {}
-	}
-	var mu sync.Mutex
-	disarmed := false
-	stopAfter := context.AfterFunc(ctx, func() {
-		mu.Lock()
-		defer mu.Unlock()
-		if !disarmed {
-			set(time.Unix(1, 0))
-		}
-	})
-	return func() {
-		stopAfter()
-		mu.Lock()
-		disarmed = true
-		mu.Unlock()
-	}
 }

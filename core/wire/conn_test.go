@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/cohortdl/cohort/core/wire/wirepb"
+	"github.com/cohortdl/cohort/internal/authframe"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -130,44 +131,43 @@ func TestConnConcurrentSend(t *testing.T) {
 func TestConnRejectsBadFrames(t *testing.T) {
 	other := mustKeys(t, otherSecret)
 	k := mustKeys(t, testSecret)
-	helloOther := encodeHello(Hello{Rank: 0, World: 2}, k.handshake)
+	helloOther := encodeHello(Hello{Rank: 0, World: 2}, k.k.Handshake())
 	hb := func(n uint64) proto.Message { return &wirepb.Heartbeat{Rank: 1, Counter: n} }
 	cases := []struct {
 		name  string
-		bytes func(w *frameWriter) []byte // after one good frame
+		bytes func(w *frameWriter, first []byte) []byte // after one good frame
 		want  error
 	}{
-		{"replayed frame", func(w *frameWriter) []byte {
-			w.seq--
-			return mustFrame(w, hb(0))
-		}, ErrBadTag},
-		{"dropped frame", func(w *frameWriter) []byte {
+		{"replayed frame", func(_ *frameWriter, first []byte) []byte {
+			return first
+		}, authframe.ErrBadTag},
+		{"dropped frame", func(w *frameWriter, _ []byte) []byte {
 			mustFrame(w, hb(1))
 			return mustFrame(w, hb(2))
-		}, ErrBadTag},
-		{"wrong secret", func(w *frameWriter) []byte {
-			hbytes := encodeHello(Hello{Rank: 1, World: 2}, other.handshake)
-			ow := &frameWriter{mac: newFrameMAC(connKey(other, dirToCoord, hbytes[:])), seq: w.seq}
+		}, authframe.ErrBadTag},
+		{"wrong secret", func(w *frameWriter, _ []byte) []byte {
+			hbytes := encodeHello(Hello{Rank: 1, World: 2}, other.k.Handshake())
+			ow := writerAt(connKey(other, dirToCoord, hbytes[:]), w.mac.Seq())
 			return mustFrame(ow, hb(1))
-		}, ErrBadTag},
-		{"spliced from rank 0's connection", func(w *frameWriter) []byte {
-			ow := &frameWriter{mac: newFrameMAC(connKey(k, dirToCoord, helloOther[:])), seq: w.seq}
+		}, authframe.ErrBadTag},
+		{"spliced from rank 0's connection", func(w *frameWriter, _ []byte) []byte {
+			ow := writerAt(connKey(k, dirToCoord, helloOther[:]), w.mac.Seq())
 			return mustFrame(ow, hb(1))
-		}, ErrBadTag},
-		{"flipped payload bit", func(w *frameWriter) []byte {
+		}, authframe.ErrBadTag},
+		{"flipped payload bit", func(w *frameWriter, _ []byte) []byte {
 			b := mustFrame(w, hb(1))
 			b[len(b)-1] ^= 4
 			return b
-		}, ErrBadTag},
-		{"wrong-direction kind", func(w *frameWriter) []byte {
+		}, authframe.ErrBadTag},
+		{"wrong-direction kind", func(w *frameWriter, _ []byte) []byte {
 			return mustFrame(w, &wirepb.Shutdown{})
-		}, ErrUnknownKind},
-		{"over the limit", func(w *frameWriter) []byte {
+		}, authframe.ErrUnknownKind},
+		{"over the limit", func(w *frameWriter, _ []byte) []byte {
 			return mustFrame(w, &wirepb.Ready{Trainer: string(make([]byte, 300))})
-		}, ErrTooLarge},
-		{"closed mid-frame", func(w *frameWriter) []byte {
+		}, authframe.ErrTooLarge},
+		{"closed mid-frame", func(w *frameWriter, _ []byte) []byte {
 			return mustFrame(w, hb(1))[:headerSize+2]
-		}, ErrTruncated},
+		}, authframe.ErrTruncated},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -175,8 +175,9 @@ func TestConnRejectsBadFrames(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
 			go func() {
-				raw.Write(mustFrame(w, hb(0)))
-				raw.Write(tc.bytes(w))
+				first := mustFrame(w, hb(0))
+				raw.Write(first)
+				raw.Write(tc.bytes(w, first))
 				raw.Close()
 			}()
 			if msg, err := coord.Receive(ctx); err != nil || !proto.Equal(msg, hb(0)) {
@@ -247,13 +248,13 @@ func TestReceiveWaits(t *testing.T) {
 		start := time.Now()
 		_, err := coord.Receive(ctx)
 		el := time.Since(start)
-		if !errors.Is(err, ErrTruncated) || !errors.Is(err, os.ErrDeadlineExceeded) {
-			t.Fatalf("got %v, want ErrTruncated after the read timeout", err)
+		if !errors.Is(err, authframe.ErrTruncated) || !errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatalf("got %v, want authframe.ErrTruncated after the read timeout", err)
 		}
 		if el < 3*short-10*time.Millisecond || el > 3*time.Second {
 			t.Fatalf("gave up mid-frame after %v, want about %v (the read timeout, not ctx)", el, 3*short)
 		}
-		if _, again := coord.Receive(context.Background()); !errors.Is(again, ErrTruncated) {
+		if _, again := coord.Receive(context.Background()); !errors.Is(again, authframe.ErrTruncated) {
 			t.Fatalf("next Receive: %v, want the same failure", again)
 		}
 	})
@@ -272,7 +273,7 @@ func TestSendRefuses(t *testing.T) {
 		{"coordinator sends a rank kind", coord, &wirepb.Heartbeat{}, nil},
 		{"nil", rank, nil, nil},
 		{"not a control message", rank, &wirepb.EpochPlan{}, nil},
-		{"over the limit", rank, &wirepb.Ready{Trainer: string(make([]byte, 65))}, ErrTooLarge},
+		{"over the limit", rank, &wirepb.Ready{Trainer: string(make([]byte, 65))}, authframe.ErrTooLarge},
 	} {
 		err := tc.c.Send(ctx, tc.msg)
 		if err == nil || (tc.want != nil && !errors.Is(err, tc.want)) {

@@ -11,7 +11,8 @@
 //	frame  magic u32 | version u32 | tag [8] | kind u32 | length u32 | payload
 //
 // Every tag is the first 8 bytes of an HMAC-SHA256 under a key derived from
-// the run's secret (see [DeriveKeys]):
+// the run's secret (see [DeriveKeys]; the derivation and the frame MAC are
+// the authenticated-framing kernel's, internal/authframe):
 //
 //   - hello: over the hello's bytes [0:16], under the handshake key;
 //   - ack: over the ack's bytes [0:8] followed by the 24 bytes of the hello it
@@ -29,11 +30,19 @@
 // reader's direction: kinds below 64 flow coordinator to rank, the others
 // rank to coordinator), and length (at most [MaxControlPayload]) before it
 // allocates anything, then reads the payload and verifies the tag; only a
-// verified payload is decoded. Each refusal wraps one of the exported
-// sentinel errors, so callers can test for it with errors.Is.
+// verified payload is decoded. Each refusal wraps exactly one of the
+// sentinel errors of internal/authframe, which the averager's data channel
+// shares, so callers test with errors.Is(err, authframe.ErrBadTag) whichever
+// protocol failed: ErrBadMagic and ErrBadVersion (a peer that is not a
+// cohort control peer of this version), ErrUnknownKind (a kind not in
+// wire.proto, or flowing the other way), ErrTooLarge (a length over the
+// reader's limit), ErrTruncated (the stream ended or stalled inside a hello,
+// ack or frame), ErrBadTag (another secret, or a tampered, replayed, dropped,
+// reordered, reflected or spliced frame) and ErrRefused (the coordinator
+// refused the hello).
 package wire
 
-import "errors"
+import "github.com/cohortdl/cohort/internal/authframe"
 
 // Protocol constants. The magic values are cohort's own, so a peer speaking
 // any other protocol fails at the first four bytes instead of being misread.
@@ -58,30 +67,9 @@ const (
 	helloSize  = 24
 	ackSize    = 16
 	headerSize = 24
-	tagSize    = 8
+	tagSize    = authframe.TagSize
 
 	// Kinds below kindRankBase flow coordinator -> rank; the others rank ->
 	// coordinator.
 	kindRankBase = 64
-)
-
-// Sentinel errors. Every refusal of bytes read from a peer wraps exactly one
-// of them; the message around it says what was seen.
-var (
-	// ErrBadMagic: the first four bytes are not the expected magic.
-	ErrBadMagic = errors.New("wire: bad magic")
-	// ErrBadVersion: the peer speaks another protocol version.
-	ErrBadVersion = errors.New("wire: unsupported version")
-	// ErrUnknownKind: a frame kind that is not in wire.proto, or that flows
-	// the other way.
-	ErrUnknownKind = errors.New("wire: unknown frame kind")
-	// ErrTooLarge: a declared payload length over the reader's limit.
-	ErrTooLarge = errors.New("wire: payload too large")
-	// ErrTruncated: the stream ended or stalled inside a hello, ack or frame.
-	ErrTruncated = errors.New("wire: truncated")
-	// ErrBadTag: an authentication tag that does not verify (wrong secret,
-	// tampered bytes, or a replayed, dropped or reordered frame).
-	ErrBadTag = errors.New("wire: authentication failed")
-	// ErrRefused: the coordinator refused a rank's hello.
-	ErrRefused = errors.New("wire: handshake refused")
 )

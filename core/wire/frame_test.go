@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/cohortdl/cohort/core/wire/wirepb"
+	"github.com/cohortdl/cohort/internal/authframe"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -51,7 +52,7 @@ func TestReadFrameAccepts(t *testing.T) {
 	key := bytes.Repeat([]byte{1}, 32)
 	msgs := []proto.Message{&wirepb.Heartbeat{Rank: 1, Counter: 1}, &wirepb.Exiting{}, &wirepb.Heartbeat{Rank: 1, Counter: 2}}
 	src := bytes.NewReader(bytes.Join(frameBytes(t, key, msgs...), nil))
-	r := &frameReader{mac: newFrameMAC(key), dir: dirToCoord, max: MaxControlPayload}
+	r := &frameReader{mac: authframe.NewMAC(key), dir: dirToCoord, max: MaxControlPayload}
 	for i, want := range msgs {
 		kind, payload, err := r.readFrame(src)
 		if err != nil {
@@ -71,8 +72,8 @@ func TestReadFrameAccepts(t *testing.T) {
 func TestReadFrameRejects(t *testing.T) {
 	key := bytes.Repeat([]byte{1}, 32)
 	k := mustKeys(t, testSecret)
-	hb := encodeHello(Hello{Rank: 0, World: 2}, k.handshake)
-	hb1 := encodeHello(Hello{Rank: 1, World: 2}, k.handshake)
+	hb := encodeHello(Hello{Rank: 0, World: 2}, k.k.Handshake())
+	hb1 := encodeHello(Hello{Rank: 1, World: 2}, k.k.Handshake())
 	connToCoord := connKey(k, dirToCoord, hb[:])
 
 	hbeat := func(n uint64) proto.Message { return &wirepb.Heartbeat{Rank: 1, Counter: n} }
@@ -83,7 +84,7 @@ func TestReadFrameRejects(t *testing.T) {
 		return c
 	}
 	withKind := func(kind uint32) []byte {
-		w := &frameWriter{mac: newFrameMAC(key)}
+		w := &frameWriter{mac: authframe.NewMAC(key)}
 		return w.appendFrame(nil, wirepb.FrameKind(kind), []byte{8, 1})
 	}
 	cat := func(bs ...[]byte) []byte { return bytes.Join(bs, nil) }
@@ -97,30 +98,30 @@ func TestReadFrameRejects(t *testing.T) {
 		want    error
 		mention string // a value the error must quote
 	}{
-		{name: "wrong magic", stream: mut(f[0], func(b []byte) { binary.LittleEndian.PutUint32(b, 0x12345678) }), want: ErrBadMagic, mention: "0x12345678"},
-		{name: "floDl magic", stream: mut(f[0], func(b []byte) { binary.LittleEndian.PutUint32(b, 0xF10D17C4) }), want: ErrBadMagic, mention: "0xf10d17c4"},
-		{name: "wrong version", stream: mut(f[0], func(b []byte) { binary.LittleEndian.PutUint32(b[4:], 6) }), want: ErrBadVersion, mention: "version 6"},
-		{name: "unknown kind", stream: withKind(999), want: ErrUnknownKind, mention: "999"},
-		{name: "unspecified kind", stream: withKind(0), want: ErrUnknownKind},
-		{name: "unknown kind in rank range", stream: withKind(127), want: ErrUnknownKind, mention: "127"},
-		{name: "wrong-direction kind", stream: withKind(uint32(wirepb.FrameKind_FRAME_KIND_SHUTDOWN)), want: ErrUnknownKind, mention: "FRAME_KIND_SHUTDOWN"},
-		{name: "length over the limit", stream: f[0], max: uint32(len(f[0]) - headerSize - 1), want: ErrTooLarge, mention: "limit"},
-		{name: "length over the default limit", stream: mut(f[0], func(b []byte) { binary.LittleEndian.PutUint32(b[20:], MaxControlPayload+1) }), want: ErrTooLarge, mention: "16777217"},
-		{name: "truncated header", stream: f[0][:10], want: ErrTruncated},
-		{name: "truncated after one byte", stream: f[0][:1], want: ErrTruncated},
-		{name: "truncated payload", stream: f[0][:len(f[0])-1], want: ErrTruncated},
-		{name: "truncated second frame", stream: cat(f[0], f[1][:headerSize]), good: 1, want: ErrTruncated},
-		{name: "flipped payload bit", stream: mut(f[0], func(b []byte) { b[len(b)-1] ^= 0x01 }), want: ErrBadTag},
-		{name: "flipped tag bit", stream: mut(f[0], func(b []byte) { b[12] ^= 0x80 }), want: ErrBadTag},
+		{name: "wrong magic", stream: mut(f[0], func(b []byte) { binary.LittleEndian.PutUint32(b, 0x12345678) }), want: authframe.ErrBadMagic, mention: "0x12345678"},
+		{name: "floDl magic", stream: mut(f[0], func(b []byte) { binary.LittleEndian.PutUint32(b, 0xF10D17C4) }), want: authframe.ErrBadMagic, mention: "0xf10d17c4"},
+		{name: "wrong version", stream: mut(f[0], func(b []byte) { binary.LittleEndian.PutUint32(b[4:], 6) }), want: authframe.ErrBadVersion, mention: "version 6"},
+		{name: "unknown kind", stream: withKind(999), want: authframe.ErrUnknownKind, mention: "999"},
+		{name: "unspecified kind", stream: withKind(0), want: authframe.ErrUnknownKind},
+		{name: "unknown kind in rank range", stream: withKind(127), want: authframe.ErrUnknownKind, mention: "127"},
+		{name: "wrong-direction kind", stream: withKind(uint32(wirepb.FrameKind_FRAME_KIND_SHUTDOWN)), want: authframe.ErrUnknownKind, mention: "FRAME_KIND_SHUTDOWN"},
+		{name: "length over the limit", stream: f[0], max: uint32(len(f[0]) - headerSize - 1), want: authframe.ErrTooLarge, mention: "limit"},
+		{name: "length over the default limit", stream: mut(f[0], func(b []byte) { binary.LittleEndian.PutUint32(b[20:], MaxControlPayload+1) }), want: authframe.ErrTooLarge, mention: "16777217"},
+		{name: "truncated header", stream: f[0][:10], want: authframe.ErrTruncated},
+		{name: "truncated after one byte", stream: f[0][:1], want: authframe.ErrTruncated},
+		{name: "truncated payload", stream: f[0][:len(f[0])-1], want: authframe.ErrTruncated},
+		{name: "truncated second frame", stream: cat(f[0], f[1][:headerSize]), good: 1, want: authframe.ErrTruncated},
+		{name: "flipped payload bit", stream: mut(f[0], func(b []byte) { b[len(b)-1] ^= 0x01 }), want: authframe.ErrBadTag},
+		{name: "flipped tag bit", stream: mut(f[0], func(b []byte) { b[12] ^= 0x80 }), want: authframe.ErrBadTag},
 		{name: "kind swapped", stream: mut(f[0], func(b []byte) {
 			binary.LittleEndian.PutUint32(b[16:], uint32(wirepb.FrameKind_FRAME_KIND_EXITING))
-		}), want: ErrBadTag},
-		{name: "wrong secret", stream: f[0], key: bytes.Repeat([]byte{2}, 32), want: ErrBadTag},
-		{name: "reflected frame (other direction's key)", stream: frameBytes(t, connKey(k, dirToRank, hb[:]), hbeat(0))[0], key: connToCoord, want: ErrBadTag},
-		{name: "spliced from another connection", stream: frameBytes(t, connKey(k, dirToCoord, hb1[:]), hbeat(0))[0], key: connToCoord, want: ErrBadTag},
-		{name: "replayed frame", stream: cat(f[0], f[0]), good: 1, want: ErrBadTag},
-		{name: "reordered frames", stream: cat(f[1], f[0]), want: ErrBadTag},
-		{name: "dropped frame", stream: cat(f[0], f[2]), good: 1, want: ErrBadTag},
+		}), want: authframe.ErrBadTag},
+		{name: "wrong secret", stream: f[0], key: bytes.Repeat([]byte{2}, 32), want: authframe.ErrBadTag},
+		{name: "reflected frame (other direction's key)", stream: frameBytes(t, connKey(k, dirToRank, hb[:]), hbeat(0))[0], key: connToCoord, want: authframe.ErrBadTag},
+		{name: "spliced from another connection", stream: frameBytes(t, connKey(k, dirToCoord, hb1[:]), hbeat(0))[0], key: connToCoord, want: authframe.ErrBadTag},
+		{name: "replayed frame", stream: cat(f[0], f[0]), good: 1, want: authframe.ErrBadTag},
+		{name: "reordered frames", stream: cat(f[1], f[0]), want: authframe.ErrBadTag},
+		{name: "dropped frame", stream: cat(f[0], f[2]), good: 1, want: authframe.ErrBadTag},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -131,7 +132,7 @@ func TestReadFrameRejects(t *testing.T) {
 			if tc.max != 0 {
 				max = tc.max
 			}
-			r := &frameReader{mac: newFrameMAC(rk), dir: dirToCoord, max: max}
+			r := &frameReader{mac: authframe.NewMAC(rk), dir: dirToCoord, max: max}
 			src := bytes.NewReader(tc.stream)
 			for i := 0; i < tc.good; i++ {
 				if _, _, err := r.readFrame(src); err != nil {
@@ -142,7 +143,7 @@ func TestReadFrameRejects(t *testing.T) {
 			if !errors.Is(err, tc.want) {
 				t.Fatalf("got %v, want %v", err, tc.want)
 			}
-			for _, other := range []error{ErrBadMagic, ErrBadVersion, ErrUnknownKind, ErrTooLarge, ErrTruncated, ErrBadTag} {
+			for _, other := range []error{authframe.ErrBadMagic, authframe.ErrBadVersion, authframe.ErrUnknownKind, authframe.ErrTooLarge, authframe.ErrTruncated, authframe.ErrBadTag} {
 				if other != tc.want && errors.Is(err, other) {
 					t.Errorf("error %q also matches %v", err, other)
 				}
@@ -174,12 +175,12 @@ func TestReadFrameDoesNotAllocateDeclaredLength(t *testing.T) {
 		want     error
 		maxAlloc uint64
 	}{
-		{"huge length", 0xFFFFFFF0, 100, ErrTooLarge, 64 << 10},
-		{"limit-sized length, little sent", MaxControlPayload, 100, ErrTruncated, readChunk + 64<<10},
+		{"huge length", 0xFFFFFFF0, 100, authframe.ErrTooLarge, 64 << 10},
+		{"limit-sized length, little sent", MaxControlPayload, 100, authframe.ErrTruncated, authframe.ReadChunk + 64<<10},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			stream := append(header(tc.declared), make([]byte, tc.sent)...)
-			r := &frameReader{mac: newFrameMAC(key), dir: dirToCoord, max: MaxControlPayload}
+			r := &frameReader{mac: authframe.NewMAC(key), dir: dirToCoord, max: MaxControlPayload}
 			var before, after runtime.MemStats
 			runtime.GC()
 			runtime.ReadMemStats(&before)

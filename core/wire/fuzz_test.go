@@ -3,6 +3,7 @@ package wire
 import (
 	"bytes"
 	"errors"
+	"github.com/cohortdl/cohort/internal/authframe"
 	"io"
 	"testing"
 )
@@ -19,7 +20,7 @@ const fuzzMaxPayload = 1 << 16
 // isSentinel reports whether err wraps one of the wire sentinels: every
 // refusal of bytes must.
 func isSentinel(err error) bool {
-	return isAny(err, ErrBadMagic, ErrBadVersion, ErrUnknownKind, ErrTooLarge, ErrTruncated, ErrBadTag)
+	return isAny(err, authframe.ErrBadMagic, authframe.ErrBadVersion, authframe.ErrUnknownKind, authframe.ErrTooLarge, authframe.ErrTruncated, authframe.ErrBadTag)
 }
 
 func FuzzDecodeHello(f *testing.F) {
@@ -62,8 +63,8 @@ func FuzzReadFrame(f *testing.F) {
 		if toRankDir {
 			dir = dirToRank
 		}
-		r := &frameReader{mac: newFrameMAC(fuzzFrameKey), dir: dir, max: fuzzMaxPayload}
-		w := &frameWriter{mac: newFrameMAC(fuzzFrameKey)}
+		r := &frameReader{mac: authframe.NewMAC(fuzzFrameKey), dir: dir, max: fuzzMaxPayload}
+		w := &frameWriter{mac: authframe.NewMAC(fuzzFrameKey)}
 		src := bytes.NewReader(data)
 		for {
 			start := len(data) - src.Len()
@@ -76,7 +77,7 @@ func FuzzReadFrame(f *testing.F) {
 			}
 			consumed := data[start : len(data)-src.Len()]
 			if re := w.appendFrame(nil, kind, payload); !bytes.Equal(re, consumed) {
-				t.Fatalf("frame %d: read % x, which re-encodes to % x", w.seq-1, consumed, re)
+				t.Fatalf("frame %d: read % x, which re-encodes to % x", w.mac.Seq()-1, consumed, re)
 			}
 			_, _ = Decode(kind, payload)
 		}

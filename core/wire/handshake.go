@@ -2,12 +2,12 @@ package wire
 
 import (
 	"context"
-	"crypto/hmac"
 	"errors"
 	"fmt"
 	"io"
 	"net"
-	"time"
+
+	"github.com/cohortdl/cohort/internal/authframe"
 )
 
 // Hello is what a rank says about itself when it connects: its global rank
@@ -24,23 +24,23 @@ func encodeHello(h Hello, hk []byte) [helloSize]byte {
 	le.PutUint32(b[4:8], Version)
 	le.PutUint32(b[8:12], h.Rank)
 	le.PutUint32(b[12:16], h.World)
-	copy(b[16:24], hmacSum(hk, b[0:16]))
+	copy(b[16:24], authframe.Tag(hk, b[0:16]))
 	return b
 }
 
 // decodeHello checks and decodes a hello: length, magic, version, tag.
 func decodeHello(b []byte, hk []byte) (Hello, error) {
 	if len(b) != helloSize {
-		return Hello{}, fmt.Errorf("%w: hello is %d bytes, want %d", ErrTruncated, len(b), helloSize)
+		return Hello{}, fmt.Errorf("%w: hello is %d bytes, want %d", authframe.ErrTruncated, len(b), helloSize)
 	}
 	if m := le.Uint32(b[0:4]); m != HelloMagic {
-		return Hello{}, fmt.Errorf("%w: hello magic 0x%08x, want 0x%08x", ErrBadMagic, m, HelloMagic)
+		return Hello{}, fmt.Errorf("%w: hello magic 0x%08x, want 0x%08x", authframe.ErrBadMagic, m, HelloMagic)
 	}
 	if v := le.Uint32(b[4:8]); v != Version {
-		return Hello{}, fmt.Errorf("%w: hello version %d, want %d", ErrBadVersion, v, Version)
+		return Hello{}, fmt.Errorf("%w: hello version %d, want %d", authframe.ErrBadVersion, v, Version)
 	}
-	if !hmac.Equal(hmacSum(hk, b[0:16])[:tagSize], b[16:24]) {
-		return Hello{}, fmt.Errorf("%w: hello tag does not verify (the rank holds another secret)", ErrBadTag)
+	if !authframe.TagOK(hk, b[16:24], b[0:16]) {
+		return Hello{}, fmt.Errorf("%w: hello tag does not verify (the rank holds another secret)", authframe.ErrBadTag)
 	}
 	return Hello{Rank: le.Uint32(b[8:12]), World: le.Uint32(b[12:16])}, nil
 }
@@ -50,7 +50,7 @@ func encodeAck(hello []byte, hk []byte) [ackSize]byte {
 	var b [ackSize]byte
 	le.PutUint32(b[0:4], AckMagic)
 	le.PutUint32(b[4:8], Version)
-	copy(b[8:16], hmacSum(hk, b[0:8], hello))
+	copy(b[8:16], authframe.Tag(hk, b[0:8], hello))
 	return b
 }
 
@@ -58,16 +58,16 @@ func encodeAck(hello []byte, hk []byte) [ackSize]byte {
 // magic, version, tag.
 func verifyAck(ack, hello []byte, hk []byte) error {
 	if len(ack) != ackSize {
-		return fmt.Errorf("%w: ack is %d bytes, want %d", ErrTruncated, len(ack), ackSize)
+		return fmt.Errorf("%w: ack is %d bytes, want %d", authframe.ErrTruncated, len(ack), ackSize)
 	}
 	if m := le.Uint32(ack[0:4]); m != AckMagic {
-		return fmt.Errorf("%w: ack magic 0x%08x, want 0x%08x", ErrBadMagic, m, AckMagic)
+		return fmt.Errorf("%w: ack magic 0x%08x, want 0x%08x", authframe.ErrBadMagic, m, AckMagic)
 	}
 	if v := le.Uint32(ack[4:8]); v != Version {
-		return fmt.Errorf("%w: ack version %d, want %d", ErrBadVersion, v, Version)
+		return fmt.Errorf("%w: ack version %d, want %d", authframe.ErrBadVersion, v, Version)
 	}
-	if !hmac.Equal(hmacSum(hk, ack[0:8], hello)[:tagSize], ack[8:16]) {
-		return fmt.Errorf("%w: ack tag does not verify (the coordinator holds another secret, or the ack answers another hello)", ErrBadTag)
+	if !authframe.TagOK(hk, ack[8:16], ack[0:8], hello) {
+		return fmt.Errorf("%w: ack tag does not verify (the coordinator holds another secret, or the ack answers another hello)", authframe.ErrBadTag)
 	}
 	return nil
 }
@@ -85,7 +85,7 @@ func checkHello(h Hello) error {
 // finish within the handshake timeout (10 s by default), or by ctx's
 // deadline if that is sooner; ctx's end aborts it. On success the returned
 // Conn owns nc; on failure nc is closed. A coordinator that refuses the hello
-// closes the connection without an ack, which reads as ErrTruncated here.
+// closes the connection without an ack, which reads as authframe.ErrTruncated here.
 func ClientHandshake(ctx context.Context, nc net.Conn, keys Keys, hello Hello, opts ...Option) (_ *Conn, err error) {
 	o := buildOptions(opts)
 	defer func() {
@@ -93,7 +93,7 @@ func ClientHandshake(ctx context.Context, nc net.Conn, keys Keys, hello Hello, o
 			nc.Close()
 		}
 	}()
-	if !keys.valid() {
+	if !keys.k.Valid() {
 		return nil, errZeroKeys
 	}
 	if err := checkHello(hello); err != nil {
@@ -102,22 +102,22 @@ func ClientHandshake(ctx context.Context, nc net.Conn, keys Keys, hello Hello, o
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("wire: handshake with %s: %w", nc.RemoteAddr(), err)
 	}
-	hb := encodeHello(hello, keys.handshake)
+	hb := encodeHello(hello, keys.k.Handshake())
 	var ab [ackSize]byte
-	err = withDeadline(ctx, nc, o.handshakeTimeout, func() error {
+	err = authframe.WithDeadline(ctx, nc, o.handshakeTimeout, func() error {
 		if _, err := nc.Write(hb[:]); err != nil {
-			return fmt.Errorf("wire: send hello to %s: %w", nc.RemoteAddr(), ioErr(ctx, err))
+			return fmt.Errorf("wire: send hello to %s: %w", nc.RemoteAddr(), authframe.CtxCause(ctx, err))
 		}
 		if n, err := io.ReadFull(nc, ab[:]); err != nil {
-			if isEOF(err) {
-				return fmt.Errorf("%w: ack from %s: got %d of %d bytes (the coordinator may have refused the hello): %w",
-					ErrTruncated, nc.RemoteAddr(), n, ackSize, err)
+			if authframe.IsEOF(err) {
+				return fmt.Errorf("wire: %w: ack from %s: got %d of %d bytes (the coordinator may have refused the hello): %w",
+					authframe.ErrTruncated, nc.RemoteAddr(), n, ackSize, err)
 			}
-			return fmt.Errorf("wire: read ack from %s: got %d of %d bytes: %w", nc.RemoteAddr(), n, ackSize, ioErr(ctx, err))
+			return fmt.Errorf("wire: read ack from %s: got %d of %d bytes: %w", nc.RemoteAddr(), n, ackSize, authframe.CtxCause(ctx, err))
 		}
 		// Verified here, so a bad ack is reported as such even when the
 		// coordinator hung up right after it and clearing the deadline fails.
-		if err := verifyAck(ab[:], hb[:], keys.handshake); err != nil {
+		if err := verifyAck(ab[:], hb[:], keys.k.Handshake()); err != nil {
 			return fmt.Errorf("wire: handshake with %s: %w", nc.RemoteAddr(), err)
 		}
 		return nil
@@ -133,7 +133,7 @@ func ClientHandshake(ctx context.Context, nc net.Conn, keys Keys, hello Hello, o
 // duplicate or out-of-range rank, or a wrong world size; nil accepts any
 // rank below its world size), and answers with an ack. The hello must arrive
 // within the handshake timeout (10 s by default), or by ctx's deadline if
-// that is sooner. On refusal no ack is sent, the error wraps ErrRefused and
+// that is sooner. On refusal no ack is sent, the error wraps authframe.ErrRefused and
 // accept's error, and the Hello is returned for the log. On success the
 // returned Conn owns nc; on failure nc is closed.
 func ServerHandshake(ctx context.Context, nc net.Conn, keys Keys, accept func(Hello) error, opts ...Option) (_ *Conn, _ Hello, err error) {
@@ -143,7 +143,7 @@ func ServerHandshake(ctx context.Context, nc net.Conn, keys Keys, accept func(He
 			nc.Close()
 		}
 	}()
-	if !keys.valid() {
+	if !keys.k.Valid() {
 		return nil, Hello{}, errZeroKeys
 	}
 	if err := ctx.Err(); err != nil {
@@ -151,59 +151,36 @@ func ServerHandshake(ctx context.Context, nc net.Conn, keys Keys, accept func(He
 	}
 	var hb [helloSize]byte
 	var hello Hello
-	err = withDeadline(ctx, nc, o.handshakeTimeout, func() error {
+	err = authframe.WithDeadline(ctx, nc, o.handshakeTimeout, func() error {
 		if n, err := io.ReadFull(nc, hb[:]); err != nil {
-			if isEOF(err) {
-				return fmt.Errorf("%w: hello from %s: got %d of %d bytes: %w", ErrTruncated, nc.RemoteAddr(), n, helloSize, err)
+			if authframe.IsEOF(err) {
+				return fmt.Errorf("wire: %w: hello from %s: got %d of %d bytes: %w", authframe.ErrTruncated, nc.RemoteAddr(), n, helloSize, err)
 			}
-			return fmt.Errorf("wire: read hello from %s: got %d of %d bytes: %w", nc.RemoteAddr(), n, helloSize, ioErr(ctx, err))
+			return fmt.Errorf("wire: read hello from %s: got %d of %d bytes: %w", nc.RemoteAddr(), n, helloSize, authframe.CtxCause(ctx, err))
 		}
 		var err error
-		if hello, err = decodeHello(hb[:], keys.handshake); err != nil {
+		if hello, err = decodeHello(hb[:], keys.k.Handshake()); err != nil {
 			return fmt.Errorf("wire: handshake with %s: %w", nc.RemoteAddr(), err)
 		}
 		if err := checkHello(hello); err != nil {
-			return fmt.Errorf("%w: hello from %s: %s", ErrRefused, nc.RemoteAddr(), err)
+			return fmt.Errorf("wire: %w: hello from %s: %s", authframe.ErrRefused, nc.RemoteAddr(), err)
 		}
 		if accept != nil {
 			if err := accept(hello); err != nil {
-				return fmt.Errorf("%w: hello from %s (rank %d, world %d): %w", ErrRefused, nc.RemoteAddr(), hello.Rank, hello.World, err)
+				return fmt.Errorf("wire: %w: hello from %s (rank %d, world %d): %w", authframe.ErrRefused, nc.RemoteAddr(), hello.Rank, hello.World, err)
 			}
 		}
-		ab := encodeAck(hb[:], keys.handshake)
+		ab := encodeAck(hb[:], keys.k.Handshake())
 		if _, err := nc.Write(ab[:]); err != nil {
-			return fmt.Errorf("wire: send ack to %s: %w", nc.RemoteAddr(), ioErr(ctx, err))
+			return fmt.Errorf("wire: send ack to %s: %w", nc.RemoteAddr(), authframe.CtxCause(ctx, err))
 		}
 		return nil
 	})
 	if err != nil {
-		if errors.Is(err, ErrRefused) {
+		if errors.Is(err, authframe.ErrRefused) {
 			return nil, hello, err
 		}
 		return nil, Hello{}, err
 	}
 	return newConn(nc, keys, hello, hb[:], dirToRank, o), hello, nil
-}
-
-// withDeadline runs f with nc's deadline set to timeout from now (or ctx's
-// deadline if sooner) and ctx's end interrupting it, then clears the
-// deadline.
-func withDeadline(ctx context.Context, nc net.Conn, timeout time.Duration, f func() error) error {
-	dl := sooner(time.Now(), timeout, ctx)
-	if err := nc.SetDeadline(dl); err != nil {
-		return fmt.Errorf("wire: set deadline on %s: %w", nc.RemoteAddr(), err)
-	}
-	stop := interruptOn(ctx, nc.SetDeadline)
-	err := f()
-	stop()
-	if err == nil {
-		if err = nc.SetDeadline(time.Time{}); err != nil {
-			err = fmt.Errorf("wire: clear deadline on %s: %w", nc.RemoteAddr(), err)
-		}
-	}
-	return err
-}
-
-func isEOF(err error) bool {
-	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
 }

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/cohortdl/cohort/core/wire/wirepb"
+	"github.com/cohortdl/cohort/internal/authframe"
 )
 
 // The bytes a real rank puts on the wire, computed here from the
@@ -84,15 +85,15 @@ func TestHandshakeRejections(t *testing.T) {
 	keys := mustKeys(t, testSecret)
 	otherKeys := mustKeys(t, otherSecret)
 	hello := Hello{Rank: 1, World: 2}
-	hb := encodeHello(hello, keys.handshake)
+	hb := encodeHello(hello, keys.k.Handshake())
 	setU32 := func(b []byte, off int, v uint32) []byte {
 		c := append([]byte(nil), b...)
 		binary.LittleEndian.PutUint32(c[off:], v)
 		return c
 	}
-	goodAck := encodeAck(hb[:], keys.handshake)
-	otherHello := encodeHello(Hello{Rank: 0, World: 2}, keys.handshake)
-	forged := func(h Hello) []byte { b := encodeHello(h, keys.handshake); return b[:] }
+	goodAck := encodeAck(hb[:], keys.k.Handshake())
+	otherHello := encodeHello(Hello{Rank: 0, World: 2}, keys.k.Handshake())
+	forged := func(h Hello) []byte { b := encodeHello(h, keys.k.Handshake()); return b[:] }
 
 	// The coordinator's side, facing hand-made hellos.
 	serverCases := []struct {
@@ -102,17 +103,17 @@ func TestHandshakeRejections(t *testing.T) {
 		want     error
 		wantSeen Hello // the Hello returned with a refusal
 	}{
-		{name: "wrong magic", hello: setU32(hb[:], 0, 0xF10D17C2), want: ErrBadMagic},
-		{name: "wrong version", hello: setU32(hb[:], 4, 2), want: ErrBadVersion},
-		{name: "wrong secret", hello: func() []byte { b := encodeHello(hello, otherKeys.handshake); return b[:] }(), want: ErrBadTag},
-		{name: "forged rank", hello: setU32(hb[:], 8, 0), want: ErrBadTag},
-		{name: "flipped tag bit", hello: func() []byte { c := append([]byte(nil), hb[:]...); c[20] ^= 1; return c }(), want: ErrBadTag},
-		{name: "truncated", hello: hb[:10], want: ErrTruncated},
-		{name: "empty", hello: nil, want: ErrTruncated},
-		{name: "rank out of range", hello: forged(Hello{Rank: 2, World: 2}), want: ErrRefused, wantSeen: Hello{Rank: 2, World: 2},
+		{name: "wrong magic", hello: setU32(hb[:], 0, 0xF10D17C2), want: authframe.ErrBadMagic},
+		{name: "wrong version", hello: setU32(hb[:], 4, 2), want: authframe.ErrBadVersion},
+		{name: "wrong secret", hello: func() []byte { b := encodeHello(hello, otherKeys.k.Handshake()); return b[:] }(), want: authframe.ErrBadTag},
+		{name: "forged rank", hello: setU32(hb[:], 8, 0), want: authframe.ErrBadTag},
+		{name: "flipped tag bit", hello: func() []byte { c := append([]byte(nil), hb[:]...); c[20] ^= 1; return c }(), want: authframe.ErrBadTag},
+		{name: "truncated", hello: hb[:10], want: authframe.ErrTruncated},
+		{name: "empty", hello: nil, want: authframe.ErrTruncated},
+		{name: "rank out of range", hello: forged(Hello{Rank: 2, World: 2}), want: authframe.ErrRefused, wantSeen: Hello{Rank: 2, World: 2},
 			accept: func(Hello) error { t.Error("accept consulted for an out-of-range rank"); return nil }},
-		{name: "zero world", hello: forged(Hello{Rank: 0, World: 0}), want: ErrRefused},
-		{name: "refused by accept", hello: hb[:], want: ErrRefused, wantSeen: hello,
+		{name: "zero world", hello: forged(Hello{Rank: 0, World: 0}), want: authframe.ErrRefused},
+		{name: "refused by accept", hello: hb[:], want: authframe.ErrRefused, wantSeen: hello,
 			accept: func(h Hello) error { return errors.New("rank 1 already connected") }},
 	}
 	for _, tc := range serverCases {
@@ -147,12 +148,12 @@ func TestHandshakeRejections(t *testing.T) {
 		ack  []byte
 		want error
 	}{
-		{name: "wrong magic", ack: setU32(goodAck[:], 0, 0xF10D17C3), want: ErrBadMagic},
-		{name: "wrong version", ack: setU32(goodAck[:], 4, 6), want: ErrBadVersion},
-		{name: "wrong secret", ack: func() []byte { b := encodeAck(hb[:], otherKeys.handshake); return b[:] }(), want: ErrBadTag},
-		{name: "bound to another hello", ack: func() []byte { b := encodeAck(otherHello[:], keys.handshake); return b[:] }(), want: ErrBadTag},
-		{name: "truncated", ack: goodAck[:15], want: ErrTruncated},
-		{name: "no ack", ack: nil, want: ErrTruncated},
+		{name: "wrong magic", ack: setU32(goodAck[:], 0, 0xF10D17C3), want: authframe.ErrBadMagic},
+		{name: "wrong version", ack: setU32(goodAck[:], 4, 6), want: authframe.ErrBadVersion},
+		{name: "wrong secret", ack: func() []byte { b := encodeAck(hb[:], otherKeys.k.Handshake()); return b[:] }(), want: authframe.ErrBadTag},
+		{name: "bound to another hello", ack: func() []byte { b := encodeAck(otherHello[:], keys.k.Handshake()); return b[:] }(), want: authframe.ErrBadTag},
+		{name: "truncated", ack: goodAck[:15], want: authframe.ErrTruncated},
+		{name: "no ack", ack: nil, want: authframe.ErrTruncated},
 	}
 	for _, tc := range clientCases {
 		t.Run("client/"+tc.name, func(t *testing.T) {
@@ -174,18 +175,18 @@ func TestHandshakeRejections(t *testing.T) {
 	// Both sides real.
 	t.Run("both/secrets differ", func(t *testing.T) {
 		cerr, serr := realHandshake(t, keys, otherKeys, hello, nil)
-		if !errors.Is(serr, ErrBadTag) || !errors.Is(cerr, ErrTruncated) {
-			t.Fatalf("client %v, server %v; want ErrTruncated, ErrBadTag", cerr, serr)
+		if !errors.Is(serr, authframe.ErrBadTag) || !errors.Is(cerr, authframe.ErrTruncated) {
+			t.Fatalf("client %v, server %v; want authframe.ErrTruncated, authframe.ErrBadTag", cerr, serr)
 		}
 	})
 	t.Run("both/refused by accept", func(t *testing.T) {
 		errWorld := errors.New("world size 2, coordinator runs 4")
 		cerr, serr := realHandshake(t, keys, keys, hello, func(Hello) error { return errWorld })
-		if !errors.Is(serr, ErrRefused) || !errors.Is(serr, errWorld) {
-			t.Fatalf("server %v; want ErrRefused wrapping accept's error", serr)
+		if !errors.Is(serr, authframe.ErrRefused) || !errors.Is(serr, errWorld) {
+			t.Fatalf("server %v; want authframe.ErrRefused wrapping accept's error", serr)
 		}
-		if !errors.Is(cerr, ErrTruncated) {
-			t.Fatalf("client %v; want ErrTruncated (no ack)", cerr)
+		if !errors.Is(cerr, authframe.ErrTruncated) {
+			t.Fatalf("client %v; want authframe.ErrTruncated (no ack)", cerr)
 		}
 	})
 	t.Run("client refuses an out-of-range hello", func(t *testing.T) {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/cohortdl/cohort/core/wire/wirepb"
+	"github.com/cohortdl/cohort/internal/authframe"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -111,7 +112,7 @@ func fakeRank(t testing.TB, hello Hello, opts ...Option) (raw net.Conn, w *frame
 		c, _, err := ServerHandshake(ctx, sn, keys, nil, opts...)
 		ch <- res{c, err}
 	}()
-	hb := encodeHello(hello, keys.handshake)
+	hb := encodeHello(hello, keys.k.Handshake())
 	if _, err := cn.Write(hb[:]); err != nil {
 		t.Fatalf("write hello: %v", err)
 	}
@@ -124,7 +125,17 @@ func fakeRank(t testing.TB, hello Hello, opts ...Option) (raw net.Conn, w *frame
 		t.Fatalf("ServerHandshake: %v", r.err)
 	}
 	t.Cleanup(func() { r.c.Close() })
-	return cn, &frameWriter{mac: newFrameMAC(connKey(keys, dirToCoord, hb[:]))}, r.c
+	return cn, &frameWriter{mac: authframe.NewMAC(connKey(keys, dirToCoord, hb[:]))}, r.c
+}
+
+// writerAt returns a frame writer under key whose next frame has sequence
+// number seq, as the writer of a connection that has sent seq frames.
+func writerAt(key []byte, seq uint64) *frameWriter {
+	w := &frameWriter{mac: authframe.NewMAC(key)}
+	for range seq {
+		w.appendFrame(nil, wirepb.FrameKind_FRAME_KIND_HEARTBEAT, nil)
+	}
+	return w
 }
 
 func readFullTimeout(c net.Conn, b []byte) (int, error) {
@@ -144,7 +155,7 @@ func readFullTimeout(c net.Conn, b []byte) (int, error) {
 // frameBytes encodes msgs as consecutive frames (sequence 0, 1, ...) under key.
 func frameBytes(t testing.TB, key []byte, msgs ...proto.Message) [][]byte {
 	t.Helper()
-	w := &frameWriter{mac: newFrameMAC(key)}
+	w := &frameWriter{mac: authframe.NewMAC(key)}
 	out := make([][]byte, len(msgs))
 	for i, m := range msgs {
 		kind, payload, err := Encode(m)

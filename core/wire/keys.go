@@ -1,21 +1,26 @@
 package wire
 
 import (
-	"crypto/hmac"
-	"crypto/sha256"
 	"errors"
 	"fmt"
+
+	"github.com/cohortdl/cohort/internal/authframe"
 )
 
-// Labels of the keys derived from a run's secret. Keys for other purposes
-// (Keys.Derive) live under their own prefix, so no caller-chosen label can
-// reproduce a wire key.
-const (
-	labelHandshake   = "cohort/wire/v1/handshake"
-	labelToRank      = "cohort/wire/v1/coordinator-to-rank"
-	labelToCoord     = "cohort/wire/v1/rank-to-coordinator"
-	labelDerivedBase = "cohort/derive/"
-)
+// The control protocol's key schedule. Keys for other purposes (Keys.Derive)
+// live under their own prefix, so no caller-chosen label can reproduce a wire
+// key.
+var schedule = authframe.Schedule{
+	Protocol:  "wire",
+	Secret:    "secret",
+	MinSecret: MinSecretLen,
+	Handshake: "cohort/wire/v1/handshake",
+	Frames: [2]string{
+		dirToRank:  "cohort/wire/v1/coordinator-to-rank",
+		dirToCoord: "cohort/wire/v1/rank-to-coordinator",
+	},
+	Derived: "cohort/derive/",
+}
 
 // AveragingDataKeyLabel is the Keys.Derive label of the key an averager's
 // own data channel authenticates with: the rank hands it to its averaging
@@ -28,27 +33,14 @@ const AveragingDataKeyLabel = "averaging data"
 // fails. Make one with DeriveKeys; the zero Keys is refused everywhere. A Keys
 // is immutable and safe to share between goroutines; printing it never shows
 // key material.
-type Keys struct {
-	secret    []byte
-	handshake []byte
-	toRank    []byte // frames coordinator -> rank
-	toCoord   []byte // frames rank -> coordinator
-}
+type Keys struct{ k authframe.Keys }
 
 // DeriveKeys derives the control protocol's keys from the run's shared
 // secret: HMAC-SHA256(secret, label) for a fixed label per purpose. It
 // refuses a secret shorter than MinSecretLen bytes.
 func DeriveKeys(secret []byte) (Keys, error) {
-	if len(secret) < MinSecretLen {
-		return Keys{}, fmt.Errorf("wire: secret is %d bytes, want at least %d", len(secret), MinSecretLen)
-	}
-	s := append([]byte(nil), secret...)
-	return Keys{
-		secret:    s,
-		handshake: hmacSum(s, []byte(labelHandshake)),
-		toRank:    hmacSum(s, []byte(labelToRank)),
-		toCoord:   hmacSum(s, []byte(labelToCoord)),
-	}, nil
+	k, err := authframe.DeriveKeys(schedule, secret)
+	return Keys{k}, err
 }
 
 // Derive returns a 32-byte key for another purpose, named by label (the
@@ -56,33 +48,23 @@ func DeriveKeys(secret []byte) (Keys, error) {
 // "cohort/derive/"+label). Distinct labels give independent keys, none equal
 // to a control protocol key. It refuses an empty label and the zero Keys.
 func (k Keys) Derive(label string) ([]byte, error) {
-	if !k.valid() {
+	if !k.k.Valid() {
 		return nil, errZeroKeys
 	}
-	if label == "" {
-		return nil, errors.New("wire: Derive needs a non-empty label")
-	}
-	return hmacSum(k.secret, []byte(labelDerivedBase+label)), nil
+	return k.k.Derive(label)
 }
 
 // Format keeps key material out of logs whatever the verb.
-func (k Keys) Format(f fmt.State, _ rune) {
-	if k.valid() {
-		fmt.Fprint(f, "wire.Keys{redacted}")
-	} else {
+func (k Keys) Format(f fmt.State, verb rune) {
+	if !k.k.Valid() {
 		fmt.Fprint(f, "wire.Keys{}")
+		return
 	}
+	k.k.Format(f, verb)
 }
 
 var errZeroKeys = errors.New("wire: keys not derived (use DeriveKeys)")
 
-func (k Keys) valid() bool { return len(k.secret) != 0 }
-
-// hmacSum returns HMAC-SHA256(key, parts...).
-func hmacSum(key []byte, parts ...[]byte) []byte {
-	m := hmac.New(sha256.New, key)
-	for _, p := range parts {
-		m.Write(p)
-	}
-	return m.Sum(nil)
-}
+// connKey is the key for frames flowing in d on the connection that hello
+// opened: it binds every frame to that connection's hello.
+func connKey(k Keys, d direction, hello []byte) []byte { return k.k.ConnKey(int(d), hello) }

@@ -21,33 +21,6 @@ func TestDeriveKeysRefusesShortSecrets(t *testing.T) {
 	}
 }
 
-func TestDeriveKeysSeparatesPurposes(t *testing.T) {
-	k := mustKeys(t, testSecret)
-	again := mustKeys(t, testSecret)
-	other := mustKeys(t, otherSecret)
-	derived, err := k.Derive("averager/data")
-	if err != nil {
-		t.Fatal(err)
-	}
-	named := map[string][]byte{
-		"handshake": k.handshake, "toRank": k.toRank, "toCoord": k.toCoord, "derived": derived,
-		"other.handshake": other.handshake, "other.toRank": other.toRank, "other.toCoord": other.toCoord,
-	}
-	seen := map[string]string{}
-	for name, key := range named {
-		if len(key) != 32 {
-			t.Errorf("%s is %d bytes, want 32", name, len(key))
-		}
-		if prev, dup := seen[string(key)]; dup {
-			t.Errorf("%s equals %s", name, prev)
-		}
-		seen[string(key)] = name
-	}
-	if !bytes.Equal(k.handshake, again.handshake) || !bytes.Equal(k.toRank, again.toRank) || !bytes.Equal(k.toCoord, again.toCoord) {
-		t.Error("DeriveKeys is not deterministic")
-	}
-}
-
 func TestDerive(t *testing.T) {
 	secret := append([]byte(nil), testSecret...)
 	k := mustKeys(t, secret)
@@ -66,9 +39,9 @@ func TestDerive(t *testing.T) {
 		t.Error("Derive ignores its label or the secret")
 	}
 	// No label reaches the wire keys.
-	for _, label := range []string{labelHandshake, labelToRank, labelToCoord, "../wire/v1/handshake"} {
+	for _, label := range []string{schedule.Handshake, schedule.Frames[0], schedule.Frames[1], "../wire/v1/handshake"} {
 		d, _ := k.Derive(label)
-		if bytes.Equal(d, k.handshake) || bytes.Equal(d, k.toRank) || bytes.Equal(d, k.toCoord) {
+		if bytes.Equal(d, k.k.Handshake()) || bytes.Equal(d, k.k.FrameKey(0)) || bytes.Equal(d, k.k.FrameKey(1)) {
 			t.Errorf("Derive(%q) reproduces a wire key", label)
 		}
 	}
@@ -83,7 +56,13 @@ func TestDerive(t *testing.T) {
 func TestKeysFormatRedacts(t *testing.T) {
 	k := mustKeys(t, testSecret)
 	out := fmt.Sprintf("%v %+v %#v %s %x %q", k, k, k, k, k, k)
-	for _, secret := range [][]byte{testSecret, k.secret, k.handshake, k.toRank, k.toCoord} {
+	if !strings.HasPrefix(out, "wire.Keys{redacted} ") {
+		t.Errorf("formatted Keys %q does not name the wire protocol", out)
+	}
+	if z := fmt.Sprint(Keys{}); z != "wire.Keys{}" {
+		t.Errorf("zero Keys prints %q, want wire.Keys{}", z)
+	}
+	for _, secret := range [][]byte{testSecret, k.k.Handshake(), k.k.FrameKey(0), k.k.FrameKey(1)} {
 		if strings.Contains(out, string(secret)) || strings.Contains(out, hex.EncodeToString(secret[:8])) ||
 			strings.Contains(out, fmt.Sprint(secret[:4])[1:8]) {
 			t.Fatalf("formatted Keys leaks key material: %s", out)

@@ -9,6 +9,8 @@ import (
 	"net"
 	"testing"
 	"time"
+
+	"github.com/cohortdl/cohort/internal/authframe"
 )
 
 var testKeys, _ = DeriveKeys([]byte("a test data key of 32 bytes long"))
@@ -83,7 +85,7 @@ func TestFramesBothWays(t *testing.T) {
 	if _, err := cc.SendAsync(KindPlan, nil); err == nil {
 		t.Fatal("rank sent a server kind")
 	}
-	if _, err := cc.SendAsync(KindFold, make([]byte, BulkHeaderSize+3)); !errors.Is(err, ErrMalformed) {
+	if _, err := cc.SendAsync(KindFold, make([]byte, BulkHeaderSize+3)); !errors.Is(err, authframe.ErrMalformed) {
 		t.Fatalf("odd bulk size: %v", err)
 	}
 	if err := sc.Send(context.Background(), KindResult, Result{Round: 1}.Encode()); err != nil {
@@ -119,11 +121,11 @@ func TestReplayRefused(t *testing.T) {
 	}
 	frame := rec.buf.Bytes()[HelloSize:]
 	rec.Conn.Write(frame) // the same bytes again
-	if _, err := sc.Receive(nil); !errors.Is(err, ErrBadTag) {
+	if _, err := sc.Receive(nil); !errors.Is(err, authframe.ErrBadTag) {
 		t.Fatalf("replayed frame: %v", err)
 	}
 	// The stream is over for good.
-	if _, err := sc.Receive(nil); !errors.Is(err, ErrBadTag) {
+	if _, err := sc.Receive(nil); !errors.Is(err, authframe.ErrBadTag) {
 		t.Fatalf("after a refusal: %v", err)
 	}
 }
@@ -132,10 +134,10 @@ func TestReplayRefused(t *testing.T) {
 func TestRefusalCarriesReason(t *testing.T) {
 	_, _, cerr, serr := pair(t, hello, func(Hello) error { return &Refusal{Status: RefusedDuplicate} }, nil)
 	var r *Refusal
-	if !errors.As(cerr, &r) || r.Status != RefusedDuplicate || !errors.Is(cerr, ErrRefused) {
+	if !errors.As(cerr, &r) || r.Status != RefusedDuplicate || !errors.Is(cerr, authframe.ErrRefused) {
 		t.Fatalf("client: %v", cerr)
 	}
-	if !errors.Is(serr, ErrRefused) {
+	if !errors.Is(serr, authframe.ErrRefused) {
 		t.Fatalf("server: %v", serr)
 	}
 }
@@ -154,10 +156,10 @@ func TestWrongKeyUnanswered(t *testing.T) {
 	other, _ := DeriveKeys([]byte("some other key that is 32 bytes!"))
 	nc, _ := net.Dial("tcp", ln.Addr().String())
 	_, err := ClientHandshake(context.Background(), nc, other, hello, Options{Timeout: time.Second})
-	if !errors.Is(err, ErrTruncated) {
+	if !errors.Is(err, authframe.ErrTruncated) {
 		t.Fatalf("client: %v", err)
 	}
-	if err := <-serr; !errors.Is(err, ErrBadTag) {
+	if err := <-serr; !errors.Is(err, authframe.ErrBadTag) {
 		t.Fatalf("server: %v", err)
 	}
 }

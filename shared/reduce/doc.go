@@ -1,9 +1,11 @@
 // Package reduce owns the bytes of the CPU averaging data channel: the TCP
 // connection from each rank's averaging plugin (plugins/averaging-cpu) to the
-// reduce server (core/reduce). It holds the key schedule, the
-// handshake, the authenticated frames and the codec of every message. The
-// arithmetic both ends run (weights, bf16, the reduce kernels, the outer
-// optimizers) lives in reduce/numeric.
+// reduce server (core/reduce). It holds the key schedule's labels, the
+// handshake, the frame layout and the codec of every message. The key
+// derivation, the sequence-numbered frame MAC, the deadline helpers and the
+// sentinel errors are the authenticated-framing kernel's (internal/authframe),
+// shared with the control protocol. The arithmetic both ends run (weights,
+// bf16, the reduce kernels, the outer optimizers) lives in reduce/numeric.
 //
 // All integers are little-endian. A rank opens a connection with a 144-byte
 // hello; the server answers with a 40-byte ack:
@@ -42,10 +44,18 @@
 // for a bulk kind) before it reads or allocates anything, reads the payload
 // into the destination its caller chose, and returns nothing until the tag
 // verifies. Every read has a deadline. One goroutine owns each socket's
-// writes. Every refusal wraps one of the exported sentinel errors.
+// writes. Every refusal wraps exactly one of the sentinel errors of
+// internal/authframe (the control protocol's too): ErrMalformed, on this
+// channel, means bytes that verified but break a rule of codec.go or the
+// handshake (a reserved field set, a payload that does not parse).
+//
+// Where is: keys.go the key schedule's labels; handshake.go the hello, ack
+// and both handshakes; conn.go the Conn and its lifetime, send.go its writer
+// goroutine, receive.go its reader; kind.go the frame kinds; msg.go the
+// messages and codec.go their bytes.
 package reduce
 
-import "errors"
+import "github.com/cohortdl/cohort/internal/authframe"
 
 // Protocol constants. The magic values are cohort's own, distinct from the
 // control protocol's, so a peer dialling the wrong port fails at once.
@@ -71,18 +81,5 @@ const (
 	MinKeyLen = 16
 
 	headerSize = 16
-	tagSize    = 8
-)
-
-// Sentinel errors. Every refusal of bytes read from a peer wraps exactly one
-// of them; the message around it says what was seen and from whom.
-var (
-	ErrBadMagic    = errors.New("reduce: bad magic")
-	ErrBadVersion  = errors.New("reduce: unsupported version")
-	ErrUnknownKind = errors.New("reduce: unknown frame kind")
-	ErrTooLarge    = errors.New("reduce: declared size over the limit")
-	ErrTruncated   = errors.New("reduce: truncated")
-	ErrBadTag      = errors.New("reduce: authentication failed")
-	ErrRefused     = errors.New("reduce: handshake refused")
-	ErrMalformed   = errors.New("reduce: malformed message")
+	tagSize    = authframe.TagSize
 )

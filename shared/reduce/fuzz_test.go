@@ -96,7 +96,7 @@ var fuzzKeys, _ = DeriveKeys([]byte("fuzzing data key, thirty-two by."))
 
 func FuzzDecodeHello(f *testing.F) {
 	h := Hello{Rank: 1, World: 4, Wire: WireBF16, Params: 100, Buffers: 3, Host: [16]byte{7}}
-	good := encodeHello(h, [16]byte{1}, fuzzKeys.hs)
+	good := encodeHello(h, [16]byte{1}, fuzzKeys.k.Handshake())
 	f.Add(good[:])
 	f.Add(good[:100])
 	f.Fuzz(func(t *testing.T, b []byte) {
@@ -106,22 +106,22 @@ func FuzzDecodeHello(f *testing.F) {
 		}
 		var nonce [16]byte
 		copy(nonce[:], b[120:136])
-		if out := encodeHello(got, nonce, fuzzKeys.hs); !bytes.Equal(out[:], b) {
+		if out := encodeHello(got, nonce, fuzzKeys.k.Handshake()); !bytes.Equal(out[:], b) {
 			t.Fatalf("accepted hello %x re-encodes to %x", b, out)
 		}
 	})
 }
 
 func FuzzDecodeAck(f *testing.F) {
-	hello := encodeHello(Hello{Rank: 0, World: 1, Wire: WireF32}, [16]byte{}, fuzzKeys.hs)
-	ack := encodeAck(RefusedDuplicate, [16]byte{3}, hello[:], fuzzKeys.hs)
+	hello := encodeHello(Hello{Rank: 0, World: 1, Wire: WireF32}, [16]byte{}, fuzzKeys.k.Handshake())
+	ack := encodeAck(RefusedDuplicate, [16]byte{3}, hello[:], fuzzKeys.k.Handshake())
 	f.Add(ack[:])
 	f.Fuzz(func(t *testing.T, b []byte) {
 		st, err := decodeAck(b, hello[:], fuzzKeys)
 		if err == nil {
 			var nonce [16]byte
 			copy(nonce[:], b[16:32])
-			if out := encodeAck(st, nonce, hello[:], fuzzKeys.hs); !bytes.Equal(out[:], b) {
+			if out := encodeAck(st, nonce, hello[:], fuzzKeys.k.Handshake()); !bytes.Equal(out[:], b) {
 				t.Fatalf("accepted ack %x re-encodes to %x", b, out)
 			}
 		}
@@ -144,7 +144,7 @@ func (c *bytesConn) SetWriteDeadline(time.Time) error { return nil }
 // under the connection's up key, in sequence.
 var (
 	fuzzHello   = Hello{Rank: 0, World: 2, Wire: WireBF16, Params: 6, Buffers: 2}
-	fuzzHelloB  = encodeHello(fuzzHello, [16]byte{}, fuzzKeys.hs)
+	fuzzHelloB  = encodeHello(fuzzHello, [16]byte{}, fuzzKeys.k.Handshake())
 	fuzzAckCore = make([]byte, 32)
 )
 

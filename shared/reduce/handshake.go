@@ -2,14 +2,14 @@ package reduce
 
 import (
 	"context"
-	"crypto/hmac"
 	"crypto/rand"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
 	"net"
-	"time"
+
+	"github.com/cohortdl/cohort/internal/authframe"
 )
 
 var le = binary.LittleEndian
@@ -98,7 +98,7 @@ func encodeHello(h Hello, nonce [16]byte, hk []byte) [HelloSize]byte {
 	copy(b[88:104], h.Settings[:])
 	copy(b[104:120], h.Host[:])
 	copy(b[120:136], nonce[:])
-	copy(b[136:144], hmacSum(hk, b[:136]))
+	copy(b[136:144], authframe.Tag(hk, b[:136]))
 	return b
 }
 
@@ -106,23 +106,23 @@ func encodeHello(h Hello, nonce [16]byte, hk []byte) [HelloSize]byte {
 // bits, in that order, and decodes it. It does not judge the values (see
 // Hello.Check).
 func DecodeHello(b []byte, k Keys) (Hello, error) {
-	if !k.valid() {
+	if !k.k.Valid() {
 		return Hello{}, errZeroKeys
 	}
 	if len(b) != HelloSize {
-		return Hello{}, fmt.Errorf("%w: hello is %d bytes, want %d", ErrTruncated, len(b), HelloSize)
+		return Hello{}, fmt.Errorf("%w: hello is %d bytes, want %d", authframe.ErrTruncated, len(b), HelloSize)
 	}
 	if m := le.Uint32(b[0:]); m != HelloMagic {
-		return Hello{}, fmt.Errorf("%w: hello magic 0x%08x, want 0x%08x", ErrBadMagic, m, HelloMagic)
+		return Hello{}, fmt.Errorf("%w: hello magic 0x%08x, want 0x%08x", authframe.ErrBadMagic, m, HelloMagic)
 	}
 	if v := le.Uint32(b[4:]); v != Version {
-		return Hello{}, fmt.Errorf("%w: hello version %d, want %d", ErrBadVersion, v, Version)
+		return Hello{}, fmt.Errorf("%w: hello version %d, want %d", authframe.ErrBadVersion, v, Version)
 	}
-	if !hmac.Equal(hmacSum(k.hs, b[:136])[:tagSize], b[136:144]) {
-		return Hello{}, fmt.Errorf("%w: hello tag does not verify (the rank holds another data key)", ErrBadTag)
+	if !authframe.TagOK(k.k.Handshake(), b[136:144], b[:136]) {
+		return Hello{}, fmt.Errorf("%w: hello tag does not verify (the rank holds another data key)", authframe.ErrBadTag)
 	}
 	if f := le.Uint32(b[20:]); f != 0 {
-		return Hello{}, fmt.Errorf("%w: hello flags 0x%x, want 0", ErrMalformed, f)
+		return Hello{}, fmt.Errorf("%w: hello flags 0x%x, want 0", authframe.ErrMalformed, f)
 	}
 	h := Hello{
 		Rank:    le.Uint32(b[8:]),
@@ -201,26 +201,26 @@ func encodeAck(status Status, nonce [16]byte, hello []byte, hk []byte) [AckSize]
 	le.PutUint32(b[8:], uint32(status))
 	le.PutUint32(b[12:], 0)
 	copy(b[16:32], nonce[:])
-	copy(b[32:40], hmacSum(hk, b[:32], hello))
+	copy(b[32:40], authframe.Tag(hk, b[:32], hello))
 	return b
 }
 
 // decodeAck verifies that ack answers hello and returns its status.
 func decodeAck(ack, hello []byte, k Keys) (Status, error) {
 	if len(ack) != AckSize {
-		return 0, fmt.Errorf("%w: ack is %d bytes, want %d", ErrTruncated, len(ack), AckSize)
+		return 0, fmt.Errorf("%w: ack is %d bytes, want %d", authframe.ErrTruncated, len(ack), AckSize)
 	}
 	if m := le.Uint32(ack[0:]); m != AckMagic {
-		return 0, fmt.Errorf("%w: ack magic 0x%08x, want 0x%08x", ErrBadMagic, m, AckMagic)
+		return 0, fmt.Errorf("%w: ack magic 0x%08x, want 0x%08x", authframe.ErrBadMagic, m, AckMagic)
 	}
 	if v := le.Uint32(ack[4:]); v != Version {
-		return 0, fmt.Errorf("%w: ack version %d, want %d", ErrBadVersion, v, Version)
+		return 0, fmt.Errorf("%w: ack version %d, want %d", authframe.ErrBadVersion, v, Version)
 	}
-	if !hmac.Equal(hmacSum(k.hs, ack[:32], hello)[:tagSize], ack[32:40]) {
-		return 0, fmt.Errorf("%w: ack tag does not verify (the server holds another data key, or the ack answers another hello)", ErrBadTag)
+	if !authframe.TagOK(k.k.Handshake(), ack[32:40], ack[:32], hello) {
+		return 0, fmt.Errorf("%w: ack tag does not verify (the server holds another data key, or the ack answers another hello)", authframe.ErrBadTag)
 	}
 	if r := le.Uint32(ack[12:]); r != 0 {
-		return 0, fmt.Errorf("%w: ack reserved field 0x%x, want 0", ErrMalformed, r)
+		return 0, fmt.Errorf("%w: ack reserved field 0x%x, want 0", authframe.ErrMalformed, r)
 	}
 	return Status(le.Uint32(ack[8:])), nil
 }
@@ -229,7 +229,7 @@ var errZeroKeys = errors.New("reduce: keys not derived (use DeriveKeys)")
 
 // ClientHandshake runs the rank's side of the handshake on nc and returns
 // the connection. The whole handshake is bounded by opts.Timeout (and ctx).
-// A refusal is an error wrapping ErrRefused and a *Refusal; on any failure
+// A refusal is an error wrapping authframe.ErrRefused and a *Refusal; on any failure
 // nc is closed.
 func ClientHandshake(ctx context.Context, nc net.Conn, k Keys, h Hello, opts Options) (_ *Conn, err error) {
 	opts = opts.withDefaults()
@@ -238,7 +238,7 @@ func ClientHandshake(ctx context.Context, nc net.Conn, k Keys, h Hello, opts Opt
 			nc.Close()
 		}
 	}()
-	if !k.valid() {
+	if !k.k.Valid() {
 		return nil, errZeroKeys
 	}
 	if err := h.Check(); err != nil {
@@ -248,19 +248,19 @@ func ClientHandshake(ctx context.Context, nc net.Conn, k Keys, h Hello, opts Opt
 	if _, err := rand.Read(nonce[:]); err != nil {
 		return nil, fmt.Errorf("reduce: hello nonce: %w", err)
 	}
-	hb := encodeHello(h, nonce, k.hs)
+	hb := encodeHello(h, nonce, k.k.Handshake())
 	var ab [AckSize]byte
 	var st Status
-	err = withDeadline(ctx, nc, opts.Timeout, func() error {
+	err = authframe.WithDeadline(ctx, nc, opts.Timeout, func() error {
 		if _, err := nc.Write(hb[:]); err != nil {
-			return fmt.Errorf("reduce: send hello to %s: %w", nc.RemoteAddr(), err)
+			return fmt.Errorf("reduce: send hello to %s: %w", nc.RemoteAddr(), authframe.CtxCause(ctx, err))
 		}
 		if n, err := io.ReadFull(nc, ab[:]); err != nil {
-			if isEOF(err) {
-				return fmt.Errorf("%w: ack from %s: got %d of %d bytes; the server closed the connection without answering (a wrong data key is never answered): %w",
-					ErrTruncated, nc.RemoteAddr(), n, AckSize, err)
+			if authframe.IsEOF(err) {
+				return fmt.Errorf("reduce: %w: ack from %s: got %d of %d bytes; the server closed the connection without answering (a wrong data key is never answered): %w",
+					authframe.ErrTruncated, nc.RemoteAddr(), n, AckSize, err)
 			}
-			return fmt.Errorf("reduce: read ack from %s: got %d of %d bytes: %w", nc.RemoteAddr(), n, AckSize, err)
+			return fmt.Errorf("reduce: read ack from %s: got %d of %d bytes: %w", nc.RemoteAddr(), n, AckSize, authframe.CtxCause(ctx, err))
 		}
 		// Decoded here, so a bad ack or a refusal is reported as such even
 		// when the server hung up right after it and clearing the deadline
@@ -279,7 +279,7 @@ func ClientHandshake(ctx context.Context, nc net.Conn, k Keys, h Hello, opts Opt
 		return nil, err
 	}
 	if st != Accepted {
-		return nil, fmt.Errorf("%w: server %s refused rank %d: %w", ErrRefused, nc.RemoteAddr(), h.Rank, &Refusal{Status: st})
+		return nil, fmt.Errorf("reduce: %w: server %s refused rank %d: %w", authframe.ErrRefused, nc.RemoteAddr(), h.Rank, &Refusal{Status: st})
 	}
 	return newConn(nc, k, h, hb[:], ab[:32], ToServer, opts), nil
 }
@@ -287,7 +287,7 @@ func ClientHandshake(ctx context.Context, nc net.Conn, k Keys, h Hello, opts Opt
 // ServerHandshake runs the server's side: it reads and verifies a hello,
 // asks accept, and answers. A hello whose tag fails is not answered. When
 // accept returns a *Refusal (or any error, answered as RefusedClosing), the
-// refusal is answered, nc closed, and the error wraps ErrRefused; the Hello
+// refusal is answered, nc closed, and the error wraps authframe.ErrRefused; the Hello
 // is returned for the log. Bounded by opts.Timeout and ctx.
 func ServerHandshake(ctx context.Context, nc net.Conn, k Keys, accept func(Hello) error, opts Options) (_ *Conn, _ Hello, err error) {
 	opts = opts.withDefaults()
@@ -296,19 +296,19 @@ func ServerHandshake(ctx context.Context, nc net.Conn, k Keys, accept func(Hello
 			nc.Close()
 		}
 	}()
-	if !k.valid() {
+	if !k.k.Valid() {
 		return nil, Hello{}, errZeroKeys
 	}
 	var hb [HelloSize]byte
 	var h Hello
 	var ab [AckSize]byte
 	var refused error
-	err = withDeadline(ctx, nc, opts.Timeout, func() error {
+	err = authframe.WithDeadline(ctx, nc, opts.Timeout, func() error {
 		if n, err := io.ReadFull(nc, hb[:]); err != nil {
-			if isEOF(err) {
-				return fmt.Errorf("%w: hello from %s: got %d of %d bytes: %w", ErrTruncated, nc.RemoteAddr(), n, HelloSize, err)
+			if authframe.IsEOF(err) {
+				return fmt.Errorf("reduce: %w: hello from %s: got %d of %d bytes: %w", authframe.ErrTruncated, nc.RemoteAddr(), n, HelloSize, err)
 			}
-			return fmt.Errorf("reduce: read hello from %s: got %d of %d bytes: %w", nc.RemoteAddr(), n, HelloSize, err)
+			return fmt.Errorf("reduce: read hello from %s: got %d of %d bytes: %w", nc.RemoteAddr(), n, HelloSize, authframe.CtxCause(ctx, err))
 		}
 		var err error
 		if h, err = DecodeHello(hb[:], k); err != nil {
@@ -330,9 +330,9 @@ func ServerHandshake(ctx context.Context, nc net.Conn, k Keys, accept func(Hello
 		if _, err := rand.Read(nonce[:]); err != nil {
 			return fmt.Errorf("reduce: ack nonce: %w", err)
 		}
-		ab = encodeAck(status, nonce, hb[:], k.hs)
+		ab = encodeAck(status, nonce, hb[:], k.k.Handshake())
 		if _, err := nc.Write(ab[:]); err != nil {
-			return fmt.Errorf("reduce: send ack to %s: %w", nc.RemoteAddr(), err)
+			return fmt.Errorf("reduce: send ack to %s: %w", nc.RemoteAddr(), authframe.CtxCause(ctx, err))
 		}
 		return nil
 	})
@@ -340,37 +340,7 @@ func ServerHandshake(ctx context.Context, nc net.Conn, k Keys, accept func(Hello
 		return nil, Hello{}, err
 	}
 	if refused != nil {
-		return nil, h, fmt.Errorf("%w: hello from %s (rank %d, world %d): %w", ErrRefused, nc.RemoteAddr(), h.Rank, h.World, refused)
+		return nil, h, fmt.Errorf("reduce: %w: hello from %s (rank %d, world %d): %w", authframe.ErrRefused, nc.RemoteAddr(), h.Rank, h.World, refused)
 	}
 	return newConn(nc, k, h, hb[:], ab[:32], ToRank, opts), h, nil
-}
-
-// withDeadline runs f with nc's deadline at timeout from now (or ctx's
-// deadline if sooner), ctx's end interrupting it, then clears the deadline.
-func withDeadline(ctx context.Context, nc net.Conn, timeout time.Duration, f func() error) error {
-	dl := time.Now().Add(timeout)
-	if cd, ok := ctx.Deadline(); ok && cd.Before(dl) {
-		dl = cd
-	}
-	if err := nc.SetDeadline(dl); err != nil {
-		return fmt.Errorf("reduce: set deadline on %s: %w", nc.RemoteAddr(), err)
-	}
-	stop := context.AfterFunc(ctx, func() { nc.SetDeadline(time.Unix(1, 0)) })
-	err := f()
-	if !stop() && err != nil && ctx.Err() != nil {
-		err = fmt.Errorf("%w (%w)", err, ctx.Err())
-	}
-	if err == nil {
-		if err = nc.SetDeadline(time.Time{}); err != nil {
-			err = fmt.Errorf("reduce: clear deadline on %s: %w", nc.RemoteAddr(), err)
-		}
-		if ctx.Err() != nil {
-			err = ctx.Err()
-		}
-	}
-	return err
-}
-
-func isEOF(err error) bool {
-	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
 }

@@ -1,70 +1,52 @@
 package reduce
 
 import (
-	"crypto/hmac"
 	"crypto/sha256"
 	"fmt"
+
+	"github.com/cohortdl/cohort/internal/authframe"
 )
 
-// Labels of the keys derived from a data key.
-const (
-	labelHandshake = "cohort/reduce/v1/handshake"
-	labelUp        = "cohort/reduce/v1/rank-to-server"
-	labelDown      = "cohort/reduce/v1/server-to-rank"
-)
+// The data channel's key schedule; the labels are distinct from the control
+// protocol's, so one key never serves both.
+var schedule = authframe.Schedule{
+	Protocol:  "reduce",
+	Secret:    "data key",
+	MinSecret: MinKeyLen,
+	Handshake: "cohort/reduce/v1/handshake",
+	Frames: [2]string{
+		ToServer: "cohort/reduce/v1/rank-to-server",
+		ToRank:   "cohort/reduce/v1/server-to-rank",
+	},
+}
 
 // Keys are the data channel's keys, derived from the data key the core hands
 // the averager (AveragerConfig.DataKey) and the reduce server: one for the
 // handshake and one per frame direction, so a frame reflected back at its
 // sender fails. The zero Keys is refused everywhere. A Keys is immutable and
 // never prints key material.
-type Keys struct {
-	hs, up, down []byte
-}
+type Keys struct{ k authframe.Keys }
 
 // DeriveKeys derives the channel's keys: HMAC-SHA256(dataKey, label) for a
 // fixed label per purpose. It refuses a key shorter than MinKeyLen bytes.
 func DeriveKeys(dataKey []byte) (Keys, error) {
-	if len(dataKey) < MinKeyLen {
-		return Keys{}, fmt.Errorf("reduce: data key is %d bytes, want at least %d", len(dataKey), MinKeyLen)
-	}
-	return Keys{
-		hs:   hmacSum(dataKey, []byte(labelHandshake)),
-		up:   hmacSum(dataKey, []byte(labelUp)),
-		down: hmacSum(dataKey, []byte(labelDown)),
-	}, nil
+	k, err := authframe.DeriveKeys(schedule, dataKey)
+	return Keys{k}, err
 }
 
 // Format keeps key material out of logs whatever the verb.
-func (k Keys) Format(f fmt.State, _ rune) {
-	if k.valid() {
-		fmt.Fprint(f, "reduce.Keys{redacted}")
-	} else {
+func (k Keys) Format(f fmt.State, verb rune) {
+	if !k.k.Valid() {
 		fmt.Fprint(f, "reduce.Keys{}")
+		return
 	}
+	k.k.Format(f, verb)
 }
 
-func (k Keys) valid() bool { return len(k.hs) != 0 }
-
-// dirKey is the key of frames flowing in d.
-func (k Keys) dirKey(d Dir) []byte {
-	if d == ToServer {
-		return k.up
-	}
-	return k.down
-}
-
-// connKey binds direction d's key to one handshake.
+// connKey binds direction d's key to one handshake: the hello and the ack's
+// first 32 bytes, whose nonces make every connection's keys unique.
 func (k Keys) connKey(d Dir, hello, ackCore []byte) []byte {
-	return hmacSum(k.dirKey(d), hello, ackCore)
-}
-
-func hmacSum(key []byte, parts ...[]byte) []byte {
-	m := hmac.New(sha256.New, key)
-	for _, p := range parts {
-		m.Write(p)
-	}
-	return m.Sum(nil)
+	return k.k.ConnKey(int(d), hello, ackCore)
 }
 
 // RunDigest names a run on the wire: the first 16 bytes of
