@@ -1,57 +1,46 @@
 package main
 
 import (
-	"errors"
-	"flag"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"text/tabwriter"
+
+	"github.com/spf13/cobra"
 
 	"github.com/cohortdl/cohort/core/config"
 	"github.com/cohortdl/cohort/core/pluginhost"
 )
 
-const pluginsUsage = `usage: cohort plugins [--config FILE]
-
-Lists the trainer and averaging plugins a worker would find (the config's
+func newPluginsCommand(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "plugins",
+		Short: "List the plugins a worker would find, and their checksum status",
+		Long: `Lists the trainer and averaging plugins a worker would find (the config's
 worker.plugin_dir, then the plugins directory beside the cohort binary, then
 PATH) and whether each would pass its SHA256SUMS check. A config file picks
-one of each by name: trainer "NAME" {} and averager "NAME" {}.
+one of each by name: trainer "NAME" {} and averager "NAME" {}.`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := g.loadConfig()
+			if err != nil {
+				return err
+			}
+			listPlugins(cmd.OutOrStdout(), cfg)
+			return nil
+		},
+	}
+}
 
-`
-
-func pluginsCommand(args []string) int {
-	fs := flag.NewFlagSet("plugins", flag.ContinueOnError)
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), pluginsUsage)
-		fs.PrintDefaults()
-	}
-	cfgPath := fs.String("config", "", "HCL config file (default: the built-in configuration)")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return exitCompleted
-		}
-		return exitUsage
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(os.Stderr, "cohort plugins: unexpected argument %q\n", fs.Arg(0))
-		return exitUsage
-	}
-	cfg := config.Default()
-	if *cfgPath != "" {
-		var err error
-		if cfg, err = config.Load(*cfgPath); err != nil {
-			fmt.Fprintf(os.Stderr, "cohort plugins: %v\n", err)
-			return exitFailed
-		}
-	}
+// listPlugins writes a table of the plugins a worker with cfg would find.
+func listPlugins(w io.Writer, cfg *config.Config) {
 	list := pluginhost.List(pluginDirs(cfg))
 	if len(list) == 0 {
-		fmt.Println("no plugins found")
-		return exitCompleted
+		fmt.Fprintln(w, "no plugins found")
+		return
 	}
-	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "KIND\tNAME\tSTATUS\tPATH")
 	for _, l := range list {
 		status := "ok"
@@ -68,7 +57,6 @@ func pluginsCommand(args []string) int {
 		fmt.Fprintf(tw, "%s\t%s%s\t%s\t%s\n", l.Kind, l.Name, chosen, status, l.Path)
 	}
 	tw.Flush()
-	return exitCompleted
 }
 
 // pluginDirs is where a worker looks for plugins, before PATH: the config's

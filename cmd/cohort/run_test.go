@@ -5,12 +5,12 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -19,11 +19,22 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cohortdl/cohort/core/config"
+	"github.com/hashicorp/go-hclog"
+
 	"github.com/cohortdl/cohort/core/coordinator"
 	"github.com/cohortdl/cohort/shared/plugin"
 	"github.com/cohortdl/cohort/shared/plugintest"
 )
+
+// String returns what was written, when the sink is a buffer.
+func (l *lockedWriter) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if s, ok := l.w.(fmt.Stringer); ok {
+		return s.String()
+	}
+	return ""
+}
 
 func TestMain(m *testing.M) {
 	code := m.Run()
@@ -496,27 +507,9 @@ func TestRunCadenceOnUnequalRanks(t *testing.T) {
 	}
 }
 
-func TestRunRefusesBadUsage(t *testing.T) {
-	cases := []struct {
-		name string
-		args []string
-		code int
-	}{
-		{"stray argument", []string{"extra"}, exitUsage},
-		{"unknown flag", []string{"--world", "2"}, exitUsage},
-		{"zero ranks", []string{"--ranks", "0"}, exitUsage},
-		{"missing config", []string{"--config", "/nonexistent/cohort.hcl"}, exitFailed},
-	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			if code := runCommand(tc.args); code != tc.code {
-				t.Fatalf("runCommand(%q) = %d, want %d", tc.args, code, tc.code)
-			}
-		})
-	}
-}
-
-func TestCoordinatorCommandRefuses(t *testing.T) {
+// The exit status says how a command line fared: 2 for one cohort cannot
+// run, 1 for a run that could not start, 0 for help and version.
+func TestExitStatus(t *testing.T) {
 	t.Setenv(envSecret, "")
 	t.Setenv(envSecretFile, "")
 	cfg := writeRunConfig(t, "", nil)
@@ -525,72 +518,166 @@ func TestCoordinatorCommandRefuses(t *testing.T) {
 		args []string
 		code int
 	}{
-		{"no config", []string{"--listen", "127.0.0.1:0"}, exitUsage},
-		{"no listen", []string{"--config", cfg}, exitUsage},
-		{"bad listen", []string{"--config", cfg, "--listen", "nowhere"}, exitFailed},
-		{"no secret", []string{"--config", cfg, "--listen", "127.0.0.1:0"}, exitFailed},
+		{"no command", nil, exitUsage},
+		{"unknown command", []string{"train"}, exitUsage},
+		{"version", []string{"version"}, exitCompleted},
+		{"--version", []string{"--version"}, exitCompleted},
+		{"version with an argument", []string{"version", "extra"}, exitUsage},
+		{"help", []string{"run", "--help"}, exitCompleted},
+		{"run: stray argument", []string{"run", "extra"}, exitUsage},
+		{"run: unknown flag", []string{"run", "--world", "2"}, exitUsage},
+		{"run: no secret file of its own", []string{"run", "--secret-file", "s"}, exitUsage},
+		{"run: bad flag value", []string{"run", "--ranks", "two"}, exitUsage},
+		{"run: zero ranks", []string{"run", "--ranks", "0"}, exitUsage},
+		{"run: missing config", []string{"run", "--config", "/nonexistent/cohort.hcl"}, exitFailed},
+		{"coordinator: no config", []string{"coordinator", "--listen", "127.0.0.1:0"}, exitUsage},
+		{"coordinator: no listen", []string{"coordinator", "--config", cfg}, exitUsage},
+		{"coordinator: bad listen", []string{"coordinator", "--config", cfg, "--listen", "nowhere"}, exitFailed},
+		{"coordinator: no secret", []string{"coordinator", "--config", cfg, "--listen", "127.0.0.1:0"}, exitFailed},
+		{"plugins: missing config", []string{"plugins", "--config", "/nonexistent/cohort.hcl"}, exitFailed},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			if code := coordinatorCommand(tc.args); code != tc.code {
-				t.Fatalf("coordinatorCommand(%q) = %d, want %d", tc.args, code, tc.code)
+			if code := execute(tc.args); code != tc.code {
+				t.Fatalf("cohort %q: exit %d, want %d", tc.args, code, tc.code)
 			}
 		})
 	}
 }
 
-// The config the workers read is the launcher's, flags included.
-func TestConfigHCLRoundTrips(t *testing.T) {
-	cfg := config.Default()
-	ranks, out := 3, "runs/with \"quotes\" and ${not a template} %{nor this}"
-	if err := cfg.Apply(config.Overrides{Ranks: &ranks, Out: &out, Trainer: "mock"}); err != nil {
-		t.Fatal(err)
+// -v counts wherever it stands, and each command maps the count to its
+// log level; the launcher hands the same count to its workers.
+func TestVerbosity(t *testing.T) {
+	cases := []struct {
+		args          []string
+		count         int
+		passed        []string
+		run, worker   hclog.Level
+		coordinatorAt hclog.Level
+	}{
+		{[]string{"run", "--ranks", "2"}, 0, nil, hclog.Warn, hclog.Info, hclog.Info},
+		{[]string{"-v", "run", "--ranks", "2", "-v"}, 2, []string{"-vv"}, hclog.Debug, hclog.Trace, hclog.Debug},
+		{[]string{"worker", "-vvv"}, 3, []string{"-vvv"}, hclog.Trace, hclog.Trace, hclog.Trace},
+		{[]string{"coordinator", "--verbose", "-vvvv"}, 5, []string{"-vvv"}, hclog.Trace, hclog.Trace, hclog.Trace},
+		{[]string{"run", "-v"}, 1, []string{"-v"}, hclog.Info, hclog.Debug, hclog.Info},
 	}
-	cfg.Coordinator.HeartbeatTimeout = 90 * time.Second
-	cfg.Coordinator.Policy = config.PolicyCadence
-	cfg.Coordinator.OverheadTarget = 0.05
-	cfg.Trainer.Settings = json.RawMessage(`{"samples":64,"lr":1e-3,"name":"a\"b\\c\n\t","tags":["x",null,true],"by_rank":{"1":"12ms","odd key":{"n":-2.5}},"big":12345678901234567}`)
-	src, err := configHCL(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got, err := config.Parse(src, "config.hcl")
-	if err != nil {
-		t.Fatalf("parse the written config: %v\n%s", err, src)
-	}
-	if got.Run != cfg.Run || got.Coordinator != cfg.Coordinator || got.Worker != cfg.Worker ||
-		got.Trainer.Name != "mock" || got.Averager.Name != cfg.Averager.Name {
-		t.Errorf("round trip changed the config:\n got %+v\nwant %+v", got, cfg)
-	}
-	var a, b any
-	json.Unmarshal(cfg.Trainer.Settings, &a)
-	json.Unmarshal(got.Trainer.Settings, &b)
-	if !reflect.DeepEqual(a, b) {
-		t.Errorf("trainer settings:\n got %s\nwant %s", got.Trainer.Settings, cfg.Trainer.Settings)
-	}
-	cfg.Trainer.Settings = json.RawMessage(`{"not an identifier":1}`)
-	if _, err := configHCL(cfg); err == nil {
-		t.Error("a setting name HCL cannot hold was written")
+	for _, tc := range cases {
+		root := newRootCommand()
+		cmd, rest, err := root.Find(tc.args)
+		if err == nil {
+			err = cmd.ParseFlags(rest)
+		}
+		if err != nil {
+			t.Fatalf("%q: %v", tc.args, err)
+		}
+		n, err := cmd.Flags().GetCount("verbose")
+		if err != nil || n != tc.count {
+			t.Errorf("%q: -v count %d (%v), want %d", tc.args, n, err, tc.count)
+		}
+		g := &globals{verbosity: n}
+		if got := g.verbosityFlag(); !slices.Equal(got, tc.passed) {
+			t.Errorf("%q: workers get %q, want %q", tc.args, got, tc.passed)
+		}
+		for _, l := range []struct {
+			levels logLevels
+			want   hclog.Level
+		}{{runLogLevels, tc.run}, {workerLogLevels, tc.worker}, {coordinatorLogLevels, tc.coordinatorAt}} {
+			if got := g.newLogger(io.Discard, l.levels).GetLevel(); got != l.want {
+				t.Errorf("%q: level %v, want %v", tc.args, got, l.want)
+			}
+		}
 	}
 }
 
-func TestCountVerbosity(t *testing.T) {
-	cases := []struct {
-		args []string
-		n    int
-		rest []string
+// The first signal asks for a clean stop (or, with no stop, cancels); the
+// next abandons; release joins and lets later signals go.
+func TestOnSignals(t *testing.T) {
+	for _, tc := range []struct {
+		name         string
+		withStop     bool
+		signals      int
+		stops        int
+		cancelled    bool
+		causeContain string
 	}{
-		{[]string{"--ranks", "2"}, 0, []string{"--ranks", "2"}},
-		{[]string{"-v", "--ranks", "2", "-v"}, 2, []string{"--ranks", "2"}},
-		{[]string{"-vvv"}, 3, nil},
-		{[]string{"-vvvvv"}, 3, nil},
-		{[]string{"--", "-v"}, 0, []string{"--", "-v"}},
+		{"one, with stop", true, 1, 1, false, ""},
+		{"two, with stop", true, 2, 1, true, "again: abandoned"},
+		{"one, no stop", false, 1, 0, true, "user defined signal 1"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			stops := make(chan os.Signal, 4)
+			var stop func(os.Signal)
+			if tc.withStop {
+				stop = func(s os.Signal) { stops <- s }
+			}
+			ctx, release := onSignals(context.Background(), stop, syscall.SIGUSR1)
+			defer release()
+			for range tc.signals {
+				if err := syscall.Kill(os.Getpid(), syscall.SIGUSR1); err != nil {
+					t.Fatal(err)
+				}
+				// Signals are delivered one at a time, so each is counted.
+				time.Sleep(50 * time.Millisecond)
+			}
+			if len(stops) != tc.stops {
+				t.Errorf("stop called %d times, want %d", len(stops), tc.stops)
+			}
+			if (ctx.Err() != nil) != tc.cancelled {
+				t.Fatalf("cancelled: %v, want %v", ctx.Err() != nil, tc.cancelled)
+			}
+			if tc.cancelled && !strings.Contains(context.Cause(ctx).Error(), tc.causeContain) {
+				t.Errorf("cause %q lacks %q", context.Cause(ctx), tc.causeContain)
+			}
+			release()
+			if ctx.Err() == nil {
+				t.Error("release left the context live")
+			}
+			release() // a second release is harmless
+		})
 	}
-	for _, tc := range cases {
-		n, rest := countVerbosity(tc.args)
-		if n != tc.n || !slices.Equal(rest, tc.rest) {
-			t.Errorf("countVerbosity(%q) = %d %q, want %d %q", tc.args, n, rest, tc.n, tc.rest)
-		}
+}
+
+// outcome prints a run's end and picks the exit status.
+func TestOutcome(t *testing.T) {
+	acc := 0.8539
+	epochs := []coordinator.EpochSummary{{Accuracy: &acc}}
+	for _, tc := range []struct {
+		name  string
+		sum   *coordinator.Summary
+		err   error
+		code  int
+		lines []string
+	}{
+		{"completed", &coordinator.Summary{Status: coordinator.StatusCompleted, Epochs: epochs, Checkpoint: "out/ck/3"}, nil, exitCompleted,
+			[]string{"run completed; final test accuracy 85.39%; last checkpoint out/ck/3"}},
+		{"stopped", &coordinator.Summary{Status: coordinator.StatusStopped, Checkpoint: "out/ck/1"}, nil, exitStopped,
+			[]string{"run stopped; last checkpoint out/ck/1", "resume with: cohort run --resume out/ck/1"}},
+		{"stopped before a checkpoint", &coordinator.Summary{Status: coordinator.StatusStopped}, nil, exitStopped,
+			[]string{"run stopped"}},
+		{"failed", &coordinator.Summary{Status: "failed"}, errors.New("every rank lost"), exitFailed,
+			[]string{"run failed"}},
+		{"never ran", nil, errors.New("listen: address in use"), exitFailed, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var out bytes.Buffer
+			err := outcome(&out, tc.sum, tc.err, "cohort run")
+			code := exitCompleted
+			var e *exitError
+			if errors.As(err, &e) {
+				code = e.code
+				if tc.err != nil && !errors.Is(err, tc.err) {
+					t.Errorf("error %v does not carry %v", err, tc.err)
+				}
+			} else if err != nil {
+				t.Fatalf("error %v carries no exit status", err)
+			}
+			if code != tc.code {
+				t.Errorf("exit %d, want %d", code, tc.code)
+			}
+			if got := strings.Split(strings.TrimSuffix(out.String(), "\n"), "\n"); tc.lines != nil && !slices.Equal(got, tc.lines) {
+				t.Errorf("printed %q, want %q", got, tc.lines)
+			}
+		})
 	}
 }
 

@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
+
+	"github.com/spf13/cobra"
 )
 
 // The run secret reaches a process through one of these, never argv: a
@@ -15,6 +17,12 @@ const (
 	envSecret     = "COHORT_SECRET"
 	envSecretFile = "COHORT_SECRET_FILE"
 )
+
+// secretFileFlag adds --secret-file to a command that joins a run started
+// elsewhere. `cohort run` has none: it makes its own secret.
+func secretFileFlag(cmd *cobra.Command) *string {
+	return cmd.Flags().String("secret-file", "", "file holding the run secret (default: $"+envSecretFile+", else $"+envSecret+")")
+}
 
 // loadSecret reads the run secret from file when it is set, else from the
 // file $COHORT_SECRET_FILE names, else from $COHORT_SECRET.

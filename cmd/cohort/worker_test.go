@@ -35,8 +35,8 @@ func TestWorkerCommandRefuses(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			if code := workerCommand(tc.args); code != tc.code {
-				t.Fatalf("workerCommand(%q) = %d, want %d", tc.args, code, tc.code)
+			if code := execute(append([]string{"worker"}, tc.args...)); code != tc.code {
+				t.Fatalf("cohort worker %q: exit %d, want %d", tc.args, code, tc.code)
 			}
 		})
 	}
@@ -72,7 +72,7 @@ averager "mock" {}
 	defer ln.Close()
 	codec := make(chan int, 1)
 	go func() {
-		codec <- workerCommand([]string{"--coordinator", ln.Addr().String(), "--rank", "0", "--world", "1",
+		codec <- execute([]string{"worker", "--coordinator", ln.Addr().String(), "--rank", "0", "--world", "1",
 			"--config", cfg, "--secret-file", secretFile})
 	}()
 

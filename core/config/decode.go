@@ -25,21 +25,30 @@ var fileSchema = &hcl.BodySchema{
 	},
 }
 
-// key is one key of a core block and how its value lands in a Config.
+// key is one key of a core block: how its value lands in a Config (set,
+// for the decoder) and how it is read back out (get, for the writer), so
+// one line of coreKeys serves both.
 type key struct {
 	name string
 	set  func(c *Config, a *hcl.Attribute) hcl.Diagnostics
+	get  func(c *Config) (cty.Value, error)
 }
 
-// coreKeys are the keys of the core blocks, in the default file's order.
-var coreKeys = map[string][]key{
-	"run": {
+// coreBlock is a core block and its keys.
+type coreBlock struct {
+	name string
+	keys []key
+}
+
+// coreKeys are the core blocks and their keys, in the default file's order.
+var coreKeys = []coreBlock{
+	{"run", []key{
 		value("ranks", func(c *Config) *int { return &c.Run.Ranks }),
 		value("epochs", func(c *Config) *int { return &c.Run.Epochs }),
 		value("seed", func(c *Config) *int64 { return &c.Run.Seed }),
 		value("out", func(c *Config) *string { return &c.Run.Out }),
-	},
-	"coordinator": {
+	}},
+	{"coordinator", []key{
 		value("listen", func(c *Config) *string { return &c.Coordinator.Listen }),
 		duration("heartbeat_timeout", func(c *Config) *time.Duration { return &c.Coordinator.HeartbeatTimeout }),
 		duration("formation_timeout", func(c *Config) *time.Duration { return &c.Coordinator.FormationTimeout }),
@@ -50,20 +59,34 @@ var coreKeys = map[string][]key{
 		value("chunk_batches", func(c *Config) *int { return &c.Coordinator.ChunkBatches }),
 		value("overhead_target", func(c *Config) *float64 { return &c.Coordinator.OverheadTarget }),
 		value("easgd_alpha", func(c *Config) *float64 { return &c.Coordinator.EASGDAlpha }),
-	},
-	"worker": {
+	}},
+	{"worker", []key{
 		duration("liveness_timeout", func(c *Config) *time.Duration { return &c.Worker.LivenessTimeout }),
 		duration("connect_timeout", func(c *Config) *time.Duration { return &c.Worker.ConnectTimeout }),
 		value("plugin_dir", func(c *Config) *string { return &c.Worker.PluginDir }),
 		duration("shutdown_grace", func(c *Config) *time.Duration { return &c.Worker.ShutdownGrace }),
-	},
+	}},
+}
+
+// keysOf returns the keys of the core block named block.
+func keysOf(block string) []key {
+	i := slices.IndexFunc(coreKeys, func(b coreBlock) bool { return b.name == block })
+	return coreKeys[i].keys
 }
 
 // value is a key whose HCL value converts straight to the field's Go type.
 func value[T any](name string, field func(*Config) *T) key {
-	return key{name, func(c *Config, a *hcl.Attribute) hcl.Diagnostics {
+	set := func(c *Config, a *hcl.Attribute) hcl.Diagnostics {
 		return decodeValue(a, field(c))
-	}}
+	}
+	get := func(c *Config) (cty.Value, error) {
+		ty, err := gocty.ImpliedType(*field(c))
+		if err != nil {
+			return cty.NilVal, err
+		}
+		return gocty.ToCtyValue(*field(c), ty)
+	}
+	return key{name, set, get}
 }
 
 // decodeValue evaluates a's expression (literals only: there are no
@@ -98,7 +121,7 @@ func decodeValue[T any](a *hcl.Attribute, dst *T) hcl.Diagnostics {
 
 // duration is a key whose value is a Go duration string ("30s", "1m30s").
 func duration(name string, field func(*Config) *time.Duration) key {
-	return key{name, func(c *Config, a *hcl.Attribute) hcl.Diagnostics {
+	set := func(c *Config, a *hcl.Attribute) hcl.Diagnostics {
 		var s string
 		if diags := decodeValue(a, &s); diags.HasErrors() {
 			return diags
@@ -113,7 +136,11 @@ func duration(name string, field func(*Config) *time.Duration) key {
 		}
 		*field(c) = d
 		return nil
-	}}
+	}
+	get := func(c *Config) (cty.Value, error) {
+		return cty.StringVal(field(c).String()), nil
+	}
+	return key{name, set, get}
 }
 
 // decode parses src and overlays what it sets onto c, recording where each
@@ -141,7 +168,7 @@ func (c *Config) decode(src []byte, filename string) error {
 		case "averager":
 			c.decodePlugin(b, &c.Averager, &errs)
 		default:
-			c.decodeCore(b, coreKeys[b.Type], &errs)
+			c.decodeCore(b, keysOf(b.Type), &errs)
 		}
 	}
 	return errs.err()

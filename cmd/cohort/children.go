@@ -1,0 +1,162 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"os"
+	"os/exec"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// childEnv is the workers' environment: the run's secret through the
+// environment (never argv), no other secret source that would win over it,
+// and the marker that makes them leave Ctrl-C to the launcher.
+func childEnv(secret []byte) []string {
+	env := slices.DeleteFunc(os.Environ(), func(kv string) bool {
+		return strings.HasPrefix(kv, envSecret+"=") || strings.HasPrefix(kv, envSecretFile+"=") || strings.HasPrefix(kv, envRunChild+"=")
+	})
+	return append(env, envSecret+"="+string(secret), envRunChild+"=1")
+}
+
+// childExit is a worker that ended.
+type childExit struct {
+	name string
+	err  error
+}
+
+// children are the run's worker processes. Each runs in its own process
+// group, so a terminal's Ctrl-C reaches only the launcher, and is sent
+// SIGTERM if the launcher dies (Pdeathsig). One goroutine per child waits
+// for it; wg joins them.
+type children struct {
+	mu    sync.Mutex
+	procs []*child
+	exits chan childExit
+	wg    sync.WaitGroup
+}
+
+type child struct {
+	cmd    *exec.Cmd
+	reaped bool // guarded by children.mu
+}
+
+func newChildren(n int) *children {
+	return &children{exits: make(chan childExit, n)}
+}
+
+// start runs a worker whose output lines go to logs, each prefixed with
+// its name.
+func (c *children) start(exe string, args, env []string, name string, logs io.Writer) error {
+	cmd := exec.Command(exe, args...)
+	cmd.Env = env
+	pw := &prefixWriter{prefix: "[" + name + "] ", w: logs}
+	cmd.Stdout, cmd.Stderr = pw, pw
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
+	// A plugin that inherited the output pipe must not hold up Wait.
+	cmd.WaitDelay = 2 * time.Second
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	ch := &child{cmd: cmd}
+	c.mu.Lock()
+	c.procs = append(c.procs, ch)
+	c.mu.Unlock()
+	c.wg.Add(1)
+	go func() {
+		defer c.wg.Done()
+		err := cmd.Wait()
+		pw.flush()
+		c.mu.Lock()
+		ch.reaped = true
+		c.mu.Unlock()
+		select {
+		case c.exits <- childExit{name: name, err: err}:
+		default: // more exits than ranks cannot happen; never block
+		}
+	}()
+	return nil
+}
+
+// killAll kills the process group of every worker not yet reaped (the
+// worker and the plugins it started) and waits until all are reaped. A
+// reaped worker's group is left alone: its id may name another group by
+// now, and its plugins exit when it does.
+func (c *children) killAll() {
+	c.mu.Lock()
+	for _, ch := range c.procs {
+		if !ch.reaped {
+			syscall.Kill(-ch.cmd.Process.Pid, syscall.SIGKILL)
+		}
+	}
+	c.mu.Unlock()
+	c.wg.Wait()
+}
+
+// waitAll waits up to grace for every worker to exit, then kills the rest.
+// The end of ctx cuts the wait short.
+func (c *children) waitAll(ctx context.Context, grace time.Duration) {
+	all := make(chan struct{})
+	go func() {
+		c.wg.Wait()
+		close(all)
+	}()
+	timer := time.NewTimer(grace)
+	defer timer.Stop()
+	select {
+	case <-all:
+	case <-timer.C:
+	case <-ctx.Done():
+	}
+	c.killAll()
+	<-all
+}
+
+// prefixWriter writes whole lines, each with a prefix, so the workers'
+// logs can share one stream and stay readable.
+type prefixWriter struct {
+	mu     sync.Mutex
+	prefix string
+	w      io.Writer
+	buf    []byte
+}
+
+func (p *prefixWriter) Write(b []byte) (int, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.buf = append(p.buf, b...)
+	for {
+		i := bytes.IndexByte(p.buf, '\n')
+		if i < 0 {
+			break
+		}
+		p.w.Write(append([]byte(p.prefix), p.buf[:i+1]...))
+		p.buf = p.buf[i+1:]
+	}
+	return len(b), nil
+}
+
+func (p *prefixWriter) flush() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.buf) > 0 {
+		p.w.Write(append(append([]byte(p.prefix), p.buf...), '\n'))
+		p.buf = nil
+	}
+}
+
+// lockedWriter serialises writes from many goroutines.
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(b []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(b)
+}
