@@ -1,4 +1,4 @@
-package main
+package trainer
 
 import (
 	"bytes"
@@ -11,6 +11,8 @@ import (
 	"regexp"
 	"sort"
 	"strings"
+
+	"github.com/cohortdl/cohort/plugins/trainer-libtorch/internal/dataset"
 )
 
 // DefaultData is where the data set is read from when the config names none.
@@ -143,11 +145,11 @@ func (s *Settings) fill() error {
 			return fmt.Errorf("hidden = %v: every width must be 1..%d", s.Hidden, maxLayerWidth)
 		}
 	}
-	if len(s.InputShape) > maxDims {
-		return fmt.Errorf("input_shape = %v: at most %d dimensions", s.InputShape, maxDims)
+	if len(s.InputShape) > dataset.MaxDims {
+		return fmt.Errorf("input_shape = %v: at most %d dimensions", s.InputShape, dataset.MaxDims)
 	}
 	for _, d := range s.InputShape {
-		if d < 1 || d > maxArrayBytes {
+		if d < 1 || d > dataset.MaxArrayBytes {
 			return fmt.Errorf("input_shape = %v: every dimension must be at least 1", s.InputShape)
 		}
 	}

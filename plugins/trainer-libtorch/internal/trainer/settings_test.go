@@ -1,8 +1,9 @@
-package main
+package trainer
 
 import (
 	"math"
 	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
@@ -68,7 +69,7 @@ func TestSettingsErrors(t *testing.T) {
 
 // TestSettingsREADME checks that the README documents every key.
 func TestSettingsREADME(t *testing.T) {
-	readme, err := os.ReadFile("README.md")
+	readme, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
