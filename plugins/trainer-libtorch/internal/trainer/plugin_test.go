@@ -99,7 +99,7 @@ func TestPluginProcess(t *testing.T) {
 	if err != nil || len(files) != 3 {
 		t.Fatalf("SaveCheckpoint %v %v", files, err)
 	}
-	if _, err := tr.Configure(ctx, plugin.TrainerConfig{WorldSize: 1, Settings: []byte(`{"optimiser": "sgd"}`)}); err == nil || !strings.Contains(err.Error(), "unknown field \"optimiser\"") {
+	if _, err := tr.Configure(ctx, plugin.TrainerConfig{WorldSize: 1, Settings: []byte(`{"optimiser": "sgd"}`)}); err == nil || !strings.Contains(err.Error(), "unknown key \"optimiser\"") {
 		t.Fatalf("a bad setting over gRPC: %v", err)
 	}
 	if err := tr.Shutdown(ctx); err != nil {

@@ -577,7 +577,7 @@ func TestBadInputsAreErrors(t *testing.T) {
 		{"not-torchscript", merge(data, map[string]any{"model": garbage}), "libtorch model"},
 		{"no-such-model", merge(data, map[string]any{"model": filepath.Join(tmp, "nope.pt")}), "not \"mlp\", \"cnn\" or a TorchScript file"},
 		{"cnn-on-flat-data", merge(data, map[string]any{"model": "cnn"}), "cnn"},
-		{"unknown-key", map[string]any{"learning_rate": 0.1}, "unknown field \"learning_rate\""},
+		{"unknown-key", map[string]any{"learning_rate": 0.1}, "unknown key \"learning_rate\""},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
