@@ -205,7 +205,6 @@ type planStats struct {
 func (w *worker) runNextPlan(ctx context.Context) error {
 	p, reportEvery := w.plans[0].plan, w.plans[0].reportEvery
 	w.plans = w.plans[1:]
-	p.ReportInterval = reportEvery
 	// Passed once: between SetGlobalSteps the trainer counts on from it (a
 	// cohort of one rank runs many plans without a round).
 	if w.stepFresh {
@@ -221,7 +220,8 @@ func (w *worker) runNextPlan(ctx context.Context) error {
 	var st planStats
 	// merged is the Batch frame being built when the plan lets reports
 	// merge; sent once reportEvery has passed since the last one, and
-	// before the plan's Metrics.
+	// before the plan's Metrics. This is the one place reports merge: the
+	// trainer, in process or behind the plugin adapter, reports each batch.
 	var merged *wirepb.Batch
 	var lastSent time.Time
 	flush := func() error {

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"math"
 	"reflect"
-	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -560,61 +559,49 @@ func TestInvalidLayouts(t *testing.T) {
 	}
 }
 
-// TestTrainMergesReports: with a report interval the plugin side holds
-// reports back and they reach the host together, in order, when the
-// interval has passed or Train ends; without one each reaches the host
-// while the plugin still trains.
-func TestTrainMergesReports(t *testing.T) {
-	for _, tc := range []struct {
-		name     string
-		interval time.Duration
-		// early: reports the host has before the plugin's Train ends.
-		early int
-	}{
-		{"per batch", 0, 3},
-		{"merged", time.Hour, 0},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			var mu sync.Mutex
-			var got []uint64
-			count := func() int {
-				mu.Lock()
-				defer mu.Unlock()
-				return len(got)
+// TestTrainReportsPassThrough: every report reaches the host while the
+// plugin still trains, one by one and in order; merging them is the
+// worker's job, not the adapter's.
+func TestTrainReportsPassThrough(t *testing.T) {
+	var mu sync.Mutex
+	var got []BatchReport
+	count := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(got)
+	}
+	early := -1
+	tr := serveTrainer(t, &fakeTrainer{train: func(_ context.Context, p Plan, report func(BatchReport) error) error {
+		for i := range 3 {
+			if err := report(BatchReport{Batch: uint64(i), Samples: 8, Loss: float64(i)}); err != nil {
+				return err
 			}
-			early := -1
-			tr := serveTrainer(t, &fakeTrainer{train: func(_ context.Context, p Plan, report func(BatchReport) error) error {
-				if p.ReportInterval != tc.interval {
-					t.Errorf("plugin got interval %v, want %v", p.ReportInterval, tc.interval)
-				}
-				for i := range 3 {
-					if err := report(BatchReport{Batch: uint64(i), Samples: 8}); err != nil {
-						return err
-					}
-				}
-				// Give reports on their way time to land before looking.
-				for deadline := time.Now().Add(2 * time.Second); count() < tc.early && time.Now().Before(deadline); {
-					time.Sleep(time.Millisecond)
-				}
-				time.Sleep(50 * time.Millisecond)
-				early = count()
-				return nil
-			}})
-			err := tr.Train(context.Background(), Plan{ReportInterval: tc.interval}, func(r BatchReport) error {
-				mu.Lock()
-				got = append(got, r.Batch)
-				mu.Unlock()
-				return nil
-			})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if early != tc.early {
-				t.Errorf("host had %d reports before Train ended, want %d", early, tc.early)
-			}
-			if !slices.Equal(got, []uint64{0, 1, 2}) {
-				t.Errorf("host got batches %v, want [0 1 2]", got)
-			}
-		})
+		}
+		// Give reports on their way time to land before looking.
+		for deadline := time.Now().Add(2 * time.Second); count() < 3 && time.Now().Before(deadline); {
+			time.Sleep(time.Millisecond)
+		}
+		early = count()
+		return nil
+	}})
+	err := tr.Train(context.Background(), Plan{}, func(r BatchReport) error {
+		mu.Lock()
+		got = append(got, r)
+		mu.Unlock()
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if early != 3 {
+		t.Errorf("host had %d reports before Train ended, want 3", early)
+	}
+	if len(got) != 3 {
+		t.Fatalf("host got %d reports, want 3", len(got))
+	}
+	for i, r := range got {
+		if r.Batch != uint64(i) || r.Samples != 8 || r.Loss != float64(i) {
+			t.Errorf("report %d is %+v, want batch %d of 8 samples, loss %d", i, r, i, i)
+		}
 	}
 }

@@ -3,7 +3,6 @@ package plugin
 import (
 	"context"
 	"encoding/json"
-	"time"
 
 	"github.com/cohortdl/cohort/shared/arena"
 )
@@ -73,12 +72,6 @@ type Plan struct {
 	// learning-rate schedules follow it, not the rank's own count. 0 means
 	// no new count since the last plan's: the trainer counts on from that.
 	GlobalStep uint64
-	// ReportInterval, when not 0, lets the plan's reports reach the core
-	// merged: the adapter holds them back until this long has passed
-	// since the first it holds, and sends the rest when Train ends (a
-	// cohort of one rank gains nothing from each batch's report on its
-	// own). A trainer reports every batch all the same.
-	ReportInterval time.Duration
 }
 
 // BatchReport describes one trained batch.

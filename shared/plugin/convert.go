@@ -3,8 +3,6 @@ package plugin
 import (
 	"encoding/json"
 	"fmt"
-	"math"
-	"time"
 
 	"github.com/cohortdl/cohort/shared/arena"
 	pb "github.com/cohortdl/cohort/shared/plugin/internal/pluginpb"
@@ -237,13 +235,12 @@ func fromprotoTrainerSetup(m *pb.TrainerConfigureResponse) (TrainerSetup, error)
 
 func toprotoPlan(p Plan) *pb.TrainRequest {
 	return &pb.TrainRequest{
-		Epoch:            p.Epoch,
-		PartitionOffset:  p.PartitionOffset,
-		PartitionSize:    p.PartitionSize,
-		Seed:             p.Seed,
-		PickSpace:        p.PickSpace,
-		GlobalStep:       p.GlobalStep,
-		ReportIntervalMs: uint32(min(p.ReportInterval.Milliseconds(), math.MaxUint32)),
+		Epoch:           p.Epoch,
+		PartitionOffset: p.PartitionOffset,
+		PartitionSize:   p.PartitionSize,
+		Seed:            p.Seed,
+		PickSpace:       p.PickSpace,
+		GlobalStep:      p.GlobalStep,
 	}
 }
 
@@ -255,7 +252,6 @@ func fromprotoPlan(m *pb.TrainRequest) Plan {
 		Seed:            m.GetSeed(),
 		PickSpace:       m.GetPickSpace(),
 		GlobalStep:      m.GetGlobalStep(),
-		ReportInterval:  time.Duration(m.GetReportIntervalMs()) * time.Millisecond,
 	}
 }
 

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"io"
 	"sync"
-	"time"
 
 	"github.com/cohortdl/cohort/shared/arena"
 	pb "github.com/cohortdl/cohort/shared/plugin/internal/pluginpb"
@@ -50,54 +49,29 @@ func (s *trainerServer) Attach(ctx context.Context, req *pb.AttachRequest) (*pb.
 	return &pb.AttachResponse{ZeroCopy: zeroCopy}, nil
 }
 
-// maxMergedReports bounds one TrainReports message.
-const maxMergedReports = 1024
-
 func (s *trainerServer) Train(req *pb.TrainRequest, stream pb.Trainer_TrainServer) error {
 	plan := fromprotoPlan(req)
 	// A stream may not be written from two goroutines at once, nor after
 	// the handler returned; an implementation that reports from a worker
-	// thread gets an error instead of a corrupted stream. When the host
-	// takes the plan's reports merged, they wait in held until the
-	// interval since the first of them has passed (or Train ends).
+	// thread gets an error instead of a corrupted stream. Each report is
+	// sent as it comes: merging reports for the control channel is the
+	// worker's job, the one layer that sees in-process trainers too.
 	var (
-		mu    sync.Mutex
-		done  bool
-		held  []*pb.BatchReport
-		first time.Time
+		mu   sync.Mutex
+		done bool
 	)
-	flush := func() error {
-		if len(held) == 0 {
-			return nil
-		}
-		m := &pb.TrainReports{Reports: held}
-		held = nil
-		return stream.Send(m)
-	}
 	report := func(r BatchReport) error {
 		mu.Lock()
 		defer mu.Unlock()
 		if done {
 			return errors.New("batch report after Train returned")
 		}
-		if len(held) == 0 {
-			first = time.Now()
-		}
-		held = append(held, toprotoBatchReport(r))
-		if plan.ReportInterval > 0 && len(held) < maxMergedReports && time.Since(first) < plan.ReportInterval {
-			return nil
-		}
-		return flush()
+		return stream.Send(&pb.TrainReports{Reports: []*pb.BatchReport{toprotoBatchReport(r)}})
 	}
 	err := s.impl.Train(stream.Context(), plan, report)
 	mu.Lock()
 	done = true
-	// Batches trained before a failure are reported all the same.
-	ferr := flush()
 	mu.Unlock()
-	if err == nil {
-		err = ferr
-	}
 	return statusError(err)
 }
 

@@ -69,7 +69,7 @@ func TestPluginTrainerRPCs(t *testing.T) {
 	if ls, _ := local.Configure(ctx, cfg); !reflect.DeepEqual(rs, ls) {
 		t.Fatalf("Configure = %+v, want %+v", rs, ls)
 	}
-	if _, err := remote.Configure(ctx, plugin.TrainerConfig{WorldSize: 1, Settings: []byte(`{"nope": 1}`)}); err == nil || !strings.Contains(err.Error(), "unknown field") {
+	if _, err := remote.Configure(ctx, plugin.TrainerConfig{WorldSize: 1, Settings: []byte(`{"nope": 1}`)}); err == nil || !strings.Contains(err.Error(), "unknown key") {
 		t.Errorf("Configure with a bad key: %v", err)
 	}
 	if _, err := remote.Configure(ctx, cfg); err != nil {

@@ -1,14 +1,13 @@
 package plugintest
 
 import (
-	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
 	"math"
 	"strconv"
 	"time"
+
+	"github.com/cohortdl/cohort/shared/plugin"
 )
 
 // Bounds of the mock trainer. MaxFeatures keeps a model at 32 MiB of f32
@@ -68,29 +67,11 @@ func (s TrainerSettings) JSON() json.RawMessage {
 	return b
 }
 
-// decodeStrict decodes raw into v (pre-filled with defaults), refusing
-// unknown keys and trailing data; empty or null input leaves v as it is.
-func decodeStrict(raw json.RawMessage, v any) error {
-	trimmed := bytes.TrimSpace(raw)
-	if len(trimmed) == 0 || bytes.Equal(trimmed, []byte("null")) {
-		return nil
-	}
-	dec := json.NewDecoder(bytes.NewReader(trimmed))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		return err
-	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		return errors.New("trailing data after the settings object")
-	}
-	return nil
-}
-
 // parseTrainerSettings decodes and checks a trainer config block; the
 // sleep returned is rank's.
 func parseTrainerSettings(raw json.RawMessage, rank uint32) (TrainerSettings, time.Duration, error) {
 	s := DefaultTrainerSettings()
-	if err := decodeStrict(raw, &s); err != nil {
+	if err := plugin.DecodeSettings(raw, &s); err != nil {
 		return TrainerSettings{}, 0, fmt.Errorf("mock trainer settings: %w", err)
 	}
 	bad := func(format string, a ...any) (TrainerSettings, time.Duration, error) {
@@ -160,7 +141,7 @@ func (s AveragerSettings) JSON() json.RawMessage {
 
 func parseAveragerSettings(raw json.RawMessage) (AveragerSettings, error) {
 	s := DefaultAveragerSettings()
-	if err := decodeStrict(raw, &s); err != nil {
+	if err := plugin.DecodeSettings(raw, &s); err != nil {
 		return AveragerSettings{}, fmt.Errorf("mock averager settings: %w", err)
 	}
 	if !(s.Gamma >= 0) || math.IsInf(s.Gamma, 0) {

@@ -1,15 +1,13 @@
 package averager
 
 import (
-	"bytes"
 	"crypto/sha256"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
 	"math"
 	"time"
 
+	"github.com/cohortdl/cohort/shared/plugin"
 	rdc "github.com/cohortdl/cohort/shared/reduce"
 	"github.com/cohortdl/cohort/shared/reduce/numeric"
 )
@@ -73,15 +71,8 @@ type config struct {
 
 func parseSettings(raw json.RawMessage) (config, error) {
 	var s Settings
-	if len(bytes.TrimSpace(raw)) > 0 && !bytes.Equal(bytes.TrimSpace(raw), []byte("null")) {
-		dec := json.NewDecoder(bytes.NewReader(raw))
-		dec.DisallowUnknownFields()
-		if err := dec.Decode(&s); err != nil {
-			return config{}, fmt.Errorf("averager settings: %w", err)
-		}
-		if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-			return config{}, errors.New("averager settings: trailing data after the JSON object")
-		}
+	if err := plugin.DecodeSettings(raw, &s); err != nil {
+		return config{}, fmt.Errorf("averager settings: %w", err)
 	}
 	c := config{gamma: 1, wire: rdc.WireF32, host: s.Host, threads: s.Threads, timeout: rdc.DefaultTimeout,
 		connectTimeout: 60 * time.Second, shmDir: s.ShmDir}

@@ -28,7 +28,7 @@ func TestSettings(t *testing.T) {
 		{in: `{"easgd_alpha": 0.5, "host": "rank", "threads": 3, "timeout": "2s"}`, want: func(c config) bool {
 			return c.alpha == 0.5 && c.host == "rank" && c.threads == 3 && c.timeout == 2*time.Second
 		}},
-		{in: `{"gama": 1}`, err: `unknown field "gama"`},
+		{in: `{"gama": 1}`, err: `unknown key "gama"`},
 		{in: `{"gamma": -1}`, err: "gamma"},
 		{in: `{"wire": "f16"}`, err: "wire"},
 		{in: `{"outer": "adam"}`, err: "unknown outer optimizer"},
@@ -72,7 +72,7 @@ func TestConfigureErrors(t *testing.T) {
 		{"short key", func(c *plugin.AveragerConfig) { c.DataKey = []byte("x") }, "data key"},
 		{"bad rank", func(c *plugin.AveragerConfig) { c.Rank = 5 }, "out of range"},
 		{"no endpoint", func(c *plugin.AveragerConfig) { c.Endpoint = "" }, "endpoint"},
-		{"bad settings", func(c *plugin.AveragerConfig) { c.Settings = []byte(`{"nope":1}`) }, "unknown field"},
+		{"bad settings", func(c *plugin.AveragerConfig) { c.Settings = []byte(`{"nope":1}`) }, "unknown key"},
 		{"wrong key", func(c *plugin.AveragerConfig) {
 			c.DataKey = []byte("another key, thirty-two bytes!!!")
 			c.Settings = []byte(`{"connect_timeout": "1s"}`)

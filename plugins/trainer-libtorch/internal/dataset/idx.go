@@ -1,4 +1,4 @@
-package main
+package dataset
 
 import (
 	"encoding/binary"
@@ -31,8 +31,8 @@ func decodeIDX(r io.Reader, known int64) (*array, error) {
 			binary.BigEndian.Uint32(head[:]))
 	}
 	ndim := int(head[3])
-	if ndim < 1 || ndim > maxDims {
-		return nil, fmt.Errorf("IDX file with %d dimensions; want 1..%d", ndim, maxDims)
+	if ndim < 1 || ndim > MaxDims {
+		return nil, fmt.Errorf("IDX file with %d dimensions; want 1..%d", ndim, MaxDims)
 	}
 	dimBytes := make([]byte, 4*ndim)
 	if _, err := io.ReadFull(r, dimBytes); err != nil {

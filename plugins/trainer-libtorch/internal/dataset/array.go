@@ -1,4 +1,4 @@
-package main
+package dataset
 
 import (
 	"bufio"
@@ -12,12 +12,12 @@ import (
 	"os"
 )
 
-// maxArrayBytes bounds the payload of one decoded file (IDX or .npy): a
+// MaxArrayBytes bounds the payload of one decoded file (IDX or .npy): a
 // header claiming more is refused before anything is read or allocated.
-const maxArrayBytes = 16 << 30
+const MaxArrayBytes = 16 << 30
 
-// maxDims bounds an array's rank.
-const maxDims = 8
+// MaxDims bounds an array's rank.
+const MaxDims = 8
 
 // elemKind is an element type of a decoded file.
 type elemKind int
@@ -102,16 +102,16 @@ func (a *array) elements() int {
 }
 
 // payloadSize checks a shape and element size and returns the payload's
-// bytes, refusing overflow and anything above maxArrayBytes.
+// bytes, refusing overflow and anything above MaxArrayBytes.
 func payloadSize(shape []uint64, elem int) (uint64, error) {
 	n := uint64(elem)
 	for _, d := range shape {
-		if d > maxArrayBytes {
-			return 0, fmt.Errorf("dimension %d in shape %v exceeds the limit of %d", d, shape, uint64(maxArrayBytes))
+		if d > MaxArrayBytes {
+			return 0, fmt.Errorf("dimension %d in shape %v exceeds the limit of %d", d, shape, uint64(MaxArrayBytes))
 		}
 		hi, lo := bits.Mul64(n, d)
-		if hi != 0 || lo > maxArrayBytes {
-			return 0, fmt.Errorf("shape %v of %d-byte elements exceeds the limit of %d bytes", shape, elem, uint64(maxArrayBytes))
+		if hi != 0 || lo > MaxArrayBytes {
+			return 0, fmt.Errorf("shape %v of %d-byte elements exceeds the limit of %d bytes", shape, elem, uint64(MaxArrayBytes))
 		}
 		n = lo
 	}

@@ -1,4 +1,4 @@
-package main
+package trainer
 
 import (
 	"context"
@@ -11,7 +11,7 @@ import (
 // momentum 0.9, batch 64) on Fashion-MNIST for 3 epochs in one process and
 // wants at least 85% test accuracy. About 10-30 s:
 //
-//	go test -run TestFashionMNISTAccuracy -v ./plugins/trainer-libtorch/
+//	go test -run TestFashionMNISTAccuracy -v ./plugins/trainer-libtorch/internal/trainer/
 func TestFashionMNISTAccuracy(t *testing.T) {
 	needTorch(t)
 	if _, err := os.Stat(DefaultData); err != nil {

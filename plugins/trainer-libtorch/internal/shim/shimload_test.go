@@ -1,6 +1,6 @@
 //go:build cgo
 
-package main
+package shim
 
 import (
 	"fmt"
@@ -32,7 +32,7 @@ func fakeLib(t *testing.T, name, src string) string {
 }
 
 func TestShimLoadErrors(t *testing.T) {
-	missing := filepath.Join(t.TempDir(), "nope", shimFile)
+	missing := filepath.Join(t.TempDir(), "nope", File)
 	notELF := filepath.Join(t.TempDir(), "text.so")
 	os.WriteFile(notELF, []byte("not a library"), 0o644)
 	other := fakeLib(t, "other", "int something(void) { return 1; }\n")
@@ -47,8 +47,8 @@ func TestShimLoadErrors(t *testing.T) {
 		missing + " (no such file)",
 		notELF + " (dlopen:",
 		other + " (not a cohort libtorch shim",
-		oldABI + fmt.Sprintf(" (shim ABI version 999, this plugin needs %d", shimABI),
-		shimEnv,
+		oldABI + fmt.Sprintf(" (shim ABI version 999, this plugin needs %d", ABI),
+		Env,
 	} {
 		if !strings.Contains(msg, want) {
 			t.Errorf("the error does not say %q:\n%s", want, msg)
@@ -58,15 +58,15 @@ func TestShimLoadErrors(t *testing.T) {
 }
 
 func TestShimCandidates(t *testing.T) {
-	t.Setenv(shimEnv, "/opt/x/libcohort_torch_shim.so")
-	if got := shimCandidates(); !slices.Equal(got, []string{"/opt/x/libcohort_torch_shim.so"}) {
-		t.Fatalf("with %s set: %v", shimEnv, got)
+	t.Setenv(Env, "/opt/x/libcohort_torch_shim.so")
+	if got := Candidates(); !slices.Equal(got, []string{"/opt/x/libcohort_torch_shim.so"}) {
+		t.Fatalf("with %s set: %v", Env, got)
 	}
-	t.Setenv(shimEnv, "")
-	got := shimCandidates()
+	t.Setenv(Env, "")
+	got := Candidates()
 	exe, _ := os.Executable()
 	exe, _ = filepath.EvalSymlinks(exe)
-	want := []string{filepath.Join(filepath.Dir(exe), shimFile), filepath.Join("bin", "plugins", shimFile)}
+	want := []string{filepath.Join(filepath.Dir(exe), File), filepath.Join("bin", "plugins", File)}
 	if !slices.Equal(got, want) {
 		t.Fatalf("candidates %v, want %v", got, want)
 	}

@@ -1,4 +1,4 @@
-package main
+package trainer
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cohortdl/cohort/plugins/trainer-libtorch/internal/dataset"
 	"github.com/cohortdl/cohort/shared/plugin"
 )
 
@@ -23,7 +24,7 @@ import (
 // cost of the plugin boundary (medians of the epochs; the reference runs
 // as many epochs as the plugin did, after it):
 //
-//	go test -run=NONE -bench=EpochMLP -benchtime=5x ./plugins/trainer-libtorch/
+//	go test -run=NONE -bench=EpochMLP -benchtime=5x ./plugins/trainer-libtorch/internal/trainer/
 func BenchmarkEpochMLP(b *testing.B) {
 	needTorch(b)
 	if _, err := os.Stat(DefaultData); err != nil {
@@ -72,36 +73,36 @@ func BenchmarkEpochMLP(b *testing.B) {
 // runReference builds and runs the C++ loop on the trainer's data and
 // returns its median epoch time in milliseconds.
 func runReference(b *testing.B, tr *Trainer, epochs int) (float64, error) {
-	refBin, err := filepath.Abs(filepath.Join("build", "cohort-torch-ref-epoch"))
+	refBin, err := filepath.Abs(filepath.Join("..", "..", "build", "cohort-torch-ref-epoch"))
 	if err != nil {
 		return 0, err
 	}
-	if out, err := exec.Command("make", "--no-print-directory", "-f", "shim.mk", "REF_OUT="+refBin, "ref").CombinedOutput(); err != nil {
+	if out, err := exec.Command("make", "--no-print-directory", "-f", "../../shim.mk", "REF_OUT="+refBin, "ref").CombinedOutput(); err != nil {
 		return 0, fmt.Errorf("make ref: %v\n%s", err, out)
 	}
 	d := tr.train
 	dir := b.TempDir()
-	labels := make([]byte, d.n)
-	for i, l := range d.labels {
+	labels := make([]byte, d.N())
+	for i, l := range d.Labels() {
 		labels[i] = byte(l)
 	}
 	// The trainer widened its copy of the pixels to floats at load: the
 	// reference reads the bytes from the file.
-	pixels, err := decodeFile(findIDX(DefaultData, idxNames[0]), decodeIDX)
+	pixels, err := dataset.IDXTrainImages(DefaultData)
 	if err != nil {
 		return 0, err
 	}
-	if len(pixels.raw) != d.n*d.features {
-		return 0, fmt.Errorf("%s holds %d bytes, the trainer %d samples of %d", DefaultData, len(pixels.raw), d.n, d.features)
+	if len(pixels) != d.N()*d.Features() {
+		return 0, fmt.Errorf("%s holds %d bytes, the trainer %d samples of %d", DefaultData, len(pixels), d.N(), d.Features())
 	}
 	img, lab := filepath.Join(dir, "images.u8"), filepath.Join(dir, "labels.u8")
-	if err := os.WriteFile(img, pixels.raw, 0o600); err != nil {
+	if err := os.WriteFile(img, pixels, 0o600); err != nil {
 		return 0, err
 	}
 	if err := os.WriteFile(lab, labels, 0o600); err != nil {
 		return 0, err
 	}
-	out, err := exec.Command(refBin, img, lab, fmt.Sprint(d.n), fmt.Sprint(d.features), fmt.Sprint(epochs),
+	out, err := exec.Command(refBin, img, lab, fmt.Sprint(d.N()), fmt.Sprint(d.Features()), fmt.Sprint(epochs),
 		fmt.Sprint(tr.threads), fmt.Sprint(tr.s.BatchSize)).Output()
 	if err != nil {
 		return 0, fmt.Errorf("%s: %v", refBin, err)

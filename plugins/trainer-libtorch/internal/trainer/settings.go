@@ -1,16 +1,14 @@
-package main
+package trainer
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"math"
-	"reflect"
 	"regexp"
-	"sort"
-	"strings"
+
+	"github.com/cohortdl/cohort/plugins/trainer-libtorch/internal/dataset"
+	"github.com/cohortdl/cohort/shared/plugin"
 )
 
 // DefaultData is where the data set is read from when the config names none.
@@ -80,44 +78,13 @@ var cudaDevice = regexp.MustCompile(`^cuda(:[0-9]{1,3})?$`)
 // defaults and checks every value.
 func parseSettings(raw json.RawMessage) (Settings, error) {
 	var s Settings
-	if err := decodeStrict(raw, &s); err != nil {
+	if err := plugin.DecodeSettings(raw, &s); err != nil {
 		return Settings{}, fmt.Errorf("libtorch trainer settings: %w", err)
 	}
 	if err := s.fill(); err != nil {
 		return Settings{}, fmt.Errorf("libtorch trainer settings: %w", err)
 	}
 	return s, nil
-}
-
-// decodeStrict decodes raw into v, refusing unknown keys and trailing data.
-func decodeStrict(raw json.RawMessage, v any) error {
-	trimmed := bytes.TrimSpace(raw)
-	if len(trimmed) == 0 || bytes.Equal(trimmed, []byte("null")) {
-		return nil
-	}
-	dec := json.NewDecoder(bytes.NewReader(trimmed))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		if strings.Contains(err.Error(), "unknown field") {
-			return fmt.Errorf("%v (known keys: %s)", err, strings.Join(settingKeys(), ", "))
-		}
-		return err
-	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		return errors.New("trailing data after the settings object")
-	}
-	return nil
-}
-
-// settingKeys lists the JSON keys of Settings.
-func settingKeys() []string {
-	t := reflect.TypeOf(Settings{})
-	keys := make([]string, 0, t.NumField())
-	for i := range t.NumField() {
-		keys = append(keys, strings.Split(t.Field(i).Tag.Get("json"), ",")[0])
-	}
-	sort.Strings(keys)
-	return keys
 }
 
 func f64(v float64) *float64 { return &v }
@@ -143,11 +110,11 @@ func (s *Settings) fill() error {
 			return fmt.Errorf("hidden = %v: every width must be 1..%d", s.Hidden, maxLayerWidth)
 		}
 	}
-	if len(s.InputShape) > maxDims {
-		return fmt.Errorf("input_shape = %v: at most %d dimensions", s.InputShape, maxDims)
+	if len(s.InputShape) > dataset.MaxDims {
+		return fmt.Errorf("input_shape = %v: at most %d dimensions", s.InputShape, dataset.MaxDims)
 	}
 	for _, d := range s.InputShape {
-		if d < 1 || d > maxArrayBytes {
+		if d < 1 || d > dataset.MaxArrayBytes {
 			return fmt.Errorf("input_shape = %v: every dimension must be at least 1", s.InputShape)
 		}
 	}

@@ -1,4 +1,4 @@
-package main
+package trainer
 
 import (
 	"bytes"
@@ -14,12 +14,13 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/cohortdl/cohort/plugins/trainer-libtorch/internal/shim"
 	"github.com/cohortdl/cohort/shared/arena"
 	"github.com/cohortdl/cohort/shared/plugin"
 )
 
-// The tests that need libtorch build the shim first (make -f shim.mk, into
-// build/; make keeps it up to date) unless $COHORT_TORCH_SHIM names one.
+// The tests that need libtorch build the shim first (make -f ../../shim.mk, into
+// plugins/trainer-libtorch/build/; make keeps it up to date) unless $COHORT_TORCH_SHIM names one.
 // They are skipped, with the reason, only where the libtorch headers are
 // missing.
 
@@ -27,7 +28,7 @@ import (
 var torchSkip string
 
 func TestMain(m *testing.M) {
-	if os.Getenv(shimEnv) == "" {
+	if os.Getenv(shim.Env) == "" {
 		path, skip, err := buildShim()
 		switch {
 		case err != nil:
@@ -37,7 +38,7 @@ func TestMain(m *testing.M) {
 			torchSkip = skip
 			fmt.Fprintf(os.Stderr, "SKIPPING the libtorch tests: %s\n", skip)
 		default:
-			os.Setenv(shimEnv, path)
+			os.Setenv(shim.Env, path)
 		}
 	}
 	code := m.Run()
@@ -56,11 +57,11 @@ func buildShim() (path, skip string, err error) {
 	if _, err := os.Stat(hdr); err != nil {
 		return "", fmt.Sprintf("libtorch headers not found (%s): install libtorch-dev or set LIBTORCH=/path/to/libtorch", hdr), nil
 	}
-	out, err := filepath.Abs(filepath.Join("build", shimFile))
+	out, err := filepath.Abs(filepath.Join("..", "..", "build", shim.File))
 	if err != nil {
 		return "", "", err
 	}
-	cmd := exec.Command("make", "--no-print-directory", "-f", "shim.mk", "SHIM_OUT="+out, "shim")
+	cmd := exec.Command("make", "--no-print-directory", "-f", "../../shim.mk", "SHIM_OUT="+out, "shim")
 	if msg, err := cmd.CombinedOutput(); err != nil {
 		return "", "", fmt.Errorf("make -f shim.mk: %v\n%s", err, msg)
 	}
@@ -78,7 +79,7 @@ func needTorch(t testing.TB) {
 func newTestTrainer(t testing.TB) *Trainer {
 	t.Helper()
 	needTorch(t)
-	tr, err := NewTrainer(nil)
+	tr, err := New(nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -199,7 +200,7 @@ func encodeNPY(descr string, shape []int, payload []byte) []byte {
 	}
 	head += "\n"
 	var b bytes.Buffer
-	b.WriteString(npyMagic)
+	b.WriteString("\x93NUMPY")
 	b.Write([]byte{1, 0})
 	binary.Write(&b, binary.LittleEndian, uint16(len(head)))
 	b.WriteString(head)

@@ -1,9 +1,9 @@
 //go:build cgo
 
-package main
+package shim
 
 /*
-#cgo CFLAGS: -I${SRCDIR}/shim
+#cgo CFLAGS: -I${SRCDIR}/../../shim
 #cgo LDFLAGS: -ldl
 #include <dlfcn.h>
 #include <stdlib.h>
@@ -65,16 +65,17 @@ import (
 	"github.com/cohortdl/cohort/shared/arena"
 )
 
-// shimABI is the ABI version this plugin was built for; a shim reporting
+// ABI is the ABI version this plugin was built for; a shim reporting
 // another one is refused before its function table is read.
-const shimABI = uint32(C.COHORT_TORCH_SHIM_ABI)
+const ABI = uint32(C.COHORT_TORCH_SHIM_ABI)
 
-// errBufLen is the size of the buffer the shim writes its messages into.
-const errBufLen = 4096
+// ErrBufLen is the size of the buffer the shim writes its messages into.
+const ErrBufLen = 4096
 
-// shim is the loaded C++ library.
-type shim struct {
-	path string
+// Shim is the loaded C++ library.
+type Shim struct {
+	// Path is the absolute path it was loaded from.
+	Path string
 	api  *C.ct_api
 	// TorchVersion is libtorch's version string.
 	TorchVersion string
@@ -84,23 +85,23 @@ type shim struct {
 
 var (
 	shimOnce   sync.Once
-	loadedShim *shim
+	loadedShim *Shim
 	shimErr    error
 )
 
-// loadShim finds and loads the shim once per process; see shimCandidates
+// Load finds and loads the shim once per process; see Candidates
 // for where it looks.
-func loadShim() (*shim, error) {
+func Load() (*Shim, error) {
 	shimOnce.Do(func() {
 		passiveOpenMP()
-		loadedShim, shimErr = openShim(shimCandidates())
+		loadedShim, shimErr = openShim(Candidates())
 	})
 	return loadedShim, shimErr
 }
 
 // openShim loads the first candidate that opens and whose ABI matches. The
 // error lists every path with the reason it was refused.
-func openShim(paths []string) (*shim, error) {
+func openShim(paths []string) (*Shim, error) {
 	var tried []string
 	for _, p := range paths {
 		s, err := openShimAt(p)
@@ -110,10 +111,10 @@ func openShim(paths []string) (*shim, error) {
 		tried = append(tried, fmt.Sprintf("%s (%v)", p, err))
 	}
 	return nil, fmt.Errorf("libtorch trainer: cannot load the libtorch shim %s (ABI %d); tried: %s. Build it with `make -f plugins/trainer-libtorch/shim.mk` (LIBTORCH=/path for another libtorch) or point %s at it",
-		shimFile, shimABI, strings.Join(tried, "; "), shimEnv)
+		File, ABI, strings.Join(tried, "; "), Env)
 }
 
-func openShimAt(path string) (*shim, error) {
+func openShimAt(path string) (*Shim, error) {
 	if _, err := os.Stat(path); err != nil {
 		if errors.Is(err, os.ErrNotExist) {
 			return nil, errors.New("no such file")
@@ -141,15 +142,15 @@ func openShimAt(path string) (*shim, error) {
 	if abiFn == nil || apiFn == nil {
 		return nil, errors.New("not a cohort libtorch shim: it exports no cohort_torch_shim_abi_version / cohort_torch_shim_api")
 	}
-	if v := uint32(C.go_ct_call_abi(abiFn)); v != shimABI {
-		return nil, fmt.Errorf("shim ABI version %d, this plugin needs %d: rebuild the shim from this source tree", v, shimABI)
+	if v := uint32(C.go_ct_call_abi(abiFn)); v != ABI {
+		return nil, fmt.Errorf("shim ABI version %d, this plugin needs %d: rebuild the shim from this source tree", v, ABI)
 	}
 	api := C.go_ct_call_api(apiFn)
-	if api == nil || uint32(api.abi) != shimABI {
+	if api == nil || uint32(api.abi) != ABI {
 		return nil, errors.New("the shim's function table does not match its ABI version")
 	}
-	return &shim{
-		path:         abs,
+	return &Shim{
+		Path:         abs,
 		api:          api,
 		TorchVersion: C.GoString(C.go_ct_torch_version(api)),
 		CUDADevices:  int(C.go_ct_cuda_device_count(api)),
@@ -193,10 +194,10 @@ func errPtr(buf []byte) (*C.char, C.size_t) {
 	return (*C.char)(unsafe.Pointer(&buf[0])), C.size_t(len(buf))
 }
 
-// model is one model in the shim. Its methods are not safe for concurrent
+// Model is one model in the shim. Its methods are not safe for concurrent
 // use; the trainer serializes them.
-type model struct {
-	s *shim
+type Model struct {
+	s *Shim
 	m *C.ct_model
 }
 
@@ -210,7 +211,7 @@ func cInt64s(v []int64) *C.int64_t {
 	return p
 }
 
-func (s *shim) newModel(spec modelSpec) (*model, error) {
+func (s *Shim) NewModel(spec ModelSpec) (*Model, error) {
 	var cfg C.ct_config
 	cfg.struct_size = C.uint32_t(unsafe.Sizeof(cfg))
 	cmodel := C.CString(spec.Model)
@@ -238,26 +239,26 @@ func (s *shim) newModel(spec modelSpec) (*model, error) {
 	cfg.threads = C.int32_t(spec.Threads)
 	cfg.device = cdev
 	cfg.rank = C.uint32_t(spec.Rank)
-	buf := make([]byte, errBufLen)
+	buf := make([]byte, ErrBufLen)
 	e, n := errPtr(buf)
 	m := C.go_ct_create(s.api, &cfg, e, n)
 	if m == nil {
 		return nil, shimError("model", buf)
 	}
-	return &model{s: s, m: m}, nil
+	return &Model{s: s, m: m}, nil
 }
 
-func (m *model) close() {
+func (m *Model) Close() {
 	if m != nil && m.m != nil {
 		C.go_ct_destroy(m.s.api, m.m)
 		m.m = nil
 	}
 }
 
-func (m *model) tensors() ([]tensorInfo, error) {
+func (m *Model) Tensors() ([]TensorInfo, error) {
 	count := int64(C.go_ct_tensor_count(m.s.api, m.m))
-	out := make([]tensorInfo, 0, count)
-	buf := make([]byte, errBufLen)
+	out := make([]TensorInfo, 0, count)
+	buf := make([]byte, ErrBufLen)
 	e, n := errPtr(buf)
 	for i := int64(0); i < count; i++ {
 		var info C.ct_tensor_info
@@ -269,7 +270,7 @@ func (m *model) tensors() ([]tensorInfo, error) {
 		if info.ndim > 0 {
 			copy(shape, unsafe.Slice((*int64)(unsafe.Pointer(info.shape)), int(info.ndim)))
 		}
-		out = append(out, tensorInfo{
+		out = append(out, TensorInfo{
 			Name:  C.GoString(info.name),
 			DType: arena.DType(info.dtype),
 			Role:  arena.Role(info.role),
@@ -280,8 +281,8 @@ func (m *model) tensors() ([]tensorInfo, error) {
 	return out, nil
 }
 
-// attach places the tensors in the mapped block at the given offsets.
-func (m *model) attach(block []byte, offsets []uint64, forceCopy bool) (bool, error) {
+// Attach places the tensors in the mapped block at the given offsets.
+func (m *Model) Attach(block []byte, offsets []uint64, forceCopy bool) (bool, error) {
 	var base unsafe.Pointer
 	if len(block) > 0 {
 		base = unsafe.Pointer(&block[0])
@@ -294,7 +295,7 @@ func (m *model) attach(block []byte, offsets []uint64, forceCopy bool) (bool, er
 	if forceCopy {
 		force = 1
 	}
-	buf := make([]byte, errBufLen)
+	buf := make([]byte, ErrBufLen)
 	e, n := errPtr(buf)
 	rc := C.go_ct_attach(m.s.api, m.m, base, C.uint64_t(len(block)), offp, C.int64_t(len(offsets)), force, &zc, e, n)
 	if rc != 0 {
@@ -303,9 +304,9 @@ func (m *model) attach(block []byte, offsets []uint64, forceCopy bool) (bool, er
 	return zc == 1, nil
 }
 
-func (m *model) publish() (float64, error) {
+func (m *Model) Publish() (float64, error) {
 	var norm C.double
-	buf := make([]byte, errBufLen)
+	buf := make([]byte, ErrBufLen)
 	e, n := errPtr(buf)
 	rc := C.go_ct_publish(m.s.api, m.m, &norm, e, n)
 	if rc != 0 {
@@ -314,9 +315,9 @@ func (m *model) publish() (float64, error) {
 	return float64(norm), nil
 }
 
-func (m *model) adopt(alpha float64) (float64, error) {
+func (m *Model) Adopt(alpha float64) (float64, error) {
 	var norm C.double
-	buf := make([]byte, errBufLen)
+	buf := make([]byte, ErrBufLen)
 	e, n := errPtr(buf)
 	rc := C.go_ct_adopt(m.s.api, m.m, C.double(alpha), &norm, e, n)
 	if rc != 0 {
@@ -325,9 +326,9 @@ func (m *model) adopt(alpha float64) (float64, error) {
 	return float64(norm), nil
 }
 
-func (m *model) norm() (float64, error) {
+func (m *Model) Norm() (float64, error) {
 	var norm C.double
-	buf := make([]byte, errBufLen)
+	buf := make([]byte, ErrBufLen)
 	e, n := errPtr(buf)
 	rc := C.go_ct_param_norm(m.s.api, m.m, &norm, e, n)
 	if rc != 0 {
@@ -353,8 +354,8 @@ func batchPtrs(x []float32, labels []int64, targets []float32) (*C.float, *C.int
 	return xp, yp, tp
 }
 
-// trainStep runs one optimizer step on rows samples.
-func (m *model) trainStep(x []float32, rows int, labels []int64, targets []float32, width int, lr float64, buf []byte) (float64, error) {
+// TrainStep runs one optimizer step on rows samples.
+func (m *Model) TrainStep(x []float32, rows int, labels []int64, targets []float32, width int, lr float64, buf []byte) (float64, error) {
 	xp, yp, tp := batchPtrs(x, labels, targets)
 	var loss C.double
 	e, n := errPtr(buf)
@@ -365,8 +366,8 @@ func (m *model) trainStep(x []float32, rows int, labels []int64, targets []float
 	return float64(loss), nil
 }
 
-// evaluate adds the summed loss and correct count of rows samples.
-func (m *model) evaluate(x []float32, rows int, labels []int64, targets []float32, width int, buf []byte) (float64, int64, error) {
+// Evaluate adds the summed loss and correct count of rows samples.
+func (m *Model) Evaluate(x []float32, rows int, labels []int64, targets []float32, width int, buf []byte) (float64, int64, error) {
 	xp, yp, tp := batchPtrs(x, labels, targets)
 	var loss C.double
 	var correct C.int64_t
@@ -378,9 +379,9 @@ func (m *model) evaluate(x []float32, rows int, labels []int64, targets []float3
 	return float64(loss), int64(correct), nil
 }
 
-// forward runs the model in eval mode on rows samples and returns the
+// Forward runs the model in eval mode on rows samples and returns the
 // output's shape and, when out is large enough, its values in out.
-func (m *model) forward(x []float32, rows int, out []float32) ([]int64, error) {
+func (m *Model) Forward(x []float32, rows int, out []float32) ([]int64, error) {
 	xp, _, _ := batchPtrs(x, nil, nil)
 	var outp *C.float
 	if len(out) > 0 {
@@ -388,7 +389,7 @@ func (m *model) forward(x []float32, rows int, out []float32) ([]int64, error) {
 	}
 	var shape [8]C.int64_t
 	var ndim C.int32_t
-	buf := make([]byte, errBufLen)
+	buf := make([]byte, ErrBufLen)
 	e, n := errPtr(buf)
 	rc := C.go_ct_forward(m.s.api, m.m, xp, C.int64_t(rows), outp, C.int64_t(len(out)), &shape[0], &ndim, e, n)
 	if rc != 0 {
@@ -401,23 +402,23 @@ func (m *model) forward(x []float32, rows int, out []float32) ([]int64, error) {
 	return dims, nil
 }
 
-func (m *model) save(modelPath, optimPath string) error {
+func (m *Model) Save(modelPath, optimPath string) error {
 	return m.pathCall("save checkpoint", modelPath, optimPath, func(mp, op *C.char, e *C.char, n C.size_t) C.int {
 		return C.go_ct_save(m.s.api, m.m, mp, op, e, n)
 	})
 }
 
-func (m *model) load(modelPath, optimPath string) error {
+func (m *Model) Load(modelPath, optimPath string) error {
 	return m.pathCall("load checkpoint", modelPath, optimPath, func(mp, op *C.char, e *C.char, n C.size_t) C.int {
 		return C.go_ct_load(m.s.api, m.m, mp, op, e, n)
 	})
 }
 
-func (m *model) pathCall(op, a, b string, f func(a, b *C.char, e *C.char, n C.size_t) C.int) error {
+func (m *Model) pathCall(op, a, b string, f func(a, b *C.char, e *C.char, n C.size_t) C.int) error {
 	ca, cb := C.CString(a), C.CString(b)
 	defer C.free(unsafe.Pointer(ca))
 	defer C.free(unsafe.Pointer(cb))
-	buf := make([]byte, errBufLen)
+	buf := make([]byte, ErrBufLen)
 	e, n := errPtr(buf)
 	rc := f(ca, cb, e, n)
 	if rc != 0 {

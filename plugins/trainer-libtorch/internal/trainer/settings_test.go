@@ -1,12 +1,15 @@
-package main
+package trainer
 
 import (
 	"math"
 	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/cohortdl/cohort/shared/plugin"
 )
 
 func TestSettingsDefaults(t *testing.T) {
@@ -29,10 +32,10 @@ func TestSettingsDefaults(t *testing.T) {
 
 func TestSettingsErrors(t *testing.T) {
 	cases := map[string]string{
-		`{"learning_rate": 1}`:            `unknown field "learning_rate"`,
+		`{"learning_rate": 1}`:            `unknown key "learning_rate" (known keys: batch_size, betas,`,
 		`{"lr": 0.1} {}`:                  "trailing data",
 		`{"lr": -1}`:                      "lr = -1",
-		`{"batch_size": -1}`:              "cannot unmarshal",
+		`{"batch_size": -1}`:              `key "batch_size": got a JSON number -1`,
 		`{"model": "cnn", "hidden": [8]}`: "hidden applies to model = \"mlp\"",
 		`{"hidden": [0]}`:                 "every width",
 		`{"loss": "hinge"}`:               "loss = \"hinge\"",
@@ -68,11 +71,11 @@ func TestSettingsErrors(t *testing.T) {
 
 // TestSettingsREADME checks that the README documents every key.
 func TestSettingsREADME(t *testing.T) {
-	readme, err := os.ReadFile("README.md")
+	readme, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, k := range settingKeys() {
+	for _, k := range plugin.SettingKeys(Settings{}) {
 		if !regexp.MustCompile("\\| `" + k + "` ").Match(readme) {
 			t.Errorf("README.md does not document the setting %q in its table", k)
 		}

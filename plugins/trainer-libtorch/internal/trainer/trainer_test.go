@@ -1,4 +1,4 @@
-package main
+package trainer
 
 import (
 	"bytes"
@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cohortdl/cohort/plugins/trainer-libtorch/internal/shim"
 	"github.com/cohortdl/cohort/shared/arena"
 	"github.com/cohortdl/cohort/shared/plugin"
 	"golang.org/x/sys/unix"
@@ -86,10 +87,10 @@ func forwardRows(t *testing.T, tr *Trainer, rows int) ([]int64, []float32) {
 	for i := range idx {
 		idx[i] = uint64(i)
 	}
-	x := make([]float32, rows*d.features)
-	d.gather(idx, x, make([]int64, rows), nil)
+	x := make([]float32, rows*d.Features())
+	d.Gather(idx, x, make([]int64, rows), nil)
 	out := make([]float32, 1<<12)
-	shape, err := tr.model.forward(x, rows, out)
+	shape, err := tr.model.Forward(x, rows, out)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -200,7 +201,7 @@ func TestArenaWritesReachTheModel(t *testing.T) {
 	}
 	lse = math.Log(lse)
 	var wantLoss, wantAcc float64
-	labels := tr.eval.labels
+	labels := tr.eval.Labels()
 	for _, y := range labels {
 		wantLoss += lse - float64(bias[y])
 		if y == 2 {
@@ -576,7 +577,7 @@ func TestBadInputsAreErrors(t *testing.T) {
 		{"not-torchscript", merge(data, map[string]any{"model": garbage}), "libtorch model"},
 		{"no-such-model", merge(data, map[string]any{"model": filepath.Join(tmp, "nope.pt")}), "not \"mlp\", \"cnn\" or a TorchScript file"},
 		{"cnn-on-flat-data", merge(data, map[string]any{"model": "cnn"}), "cnn"},
-		{"unknown-key", map[string]any{"learning_rate": 0.1}, "unknown field \"learning_rate\""},
+		{"unknown-key", map[string]any{"learning_rate": 0.1}, "unknown key \"learning_rate\""},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -604,12 +605,12 @@ func TestBadInputsAreErrors(t *testing.T) {
 		tr := newTestTrainer(t)
 		configure(t, tr, merge(data, map[string]any{"threads": 1}))
 		x := make([]float32, 2*8)
-		_, err := tr.model.trainStep(x, 2, []int64{0, 7}, nil, 0, 0.1, make([]byte, errBufLen))
+		_, err := tr.model.TrainStep(x, 2, []int64{0, 7}, nil, 0, 0.1, make([]byte, shim.ErrBufLen))
 		if err == nil || !strings.Contains(err.Error(), "label 7 does not fit the model's 3 outputs") {
 			t.Fatalf("error %v", err)
 		}
 		// The model still works.
-		if _, err := tr.model.trainStep(x, 2, []int64{0, 2}, nil, 0, 0.1, make([]byte, errBufLen)); err != nil {
+		if _, err := tr.model.TrainStep(x, 2, []int64{0, 2}, nil, 0, 0.1, make([]byte, shim.ErrBufLen)); err != nil {
 			t.Fatal(err)
 		}
 	})
@@ -904,7 +905,7 @@ func TestTrainThreadOwnership(t *testing.T) {
 		t.Fatal(err)
 	}
 	select {
-	case <-tr.thread.done:
+	case <-tr.thread.Done():
 	case <-time.After(10 * time.Second):
 		t.Fatal("the compute thread did not exit after Shutdown")
 	}

@@ -1,9 +1,10 @@
-package main
+package dataset
 
 import (
 	"bytes"
 	"compress/gzip"
 	"encoding/binary"
+	"fmt"
 	"io"
 	"math"
 	"os"
@@ -15,6 +16,30 @@ import (
 )
 
 // These tests and fuzz targets need no libtorch.
+
+// encodeNPY is a version 1.0 .npy file of a little-endian array.
+func encodeNPY(descr string, shape []int, payload []byte) []byte {
+	dims := make([]string, len(shape))
+	for i, d := range shape {
+		dims[i] = fmt.Sprint(d)
+	}
+	tuple := strings.Join(dims, ", ")
+	if len(shape) == 1 {
+		tuple += ","
+	}
+	head := fmt.Sprintf("{'descr': '%s', 'fortran_order': False, 'shape': (%s), }", descr, tuple)
+	for (10+len(head)+1)%64 != 0 {
+		head += " "
+	}
+	head += "\n"
+	var b bytes.Buffer
+	b.WriteString(npyMagic)
+	b.Write([]byte{1, 0})
+	binary.Write(&b, binary.LittleEndian, uint16(len(head)))
+	b.WriteString(head)
+	b.Write(payload)
+	return b.Bytes()
+}
 
 func gzipBytes(b []byte) []byte {
 	var buf bytes.Buffer
@@ -186,7 +211,7 @@ func TestNewDataset(t *testing.T) {
 	}
 	xb := make([]float32, 8)
 	yb := make([]int64, 2)
-	d.gather([]uint64{0, 1}, xb, yb, nil)
+	d.Gather([]uint64{0, 1}, xb, yb, nil)
 	if xb[1] != 1 || xb[2] != float32(51)/255 || yb[1] != 7 {
 		t.Fatalf("gather %v %v", xb, yb)
 	}
@@ -262,7 +287,7 @@ func TestWidenWithin(t *testing.T) {
 	for i := range raw {
 		raw[i] = byte(41 * i)
 	}
-	load := func() *dataset {
+	load := func() *Set {
 		d, err := newDataset("train", &array{shape: []int{3, 20}, kind: kindU8, raw: raw},
 			&array{shape: []int{3}, kind: kindU8, raw: []byte{0, 1, 2}}, "x", "y", "cross_entropy")
 		if err != nil {
@@ -270,9 +295,9 @@ func TestWidenWithin(t *testing.T) {
 		}
 		return d
 	}
-	gather := func(d *dataset) []float32 {
+	gather := func(d *Set) []float32 {
 		x := make([]float32, 3*20)
-		d.gather([]uint64{2, 0, 1}, x, make([]int64, 3), nil)
+		d.Gather([]uint64{2, 0, 1}, x, make([]int64, 3), nil)
 		return x
 	}
 	want := gather(load())

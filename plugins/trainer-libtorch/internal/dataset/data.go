@@ -1,7 +1,13 @@
-package main
+// Package dataset is the libtorch trainer's data in memory: the bounded
+// decoders of MNIST-style IDX files and NumPy .npy files (gzipped or not;
+// array.go, idx.go, npy.go, each fuzzed), the splits they make (Set), and
+// the batch gather that feeds the model. Nothing read from a file panics:
+// every size is checked against the file and MaxArrayBytes. The trainer
+// that uses it is ../trainer; the settings keys that name the files are
+// documented in the plugin's README.
+package dataset
 
 import (
-	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -13,9 +19,9 @@ import (
 // maxLabel bounds a class label.
 const maxLabel = 1 << 24
 
-// dataset is one split in memory: features row-major (uint8 scaled to [0,1]
+// Set is one split in memory: features row-major (uint8 scaled to [0,1]
 // when gathered, or float32) and either class labels or float targets.
-type dataset struct {
+type Set struct {
 	name     string // for messages
 	n        int
 	shape    []int64 // per sample
@@ -39,14 +45,14 @@ var u8Scale = func() (t [256]float32) {
 // newDataset pairs a features array with a labels array. Classification
 // (cross_entropy) needs integer labels, one per sample; regression (mse)
 // takes any numeric targets, width = product of their trailing dimensions.
-func newDataset(name string, x, y *array, xName, yName string, loss string) (*dataset, error) {
+func newDataset(name string, x, y *array, xName, yName string, loss string) (*Set, error) {
 	if len(x.shape) < 1 || x.shape[0] == 0 {
 		return nil, fmt.Errorf("%s features %s: %w", name, xName, errNoSamples)
 	}
 	if len(y.shape) < 1 || y.shape[0] != x.shape[0] {
 		return nil, fmt.Errorf("%s: %s holds %d samples, but %s has shape %v", name, xName, x.shape[0], yName, y.shape)
 	}
-	d := &dataset{name: name, n: x.shape[0], features: 1}
+	d := &Set{name: name, n: x.shape[0], features: 1}
 	for _, v := range x.shape[1:] {
 		d.shape = append(d.shape, int64(v))
 		d.features *= v
@@ -108,9 +114,9 @@ func newDataset(name string, x, y *array, xName, yName string, loss string) (*da
 	return d, nil
 }
 
-// gather writes the samples' features into x (len(idx) rows) and their
+// Gather writes the samples' features into x (len(idx) rows) and their
 // labels or targets into y or t.
-func (d *dataset) gather(idx []uint64, x []float32, y []int64, t []float32) {
+func (d *Set) Gather(idx []uint64, x []float32, y []int64, t []float32) {
 	f := d.features
 	for r, s := range idx {
 		i := int(s)
@@ -132,7 +138,7 @@ func (d *dataset) gather(idx []uint64, x []float32, y []int64, t []float32) {
 // most limit bytes so: the batch gather, on the training thread's path,
 // then copies rows (30 µs for 64 Fashion-MNIST images, against 52 µs
 // scaling bytes), for four times the memory.
-func (d *dataset) widenWithin(limit int64) {
+func (d *Set) widenWithin(limit int64) {
 	if d.u8 == nil || int64(len(d.u8))*4 > limit {
 		return
 	}
@@ -173,50 +179,90 @@ func findIDX(dir, base string) string {
 	return ""
 }
 
-// loadData loads the training split and, when there is one, the test split.
-func loadData(s *Settings) (train, eval *dataset, err error) {
-	if s.DataX != "" {
-		train, err = loadPair("training split", s.DataX, s.DataY, decodeNPY, s.Loss)
+// Source names the files of a training split and, optionally, a test
+// split: a directory of IDX files (Dir) or .npy pairs (TrainX/TrainY,
+// EvalX/EvalY). Loss says how the labels are read ("cross_entropy": class
+// indices, "mse": float targets); byte features of the training split are
+// widened to float32 at load when that takes at most WidenMB MiB.
+type Source struct {
+	Dir            string
+	TrainX, TrainY string
+	EvalX, EvalY   string
+	Loss           string
+	WidenMB        int64
+}
+
+// Load loads the training split and, when there is one, the test split,
+// and checks that the two hold samples of the same size. Messages name the
+// settings keys (data, ...), the files and what is wrong with them.
+func Load(src Source) (train, eval *Set, err error) {
+	train, eval, err = load(src)
+	if err == nil {
+		err = checkCompatible(train, eval)
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	return train, eval, nil
+}
+
+func load(s Source) (train, eval *Set, err error) {
+	if s.TrainX != "" {
+		train, err = loadPair("training split", s.TrainX, s.TrainY, decodeNPY, s.Loss)
 		if err != nil {
 			return nil, nil, err
 		}
-		train.widenWithin(*s.WidenMB << 20)
+		train.widenWithin(s.WidenMB << 20)
 		if s.EvalX == "" {
 			return train, nil, nil
 		}
 		eval, err = loadPair("test split", s.EvalX, s.EvalY, decodeNPY, s.Loss)
 		return train, eval, err
 	}
-	st, err := os.Stat(s.Data)
+	st, err := os.Stat(s.Dir)
 	if err != nil {
-		return nil, nil, fmt.Errorf("data = %q: %w", s.Data, err)
+		return nil, nil, fmt.Errorf("data = %q: %w", s.Dir, err)
 	}
 	if !st.IsDir() {
-		return nil, nil, fmt.Errorf("data = %q is not a directory of IDX files", s.Data)
+		return nil, nil, fmt.Errorf("data = %q is not a directory of IDX files", s.Dir)
 	}
 	var paths [4]string
 	for i, base := range idxNames {
-		paths[i] = findIDX(s.Data, base)
+		paths[i] = findIDX(s.Dir, base)
 	}
 	if paths[0] == "" || paths[1] == "" {
-		return nil, nil, fmt.Errorf("data = %q: want %s and %s there (each may end in .gz)", s.Data, idxNames[0], idxNames[1])
+		return nil, nil, fmt.Errorf("data = %q: want %s and %s there (each may end in .gz)", s.Dir, idxNames[0], idxNames[1])
 	}
 	train, err = loadPair("training split", paths[0], paths[1], decodeIDX, s.Loss)
 	if err != nil {
 		return nil, nil, err
 	}
-	train.widenWithin(*s.WidenMB << 20)
+	train.widenWithin(s.WidenMB << 20)
 	switch {
 	case paths[2] == "" && paths[3] == "":
 		return train, nil, nil
 	case paths[2] == "" || paths[3] == "":
-		return nil, nil, fmt.Errorf("data = %q: the test split needs both %s and %s", s.Data, idxNames[2], idxNames[3])
+		return nil, nil, fmt.Errorf("data = %q: the test split needs both %s and %s", s.Dir, idxNames[2], idxNames[3])
 	}
 	eval, err = loadPair("test split", paths[2], paths[3], decodeIDX, s.Loss)
 	return train, eval, err
 }
 
-func loadPair(name, xPath, yPath string, dec func(io.Reader, int64) (*array, error), loss string) (*dataset, error) {
+// IDXTrainImages returns the payload of dir's training images file as it
+// is stored (bytes for Fashion-MNIST), for a reference that reads them raw.
+func IDXTrainImages(dir string) ([]byte, error) {
+	p := findIDX(dir, idxNames[0])
+	if p == "" {
+		return nil, fmt.Errorf("data = %q: no %s there", dir, idxNames[0])
+	}
+	a, err := decodeFile(p, decodeIDX)
+	if err != nil {
+		return nil, err
+	}
+	return a.raw, nil
+}
+
+func loadPair(name, xPath, yPath string, dec func(io.Reader, int64) (*array, error), loss string) (*Set, error) {
 	x, err := decodeFile(xPath, dec)
 	if err != nil {
 		return nil, err
@@ -229,7 +275,7 @@ func loadPair(name, xPath, yPath string, dec func(io.Reader, int64) (*array, err
 }
 
 // checkCompatible refuses a test split whose samples differ from training.
-func checkCompatible(train, eval *dataset) error {
+func checkCompatible(train, eval *Set) error {
 	if eval == nil {
 		return nil
 	}
@@ -242,4 +288,22 @@ func checkCompatible(train, eval *dataset) error {
 	return nil
 }
 
-var errNoEval = errors.New("libtorch trainer: no test split to evaluate on (data has no t10k-* files, or eval_x/eval_y are not set)")
+// N is the number of samples.
+func (d *Set) N() int { return d.n }
+
+// Features is the number of feature values per sample.
+func (d *Set) Features() int { return d.features }
+
+// Shape is a sample's shape (the file's shape without its first dimension).
+func (d *Set) Shape() []int64 { return d.shape }
+
+// Labels are the class labels; nil for a set of float targets.
+func (d *Set) Labels() []int64 { return d.labels }
+
+// MaxLabel is the largest class label (0 for targets).
+func (d *Set) MaxLabel() int64 { return d.maxLabel }
+
+// Width is the number of targets per sample (0 for labels).
+func (d *Set) Width() int { return d.width }
+
+func finite(v float64) bool { return !math.IsNaN(v) && !math.IsInf(v, 0) }

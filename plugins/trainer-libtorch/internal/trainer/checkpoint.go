@@ -1,4 +1,4 @@
-package main
+package trainer
 
 import (
 	"context"
@@ -75,7 +75,7 @@ func (t *Trainer) saveLocked(dir string) ([]string, error) {
 			os.Remove(p) // gone after a successful rename
 		}
 	}()
-	if err := t.model.save(tmp[0], tmp[1]); err != nil {
+	if err := t.model.Save(tmp[0], tmp[1]); err != nil {
 		return nil, err
 	}
 	digest := t.layout.Digest()
@@ -127,7 +127,7 @@ func (t *Trainer) LoadCheckpoint(_ context.Context, dir string) (uint64, error) 
 	if err != nil {
 		return 0, fmt.Errorf("libtorch trainer: load checkpoint %s: %w", dir, err)
 	}
-	if err := t.model.load(filepath.Join(dir, CheckpointModel), filepath.Join(dir, CheckpointOptimizer)); err != nil {
+	if err := t.model.Load(filepath.Join(dir, CheckpointModel), filepath.Join(dir, CheckpointOptimizer)); err != nil {
 		return 0, fmt.Errorf("libtorch trainer: load checkpoint %s: %w", dir, err)
 	}
 	t.steps, t.lastPub, t.schedStep = meta.Steps, meta.Steps, meta.ScheduleStep

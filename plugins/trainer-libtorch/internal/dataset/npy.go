@@ -1,4 +1,4 @@
-package main
+package dataset
 
 import (
 	"encoding/binary"
@@ -258,8 +258,8 @@ func (p *pyLexer) intTuple() ([]uint64, error) {
 		if p.pos < len(p.s) && p.s[p.pos] == 'L' { // Python 2's long suffix
 			p.pos++
 		}
-		if len(out) == maxDims {
-			return nil, fmt.Errorf("more than %d dimensions", maxDims)
+		if len(out) == MaxDims {
+			return nil, fmt.Errorf("more than %d dimensions", MaxDims)
 		}
 		out = append(out, v)
 		switch p.peek() {

@@ -1,4 +1,4 @@
-package main
+package shim
 
 import (
 	"errors"
@@ -6,16 +6,16 @@ import (
 	"sync"
 )
 
-// errThreadStopped is returned by run once the thread has been stopped.
-var errThreadStopped = errors.New("the trainer's compute thread has stopped")
+// ErrThreadStopped is returned by Run once the thread has been stopped.
+var ErrThreadStopped = errors.New("the trainer's compute thread has stopped")
 
-// computeThread is one OS thread, owned by a trainer for its lifetime, that
+// Thread is one OS thread, owned by a trainer for its lifetime, that
 // runs every libtorch computation handed to it, one at a time. libtorch and
 // the libraries under it keep state per OS thread (the OpenMP team and its
 // thread count, OpenBLAS's buffers, the malloc arena that holds the
 // tensors' memory); a gRPC handler lands on whatever thread the Go
 // scheduler picks, so each Train used to start on a cold one.
-type computeThread struct {
+type Thread struct {
 	work    chan func()
 	mu      sync.Mutex // guards stopped and the close of quit
 	quit    chan struct{}
@@ -23,8 +23,8 @@ type computeThread struct {
 	stopped bool
 }
 
-func newComputeThread() *computeThread {
-	c := &computeThread{work: make(chan func()), quit: make(chan struct{}), done: make(chan struct{})}
+func NewThread() *Thread {
+	c := &Thread{work: make(chan func()), quit: make(chan struct{}), done: make(chan struct{})}
 	ready := make(chan struct{})
 	go func() {
 		// Never unlocked: the thread exits with the goroutine.
@@ -44,21 +44,24 @@ func newComputeThread() *computeThread {
 	return c
 }
 
-// run runs f on the thread and waits for it.
-func (c *computeThread) run(f func()) error {
+// Done is closed when the thread has exited.
+func (c *Thread) Done() <-chan struct{} { return c.done }
+
+// Run runs f on the thread and waits for it.
+func (c *Thread) Run(f func()) error {
 	fin := make(chan struct{})
 	select {
 	case c.work <- func() { defer close(fin); f() }:
 	case <-c.quit:
-		return errThreadStopped
+		return ErrThreadStopped
 	}
 	<-fin
 	return nil
 }
 
-// stop ends the thread after the work it is running, if any; it does not
-// wait for that work. Later runs return errThreadStopped.
-func (c *computeThread) stop() {
+// Stop ends the thread after the work it is running, if any; it does not
+// wait for that work. Later Runs return ErrThreadStopped.
+func (c *Thread) Stop() {
 	c.mu.Lock()
 	if !c.stopped {
 		c.stopped = true

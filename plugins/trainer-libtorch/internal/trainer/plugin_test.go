@@ -1,4 +1,4 @@
-package main
+package trainer
 
 import (
 	"bytes"
@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cohortdl/cohort/plugins/trainer-libtorch/internal/shim"
 	"github.com/cohortdl/cohort/shared/plugintest"
 
 	"github.com/hashicorp/go-hclog"
@@ -27,7 +28,7 @@ func buildPlugin(t *testing.T) string {
 		goBin = "go"
 	}
 	bin := filepath.Join(t.TempDir(), "cohort-trainer-libtorch")
-	if out, err := exec.Command(goBin, "build", "-o", bin, ".").CombinedOutput(); err != nil {
+	if out, err := exec.Command(goBin, "build", "-o", bin, "../..").CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
 	return bin
@@ -49,11 +50,11 @@ func envWithout(name string) []string {
 func TestPluginProcess(t *testing.T) {
 	needTorch(t)
 	bin := buildPlugin(t)
-	if err := os.Symlink(os.Getenv(shimEnv), filepath.Join(filepath.Dir(bin), shimFile)); err != nil {
+	if err := os.Symlink(os.Getenv(shim.Env), filepath.Join(filepath.Dir(bin), shim.File)); err != nil {
 		t.Fatal(err)
 	}
 	cmd := exec.Command(bin)
-	cmd.Env = envWithout(shimEnv)
+	cmd.Env = envWithout(shim.Env)
 	var logs plugintest.LogBuffer
 	logger := hclog.New(&hclog.LoggerOptions{Name: "host", Output: &logs, Level: hclog.Debug})
 	client := goplugin.NewClient(plugin.ClientConfig(plugin.ClientOptions{Cmd: cmd, Logger: logger, StartTimeout: time.Minute}))
@@ -98,7 +99,7 @@ func TestPluginProcess(t *testing.T) {
 	if err != nil || len(files) != 3 {
 		t.Fatalf("SaveCheckpoint %v %v", files, err)
 	}
-	if _, err := tr.Configure(ctx, plugin.TrainerConfig{WorldSize: 1, Settings: []byte(`{"optimiser": "sgd"}`)}); err == nil || !strings.Contains(err.Error(), "unknown field \"optimiser\"") {
+	if _, err := tr.Configure(ctx, plugin.TrainerConfig{WorldSize: 1, Settings: []byte(`{"optimiser": "sgd"}`)}); err == nil || !strings.Contains(err.Error(), "unknown key \"optimiser\"") {
 		t.Fatalf("a bad setting over gRPC: %v", err)
 	}
 	if err := tr.Shutdown(ctx); err != nil {
@@ -116,7 +117,7 @@ func TestPluginMissingShim(t *testing.T) {
 	hs := plugin.Handshake()
 	missing := filepath.Join(t.TempDir(), "libcohort_torch_shim.so")
 	cmd := exec.Command(bin)
-	cmd.Env = append(envWithout(shimEnv), shimEnv+"="+missing, hs.MagicCookieKey+"="+hs.MagicCookieValue)
+	cmd.Env = append(envWithout(shim.Env), shim.Env+"="+missing, hs.MagicCookieKey+"="+hs.MagicCookieValue)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()

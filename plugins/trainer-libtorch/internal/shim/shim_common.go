@@ -1,0 +1,68 @@
+// Package shim is the Go binding of libcohort_torch_shim.so, the C++
+// library over libtorch that holds the libtorch trainer's model, optimizer
+// and every tensor op: where the library is looked for, its dlopen and ABI
+// check (shim.go, cgo and libdl only), the calls into it (Model), and the
+// OS thread that runs them (Thread). The C side is ../../shim/ (the C ABI
+// in cohort_torch_shim.h); the trainer that drives a Model is
+// ../trainer, the data it trains on ../dataset.
+package shim
+
+import (
+	"os"
+	"path/filepath"
+
+	"github.com/cohortdl/cohort/shared/arena"
+)
+
+const (
+	// Env names the shim to load instead of the default places.
+	Env = "COHORT_TORCH_SHIM"
+	// File is the shim's file name.
+	File = "libcohort_torch_shim.so"
+)
+
+// Candidates lists the paths tried, in order: $COHORT_TORCH_SHIM alone
+// when set; otherwise the plugin binary's directory, then bin/plugins.
+func Candidates() []string {
+	if p := os.Getenv(Env); p != "" {
+		return []string{p}
+	}
+	var out []string
+	if exe, err := os.Executable(); err == nil {
+		if real, err := filepath.EvalSymlinks(exe); err == nil {
+			exe = real
+		}
+		out = append(out, filepath.Join(filepath.Dir(exe), File))
+	}
+	return append(out, filepath.Join("bin", "plugins", File))
+}
+
+// ModelSpec is what the shim builds; see ct_config.
+type ModelSpec struct {
+	Model        string
+	Hidden       []int64
+	InputShape   []int64
+	Outputs      int64
+	Loss         int32
+	Optimizer    int32
+	LR           float64
+	Momentum     float64
+	Nesterov     bool
+	WeightDecay  float64
+	Beta1, Beta2 float64
+	Eps          float64
+	MaxGradNorm  float64
+	Seed         uint64
+	Threads      int32
+	Device       string
+	Rank         uint32
+}
+
+// TensorInfo is one entry of the model's layout as the shim reports it.
+type TensorInfo struct {
+	Name  string
+	DType arena.DType
+	Role  arena.Role
+	Shape []int64
+	Bytes uint64
+}

@@ -1,0 +1,94 @@
+package trainer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/cohortdl/cohort/shared/arena"
+	"github.com/cohortdl/cohort/shared/plugin"
+)
+
+// Attach maps the arena, copies the parameters into it and (on the CPU)
+// makes every tensor a view of it.
+func (t *Trainer) Attach(_ context.Context, d arena.Descriptor) (bool, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.model == nil {
+		return false, errors.New("libtorch trainer: Attach before Configure")
+	}
+	if d.Layout.Digest() != t.layout.Digest() {
+		return false, fmt.Errorf("libtorch trainer: arena %s has a different layout (%d tensors, %d bytes) than the model (%d tensors, %d bytes)",
+			d.Path, len(d.Layout.Entries), d.Layout.Size, len(t.layout.Entries), t.layout.Size)
+	}
+	m, err := arena.Open(d)
+	if err != nil {
+		return false, fmt.Errorf("libtorch trainer: %w", err)
+	}
+	offsets := make([]uint64, len(d.Layout.Entries))
+	for i, e := range d.Layout.Entries {
+		offsets[i] = e.Offset
+	}
+	zc, err := t.model.Attach(m.Bytes(), offsets, t.forceCopy)
+	if err != nil {
+		// Some tensors may already view the new block: keep both mapped
+		// until the model is gone.
+		t.retired = append(t.retired, m)
+		return false, fmt.Errorf("libtorch trainer: arena %s: %w", d.Path, err)
+	}
+	if t.mapping != nil {
+		if err := t.mapping.Close(); err != nil {
+			t.logger.Warn("closing the previous arena", "error", err)
+		}
+	}
+	t.mapping, t.zeroCopy = m, zc
+	t.logger.Debug("attached", "arena", d.Path, "bytes", d.Layout.Size, "zero_copy", zc)
+	return zc, nil
+}
+
+// Publish makes the arena hold the parameters: nothing to copy when they
+// live there (zero-copy), a copy otherwise. In both cases the values are
+// kept for a blending Adopt.
+func (t *Trainer) Publish(context.Context) (plugin.PublishResult, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if err := t.attachedLocked("Publish"); err != nil {
+		return plugin.PublishResult{}, err
+	}
+	norm, err := t.model.Publish()
+	if err != nil {
+		return plugin.PublishResult{}, fmt.Errorf("libtorch trainer: %w", err)
+	}
+	res := plugin.PublishResult{Steps: t.steps - t.lastPub, StepCount: t.steps, ParamNorm: norm}
+	t.lastPub = t.steps
+	return res, nil
+}
+
+// Adopt makes the model use the arena's values (already the case for
+// views); with blendAlpha in (0,1) every float tensor becomes
+// (1-a)·published + a·arena. 0 and 1 overwrite.
+func (t *Trainer) Adopt(_ context.Context, blendAlpha float64) (float64, error) {
+	if !(blendAlpha >= 0 && blendAlpha <= 1) {
+		return 0, fmt.Errorf("libtorch trainer: blend alpha %v is outside [0, 1]", blendAlpha)
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if err := t.attachedLocked("Adopt"); err != nil {
+		return 0, err
+	}
+	norm, err := t.model.Adopt(blendAlpha)
+	if err != nil {
+		return 0, fmt.Errorf("libtorch trainer: %w", err)
+	}
+	return norm, nil
+}
+
+func (t *Trainer) attachedLocked(op string) error {
+	switch {
+	case t.model == nil:
+		return fmt.Errorf("libtorch trainer: %s before Configure", op)
+	case t.mapping == nil:
+		return fmt.Errorf("libtorch trainer: %s before Attach", op)
+	}
+	return nil
+}

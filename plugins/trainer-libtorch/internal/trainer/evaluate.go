@@ -1,0 +1,66 @@
+package trainer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/cohortdl/cohort/shared/plugin"
+)
+
+var errNoEval = errors.New("libtorch trainer: no test split to evaluate on (data has no t10k-* files, or eval_x/eval_y are not set)")
+
+// Evaluate reports the mean loss (and, for cross_entropy, the accuracy)
+// over the whole test split, in eval mode without gradients.
+func (t *Trainer) Evaluate(ctx context.Context) (plugin.EvalResult, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.model == nil {
+		return plugin.EvalResult{}, errors.New("libtorch trainer: Evaluate before Configure")
+	}
+	d := t.eval
+	if d == nil {
+		return plugin.EvalResult{}, errNoEval
+	}
+	chunk := min(int(t.s.EvalBatchSize), d.N())
+	x := make([]float32, chunk*d.Features())
+	var y []int64
+	var tg []float32
+	if d.Labels() != nil {
+		y = make([]int64, chunk)
+	} else {
+		tg = make([]float32, chunk*d.Width())
+	}
+	idx := make([]uint64, chunk)
+	var lossSum float64
+	var correct int64
+	for lo := 0; lo < d.N(); lo += chunk {
+		if err := ctx.Err(); err != nil {
+			return plugin.EvalResult{}, fmt.Errorf("libtorch trainer: evaluation stopped: %w", err)
+		}
+		n := min(chunk, d.N()-lo)
+		for i := range n {
+			idx[i] = uint64(lo + i)
+		}
+		var yb []int64
+		var tb []float32
+		if y != nil {
+			yb = y[:n]
+		} else {
+			tb = tg[:n*d.Width()]
+		}
+		d.Gather(idx[:n], x[:n*d.Features()], yb, tb)
+		l, c, err := t.model.Evaluate(x[:n*d.Features()], n, yb, tb, d.Width(), t.errBuf)
+		if err != nil {
+			return plugin.EvalResult{}, fmt.Errorf("libtorch trainer: %w", err)
+		}
+		lossSum += l
+		correct += c
+	}
+	res := plugin.EvalResult{Loss: lossSum / float64(d.N()), Samples: uint64(d.N())}
+	if d.Labels() != nil {
+		acc := float64(correct) / float64(d.N())
+		res.Accuracy = &acc
+	}
+	return res, nil
+}

@@ -1,0 +1,206 @@
+package trainer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/cohortdl/cohort/plugins/trainer-libtorch/internal/dataset"
+	"github.com/cohortdl/cohort/shared/plugin"
+)
+
+// Train runs the plan's picks (plugin.Picker; pick p trains sample
+// p % samples) in batches of batch_size, the last one possibly short,
+// reporting after every batch. ctx is checked between batches.
+func (t *Trainer) Train(ctx context.Context, plan plugin.Plan, report func(plugin.BatchReport) error) error {
+	if !t.trainMu.TryLock() {
+		return errors.New("libtorch trainer: Train is already running")
+	}
+	defer t.trainMu.Unlock()
+	// The whole batch loop runs on the trainer's own OS thread, the same
+	// one for every Train of its lifetime: libtorch and OpenBLAS keep state
+	// per thread, and a thread that changes at every call (each short Train
+	// of a sync_every window) starts cold.
+	var err error
+	if rerr := t.thread.Run(func() { err = t.trainOnThread(ctx, plan, report) }); rerr != nil {
+		return errors.New("libtorch trainer: Train after Shutdown")
+	}
+	return err
+}
+
+// batchBuf is one gathered batch: features, and labels or targets.
+type batchBuf struct {
+	idx []uint64
+	x   []float32
+	y   []int64
+	tg  []float32
+	n   int
+}
+
+func newBatchBuf(d *dataset.Set, batch int) *batchBuf {
+	b := &batchBuf{idx: make([]uint64, batch), x: make([]float32, batch*d.Features())}
+	if d.Labels() != nil {
+		b.y = make([]int64, batch)
+	} else {
+		b.tg = make([]float32, batch*d.Width())
+	}
+	return b
+}
+
+// fill gathers the samples picks name (modulo the set's size) into b.
+func (b *batchBuf) fill(d *dataset.Set, picks []uint64) {
+	n := len(picks)
+	b.n = n
+	for i, p := range picks {
+		b.idx[i] = p % uint64(d.N())
+	}
+	y, tg := b.targets(d.Width())
+	d.Gather(b.idx[:n], b.x[:n*d.Features()], y, tg)
+}
+
+// targets are the batch's labels or, for a regression set, its width-wide
+// targets; the other is nil.
+func (b *batchBuf) targets(width int) ([]int64, []float32) {
+	if b.y != nil {
+		return b.y[:b.n], nil
+	}
+	return nil, b.tg[:b.n*width]
+}
+
+// trainOnThread is Train's batch loop, on t.thread. With a core to spare
+// (t.prefetch), a goroutine gathers the next batch while this one trains,
+// as a data loader prefetches: the gather reads random rows of the
+// training set, and its cache misses would otherwise sit on the training
+// thread between every two steps.
+func (t *Trainer) trainOnThread(ctx context.Context, plan plugin.Plan, report func(plugin.BatchReport) error) error {
+	t.mu.Lock()
+	if t.model == nil {
+		t.mu.Unlock()
+		return errors.New("libtorch trainer: Train before Configure")
+	}
+	data, bufs, batch, gen, prefetch := t.train, t.bufs, uint64(t.s.BatchSize), t.gen, t.prefetch
+	if plan.GlobalStep != 0 {
+		t.schedStep = plan.GlobalStep
+	}
+	t.mu.Unlock()
+
+	if plan.PickSpace > maxPickSpace {
+		return fmt.Errorf("libtorch trainer: pick space %d exceeds the limit of %d", plan.PickSpace, maxPickSpace)
+	}
+	picks, err := t.picker.Picks(plan)
+	if err != nil {
+		return fmt.Errorf("libtorch trainer: %w", err)
+	}
+	if len(picks) == 0 {
+		return nil
+	}
+
+	// take cuts the next batch's picks.
+	take := func() []uint64 {
+		n := min(batch, uint64(len(picks)))
+		p := picks[:n]
+		picks = picks[n:]
+		return p
+	}
+	// next hands the loop its next batch, and release returns one.
+	next := func() (*batchBuf, bool) {
+		if len(picks) == 0 {
+			return nil, false
+		}
+		bufs[0].fill(data, take())
+		return bufs[0], true
+	}
+	release := func(*batchBuf) {}
+	if prefetch {
+		free := make(chan *batchBuf, len(bufs))
+		for _, b := range bufs {
+			free <- b
+		}
+		ready := make(chan *batchBuf)
+		stop := make(chan struct{})
+		var wg sync.WaitGroup
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer close(ready)
+			for len(picks) > 0 {
+				var b *batchBuf
+				select {
+				case b = <-free:
+				case <-stop:
+					return
+				}
+				b.fill(data, take())
+				select {
+				case ready <- b:
+				case <-stop:
+					return
+				}
+			}
+		}()
+		defer func() {
+			close(stop)
+			wg.Wait()
+		}()
+		next = func() (*batchBuf, bool) {
+			b, ok := <-ready
+			return b, ok
+		}
+		release = func(b *batchBuf) { free <- b }
+	}
+
+	for n := uint64(0); ; n++ {
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("libtorch trainer: stopped before batch %d: %w", n, err)
+		}
+		start := time.Now()
+		b, ok := next()
+		if !ok {
+			return nil
+		}
+		if t.traceBatch != nil {
+			t.traceBatch(plan.Epoch, b.idx[:b.n])
+		}
+		rep, err := t.step(gen, data, b, start)
+		release(b)
+		if err != nil {
+			return fmt.Errorf("libtorch trainer: epoch %d batch %d: %w", plan.Epoch, n, err)
+		}
+		rep.Batch = n
+		if err := report(rep); err != nil {
+			return err
+		}
+	}
+}
+
+// step trains one gathered batch; start is when the training thread began
+// waiting for it, so DataMS is the wait the gather still cost it.
+func (t *Trainer) step(gen uint64, data *dataset.Set, b *batchBuf, start time.Time) (plugin.BatchReport, error) {
+	dataTime := time.Since(start)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.model == nil || t.gen != gen {
+		return plugin.BatchReport{}, errors.New("the trainer was shut down or reconfigured while training")
+	}
+	n := b.n
+	y, tg := b.targets(data.Width())
+	loss, err := t.model.TrainStep(b.x[:n*data.Features()], n, y, tg, data.Width(), t.s.lrAt(t.schedStep), t.errBuf)
+	if err != nil {
+		return plugin.BatchReport{}, err
+	}
+	t.steps++
+	t.schedStep++
+	rep := plugin.BatchReport{Samples: uint32(n), Loss: loss, StepCount: t.steps}
+	if t.steps%paramNormEvery == 0 {
+		if norm, err := t.model.Norm(); err == nil {
+			rep.ParamNorm = &norm
+		}
+	}
+	rep.DataMS = ms(dataTime)
+	rep.BatchMS = ms(time.Since(start))
+	return rep, nil
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

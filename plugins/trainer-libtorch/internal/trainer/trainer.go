@@ -1,0 +1,148 @@
+// Package trainer is the libtorch trainer plugin's plugin.Trainer: the
+// settings (settings.go), Configure (configure.go: data, model, layout),
+// the batch loop (train.go), the arena (arena.go: Attach, Publish, Adopt),
+// Evaluate (evaluate.go) and checkpoints (checkpoint.go). The data comes
+// from ../dataset; the model, its optimizer and every tensor op live in
+// the C++ shim, reached through ../shim. The plugin README documents the
+// settings and the arena contract.
+package trainer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/cohortdl/cohort/plugins/trainer-libtorch/internal/dataset"
+	"github.com/cohortdl/cohort/plugins/trainer-libtorch/internal/shim"
+	"github.com/cohortdl/cohort/shared/arena"
+	"github.com/cohortdl/cohort/shared/plugin"
+)
+
+const (
+	pluginName    = "libtorch"
+	pluginVersion = "0.1.0"
+	// paramNormEvery is how often (in steps) a batch report carries the
+	// parameter norm.
+	paramNormEvery = 10
+	// maxPickSpace bounds a plan's permutation (8 bytes a pick).
+	maxPickSpace = 1 << 28
+)
+
+// Trainer is the libtorch trainer: a model, its optimizer and the data in
+// one process, driven through the shim. Its parameters live in the arena
+// once attached (see the README); it is safe for concurrent use, with one
+// Train at a time.
+type Trainer struct {
+	logger hclog.Logger
+	shim   *shim.Shim
+	// forceCopy makes Attach copy instead of viewing, as for CUDA models;
+	// tests use it to exercise that path on the CPU.
+	forceCopy bool
+	// traceBatch, when set, sees every batch's sample indices (tests).
+	traceBatch func(epoch uint64, samples []uint64)
+
+	// trainMu is held by Train for its whole run.
+	trainMu sync.Mutex
+	// thread runs every Train's batch loop (see shim.Thread); Shutdown
+	// stops it.
+	thread *shim.Thread
+	// picker is Train's (under trainMu): an epoch's plans share a shuffle.
+	picker plugin.Picker
+
+	mu      sync.Mutex
+	cfg     plugin.TrainerConfig
+	s       Settings
+	threads int
+	// prefetch says whether a goroutine gathers the next batch while one
+	// trains: when the host has a core beyond the intra-op threads of its
+	// ranks (see spareCore).
+	prefetch  bool
+	model     *shim.Model // nil before Configure and after Shutdown
+	train     *dataset.Set
+	eval      *dataset.Set
+	layout    arena.Layout
+	mapping   *arena.Mapping
+	retired   []*arena.Mapping // mappings a failed Attach may still point into
+	zeroCopy  bool
+	steps     uint64 // optimizer steps in total
+	lastPub   uint64 // steps at the last Publish
+	schedStep uint64 // the learning-rate schedule's step
+	// bufs are the two batches Train alternates between: one trains while
+	// the other is gathered.
+	bufs     [2]*batchBuf
+	errBuf   []byte
+	shutdown bool
+	// gen counts Configure and Shutdown calls: a Train started on one
+	// model stops when another replaces it.
+	gen uint64
+}
+
+var _ plugin.Trainer = (*Trainer)(nil)
+
+// Factory is the plugin factory: it loads the shim (and so libtorch) now,
+// after plugin.Serve has moved fd 1 off the handshake stream.
+func Factory(logger hclog.Logger) (plugin.Trainer, error) {
+	return New(logger)
+}
+
+// New loads the shim and returns an unconfigured trainer.
+func New(logger hclog.Logger) (*Trainer, error) {
+	if logger == nil {
+		logger = hclog.NewNullLogger()
+	}
+	s, err := shim.Load()
+	if err != nil {
+		return nil, err
+	}
+	logger.Debug("loaded the libtorch shim", "path", s.Path, "libtorch", s.TorchVersion, "cuda_devices", s.CUDADevices)
+	return &Trainer{logger: logger, shim: s, errBuf: make([]byte, shim.ErrBufLen), thread: shim.NewThread()}, nil
+}
+
+// Describe names the plugin and its libtorch.
+func (t *Trainer) Describe(context.Context) (plugin.Description, error) {
+	caps := []string{"cpu", "torchscript", "zero-copy"}
+	if t.shim.CUDADevices > 0 {
+		caps = append(caps, "cuda")
+	}
+	return plugin.Description{
+		Name:         pluginName,
+		Version:      fmt.Sprintf("%s (libtorch %s, shim ABI %d)", pluginVersion, t.shim.TorchVersion, shim.ABI),
+		Capabilities: caps,
+	}, nil
+}
+
+// releaseLocked drops the model, then the arena it may point into.
+func (t *Trainer) releaseLocked() error {
+	t.model.Close()
+	t.model = nil
+	var errs []error
+	if t.mapping != nil {
+		errs = append(errs, t.mapping.Close())
+		t.mapping = nil
+	}
+	for _, m := range t.retired {
+		errs = append(errs, m.Close())
+	}
+	t.retired = nil
+	t.zeroCopy = false
+	return errors.Join(errs...)
+}
+
+// Shutdown frees the model and unmaps the arena; the trainer cannot be
+// used afterwards. It waits for a running batch, not for the whole Train.
+func (t *Trainer) Shutdown(context.Context) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.shutdown = true
+	t.gen++
+	// A running Train stops at its next batch (gen changed) and the thread
+	// exits after it.
+	t.thread.Stop()
+	if err := t.releaseLocked(); err != nil {
+		return fmt.Errorf("libtorch trainer: shutdown: %w", err)
+	}
+	return nil
+}
