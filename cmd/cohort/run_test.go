@@ -46,7 +46,8 @@ func TestMain(m *testing.M) {
 }
 
 // cohortBuild is the one build of the cohort binary, with the mock plugins
-// in plugins/ beside it (where a worker looks first), per test binary.
+// and the median test averager (testdata/cohort-averaging-median) in
+// plugins/ beside it (where a worker looks first), per test binary.
 var cohortBuild struct {
 	once sync.Once
 	dir  string
@@ -69,7 +70,8 @@ func cohortBinary(t *testing.T) string {
 		cohortBuild.dir = dir
 		for _, b := range [][]string{
 			{"build", "-o", filepath.Join(dir, "cohort"), "github.com/cohortdl/cohort/cmd/cohort"},
-			{"build", "-o", filepath.Join(dir, "plugins") + string(filepath.Separator), plugintest.TrainerPackage, plugintest.AveragerPackage},
+			{"build", "-o", filepath.Join(dir, "plugins") + string(filepath.Separator), plugintest.TrainerPackage, plugintest.AveragerPackage,
+				"github.com/cohortdl/cohort/cmd/cohort/testdata/cohort-averaging-median"},
 		} {
 			out, err := exec.Command("go", b...).CombinedOutput()
 			if err != nil {
@@ -275,6 +277,42 @@ func TestRunCompletes(t *testing.T) {
 	}
 	if !strings.Contains(p.output(), "epoch 3/3  loss") {
 		t.Errorf("no per-epoch progress line in the output")
+	}
+}
+
+// An averager the core has never heard of (neither cpu nor mock; built
+// from shared/ alone) trains a cohort: its ranks meet through the relay
+// over the control protocol, with no directory, address or port of their
+// own, and end on one model.
+func TestRunWithAnotherAveragerMeetingThroughTheRelay(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "run")
+	trainer := map[string]any{"samples": 768, "batch_size": 16}
+	cfg := writeRunConfig(t, `coordinator {
+  sync_every       = 4
+  checkpoint_every = 2
+}`, trainer)
+	p := startCohort(t, "run", "--config", cfg, "--trainer", "mock", "--averaging", "median", "--ranks", "3", "--epochs", "2", "--out", out)
+	if code := p.wait(120 * time.Second); code != 0 {
+		t.Fatalf("exit %d, want 0", code)
+	}
+	sum := readSummary(t, out)
+	if sum.Status != coordinator.StatusCompleted || len(sum.Epochs) != 2 {
+		t.Fatalf("summary: status %s, %d epochs", sum.Status, len(sum.Epochs))
+	}
+	if sum.Averaging.Backend != "median" || sum.Averaging.Rounds == 0 {
+		t.Fatalf("averaging %+v, want rounds of the median averager", sum.Averaging)
+	}
+	if sum.Checkpoint == "" {
+		t.Fatal("no final checkpoint")
+	}
+	ref, steps := mockParams(t, filepath.Join(sum.Checkpoint, "rank-0"), trainer)
+	for r := 1; r < 3; r++ {
+		if got, _ := mockParams(t, filepath.Join(sum.Checkpoint, "rank-"+strconv.Itoa(r)), trainer); !slices.Equal(got, ref) {
+			t.Errorf("rank %d's final parameters differ from rank 0's: the ranks did not meet", r)
+		}
+	}
+	if steps == 0 || allZero(ref) {
+		t.Errorf("the model did not train: %d steps", steps)
 	}
 }
 
