@@ -110,9 +110,8 @@ var parsedDefault = sync.OnceValue(func() *Config {
 	return c
 })
 
-// Default returns the built-in configuration (DefaultFile): 4 ranks, 3
-// epochs, seed 1, policy sync every 50 batches, trainer "libtorch" with
-// model "mlp", averager "cpu" with no settings.
+// Default returns the built-in configuration (DefaultFile, which names
+// the plugins it trains with).
 func Default() *Config {
 	d := parsedDefault()
 	return &Config{

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -40,7 +41,7 @@ trainer "libtorch" {
   batch_size = 64
   lr         = 0.05
 }
-averager "cpu" {
+averager "fabric" {
   gamma = 1.0
   wire  = "f32"
 }
@@ -78,7 +79,7 @@ func TestParseFull(t *testing.T) {
 			ShutdownGrace:   1500 * time.Millisecond,
 		},
 		Trainer:  Plugin{Name: "libtorch", Settings: json.RawMessage(`{"batch_size":64,"lr":0.05,"model":"mlp"}`)},
-		Averager: Plugin{Name: "cpu", Settings: json.RawMessage(`{"gamma":1,"wire":"f32"}`)},
+		Averager: Plugin{Name: "fabric", Settings: json.RawMessage(`{"gamma":1,"wire":"f32"}`)},
 		Path:     "cohort.hcl",
 	}
 	checkSame(t, c, &want)
@@ -141,7 +142,7 @@ func TestPluginSettingsJSON(t *testing.T) {
 
 func TestSwapAveragerChangesOnlyAverager(t *testing.T) {
 	cpu := mustParse(t, fullFile, "cohort.hcl")
-	swapped := strings.Replace(fullFile, `averager "cpu" {
+	swapped := strings.Replace(fullFile, `averager "fabric" {
   gamma = 1.0
   wire  = "f32"
 }`, `averager "mock" {
@@ -175,8 +176,10 @@ func TestDefaults(t *testing.T) {
 			PluginDir:       "bin/plugins",
 			ShutdownGrace:   5 * time.Second,
 		},
-		Trainer:  Plugin{Name: "libtorch", Settings: json.RawMessage(`{"model":"mlp"}`)},
-		Averager: Plugin{Name: "cpu", Settings: json.RawMessage(`{}`)},
+		// The plugins are the ones the embedded file names: the core
+		// names none itself.
+		Trainer:  Plugin{Name: blockLabel(t, "trainer"), Settings: json.RawMessage(`{"model":"mlp"}`)},
+		Averager: Plugin{Name: blockLabel(t, "averager"), Settings: json.RawMessage(`{}`)},
 	}
 	checkSame(t, d, &want)
 	if err := d.Validate(); err != nil {
@@ -362,4 +365,14 @@ func TestLoad(t *testing.T) {
 	if _, err := Load(filepath.Join(t.TempDir(), "missing.hcl")); err == nil {
 		t.Error("no error for a missing file")
 	}
+}
+
+// blockLabel is the label of DefaultFile's block of type typ.
+func blockLabel(t *testing.T, typ string) string {
+	t.Helper()
+	m := regexp.MustCompile(`(?m)^` + typ + ` "([^"]+)"`).FindSubmatch(DefaultFile())
+	if m == nil {
+		t.Fatalf("DefaultFile has no %s block", typ)
+	}
+	return string(m[1])
 }

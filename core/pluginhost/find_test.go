@@ -34,11 +34,11 @@ func sumLine(t *testing.T, path string) string {
 
 func TestFindOrder(t *testing.T) {
 	first, second, onPath := t.TempDir(), t.TempDir(), t.TempDir()
-	writeExe(t, second, "cohort-averaging-cpu", "#!/bin/sh\n")
-	writeExe(t, onPath, "cohort-averaging-cpu", "#!/bin/sh\n")
+	writeExe(t, second, "cohort-averaging-fabric", "#!/bin/sh\n")
+	writeExe(t, onPath, "cohort-averaging-fabric", "#!/bin/sh\n")
 	writeExe(t, onPath, "cohort-trainer-mock", "#!/bin/sh\n")
 	// Not executable: skipped.
-	os.WriteFile(filepath.Join(first, "cohort-averaging-cpu"), []byte("x"), 0o644)
+	os.WriteFile(filepath.Join(first, "cohort-averaging-fabric"), []byte("x"), 0o644)
 	t.Setenv("PATH", onPath)
 
 	cases := []struct {
@@ -47,7 +47,7 @@ func TestFindOrder(t *testing.T) {
 		wantDir string
 		wantErr string
 	}{
-		{pluginhost.Averager, "cpu", second, ""},
+		{pluginhost.Averager, "fabric", second, ""},
 		{pluginhost.Trainer, "mock", onPath, ""},
 		{pluginhost.Trainer, "nope", "", "no executable cohort-trainer-nope"},
 		{pluginhost.Averager, "../x", "", "invalid name"},
@@ -77,11 +77,11 @@ func TestFindOrder(t *testing.T) {
 
 func TestFindReadsSHA256SUMS(t *testing.T) {
 	dir := t.TempDir()
-	cpu := writeExe(t, dir, "cohort-averaging-cpu", "#!/bin/sh\necho cpu\n")
+	cpu := writeExe(t, dir, "cohort-averaging-fabric", "#!/bin/sh\necho cpu\n")
 	mock := writeExe(t, dir, "cohort-trainer-mock", "#!/bin/sh\necho mock\n")
 	os.WriteFile(filepath.Join(dir, pluginhost.SumsFile), []byte("# plugins\n"+sumLine(t, cpu)), 0o644)
 
-	loc, err := pluginhost.Find([]string{dir}, pluginhost.Averager, "cpu")
+	loc, err := pluginhost.Find([]string{dir}, pluginhost.Averager, "fabric")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -94,21 +94,21 @@ func TestFindReadsSHA256SUMS(t *testing.T) {
 	}
 	_ = mock
 
-	os.WriteFile(filepath.Join(dir, pluginhost.SumsFile), []byte("zz  cohort-averaging-cpu\n"), 0o644)
-	if _, err := pluginhost.Find([]string{dir}, pluginhost.Averager, "cpu"); err == nil || !strings.Contains(err.Error(), "not a SHA-256") {
+	os.WriteFile(filepath.Join(dir, pluginhost.SumsFile), []byte("zz  cohort-averaging-fabric\n"), 0o644)
+	if _, err := pluginhost.Find([]string{dir}, pluginhost.Averager, "fabric"); err == nil || !strings.Contains(err.Error(), "not a SHA-256") {
 		t.Fatalf("malformed sums: %v", err)
 	}
 }
 
 func TestStartRefusesTamperedBinary(t *testing.T) {
 	dir := t.TempDir()
-	cpu := writeExe(t, dir, "cohort-averaging-cpu", "#!/bin/sh\nexit 0\n")
+	cpu := writeExe(t, dir, "cohort-averaging-fabric", "#!/bin/sh\nexit 0\n")
 	os.WriteFile(filepath.Join(dir, pluginhost.SumsFile), []byte(sumLine(t, cpu)), 0o644)
 	// The binary changes after its checksum was published.
-	writeExe(t, dir, "cohort-averaging-cpu", "#!/bin/sh\necho evil\n")
+	writeExe(t, dir, "cohort-averaging-fabric", "#!/bin/sh\necho evil\n")
 
 	h := pluginhost.New(pluginhost.Options{Dirs: []string{dir}})
-	_, _, err := h.StartAverager(context.Background(), "cpu")
+	_, _, err := h.StartAverager(context.Background(), "fabric")
 	if err == nil || !strings.Contains(err.Error(), "does not match its SHA256SUMS entry") {
 		t.Fatalf("StartAverager of a tampered binary = %v", err)
 	}
@@ -117,7 +117,7 @@ func TestStartRefusesTamperedBinary(t *testing.T) {
 func TestList(t *testing.T) {
 	first, second := t.TempDir(), t.TempDir()
 	t.Setenv("PATH", "")
-	writeExe(t, first, "cohort-averaging-cpu", "#!/bin/sh\n")
+	writeExe(t, first, "cohort-averaging-fabric", "#!/bin/sh\n")
 	good := writeExe(t, first, "cohort-trainer-mock", "#!/bin/sh\necho good\n")
 	tampered := writeExe(t, first, "cohort-trainer-libtorch", "#!/bin/sh\necho v1\n")
 	os.WriteFile(filepath.Join(first, pluginhost.SumsFile), []byte(sumLine(t, good)+sumLine(t, tampered)), 0o644)
@@ -152,7 +152,7 @@ func TestList(t *testing.T) {
 		got = append(got, row{l.Kind, l.Name, filepath.Dir(l.Path), state})
 	}
 	want := []row{
-		{pluginhost.Averager, "cpu", first, "unlisted"},
+		{pluginhost.Averager, "fabric", first, "unlisted"},
 		{pluginhost.Trainer, "libtorch", first, "tampered"},
 		{pluginhost.Trainer, "mock", first, "verified"},
 		{pluginhost.Averager, "nccl", second, "ok"},

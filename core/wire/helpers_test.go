@@ -214,7 +214,7 @@ func sampleMessages() []proto.Message {
 		&wirepb.RelayResult{Key: "nccl/0", Blobs: []*wirepb.RelayBlob{{Rank: 0, Blob: []byte{1, 2, 3}}, {Rank: 1}}},
 		// rank -> coordinator
 		&wirepb.Ready{Rank: 1, Samples: 60000, EvalSamples: 10000, ParameterCount: 1 << 20, ParameterBytes: 4 << 20,
-			LayoutDigest: make([]byte, 32), Trainer: "libtorch", Averager: "cpu", BatchSize: 64},
+			LayoutDigest: make([]byte, 32), Trainer: "libtorch", Averager: "fabric", BatchSize: 64},
 		&wirepb.Batch{Rank: 1, Epoch: 2, BatchMs: 12.5, DataMs: 0.25, StepCount: 42, ParamNorm: f64(3.5), BatchLoss: 0.1, Samples: 64},
 		&wirepb.SyncAck{Rank: 2, Round: 100, StepCount: 5, Divergence: f64(0.01), PostNorm: f64(5), PreNorm: f64(5.01),
 			Weight: 3, TotalWeight: 4, BytesMoved: 1 << 22, RoundMs: 8.5},

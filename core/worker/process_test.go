@@ -109,15 +109,15 @@ func TestAveragerKilledMidRound(t *testing.T) {
 
 // TestConfigChoosesAverager: the averager block's label is the only thing
 // that picks the backend. The same file with "mock" runs the mock plugin
-// processes through a clean shutdown; with "cpu" the worker finds and
-// launches cohort-averaging-cpu from the same plugin directory (here a fake
+// processes through a clean shutdown; with "fabric" the worker finds and
+// launches cohort-averaging-fabric from the same plugin directory (here a fake
 // that records its environment and exits), without the run secret in its
 // environment.
 func TestConfigChoosesAverager(t *testing.T) {
 	dir := pluginDir(t)
-	envFile := filepath.Join(t.TempDir(), "cpu-env")
+	envFile := filepath.Join(t.TempDir(), "fabric-env")
 	fake := fmt.Sprintf("#!/bin/sh\nenv > %q\nexit 1\n", envFile)
-	if err := os.WriteFile(filepath.Join(dir, "cohort-averaging-cpu"), []byte(fake), 0o755); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, "cohort-averaging-fabric"), []byte(fake), 0o755); err != nil {
 		t.Fatal(err)
 	}
 	t.Setenv("COHORT_SECRET", "must-not-reach-plugins")
@@ -147,7 +147,7 @@ averager %q {
 		clean    bool
 	}{
 		{"mock", "cohort-averaging-mock", true},
-		{"cpu", "cohort-averaging-cpu", false},
+		{"fabric", "cohort-averaging-fabric", false},
 	}
 	for _, tc := range cases {
 		t.Run(tc.averager, func(t *testing.T) {
