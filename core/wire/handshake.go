@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 
 	"github.com/cohortdl/cohort/internal/authframe"
@@ -104,24 +103,9 @@ func ClientHandshake(ctx context.Context, nc net.Conn, keys Keys, hello Hello, o
 	}
 	hb := encodeHello(hello, keys.k.Handshake())
 	var ab [ackSize]byte
-	err = authframe.WithDeadline(ctx, nc, o.handshakeTimeout, func() error {
-		if _, err := nc.Write(hb[:]); err != nil {
-			return fmt.Errorf("wire: send hello to %s: %w", nc.RemoteAddr(), authframe.CtxCause(ctx, err))
-		}
-		if n, err := io.ReadFull(nc, ab[:]); err != nil {
-			if authframe.IsEOF(err) {
-				return fmt.Errorf("wire: %w: ack from %s: got %d of %d bytes (the coordinator may have refused the hello): %w",
-					authframe.ErrTruncated, nc.RemoteAddr(), n, ackSize, err)
-			}
-			return fmt.Errorf("wire: read ack from %s: got %d of %d bytes: %w", nc.RemoteAddr(), n, ackSize, authframe.CtxCause(ctx, err))
-		}
-		// Verified here, so a bad ack is reported as such even when the
-		// coordinator hung up right after it and clearing the deadline fails.
-		if err := verifyAck(ab[:], hb[:], keys.k.Handshake()); err != nil {
-			return fmt.Errorf("wire: handshake with %s: %w", nc.RemoteAddr(), err)
-		}
-		return nil
-	})
+	err = authframe.SendHello(ctx, nc, o.handshakeTimeout, hb[:], ab[:], "wire",
+		"the coordinator may have refused the hello",
+		func() error { return verifyAck(ab[:], hb[:], keys.k.Handshake()) })
 	if err != nil {
 		return nil, err
 	}
@@ -152,11 +136,8 @@ func ServerHandshake(ctx context.Context, nc net.Conn, keys Keys, accept func(He
 	var hb [helloSize]byte
 	var hello Hello
 	err = authframe.WithDeadline(ctx, nc, o.handshakeTimeout, func() error {
-		if n, err := io.ReadFull(nc, hb[:]); err != nil {
-			if authframe.IsEOF(err) {
-				return fmt.Errorf("wire: %w: hello from %s: got %d of %d bytes: %w", authframe.ErrTruncated, nc.RemoteAddr(), n, helloSize, err)
-			}
-			return fmt.Errorf("wire: read hello from %s: got %d of %d bytes: %w", nc.RemoteAddr(), n, helloSize, authframe.CtxCause(ctx, err))
+		if err := authframe.ReadHello(ctx, nc, hb[:], "wire"); err != nil {
+			return err
 		}
 		var err error
 		if hello, err = decodeHello(hb[:], keys.k.Handshake()); err != nil {

@@ -93,6 +93,44 @@ func WithDeadline(ctx context.Context, nc net.Conn, timeout time.Duration, f fun
 	return err
 }
 
+// SendHello is a client's half of a handshake: under WithDeadline it
+// writes hello, reads exactly len(ack) bytes of answer into ack, and runs
+// check on them (inside the deadline, so a bad answer is reported as such
+// even when the peer hung up right after it). proto prefixes the errors
+// ("wire", "reduce"); hangUp says what the peer closing without a full
+// answer means on that protocol.
+func SendHello(ctx context.Context, nc net.Conn, timeout time.Duration, hello, ack []byte, proto, hangUp string, check func() error) error {
+	return WithDeadline(ctx, nc, timeout, func() error {
+		if _, err := nc.Write(hello); err != nil {
+			return fmt.Errorf("%s: send hello to %s: %w", proto, nc.RemoteAddr(), CtxCause(ctx, err))
+		}
+		if n, err := io.ReadFull(nc, ack); err != nil {
+			if IsEOF(err) {
+				return fmt.Errorf("%s: %w: ack from %s: got %d of %d bytes; %s: %w",
+					proto, ErrTruncated, nc.RemoteAddr(), n, len(ack), hangUp, err)
+			}
+			return fmt.Errorf("%s: read ack from %s: got %d of %d bytes: %w", proto, nc.RemoteAddr(), n, len(ack), CtxCause(ctx, err))
+		}
+		if err := check(); err != nil {
+			return fmt.Errorf("%s: handshake with %s: %w", proto, nc.RemoteAddr(), err)
+		}
+		return nil
+	})
+}
+
+// ReadHello is the first read of a server's half of a handshake, inside
+// its WithDeadline: exactly len(hello) bytes, or an error saying how many
+// came. proto prefixes the errors.
+func ReadHello(ctx context.Context, nc net.Conn, hello []byte, proto string) error {
+	if n, err := io.ReadFull(nc, hello); err != nil {
+		if IsEOF(err) {
+			return fmt.Errorf("%s: %w: hello from %s: got %d of %d bytes: %w", proto, ErrTruncated, nc.RemoteAddr(), n, len(hello), err)
+		}
+		return fmt.Errorf("%s: read hello from %s: got %d of %d bytes: %w", proto, nc.RemoteAddr(), n, len(hello), CtxCause(ctx, err))
+	}
+	return nil
+}
+
 // IsEOF reports whether err is the stream ending, cleanly or mid-read.
 func IsEOF(err error) bool {
 	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)

@@ -6,7 +6,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 
 	"github.com/cohortdl/cohort/internal/authframe"
@@ -251,26 +250,9 @@ func ClientHandshake(ctx context.Context, nc net.Conn, k Keys, h Hello, opts Opt
 	hb := encodeHello(h, nonce, k.k.Handshake())
 	var ab [AckSize]byte
 	var st Status
-	err = authframe.WithDeadline(ctx, nc, opts.Timeout, func() error {
-		if _, err := nc.Write(hb[:]); err != nil {
-			return fmt.Errorf("reduce: send hello to %s: %w", nc.RemoteAddr(), authframe.CtxCause(ctx, err))
-		}
-		if n, err := io.ReadFull(nc, ab[:]); err != nil {
-			if authframe.IsEOF(err) {
-				return fmt.Errorf("reduce: %w: ack from %s: got %d of %d bytes; the server closed the connection without answering (a wrong data key is never answered): %w",
-					authframe.ErrTruncated, nc.RemoteAddr(), n, AckSize, err)
-			}
-			return fmt.Errorf("reduce: read ack from %s: got %d of %d bytes: %w", nc.RemoteAddr(), n, AckSize, authframe.CtxCause(ctx, err))
-		}
-		// Decoded here, so a bad ack or a refusal is reported as such even
-		// when the server hung up right after it and clearing the deadline
-		// fails.
-		var err error
-		if st, err = decodeAck(ab[:], hb[:], k); err != nil {
-			return fmt.Errorf("reduce: handshake with %s: %w", nc.RemoteAddr(), err)
-		}
-		return nil
-	})
+	err = authframe.SendHello(ctx, nc, opts.Timeout, hb[:], ab[:], "reduce",
+		"the server closed the connection without answering (a wrong data key is never answered)",
+		func() (err error) { st, err = decodeAck(ab[:], hb[:], k); return err })
 	switch {
 	case err != nil && st != Accepted:
 		// A refusal outranks the failure to clear the deadline that follows
@@ -299,18 +281,16 @@ func ServerHandshake(ctx context.Context, nc net.Conn, k Keys, accept func(Hello
 	if !k.k.Valid() {
 		return nil, Hello{}, errZeroKeys
 	}
-	var hb [HelloSize]byte
-	var h Hello
-	var ab [AckSize]byte
-	var refused error
-	err = authframe.WithDeadline(ctx, nc, opts.Timeout, func() error {
-		if n, err := io.ReadFull(nc, hb[:]); err != nil {
-			if authframe.IsEOF(err) {
-				return fmt.Errorf("reduce: %w: hello from %s: got %d of %d bytes: %w", authframe.ErrTruncated, nc.RemoteAddr(), n, HelloSize, err)
-			}
-			return fmt.Errorf("reduce: read hello from %s: got %d of %d bytes: %w", nc.RemoteAddr(), n, HelloSize, authframe.CtxCause(ctx, err))
+	var (
+		hb      [HelloSize]byte
+		ab      [AckSize]byte
+		h       Hello
+		refused error // the answer to a hello that checked out but is refused
+	)
+	err = authframe.WithDeadline(ctx, nc, opts.Timeout, func() (err error) {
+		if err = authframe.ReadHello(ctx, nc, hb[:], "reduce"); err != nil {
+			return err
 		}
-		var err error
 		if h, err = DecodeHello(hb[:], k); err != nil {
 			return fmt.Errorf("reduce: hello from %s: %w", nc.RemoteAddr(), err)
 		}
