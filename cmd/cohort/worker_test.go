@@ -101,8 +101,17 @@ averager "mock" {}
 			if err != nil {
 				t.Fatalf("receive: %v", err)
 			}
-			switch m.(type) {
+			switch v := m.(type) {
 			case *wirepb.Heartbeat, *wirepb.ResourceSample:
+				continue
+			case *wirepb.MeetRequest:
+				// The mock averager meets through the relay: no endpoint.
+				if v.GetKind() != "relay" {
+					t.Fatalf("the mock averager asked for a %q meeting point, want relay", v.GetKind())
+				}
+				if err := conn.Send(ctx, &wirepb.Meeting{Kind: v.GetKind()}); err != nil {
+					t.Fatal(err)
+				}
 				continue
 			}
 			return m
