@@ -228,87 +228,73 @@ func mockParams(t *testing.T, dir string, settings map[string]any) (params []flo
 	return append(append(w, b...), tr.FeatureMean()...), steps
 }
 
-// The first must-show: four mock ranks, three epochs, exit 0, a complete
-// summary, and one model: the final checkpoint (checkpoint_every = 3 saves
-// every rank's state after the last epoch's final round) holds the same
-// parameters, bit for bit, on every rank.
+// A run completes, exit 0, with a complete summary and one model: the
+// final checkpoint (checkpoint_every = epochs saves every rank's state
+// after the last epoch's final round) holds the same parameters, bit for
+// bit, on every rank. With the mock averager; and with an averager the core
+// has never heard of (testdata/cohort-averaging-median: neither cpu nor
+// mock, built from shared/ alone), whose ranks meet through the relay over
+// the control protocol and nothing else.
 func TestRunCompletes(t *testing.T) {
-	out := filepath.Join(t.TempDir(), "run")
-	trainer := map[string]any{"samples": 1024, "batch_size": 16}
-	cfg := writeRunConfig(t, `coordinator {
+	cases := []struct {
+		averager               string
+		ranks, epochs, samples int
+	}{
+		{averager: "mock", ranks: 4, epochs: 3, samples: 1024},
+		{averager: "median", ranks: 3, epochs: 2, samples: 768},
+	}
+	for _, tc := range cases {
+		t.Run(tc.averager, func(t *testing.T) {
+			out := filepath.Join(t.TempDir(), "run")
+			trainer := map[string]any{"samples": tc.samples, "batch_size": 16}
+			cfg := writeRunConfig(t, fmt.Sprintf(`coordinator {
   sync_every       = 4
-  checkpoint_every = 3
-}`, trainer)
-	start := time.Now()
-	p := startCohort(t, "run", "--config", cfg, "--trainer", "mock", "--averaging", "mock", "--ranks", "4", "--epochs", "3", "--out", out)
-	if code := p.wait(120 * time.Second); code != 0 {
-		t.Fatalf("exit %d, want 0", code)
-	}
-	t.Logf("4 ranks × 3 epochs in %v", time.Since(start).Round(time.Millisecond))
-	sum := readSummary(t, out)
-	if sum.Status != coordinator.StatusCompleted || sum.WorldSize != 4 || len(sum.Epochs) != 3 || len(sum.Ranks) != 4 {
-		t.Fatalf("summary: status %s, world %d, %d epochs, %d ranks", sum.Status, sum.WorldSize, len(sum.Epochs), len(sum.Ranks))
-	}
-	for _, e := range sum.Epochs {
-		if e.Samples != 1024 || e.Accuracy == nil || e.Loss <= 0 || e.Rounds == 0 {
-			t.Errorf("epoch %+v", e)
-		}
-	}
-	for _, r := range sum.Ranks {
-		if r.State != coordinator.RankExited {
-			t.Errorf("rank %+v, want exited", r)
-		}
-	}
-	if sum.Averaging.Backend != "mock" || sum.Averaging.Rounds == 0 || len(sum.MembershipEvents) != 0 {
-		t.Errorf("averaging %+v, events %+v", sum.Averaging, sum.MembershipEvents)
-	}
-	if sum.Checkpoint == "" {
-		t.Fatal("no final checkpoint")
-	}
-	ref, refSteps := mockParams(t, filepath.Join(sum.Checkpoint, "rank-0"), trainer)
-	for r := 1; r < 4; r++ {
-		got, _ := mockParams(t, filepath.Join(sum.Checkpoint, "rank-"+strconv.Itoa(r)), trainer)
-		if !slices.Equal(got, ref) {
-			t.Errorf("rank %d's final parameters differ from rank 0's", r)
-		}
-	}
-	if refSteps == 0 || allZero(ref) {
-		t.Errorf("the model did not train: %d steps", refSteps)
-	}
-	if !strings.Contains(p.output(), "epoch 3/3  loss") {
-		t.Errorf("no per-epoch progress line in the output")
+  checkpoint_every = %d
+}`, tc.epochs), trainer)
+			start := time.Now()
+			p := startCohort(t, "run", "--config", cfg, "--trainer", "mock", "--averaging", tc.averager,
+				"--ranks", strconv.Itoa(tc.ranks), "--epochs", strconv.Itoa(tc.epochs), "--out", out)
+			if code := p.wait(120 * time.Second); code != 0 {
+				t.Fatalf("exit %d, want 0", code)
+			}
+			t.Logf("%d ranks × %d epochs in %v", tc.ranks, tc.epochs, time.Since(start).Round(time.Millisecond))
+			sum := readSummary(t, out)
+			if sum.Status != coordinator.StatusCompleted || sum.WorldSize != tc.ranks || len(sum.Epochs) != tc.epochs || len(sum.Ranks) != tc.ranks {
+				t.Fatalf("summary: status %s, world %d, %d epochs, %d ranks", sum.Status, sum.WorldSize, len(sum.Epochs), len(sum.Ranks))
+			}
+			for _, e := range sum.Epochs {
+				if e.Samples != uint64(tc.samples) || e.Accuracy == nil || e.Loss <= 0 || e.Rounds == 0 {
+					t.Errorf("epoch %+v", e)
+				}
+			}
+			for _, r := range sum.Ranks {
+				if r.State != coordinator.RankExited {
+					t.Errorf("rank %+v, want exited", r)
+				}
+			}
+			if sum.Averaging.Backend != tc.averager || sum.Averaging.Rounds == 0 || len(sum.MembershipEvents) != 0 {
+				t.Errorf("averaging %+v, events %+v", sum.Averaging, sum.MembershipEvents)
+			}
+			checkOneModel(t, sum, tc.ranks, trainer)
+			if line := fmt.Sprintf("epoch %d/%d  loss", tc.epochs, tc.epochs); !strings.Contains(p.output(), line) {
+				t.Errorf("no per-epoch progress line %q in the output", line)
+			}
+		})
 	}
 }
 
-// An averager the core has never heard of (neither cpu nor mock; built
-// from shared/ alone) trains a cohort: its ranks meet through the relay
-// over the control protocol, with no directory, address or port of their
-// own, and end on one model.
-func TestRunWithAnotherAveragerMeetingThroughTheRelay(t *testing.T) {
-	out := filepath.Join(t.TempDir(), "run")
-	trainer := map[string]any{"samples": 768, "batch_size": 16}
-	cfg := writeRunConfig(t, `coordinator {
-  sync_every       = 4
-  checkpoint_every = 2
-}`, trainer)
-	p := startCohort(t, "run", "--config", cfg, "--trainer", "mock", "--averaging", "median", "--ranks", "3", "--epochs", "2", "--out", out)
-	if code := p.wait(120 * time.Second); code != 0 {
-		t.Fatalf("exit %d, want 0", code)
-	}
-	sum := readSummary(t, out)
-	if sum.Status != coordinator.StatusCompleted || len(sum.Epochs) != 2 {
-		t.Fatalf("summary: status %s, %d epochs", sum.Status, len(sum.Epochs))
-	}
-	if sum.Averaging.Backend != "median" || sum.Averaging.Rounds == 0 {
-		t.Fatalf("averaging %+v, want rounds of the median averager", sum.Averaging)
-	}
+// checkOneModel: the run's final checkpoint holds, on every one of its
+// ranks, the same trained parameters, bit for bit (ranks that did not meet
+// would not).
+func checkOneModel(t *testing.T, sum *coordinator.Summary, ranks int, trainer map[string]any) {
+	t.Helper()
 	if sum.Checkpoint == "" {
 		t.Fatal("no final checkpoint")
 	}
 	ref, steps := mockParams(t, filepath.Join(sum.Checkpoint, "rank-0"), trainer)
-	for r := 1; r < 3; r++ {
+	for r := 1; r < ranks; r++ {
 		if got, _ := mockParams(t, filepath.Join(sum.Checkpoint, "rank-"+strconv.Itoa(r)), trainer); !slices.Equal(got, ref) {
-			t.Errorf("rank %d's final parameters differ from rank 0's: the ranks did not meet", r)
+			t.Errorf("rank %d's final parameters differ from rank 0's", r)
 		}
 	}
 	if steps == 0 || allZero(ref) {

@@ -218,54 +218,19 @@ func (w *worker) runNextPlan(ctx context.Context) error {
 	}
 
 	var st planStats
-	// merged is the Batch frame being built when the plan lets reports
-	// merge; sent once reportEvery has passed since the last one, and
-	// before the plan's Metrics. This is the one place reports merge: the
-	// trainer, in process or behind the plugin adapter, reports each batch.
-	var merged *wirepb.Batch
-	var lastSent time.Time
-	flush := func() error {
-		if merged == nil {
-			return nil
-		}
-		m := merged
-		merged, lastSent = nil, time.Now()
-		if m.Batches > 1 {
-			m.BatchLoss /= float64(m.Batches)
-		}
-		if w.divergence != nil {
-			m.SyncDivergence, w.divergence = w.divergence, nil
-		}
-		return w.send(w.stopCtx, m)
-	}
+	reports := newBatchMerger(w, p, reportEvery)
 	report := func(b plugin.BatchReport) error {
 		st.batches++
 		st.samples += uint64(b.Samples)
 		st.loss += b.Loss
 		st.dataMS += b.DataMS
 		st.computeMS += max(b.BatchMS-b.DataMS, 0)
-		if merged == nil {
-			merged = &wirepb.Batch{Rank: w.o.Rank, Epoch: p.Epoch, PartitionOffset: p.PartitionOffset, PartitionSize: p.PartitionSize}
-		}
-		merged.Batches++
-		merged.BatchMs += b.BatchMS
-		merged.DataMs += b.DataMS
-		merged.BatchLoss += b.Loss
-		merged.Samples += b.Samples
-		merged.StepCount = b.StepCount
-		if b.ParamNorm != nil {
-			merged.ParamNorm = b.ParamNorm
-		}
-		if reportEvery > 0 && time.Since(lastSent) < reportEvery {
-			return nil
-		}
-		return flush()
+		return reports.add(b)
 	}
 	start := time.Now()
-	lastSent = start
 	err := w.trainer.Train(w.stopCtx, p, report)
 	elapsed := time.Since(start)
-	if ferr := flush(); err == nil && ferr != nil {
+	if ferr := reports.flush(); err == nil && ferr != nil {
 		err = ferr
 	}
 	w.prof.run += elapsed
