@@ -4,9 +4,11 @@
 //
 // The mock trainer (Trainer) is a deterministic logistic regression on data
 // generated from the run's seed; the mock averager (Averager) computes a real
-// step-weighted average across the ranks of one host through files in a
-// shared directory. Both implement the contracts of shared/plugin, so the
-// same values can be checked in-process and through the gRPC adapters.
+// step-weighted average across the ranks through the relay
+// (plugin.Relay), wherever they run. RelayGroup is an in-process relay for
+// testing any averager without a coordinator. Both mocks implement the
+// contracts of shared/plugin, so the same values can be checked in-process
+// and through the gRPC adapters.
 // The binaries cmd/cohort-trainer-mock and cmd/cohort-averaging-mock serve
 // them; BuildPlugins builds those and StartTrainer and StartAverager launch
 // them under go-plugin.
