@@ -29,28 +29,33 @@ func newWorkerCommand(g *globals) *cobra.Command {
 		Short: "Run one rank worker against a coordinator",
 		Long: `Runs one rank worker against a coordinator. The run secret comes from
 --secret-file, $COHORT_SECRET_FILE or $COHORT_SECRET, never the command line.
-SIGINT or SIGTERM ends the worker. Exit status 0 means it exited cleanly.`,
-		Example: `  COHORT_SECRET_FILE=secret cohort worker --coordinator 10.0.0.1:7000 --rank 0 --world 8 --local-ranks 4 --config cohort.hcl`,
+SIGINT or SIGTERM ends the worker. Exit status 0 means it exited cleanly.
+
+Under a launcher the flags may be left out: the rank, world size, ranks on
+this host and the coordinator's address come from the variables it sets,
+tried in this order after the flags:
+  cohort      COHORT_RANK, COHORT_WORLD, COHORT_LOCAL_RANKS, COHORT_COORDINATOR
+  torchrun    RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR + MASTER_PORT
+  Slurm srun  SLURM_PROCID, SLURM_NTASKS, SLURM_NTASKS_PER_NODE
+  Kubernetes  JOB_COMPLETION_INDEX (an Indexed Job's pod index)`,
+		Example: `  COHORT_SECRET_FILE=secret cohort worker --coordinator 10.0.0.1:7000 --rank 0 --world 8 --local-ranks 4 --config cohort.hcl
+  srun --ntasks 8 env COHORT_COORDINATOR=$HEAD:7000 cohort worker --config cohort.hcl`,
 		Args:    noArgs,
 	}
 	f := cmd.Flags()
-	f.StringVar(&coord, "coordinator", "", "the coordinator's control address, HOST:PORT (required)")
-	f.IntVar(&rank, "rank", 0, "this worker's global rank, 0..N-1 (required)")
-	f.IntVar(&world, "world", 0, "the number of ranks in the run (required)")
+	f.StringVar(&coord, "coordinator", "", "the coordinator's control address, HOST:PORT (else from the launcher's variables)")
+	f.IntVar(&rank, "rank", 0, "this worker's global rank, 0..N-1 (else from the launcher's variables)")
+	f.IntVar(&world, "world", 0, "the number of ranks in the run (else from the launcher's variables)")
 	f.IntVar(&localRanks, "local-ranks", 1, "ranks of this run on this host; trainers share the cores among them")
 	secretFile := secretFileFlag(cmd)
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
-		switch {
-		case coord == "":
-			return usageError("--coordinator is required")
-		case !cmd.Flags().Changed("rank"):
-			return usageError("--rank is required")
-		case world < 1 || int64(world) > int64(^uint32(0)):
-			return usageError("--world must be at least 1")
-		case rank < 0 || rank >= world:
-			return usageError("--rank must be in 0..%d", world-1)
-		case localRanks < 1 || localRanks > world:
-			return usageError("--local-ranks must be in 1..%d", world)
+		flagged := map[string]bool{}
+		for _, name := range []string{"rank", "world", "local-ranks", "coordinator"} {
+			flagged[name] = cmd.Flags().Changed(name)
+		}
+		p, err := resolvePlacement(placement{rank: rank, world: world, localRanks: localRanks, coordinator: coord}, flagged, os.Getenv)
+		if err != nil {
+			return err
 		}
 		relayOnOneP()
 		logger := g.newLogger(os.Stderr, workerLogLevels)
@@ -64,9 +69,10 @@ SIGINT or SIGTERM ends the worker. Exit status 0 means it exited cleanly.`,
 		}
 
 		o := worker.FromConfig(cfg)
-		o.Coordinator = coord
-		o.Rank, o.World = uint32(rank), uint32(world)
-		o.LocalRanks = uint32(localRanks)
+		o.Coordinator = p.coordinator
+		o.Rank, o.World = uint32(p.rank), uint32(p.world)
+		o.LocalRanks = uint32(p.localRanks)
+		logger.Debug("placement", "rank", p.rank, "world", p.world, "local_ranks", p.localRanks, "coordinator", p.coordinator, "from", p.from)
 		o.Secret = secret
 		o.Logger = logger
 		o.Withhold = []string{envSecret, envSecretFile}
@@ -81,7 +87,7 @@ SIGINT or SIGTERM ends the worker. Exit status 0 means it exited cleanly.`,
 		ctx, release := onSignals(context.Background(), nil, sigs...)
 		defer release()
 		if err := worker.Run(ctx, o); err != nil {
-			logger.Error("worker failed", "rank", rank, "error", err)
+			logger.Error("worker failed", "rank", p.rank, "error", err)
 			return failed(nil)
 		}
 		return nil

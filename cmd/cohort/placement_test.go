@@ -1,0 +1,71 @@
+package main
+
+import (
+	"strings"
+	"testing"
+)
+
+// Each launcher convention places a worker without flags; flags win over
+// the environment, cohort's own variables over the others; bad or missing
+// values are refused naming where they came from.
+func TestResolvePlacement(t *testing.T) {
+	cases := []struct {
+		name    string
+		flags   placement
+		flagged []string
+		env     map[string]string
+		want    placement
+		wantErr string
+	}{
+		{name: "flags only", flags: placement{rank: 2, world: 4, localRanks: 2, coordinator: "10.0.0.1:7000"},
+			flagged: []string{"rank", "world", "local-ranks", "coordinator"},
+			want:    placement{rank: 2, world: 4, localRanks: 2, coordinator: "10.0.0.1:7000"}},
+		{name: "torchrun", env: map[string]string{"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4", "MASTER_ADDR": "head", "MASTER_PORT": "29500"},
+			want: placement{rank: 3, world: 8, localRanks: 4, coordinator: "head:29500"}},
+		{name: "torchrun with an IPv6 master", env: map[string]string{"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "fd00::1", "MASTER_PORT": "29500"},
+			want: placement{rank: 0, world: 1, localRanks: 1, coordinator: "[fd00::1]:29500"}},
+		{name: "slurm", env: map[string]string{"SLURM_PROCID": "5", "SLURM_NTASKS": "6", "SLURM_LOCALID": "1", "SLURM_NTASKS_PER_NODE": "2", "COHORT_COORDINATOR": "node1:7000"},
+			want: placement{rank: 5, world: 6, localRanks: 2, coordinator: "node1:7000"}},
+		{name: "slurm without tasks per node", env: map[string]string{"SLURM_PROCID": "0", "SLURM_NTASKS": "4", "COHORT_COORDINATOR": "node1:7000"},
+			want: placement{rank: 0, world: 4, localRanks: 1, coordinator: "node1:7000"}},
+		{name: "kubernetes indexed job", env: map[string]string{"JOB_COMPLETION_INDEX": "7", "COHORT_WORLD": "8", "COHORT_COORDINATOR": "cohort-coordinator.ml.svc:7000"},
+			want: placement{rank: 7, world: 8, localRanks: 1, coordinator: "cohort-coordinator.ml.svc:7000"}},
+		{name: "flags win over the environment", flags: placement{rank: 1, world: 2, coordinator: "a:1"}, flagged: []string{"rank", "world", "coordinator"},
+			env:  map[string]string{"RANK": "9", "WORLD_SIZE": "10", "MASTER_ADDR": "b", "MASTER_PORT": "2"},
+			want: placement{rank: 1, world: 2, localRanks: 1, coordinator: "a:1"}},
+		{name: "cohort's variables win over torchrun's", env: map[string]string{"COHORT_RANK": "1", "RANK": "9", "WORLD_SIZE": "10", "COHORT_COORDINATOR": "a:1", "MASTER_ADDR": "b", "MASTER_PORT": "2"},
+			want: placement{rank: 1, world: 10, localRanks: 1, coordinator: "a:1"}},
+		{name: "no coordinator", env: map[string]string{"RANK": "0", "WORLD_SIZE": "2"}, wantErr: "no coordinator address"},
+		{name: "no rank", env: map[string]string{"WORLD_SIZE": "2", "COHORT_COORDINATOR": "a:1"}, wantErr: "no rank"},
+		{name: "no world", env: map[string]string{"JOB_COMPLETION_INDEX": "0", "COHORT_COORDINATOR": "a:1"}, wantErr: "no world size"},
+		{name: "rank outside the world", env: map[string]string{"SLURM_PROCID": "4", "SLURM_NTASKS": "4", "COHORT_COORDINATOR": "a:1"}, wantErr: "rank 4 (from $SLURM_PROCID): it must be in 0..3"},
+		{name: "not a number", env: map[string]string{"RANK": "one", "WORLD_SIZE": "2", "COHORT_COORDINATOR": "a:1"}, wantErr: `$RANK = "one" (torchrun's rank): not a whole number`},
+		{name: "coordinator without a port", env: map[string]string{"RANK": "0", "WORLD_SIZE": "1", "COHORT_COORDINATOR": "head"}, wantErr: `coordinator address "head" (from $COHORT_COORDINATOR)`},
+		{name: "too many local ranks", flags: placement{localRanks: 3}, flagged: []string{"local-ranks"},
+			env: map[string]string{"RANK": "0", "WORLD_SIZE": "2", "COHORT_COORDINATOR": "a:1"}, wantErr: "local ranks 3 (from --local-ranks)"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			flagged := map[string]bool{}
+			for _, f := range tc.flagged {
+				flagged[f] = true
+			}
+			if !flagged["local-ranks"] && tc.flags.localRanks == 0 {
+				tc.flags.localRanks = 1 // the flag's default
+			}
+			got, err := resolvePlacement(tc.flags, flagged, func(k string) string { return tc.env[k] })
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("err = %v, want one containing %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.rank != tc.want.rank || got.world != tc.want.world || got.localRanks != tc.want.localRanks || got.coordinator != tc.want.coordinator {
+				t.Errorf("got rank %d world %d local %d coordinator %q, want %+v", got.rank, got.world, got.localRanks, got.coordinator, tc.want)
+			}
+		})
+	}
+}
