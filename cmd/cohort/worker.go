@@ -40,7 +40,7 @@ tried in this order after the flags:
   Kubernetes  JOB_COMPLETION_INDEX (an Indexed Job's pod index)`,
 		Example: `  COHORT_SECRET_FILE=secret cohort worker --coordinator 10.0.0.1:7000 --rank 0 --world 8 --local-ranks 4 --config cohort.hcl
   srun --ntasks 8 env COHORT_COORDINATOR=$HEAD:7000 cohort worker --config cohort.hcl`,
-		Args:    noArgs,
+		Args: noArgs,
 	}
 	f := cmd.Flags()
 	f.StringVar(&coord, "coordinator", "", "the coordinator's control address, HOST:PORT (else from the launcher's variables)")
