@@ -20,7 +20,7 @@ export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 # Debian packages the build, tests and the default run need.
 DEB_PACKAGES := protobuf-compiler g++ libtorch-dev libopenblas0-pthread python3-torch dataset-fashion-mnist
 
-.PHONY: all build test run proto proto-check bench fuzz deps clean tools
+.PHONY: all build test run proto proto-check bench fuzz deps clean tools slurm-check
 
 all: build
 
@@ -89,6 +89,11 @@ fuzz:
 bench: build
 	$(GO) run ./bench/averaging -plugin $(PLUGINS)/cohort-averaging-cpu
 	$(GO) run ./bench/training -cohort $(BIN)/cohort
+
+# slurm-check runs deploy/slurm/cohort.sbatch on a one-node Slurm cluster
+# it starts on this machine (root; installs slurm-wlm and munge if missing).
+slurm-check: build
+	deploy/slurm/check.sh
 
 clean:
 	rm -rf $(BIN) $(TOOLS)

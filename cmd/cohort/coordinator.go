@@ -8,6 +8,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/spf13/cobra"
 
+	"github.com/cohortdl/cohort/core/config"
 	"github.com/cohortdl/cohort/core/coordinator"
 	"github.com/cohortdl/cohort/core/wire"
 )
@@ -30,7 +31,9 @@ abandons the run. Exit status 0 means the run completed.`,
 		Args:    noArgs,
 	}
 	f := cmd.Flags()
+	var ranks int
 	f.StringVar(&listen, "listen", "", "control address to listen on, HOST:PORT (required; port 0 picks one)")
+	f.IntVar(&ranks, "ranks", 0, "rank workers (default: the config's run.ranks); a launcher passes its task count")
 	f.StringVar(&out, "out", "", "output directory (default: the config's run.out)")
 	f.StringVar(&resume, "resume", "", "continue from a checkpoint, a run's out directory or its checkpoints directory")
 	secretFile := secretFileFlag(cmd)
@@ -44,6 +47,11 @@ abandons the run. Exit status 0 means the run completed.`,
 		cfg, err := g.loadConfig()
 		if err != nil {
 			return err
+		}
+		if cmd.Flags().Changed("ranks") {
+			if err := cfg.Apply(config.Overrides{Ranks: &ranks}); err != nil {
+				return usageError("%v", err)
+			}
 		}
 		cfg.Coordinator.Listen = listen
 		if err := cfg.Validate(); err != nil {
