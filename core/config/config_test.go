@@ -220,6 +220,7 @@ func TestValidationErrors(t *testing.T) {
 		{"unknown run key", "run {\n  rank = 2\n}\n", "cohort.hcl:2,3-7: run.rank: ", "unknown key; run takes ranks, epochs, seed, out"},
 		{"policy", "coordinator {\n\n\n\n\n\n  policy = \"fast\"\n}\n", "cohort.hcl:7,3-9: coordinator.policy: ", `"fast" is not one of sync, cadence, async`},
 		{"sync_every", "coordinator {\n  sync_every = 0\n}\n", "cohort.hcl:2,3-13: coordinator.sync_every: ", "must be at least 1"},
+		{"reduce_port", "coordinator {\n  reduce_port = 70000\n}\n", "cohort.hcl:2,3-14: coordinator.reduce_port: ", "must be a port number, 0 to 65535, got 70000"},
 		{"min_ranks above ranks", "run {\n  ranks = 4\n}\ncoordinator {\n  min_ranks = 5\n}\n", "cohort.hcl:5,3-12: coordinator.min_ranks: ", "5 is outside [1, run.ranks = 4]"},
 		{"min_ranks zero", "coordinator {\n  min_ranks = 0\n}\n", "cohort.hcl:2,3-12: coordinator.min_ranks: ", "outside"},
 		{"heartbeat below 1s", "coordinator {\n  heartbeat_timeout = \"500ms\"\n}\n", "cohort.hcl:2,3-20: coordinator.heartbeat_timeout: ", "at least 1s, got 500ms"},

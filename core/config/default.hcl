@@ -10,6 +10,7 @@ run {
 
 coordinator {
   listen            = "127.0.0.1:0" # control server, host:port (port 0: any free port)
+  reduce_port       = 0             # the reduce server's port, on listen's host (0: any free port)
   heartbeat_timeout = "30s"         # rank silence that declares it dead (at least 1s)
   formation_timeout = "60s"         # how long to wait for every rank to join
   policy            = "sync"        # sync | cadence | async

@@ -46,6 +46,9 @@ func (c *Config) Validate() error {
 	if err := checkHostPort(co.Listen); err != nil {
 		bad("coordinator.listen", "%q is not host:port: %v", co.Listen, err)
 	}
+	if co.ReducePort < 0 || co.ReducePort > 65535 {
+		bad("coordinator.reduce_port", "must be a port number, 0 to 65535, got %d", co.ReducePort)
+	}
 	if co.HeartbeatTimeout < MinHeartbeatTimeout {
 		bad("coordinator.heartbeat_timeout", "must be at least %v, got %v", MinHeartbeatTimeout, co.HeartbeatTimeout)
 	}

@@ -177,11 +177,12 @@ func New(opts Options) (_ *Coordinator, err error) {
 	}
 
 	c.meetings = newMeetings(MeetingEnv{
-		Listen: cfg.Coordinator.Listen,
-		Keys:   opts.Keys,
-		RunID:  c.runID,
-		World:  uint32(cfg.Run.Ranks),
-		Logger: c.log,
+		Listen:     cfg.Coordinator.Listen,
+		ReducePort: cfg.Coordinator.ReducePort,
+		Keys:       opts.Keys,
+		RunID:      c.runID,
+		World:      uint32(cfg.Run.Ranks),
+		Logger:     c.log,
 	}, opts.Meetings)
 
 	if opts.Resume != "" {

@@ -10,6 +10,7 @@ import (
 	"net"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -414,6 +415,28 @@ func TestMeetingKinds(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// The reduce server listens on coordinator.reduce_port when it is set, so
+// a firewall can be opened for it.
+func TestReduceServerOnConfiguredPort(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, port, _ := net.SplitHostPort(ln.Addr().String())
+	ln.Close()
+	cfg := testConfig(t)
+	cfg.Run.Ranks, cfg.Run.Epochs = 1, 1
+	cfg.Coordinator.ReducePort, _ = strconv.Atoi(port)
+	h := newHarness(t, cfg, nil)
+	h.start()
+	f := h.rank(0, rankScript{meet: "reduce-server", msPerBatch: time.Millisecond})
+	h.mustComplete()
+	got := messagesOf[*wirepb.Meeting](f)
+	if len(got) != 1 || got[0].GetEndpoint() != "127.0.0.1:"+port {
+		t.Fatalf("Meeting %v, want the reduce server at 127.0.0.1:%s", got, port)
 	}
 }
 

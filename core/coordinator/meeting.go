@@ -7,6 +7,7 @@ import (
 	"maps"
 	"net"
 	"slices"
+	"strconv"
 
 	"github.com/hashicorp/go-hclog"
 
@@ -43,6 +44,9 @@ type MeetingEnv struct {
 	// Listen is the control server's listen address; a meeting point
 	// that listens does so on its host.
 	Listen string
+	// ReducePort is the reduce server's port (coordinator.reduce_port);
+	// 0 picks any free port.
+	ReducePort int
 	// Keys are the run's; DataKey is derived from them for the averagers'
 	// own data channels.
 	Keys   wire.Keys
@@ -94,7 +98,7 @@ func startReduceServer(env MeetingEnv) (MeetingPoint, error) {
 		return nil, fmt.Errorf("reduce server key: %w", err)
 	}
 	srv, err := reduce.Listen(context.Background(), reduce.Config{
-		Addr:   net.JoinHostPort(host, "0"),
+		Addr:   net.JoinHostPort(host, strconv.Itoa(env.ReducePort)),
 		Key:    key,
 		RunID:  env.RunID,
 		World:  env.World,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"time"
 
@@ -11,17 +12,35 @@ import (
 	"github.com/cohortdl/cohort/core/wire/wirepb"
 )
 
-// dialRetryDelay is the pause between connection attempts.
-const dialRetryDelay = 250 * time.Millisecond
+// Dial retries back off from dialRetryMin to dialRetryMax, each pause
+// jittered by up to a quarter, so a cohort of ranks started together does
+// not knock on the coordinator in lockstep.
+const (
+	dialRetryMin = 250 * time.Millisecond
+	dialRetryMax = 5 * time.Second
+)
+
+// retryPause is the pause after failed attempt n (from 1); rnd is in [0,1).
+func retryPause(n int, rnd float64) time.Duration {
+	d := dialRetryMin
+	for i := 1; i < n && d < dialRetryMax; i++ {
+		d *= 2
+	}
+	d = min(d, dialRetryMax)
+	return d - time.Duration(rnd*float64(d)/4)
+}
 
 // connect dials the coordinator, retrying until ConnectTimeout, and runs the
 // handshake. Only dialing is retried: a coordinator that refuses the hello
-// (wrong secret, world size or rank) will refuse it again.
+// (wrong secret, world size or rank) will refuse it again. While it waits
+// the worker says, once and then every ten seconds, whom it waits for.
 func (w *worker) connect(ctx context.Context) (*wire.Conn, error) {
 	dctx, cancel := context.WithTimeout(ctx, w.o.ConnectTimeout)
 	defer cancel()
 	var d net.Dialer
 	var nc net.Conn
+	start := time.Now()
+	var lastSaid time.Time
 	for attempt := 1; ; attempt++ {
 		var err error
 		nc, err = d.DialContext(dctx, "tcp", w.o.Coordinator)
@@ -32,11 +51,16 @@ func (w *worker) connect(ctx context.Context) (*wire.Conn, error) {
 			return nil, fmt.Errorf("connect to coordinator %s: %w", w.o.Coordinator, ctx.Err())
 		}
 		if dctx.Err() != nil {
-			return nil, fmt.Errorf("connect to coordinator %s: gave up after %v and %d attempts: %w",
+			return nil, fmt.Errorf("connect to coordinator %s: gave up after %v and %d attempts (worker.connect_timeout): %w",
 				w.o.Coordinator, w.o.ConnectTimeout, attempt, err)
 		}
-		w.log.Debug("coordinator not reachable yet", "address", w.o.Coordinator, "attempt", attempt, "error", err)
-		t := time.NewTimer(dialRetryDelay)
+		pause := retryPause(attempt, rand.Float64())
+		if time.Since(lastSaid) >= 10*time.Second {
+			lastSaid = time.Now()
+			w.log.Info("waiting for the coordinator", "address", w.o.Coordinator, "attempt", attempt,
+				"waited", time.Since(start).Round(time.Millisecond), "gives_up_after", w.o.ConnectTimeout, "error", err)
+		}
+		t := time.NewTimer(pause)
 		select {
 		case <-t.C:
 		case <-dctx.Done():

@@ -3,6 +3,7 @@ package worker_test
 import (
 	"context"
 	"errors"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -12,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/cohortdl/cohort/core/config"
@@ -900,5 +902,33 @@ func TestMergedBatchReports(t *testing.T) {
 	expect[*wirepb.Exiting](l)
 	if err := run.wait(frameWait); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A worker whose coordinator never comes says whom it waits for and gives
+// up after worker.connect_timeout with an error that names the address,
+// the timeout and the setting.
+func TestConnectGivesUp(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close() // nobody listens there now
+	var logs plugintest.LogBuffer
+	o := newCoordinator(t).options(0, 1, trainerSettings())
+	o.Coordinator, o.ConnectTimeout = addr, 1500*time.Millisecond
+	o.Logger = hclog.New(&hclog.LoggerOptions{Output: &logs, Level: hclog.Info})
+	inProcess(&o)
+	start := time.Now()
+	err = worker.Run(context.Background(), o)
+	if err == nil || !strings.Contains(err.Error(), addr) || !strings.Contains(err.Error(), "gave up after 1.5s") || !strings.Contains(err.Error(), "worker.connect_timeout") {
+		t.Fatalf("Run = %v, want it to give up on %s after 1.5s naming worker.connect_timeout", err, addr)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Errorf("gave up after %v, want about 1.5s", d)
+	}
+	if !strings.Contains(logs.String(), "waiting for the coordinator") || !strings.Contains(logs.String(), addr) {
+		t.Errorf("the worker never said whom it waits for:\n%s", logs.String())
 	}
 }
