@@ -1,11 +1,13 @@
 // Package arena is the parameter arena as every participant sees it: the
 // layout table that says where each tensor lives in one flat little-endian
-// block, its validation, mapping an existing arena file into memory, and
-// creating and removing the file.
+// block (names, dtypes, shapes, roles, offsets), its validation and digest,
+// mapping an existing arena file into memory, and creating and removing
+// the file.
 //
 // The rank's core creates and removes the file (Create, Owned.Remove);
 // trainers and averagers open it by descriptor (Open) and read or write
 // tensors in place, so parameters never cross a socket between plugins.
+// docs/plugins.md ("The arena") says who writes when.
 package arena
 
 import (

@@ -1,7 +1,13 @@
-// Package plugin holds the plugin contracts: the go-plugin handshake and
-// plugin map, the Go interfaces a trainer or averager implements with their
-// domain types, the gRPC adapters between those interfaces and the
-// generated cohort.v1 services, and Serve, the one way a plugin starts.
+// Package plugin is the contract between a cohort rank and its plugins,
+// and everything a plugin binary needs to keep it: the Trainer and Averager
+// interfaces with their domain types, the Relay an averager meets its peers
+// through, Serve (a plugin's whole main), DecodeSettings for its config
+// block, ErrRoundAborted and the limits (MaxMessageBytes, MaxRelayBlob,
+// MaxRelayExchange). It also owns the go-plugin wiring both sides share:
+// the handshake, the plugin map under ProtocolVersion, and the gRPC
+// adapters between the interfaces and the cohort.v1 services, whose
+// generated code is internal. docs/plugins.md is the guide for writing a
+// plugin; examples/averaging-trimmed-mean is a complete one.
 //
 // A plugin's main is one line:
 //
@@ -10,7 +16,8 @@
 // The host builds a go-plugin client with ClientConfig and gets the
 // interface back with DispenseTrainer or DispenseAverager. Protobuf types
 // never appear in this package's API; gRPC carries control messages only,
-// each at most MaxMessageBytes, and parameters travel through the arena.
+// each at most MaxMessageBytes, and parameters travel through the arena
+// (package arena).
 package plugin
 
 import (

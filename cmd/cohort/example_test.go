@@ -1,0 +1,114 @@
+package main
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cohortdl/cohort/core/coordinator"
+)
+
+// exampleDir is the vendor example: a Go module of its own, so the root
+// module's `go test ./...` does not see its packages; this file runs them.
+const exampleDir = "../../examples/averaging-trimmed-mean"
+
+// exampleGo runs the go command in the example's module, as its vendor's
+// CI would: -mod=mod lets the go command reconcile the example's go.mod
+// with the cohort checkout it replaces github.com/cohortdl/cohort with
+// (whose requirements may have moved since go.sum was committed) instead
+// of failing.
+func exampleGo(t *testing.T, args ...string) string {
+	t.Helper()
+	cmd := exec.Command("go", args...)
+	cmd.Dir = exampleDir
+	cmd.Env = append(os.Environ(), "GOFLAGS="+strings.TrimSpace(os.Getenv("GOFLAGS")+" -mod=mod"))
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("go %s in %s: %v\n%s", strings.Join(args, " "), exampleDir, err, out)
+	}
+	return string(out)
+}
+
+// The example's own tests pass against this checkout of shared/: a change
+// to the SDK that breaks a vendor's plugin fails here, not at the vendor.
+func TestVendorExampleUnitTests(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the go command on the example module")
+	}
+	start := time.Now()
+	out := exampleGo(t, "test", "-count=1", "./...")
+	t.Logf("go test ./... in %s (%v):\n%s", exampleDir, time.Since(start).Round(time.Millisecond), out)
+}
+
+// The example, built as a vendor builds it and installed as a site
+// installs it (a plugin directory with a SHA256SUMS line, named by
+// worker.plugin_dir, with its settings in the averager block), trains a
+// cohort: its ranks meet through the relay, the run completes, and every
+// rank's final checkpoint holds the same model. The mock trainer comes
+// from the plugins directory beside the cohort binary, searched after
+// plugin_dir.
+func TestVendorExampleRuns(t *testing.T) {
+	cohortBinary(t) // skips under -short; builds the mock trainer too
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "cohort-averaging-trimmedmean")
+	start := time.Now()
+	exampleGo(t, "build", "-o", bin, ".")
+	t.Logf("built the example in %v", time.Since(start).Round(time.Millisecond))
+	raw, err := os.ReadFile(bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(raw)
+	if err := os.WriteFile(filepath.Join(dir, "SHA256SUMS"), []byte(hex.EncodeToString(sum[:])+"  "+filepath.Base(bin)+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	const ranks, epochs = 3, 2
+	trainer := map[string]any{"samples": 768, "batch_size": 16}
+	cfg := filepath.Join(t.TempDir(), "cohort.hcl")
+	src := `coordinator {
+  sync_every       = 4
+  checkpoint_every = 2   # the final checkpoint holds every rank's model
+}
+worker {
+  plugin_dir = "` + dir + `"
+}
+trainer "mock" {
+  samples    = 768
+  batch_size = 16
+}
+averager "trimmedmean" {
+  trim = 1
+}
+`
+	if err := os.WriteFile(cfg, []byte(src), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(t.TempDir(), "run")
+	start = time.Now()
+	p := startCohort(t, "run", "--config", cfg, "--trainer", "mock", "--averaging", "trimmedmean",
+		"--ranks", strconv.Itoa(ranks), "--epochs", strconv.Itoa(epochs), "--out", out)
+	if code := p.wait(120 * time.Second); code != 0 {
+		t.Fatalf("exit %d, want 0", code)
+	}
+	t.Logf("%d ranks × %d epochs in %v", ranks, epochs, time.Since(start).Round(time.Millisecond))
+	s := readSummary(t, out)
+	if s.Status != coordinator.StatusCompleted || len(s.Epochs) != epochs || len(s.Ranks) != ranks {
+		t.Fatalf("summary: status %s, %d epochs, %d ranks", s.Status, len(s.Epochs), len(s.Ranks))
+	}
+	if s.Averaging.Backend != "trimmedmean" || s.Averaging.Rounds == 0 {
+		t.Errorf("averaging %+v, want rounds of backend trimmedmean", s.Averaging)
+	}
+	for _, e := range s.Epochs {
+		if e.Rounds == 0 {
+			t.Errorf("epoch %+v ran no averaging rounds", e)
+		}
+	}
+	checkOneModel(t, s, ranks, trainer)
+}
