@@ -20,7 +20,7 @@ export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 # Debian packages the build, tests and the default run need.
 DEB_PACKAGES := protobuf-compiler g++ libtorch-dev libopenblas0-pthread python3-torch dataset-fashion-mnist
 
-.PHONY: all build test run proto proto-check bench fuzz deps clean tools slurm-check
+.PHONY: all build test run proto proto-check bench fuzz deps clean tools slurm-check multihost
 
 all: build
 
@@ -89,6 +89,12 @@ fuzz:
 bench: build
 	$(GO) run ./bench/averaging -plugin $(PLUGINS)/cohort-averaging-cpu
 	$(GO) run ./bench/training -cohort $(BIN)/cohort
+
+# multihost runs cohort across three network namespaces on this machine
+# (root): a mock run, libtorch with averaging-cpu, and a host killed
+# mid-run; one JSON line per case.
+multihost: build
+	COHORT_MULTIHOST=1 $(GO) test -count=1 -v -run TestMultiHost ./test/multihost -args -cohort $(CURDIR)/$(BIN)/cohort
 
 # slurm-check runs deploy/slurm/cohort.sbatch on a one-node Slurm cluster
 # it starts on this machine (root; installs slurm-wlm and munge if missing).
