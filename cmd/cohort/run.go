@@ -34,19 +34,39 @@ func newRunCommand(g *globals) *cobra.Command {
 	var ranks, epochs int
 	var o config.Overrides
 	var out, resume string
+	var force bool
 	cmd := &cobra.Command{
 		Use:   "run",
 		Short: "Train on this machine: a coordinator and N rank workers",
 		Long: `Trains on this machine: a coordinator in this process and N rank workers
 ('cohort worker' subprocesses). Flags given on the command line override the
 config file. Ctrl-C saves a checkpoint and stops (exit status 130); a second
-Ctrl-C kills the workers. Exit status 0 means the run completed.`,
+Ctrl-C kills the workers. Exit status 0 means the run completed.
+
+--resume continues a run: with no --config it reads the run's own config
+(OUT/config.hcl, the file plus the overrides it ran with) and with no --out
+it writes on into the run's directory. A new run refuses an --out directory
+that holds something, unless --force.`,
 		Example: `  cohort run --config cohort.hcl --ranks 4 --epochs 3 --out runs/a
   cohort run --trainer mock --averaging mock --ranks 4
   cohort run --resume runs/a`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			relayOnOneP()
+			if resume != "" {
+				runDir, err := resumedRunDir(resume)
+				if err != nil {
+					return usageError("--resume: %w", err)
+				}
+				if g.configPath == "" {
+					if own := filepath.Join(runDir, effectiveConfigFile); fileExists(own) {
+						g.configPath = own
+					}
+				}
+				if out == "" {
+					out = runDir
+				}
+			}
 			cfg, err := g.loadConfig()
 			if err != nil {
 				return err
@@ -68,6 +88,9 @@ Ctrl-C kills the workers. Exit status 0 means the run completed.`,
 			if err := cfg.Apply(o); err != nil {
 				return usageError("%w", err)
 			}
+			if resume == "" && !force && nonEmptyDir(cfg.Run.Out) {
+				return usageError("out directory %s already holds a run; resume it with --resume %s, pick another --out, or pass --force", cfg.Run.Out, cfg.Run.Out)
+			}
 			l := &launcher{g: g, cfg: cfg, resume: resume}
 			return l.run()
 		},
@@ -79,7 +102,38 @@ Ctrl-C kills the workers. Exit status 0 means the run completed.`,
 	f.StringVar(&o.Averager, "averaging", "", "averaging plugin name (default: the config's)")
 	f.StringVar(&out, "out", "", "output directory (default: runs/<timestamp>)")
 	f.StringVar(&resume, "resume", "", "continue from a checkpoint, a run's out directory or its checkpoints directory")
+	f.BoolVar(&force, "force", false, "write into an --out directory that already holds something")
 	return cmd
+}
+
+// resumedRunDir is the out directory of the run that --resume path names
+// (a checkpoint, a checkpoints directory, or the out directory itself).
+func resumedRunDir(path string) (string, error) {
+	ckpt, err := coordinator.ResolveCheckpoint(path)
+	if err != nil {
+		return "", err
+	}
+	dir := filepath.Dir(ckpt)
+	if filepath.Base(dir) != coordinator.CheckpointsDir {
+		return "", fmt.Errorf("checkpoint %s is not in a run's %s directory", ckpt, coordinator.CheckpointsDir)
+	}
+	return filepath.Dir(dir), nil
+}
+
+func fileExists(path string) bool {
+	st, err := os.Stat(path)
+	return err == nil && st.Mode().IsRegular()
+}
+
+// nonEmptyDir reports whether path is a directory with anything in it.
+func nonEmptyDir(path string) bool {
+	f, err := os.Open(path)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	names, _ := f.Readdirnames(1)
+	return len(names) > 0
 }
 
 // launcher is one `cohort run`: the coordinator in process, the workers

@@ -490,7 +490,13 @@ coordinator {
 		t.Fatalf("the stop did not land mid-epoch: epoch %d, %d samples left", meta.Epoch, left)
 	}
 
-	if code := startCohort(t, args(cut, "--resume", cut)...).wait(120 * time.Second); code != 0 {
+	// The printed hint alone resumes it: the run's own config (2 ranks,
+	// 3 epochs, its trainer settings), written on into its directory.
+	hint := "resume with: cohort run --resume " + sum.Checkpoint
+	if !strings.Contains(p.output(), hint) {
+		t.Fatalf("the stopped run did not print %q:\n%s", hint, p.output())
+	}
+	if code := startCohort(t, "run", "--resume", sum.Checkpoint).wait(120 * time.Second); code != 0 {
 		t.Fatalf("resumed run: exit %d", code)
 	}
 	resumed := readSummary(t, cut)
@@ -505,8 +511,26 @@ coordinator {
 	}
 }
 
-// perRankSleepKey is the mock trainer setting naming a batch time per rank,
-// if the mock has one.
+// A new run refuses an out directory that already holds a run, naming the
+// way out; --force writes into it.
+func TestRunRefusesAnOccupiedOut(t *testing.T) {
+	cfg := writeRunConfig(t, "", map[string]any{"samples": 128, "batch_size": 16})
+	out := filepath.Join(t.TempDir(), "run")
+	run := func(extra ...string) *proc {
+		return startCohort(t, append([]string{"run", "--config", cfg, "--ranks", "1", "--epochs", "1", "--out", out}, extra...)...)
+	}
+	if code := run().wait(60 * time.Second); code != 0 {
+		t.Fatalf("first run: exit %d", code)
+	}
+	p := run()
+	if code := p.wait(30 * time.Second); code != exitUsage || !strings.Contains(p.stderrText(), "already holds a run") || !strings.Contains(p.stderrText(), "--force") {
+		t.Fatalf("second run into %s: exit %d, stderr %q; want it refused", out, code, p.stderrText())
+	}
+	if code := run("--force").wait(60 * time.Second); code != 0 {
+		t.Fatalf("--force: exit %d", code)
+	}
+}
+
 // The fourth must-show, end to end: under cadence the fast rank does more
 // batches per window and the ranks wait less at the sync than under sync.
 // Rank 1 is made slow with the mock trainer's sleep_per_batch_by_rank.
