@@ -215,7 +215,7 @@ func (c *Config) decodePlugin(b *hcl.Block, p *Plugin, errs *errList) {
 		c.where[key] = a.NameRange
 		if diags := decodeValue(a, &constraint); diags.HasErrors() {
 			errs.diags(key, diags)
-		} else if _, err := version.NewConstraint(constraint); err != nil {
+		} else if _, err := version.NewConstraint(constraint); constraint != "" && err != nil {
 			errs.add(a.NameRange, key, fmt.Sprintf("%q is not a version constraint like \">= 1.2, < 2\": %v", constraint, err))
 		}
 	}

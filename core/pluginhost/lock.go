@@ -130,6 +130,13 @@ func (l *Lock) Save(path string) error {
 	return writeFileAtomic(path, append(src, '\n'), 0o644)
 }
 
+// Check refuses loc when the lock names it with another checksum than
+// its binary's or its SHA256SUMS entry's; a nil lock admits everything.
+func (l *Lock) Check(loc Located) error {
+	_, err := l.checkLocked(loc)
+	return err
+}
+
 // checkLocked refuses loc when the lock names its kind and name with
 // another checksum than its binary's (or than its SHA256SUMS entry's),
 // and returns the locked checksum, nil when the lock does not name it.
