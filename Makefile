@@ -4,6 +4,9 @@
 GO          ?= go
 BIN         := bin
 PLUGINS     := $(BIN)/plugins
+# The plugin binaries `make build` writes; their checksums go into
+# $(PLUGINS)/SHA256SUMS, which workers check before starting them.
+BUILTIN_PLUGINS := cohort-trainer-mock cohort-averaging-mock cohort-averaging-cpu cohort-trainer-libtorch
 TOOLS       := $(CURDIR)/.tools
 # The control protocol is the core's own (core/wire/wirepb); the plugin
 # contracts' generated code is internal to shared/plugin. Both generate from
@@ -64,6 +67,10 @@ build: deps
 	$(GO) build -o $(PLUGINS)/cohort-averaging-cpu ./plugins/averaging-cpu
 	$(GO) build -o $(PLUGINS)/cohort-trainer-libtorch ./plugins/trainer-libtorch
 	$(MAKE) --no-print-directory -f plugins/trainer-libtorch/shim.mk SHIM_OUT=$(CURDIR)/$(PLUGINS)/libcohort_torch_shim.so
+	@# Refresh the built plugins' lines, keeping those of plugins installed
+	@# from packages ('cohort plugins install'); the shim is a library the
+	@# trainer loads, not a plugin, and is not listed.
+	cd $(PLUGINS) && { grep -v -E '  ($(subst $(eval) ,|,$(BUILTIN_PLUGINS)))$$' SHA256SUMS 2>/dev/null; sha256sum $(BUILTIN_PLUGINS); } > SHA256SUMS.tmp && mv SHA256SUMS.tmp SHA256SUMS
 
 test: deps proto-check
 	@unformatted=$$("$$($(GO) env GOROOT)/bin/gofmt" -l $$(git ls-files '*.go')); \

@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/cohortdl/cohort/core/config"
+	"github.com/cohortdl/cohort/shared/plugin"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -78,9 +79,12 @@ them and sets the run's keys.`,
 		newPluginsCommand(g),
 		&cobra.Command{
 			Use:   "version",
-			Short: "Print the version",
+			Short: "Print cohort's version and the plugin protocol versions it speaks",
 			Args:  noArgs,
-			Run:   func(cmd *cobra.Command, _ []string) { fmt.Fprintln(cmd.OutOrStdout(), "cohort", version) },
+			Run: func(cmd *cobra.Command, _ []string) {
+				fmt.Fprintln(cmd.OutOrStdout(), "cohort", version)
+				fmt.Fprintln(cmd.OutOrStdout(), "plugin protocols", plugin.ProtocolRange())
+			},
 		},
 	)
 	return root

@@ -2,8 +2,9 @@
 //
 // A file has three core blocks (run, coordinator, worker) whose keys the core
 // reads, and two plugin blocks (trainer "NAME", averager "NAME") whose bodies
-// it does not interpret: every attribute is evaluated and the lot goes to the
-// plugin as one JSON object. Every block and key is optional; what a file
+// it does not interpret: every attribute but version (the core's constraint
+// on the plugin's own version) is evaluated and the lot goes to the plugin
+// as one JSON object. Every block and key is optional; what a file
 // leaves out comes from the built-in default (DefaultFile). Errors name the
 // file, line and key: `cohort.hcl:7,3-9: coordinator.policy: "fast" is not
 // one of sync, cadence, async`.
@@ -80,13 +81,24 @@ type Worker struct {
 	ConnectTimeout  time.Duration // how long to retry the first connection
 	PluginDir       string        // where plugin binaries are looked up
 	ShutdownGrace   time.Duration // how long plugins get to drain before they are killed
+	// PluginLock is the lock file `cohort plugins install` records the
+	// accepted plugins' checksums in; a worker refuses a locked plugin
+	// whose binary no longer matches. Relative paths are from the working
+	// directory, like PluginDir; a missing file locks nothing, and empty
+	// means no lock file.
+	PluginLock string
 }
 
 // Plugin is a trainer or averager block: the plugin's name (the block's
-// label) and its body as a JSON object, passed through verbatim.
+// label) and its body as a JSON object, passed through verbatim, less the
+// one key the core takes for itself: version.
 type Plugin struct {
 	Name     string
 	Settings json.RawMessage
+	// Version constrains the plugin's own version, as its Describe reports
+	// it (">= 1.2, < 2", in github.com/hashicorp/go-version's syntax); the
+	// worker refuses a plugin outside it. Empty: any version.
+	Version string
 }
 
 // MaxFileSize bounds a config file: HCL arithmetic on big numbers grows
@@ -119,8 +131,8 @@ func Default() *Config {
 		Run:         d.Run,
 		Coordinator: d.Coordinator,
 		Worker:      d.Worker,
-		Trainer:     Plugin{Name: d.Trainer.Name, Settings: bytes.Clone(d.Trainer.Settings)},
-		Averager:    Plugin{Name: d.Averager.Name, Settings: bytes.Clone(d.Averager.Settings)},
+		Trainer:     Plugin{Name: d.Trainer.Name, Settings: bytes.Clone(d.Trainer.Settings), Version: d.Trainer.Version},
+		Averager:    Plugin{Name: d.Averager.Name, Settings: bytes.Clone(d.Averager.Settings), Version: d.Averager.Version},
 	}
 }
 

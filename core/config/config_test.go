@@ -35,8 +35,10 @@ worker {
   connect_timeout  = "45s"
   plugin_dir       = "/opt/cohort/plugins"
   shutdown_grace   = "1500ms"
+  plugin_lock      = "/etc/cohort/cohort.lock.json"
 }
 trainer "libtorch" {
+  version    = ">= 1.2, < 2"
   model      = "mlp"
   batch_size = 64
   lr         = 0.05
@@ -77,8 +79,10 @@ func TestParseFull(t *testing.T) {
 			ConnectTimeout:  45 * time.Second,
 			PluginDir:       "/opt/cohort/plugins",
 			ShutdownGrace:   1500 * time.Millisecond,
+			PluginLock:      "/etc/cohort/cohort.lock.json",
 		},
-		Trainer:  Plugin{Name: "libtorch", Settings: json.RawMessage(`{"batch_size":64,"lr":0.05,"model":"mlp"}`)},
+		// version is the core's, not passed to the plugin.
+		Trainer:  Plugin{Name: "libtorch", Settings: json.RawMessage(`{"batch_size":64,"lr":0.05,"model":"mlp"}`), Version: ">= 1.2, < 2"},
 		Averager: Plugin{Name: "fabric", Settings: json.RawMessage(`{"gamma":1,"wire":"f32"}`)},
 		Path:     "cohort.hcl",
 	}
@@ -175,6 +179,7 @@ func TestDefaults(t *testing.T) {
 			ConnectTimeout:  30 * time.Second,
 			PluginDir:       "bin/plugins",
 			ShutdownGrace:   5 * time.Second,
+			PluginLock:      "cohort.lock.json",
 		},
 		// The plugins are the ones the embedded file names: the core
 		// names none itself.
@@ -239,6 +244,8 @@ func TestValidationErrors(t *testing.T) {
 		{"liveness negative", "worker {\n  liveness_timeout = \"-1s\"\n}\n", "cohort.hcl:2,3-19: worker.liveness_timeout: ", "positive duration"},
 		{"shutdown_grace zero", "worker {\n  shutdown_grace = \"0\"\n}\n", "cohort.hcl:2,3-17: worker.shutdown_grace: ", "positive duration"},
 		{"plugin_dir empty", "worker {\n  plugin_dir = \"\"\n}\n", "cohort.hcl:2,3-13: worker.plugin_dir: ", "must not be empty"},
+		{"bad version constraint", "trainer \"t\" {\n  lr = 1\n  version = \">= banana\"\n}\n", "cohort.hcl:3,3-10: trainer.version: ", `">= banana" is not a version constraint`},
+		{"version not a string", "averager \"a\" {\n  version = [1]\n}\n", "cohort.hcl:2,3-10: averager.version: ", "string required"},
 		{"block in core block", "worker {\n  x {}\n}\n", "cohort.hcl:2,3-4: worker: ", `Unexpected "x" block`},
 		{"trainer name", "trainer \"Lib Torch\" {\n}\n", "cohort.hcl:1,9-20: trainer: ", `"Lib Torch" is not a plugin name`},
 		{"averager name empty", "averager \"\" {\n}\n", "cohort.hcl:1,10-12: averager: ", `"" is not a plugin name`},

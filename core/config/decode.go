@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/hashicorp/go-version"
 	"github.com/hashicorp/hcl/v2"
 	"github.com/hashicorp/hcl/v2/hclsyntax"
 	"github.com/zclconf/go-cty/cty"
@@ -66,6 +67,7 @@ var coreKeys = []coreBlock{
 		duration("connect_timeout", func(c *Config) *time.Duration { return &c.Worker.ConnectTimeout }),
 		value("plugin_dir", func(c *Config) *string { return &c.Worker.PluginDir }),
 		duration("shutdown_grace", func(c *Config) *time.Duration { return &c.Worker.ShutdownGrace }),
+		value("plugin_lock", func(c *Config) *string { return &c.Worker.PluginLock }),
 	}},
 }
 
@@ -194,8 +196,12 @@ func (c *Config) decodeCore(b *hcl.Block, keys []key, errs *errList) {
 	}
 }
 
+// VersionKey is the plugin block key the core takes for itself: a
+// constraint on the plugin's version, never passed to the plugin.
+const VersionKey = "version"
+
 // decodePlugin reads a plugin block: its label is the plugin's name, its
-// attributes, evaluated, become the settings object.
+// attributes but VersionKey, evaluated, become the settings object.
 func (c *Config) decodePlugin(b *hcl.Block, p *Plugin, errs *errList) {
 	if len(b.Labels) != 1 { // the schema has already reported it
 		return
@@ -203,6 +209,17 @@ func (c *Config) decodePlugin(b *hcl.Block, p *Plugin, errs *errList) {
 	c.where[b.Type] = b.LabelRanges[0]
 	attrs, diags := b.Body.JustAttributes()
 	errs.diags(b.Type, diags)
+	var constraint string
+	if a, ok := attrs[VersionKey]; ok {
+		delete(attrs, VersionKey)
+		key := b.Type + "." + VersionKey
+		c.where[key] = a.NameRange
+		if diags := decodeValue(a, &constraint); diags.HasErrors() {
+			errs.diags(key, diags)
+		} else if _, err := version.NewConstraint(constraint); constraint != "" && err != nil {
+			errs.add(a.NameRange, key, fmt.Sprintf("%q is not a version constraint like \">= 1.2, < 2\": %v", constraint, err))
+		}
+	}
 	var buf bytes.Buffer
 	buf.WriteByte('{')
 	names := make([]string, 0, len(attrs))
@@ -227,7 +244,7 @@ func (c *Config) decodePlugin(b *hcl.Block, p *Plugin, errs *errList) {
 		}
 	}
 	buf.WriteByte('}')
-	*p = Plugin{Name: b.Labels[0], Settings: buf.Bytes()}
+	*p = Plugin{Name: b.Labels[0], Settings: buf.Bytes(), Version: constraint}
 }
 
 // inOrder returns attrs in the order they appear in the file.

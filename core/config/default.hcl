@@ -27,7 +27,12 @@ worker {
   connect_timeout  = "30s"
   plugin_dir       = "bin/plugins"
   shutdown_grace   = "5s"
+  plugin_lock      = "cohort.lock.json" # checksums `cohort plugins install` accepted; "" for none
 }
+
+# A plugin block's body is the plugin's own settings, passed to it as JSON,
+# but for one key the core takes: version = ">= 1.2, < 2" refuses a plugin
+# whose own version (from its Describe) is outside the constraint.
 
 trainer "libtorch" {
   model = "mlp"

@@ -5,6 +5,7 @@ import (
 
 	"github.com/hashicorp/hcl/v2/hclsyntax"
 	"github.com/hashicorp/hcl/v2/hclwrite"
+	"github.com/zclconf/go-cty/cty"
 	ctyjson "github.com/zclconf/go-cty/cty/json"
 )
 
@@ -31,6 +32,9 @@ func (c *Config) HCL() ([]byte, error) {
 		Plugin
 	}{{"trainer", c.Trainer}, {"averager", c.Averager}} {
 		block := body.AppendNewBlock(p.kind, []string{p.Name}).Body()
+		if p.Version != "" {
+			block.SetAttributeValue(VersionKey, cty.StringVal(p.Version))
+		}
 		if err := writeSettings(block, p.Settings); err != nil {
 			return nil, fmt.Errorf("config: write %s %q: %w", p.kind, p.Name, err)
 		}

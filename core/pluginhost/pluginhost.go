@@ -5,8 +5,12 @@
 // cohort-trainer-NAME or cohort-averaging-NAME is looked up in the plugin
 // directories, then on PATH; when the directory holding it has a SHA256SUMS
 // file the binary must be listed there and match, and go-plugin checks it
-// again before it runs. Stopping asks the plugin to shut down through its
-// own Shutdown RPC first and kills it only after a grace period.
+// again before it runs. A lock file (lock.go), written when a signed
+// package is installed, pins a plugin's binary to the checksum accepted
+// then. Once started, a plugin's own version (its Describe) must satisfy
+// the config's constraint for it. Stopping asks the plugin to shut down
+// through its own Shutdown RPC first and kills it only after a grace
+// period. The package also owns the SHA256SUMS and lock file formats.
 package pluginhost
 
 import (
@@ -17,7 +21,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -157,16 +160,11 @@ func parseBinaryName(file string) (Kind, string, bool) {
 // verify checks path against its listed SHA-256, as go-plugin will before
 // running it.
 func verify(path string, sum []byte) error {
-	f, err := os.Open(path)
+	got, err := fileSHA256(path)
 	if err != nil {
 		return err
 	}
-	defer f.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		return fmt.Errorf("read %s: %w", path, err)
-	}
-	if !bytes.Equal(h.Sum(nil), sum) {
+	if !bytes.Equal(got, sum) {
 		return fmt.Errorf("%s does not match its %s entry", path, SumsFile)
 	}
 	return nil
@@ -226,6 +224,13 @@ type Options struct {
 	// Withhold names environment variables plugins must not see (the run
 	// secret's, for one).
 	Withhold []string
+	// Lock is the plugin lock file's path (see LoadLock); empty or a
+	// missing file locks nothing.
+	Lock string
+	// Versions constrain each kind's plugin version (go-version syntax,
+	// ">= 1.2, < 2"); a plugin whose Describe reports a version outside
+	// its kind's constraint is stopped and refused before it is used.
+	Versions map[Kind]string
 }
 
 // Host launches plugins and stops every one of them.
@@ -277,6 +282,9 @@ func (h *Host) StartTrainer(ctx context.Context, name string) (plugin.Trainer, *
 		return nil, nil, err
 	}
 	t, err := plugin.DispenseTrainer(p.client)
+	if err == nil {
+		err = h.checkVersion(ctx, p, t.Describe)
+	}
 	if err != nil {
 		p.client.Kill()
 		return nil, nil, fmt.Errorf("trainer plugin %q (%s): %w", name, p.Path, err)
@@ -293,6 +301,9 @@ func (h *Host) StartAverager(ctx context.Context, name string) (plugin.Averager,
 		return nil, nil, err
 	}
 	a, err := plugin.DispenseAverager(p.client)
+	if err == nil {
+		err = h.checkVersion(ctx, p, a.Describe)
+	}
 	if err != nil {
 		p.client.Kill()
 		return nil, nil, fmt.Errorf("averaging plugin %q (%s): %w", name, p.Path, err)
@@ -316,6 +327,26 @@ func (h *Host) launch(ctx context.Context, kind Kind, name string) (*Process, er
 	if err != nil {
 		return nil, err
 	}
+	return h.start(ctx, loc)
+}
+
+// start launches the plugin at loc, after checking it against the lock.
+func (h *Host) start(ctx context.Context, loc Located) (*Process, error) {
+	kind, name := loc.Kind, loc.Name
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	lock, err := LoadLock(h.opts.Lock)
+	if err != nil {
+		return nil, fmt.Errorf("%s plugin %q: %w", kind, name, err)
+	}
+	locked, err := lock.checkLocked(loc)
+	if err != nil {
+		return nil, err
+	}
+	if loc.Checksum == nil {
+		loc.Checksum = locked
+	}
 	cmd := exec.Command(loc.Path)
 	cmd.Env = h.env()
 	// The kernel kills the plugin with the host where it can; the plugin
@@ -338,7 +369,7 @@ func (h *Host) launch(ctx context.Context, kind Kind, name string) (*Process, er
 		if errors.Is(err, goplugin.ErrChecksumsDoNotMatch) {
 			return nil, fmt.Errorf("%s plugin %q: %s does not match its SHA256SUMS entry: %w", kind, name, loc.Path, err)
 		}
-		return nil, fmt.Errorf("start %s plugin %q (%s): %w", kind, name, loc.Path, err)
+		return nil, fmt.Errorf("start %s plugin %q (%s): %w", kind, name, loc.Path, plugin.ExplainStart(filepath.Base(loc.Path), err))
 	}
 	return &Process{Located: loc, client: client}, nil
 }

@@ -47,6 +47,11 @@ type Options struct {
 	PluginDirs []string
 	// Withhold names environment variables the plugins must not see.
 	Withhold []string
+	// PluginLock is the plugin lock file (config worker.plugin_lock): a
+	// plugin it names must still hash to the checksum recorded at install.
+	// Empty or missing: no lock. The plugins' version constraints come
+	// from Trainer.Version and Averager.Version.
+	PluginLock string
 
 	// LocalRanks is the number of ranks on this host (default 1).
 	LocalRanks uint32
@@ -90,6 +95,7 @@ func FromConfig(c *config.Config) Options {
 		LivenessTimeout: c.Worker.LivenessTimeout,
 		ConnectTimeout:  c.Worker.ConnectTimeout,
 		ShutdownGrace:   c.Worker.ShutdownGrace,
+		PluginLock:      c.Worker.PluginLock,
 	}
 	if c.Worker.PluginDir != "" {
 		o.PluginDirs = []string{c.Worker.PluginDir}

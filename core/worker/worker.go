@@ -173,6 +173,11 @@ func (w *worker) setUp(ctx context.Context) error {
 			Logger:   w.o.Logger.Named("plugin"),
 			Grace:    w.o.ShutdownGrace,
 			Withhold: w.o.Withhold,
+			Lock:     w.o.PluginLock,
+			Versions: map[pluginhost.Kind]string{
+				pluginhost.Trainer:  w.o.Trainer.Version,
+				pluginhost.Averager: w.o.Averager.Version,
+			},
 		})
 	}
 	t, err := w.plugins.StartTrainer(ctx, w.o.Trainer.Name)

@@ -30,7 +30,8 @@ func (s *averagerServer) Configure(ctx context.Context, req *pb.AveragerConfigur
 	if err != nil {
 		return nil, invalidRequest("Configure", err)
 	}
-	if id := req.GetRelayBrokerId(); id != 0 {
+	// A server without a dialer speaks ProtocolBase, which has no relay.
+	if id := req.GetRelayBrokerId(); id != 0 && s.relay != nil {
 		if cfg.Relay, err = s.relay.dial(id); err != nil {
 			return nil, invalidRequest("Configure", err)
 		}
@@ -96,7 +97,8 @@ func (s *averagerServer) Shutdown(ctx context.Context, _ *pb.ShutdownRequest) (*
 
 // averagerClient is the host's Averager: every method is one call to the
 // plugin's cohort.v1.Averager service. Calls share one connection and do
-// not wait for each other.
+// not wait for each other. relay is nil under ProtocolBase: a plugin of
+// that version gets no Relay.
 type averagerClient struct {
 	rpc   pb.AveragerClient
 	relay *hostRelay
@@ -118,8 +120,8 @@ func (c *averagerClient) Configure(ctx context.Context, cfg AveragerConfig) (Ave
 	if err != nil {
 		return AveragerTraits{}, errors.New(op + ": " + err.Error())
 	}
-	if cfg.Relay != nil {
-		if c.relay == nil || c.relay.broker == nil {
+	if cfg.Relay != nil && c.relay != nil {
+		if c.relay.broker == nil {
 			return AveragerTraits{}, errors.New(op + ": a relay needs a go-plugin broker, and this client has none")
 		}
 		req.RelayBrokerId = c.relay.serve(cfg.Relay)

@@ -35,9 +35,40 @@ import (
 	pb "github.com/cohortdl/cohort/shared/plugin/internal/pluginpb"
 )
 
-// ProtocolVersion is the version of the cohort plugin protocol, negotiated
-// through go-plugin's VersionedPlugins.
-const ProtocolVersion = 1
+// The cohort plugin protocol versions, negotiated through go-plugin's
+// VersionedPlugins: the host offers every version it speaks and the plugin
+// picks the newest it serves. A version only ever grows the one before it.
+const (
+	// ProtocolBase (1) is the trainer and averager services.
+	ProtocolBase = 1
+	// ProtocolRelay (2) is ProtocolBase plus the relay: the host serves a
+	// Relay on the go-plugin broker and names it in the averager's
+	// Configure (relay_broker_id). Under ProtocolBase an averager gets no
+	// Relay (AveragerConfig.Relay is nil) and the host sends no broker id.
+	ProtocolRelay = 2
+	// ProtocolVersion is the newest version, the one Serve serves by
+	// default.
+	ProtocolVersion = ProtocolRelay
+	// OldestProtocol is the oldest version a host still speaks.
+	OldestProtocol = ProtocolBase
+)
+
+// Protocols returns the protocol versions this SDK speaks, oldest first.
+func Protocols() []int {
+	out := make([]int, 0, ProtocolVersion-OldestProtocol+1)
+	for v := OldestProtocol; v <= ProtocolVersion; v++ {
+		out = append(out, v)
+	}
+	return out
+}
+
+// ProtocolRange spells Protocols for people: "1-2".
+func ProtocolRange() string {
+	if OldestProtocol == ProtocolVersion {
+		return fmt.Sprint(ProtocolVersion)
+	}
+	return fmt.Sprintf("%d-%d", OldestProtocol, ProtocolVersion)
+}
 
 // The plugin kinds; a plugin binary serves exactly one.
 const (
@@ -85,9 +116,16 @@ func (p TrainerPlugin) GRPCClient(_ context.Context, _ *goplugin.GRPCBroker, c *
 
 // AveragerPlugin is the go-plugin Plugin for the averager kind. In a plugin
 // Impl is the implementation being served; on the host it is unused.
+// Protocol is the protocol version this value speaks (0: ProtocolVersion):
+// from ProtocolRelay on the broker carries the host's Relay.
 type AveragerPlugin struct {
 	goplugin.NetRPCUnsupportedPlugin
-	Impl Averager
+	Impl     Averager
+	Protocol int
+}
+
+func (p AveragerPlugin) relays() bool {
+	return p.Protocol == 0 || p.Protocol >= ProtocolRelay
 }
 
 // GRPCServer registers Impl as the cohort.v1.Averager service.
@@ -96,14 +134,22 @@ func (p AveragerPlugin) GRPCServer(broker *goplugin.GRPCBroker, s *grpc.Server) 
 	if p.Impl == nil {
 		return errors.New("averager plugin: no implementation to serve")
 	}
-	pb.RegisterAveragerServer(s, &averagerServer{impl: p.Impl, relay: &pluginRelayDialer{broker: broker}})
+	srv := &averagerServer{impl: p.Impl}
+	if p.relays() {
+		srv.relay = &pluginRelayDialer{broker: broker}
+	}
+	pb.RegisterAveragerServer(s, srv)
 	return nil
 }
 
-// GRPCClient returns an Averager that calls the plugin over c and serves
-// the Relay a Configure names on broker.
+// GRPCClient returns an Averager that calls the plugin over c and, from
+// ProtocolRelay on, serves the Relay a Configure names on broker.
 func (p AveragerPlugin) GRPCClient(_ context.Context, broker *goplugin.GRPCBroker, c *grpc.ClientConn) (any, error) {
-	return &averagerClient{rpc: pb.NewAveragerClient(c), relay: &hostRelay{broker: broker}}, nil
+	cl := &averagerClient{rpc: pb.NewAveragerClient(c)}
+	if p.relays() {
+		cl.relay = &hostRelay{broker: broker}
+	}
+	return cl, nil
 }
 
 var (
@@ -157,7 +203,7 @@ type ClientOptions struct {
 }
 
 // ClientConfig builds the host side of one plugin: cohort's handshake,
-// protocol version ProtocolVersion with both kinds, gRPC only, and the
+// every protocol version of Protocols with both kinds, gRPC only, and the
 // MaxMessageBytes call limits. Pass it to goplugin.NewClient; the host owns
 // the client and ends it with Kill after the application's Shutdown RPC.
 func ClientConfig(o ClientOptions) *goplugin.ClientConfig {
@@ -167,7 +213,7 @@ func ClientConfig(o ClientOptions) *goplugin.ClientConfig {
 	}
 	cfg := &goplugin.ClientConfig{
 		HandshakeConfig:  Handshake(),
-		VersionedPlugins: map[int]goplugin.PluginSet{ProtocolVersion: pluginSet()},
+		VersionedPlugins: versionedPluginSets(),
 		Cmd:              o.Cmd,
 		SecureConfig:     o.SecureConfig,
 		StartTimeout:     o.StartTimeout,
@@ -187,12 +233,17 @@ func ClientConfig(o ClientOptions) *goplugin.ClientConfig {
 	return cfg
 }
 
-// pluginSet is the plugin map of ProtocolVersion, as the host sees it.
-func pluginSet() goplugin.PluginSet {
-	return goplugin.PluginSet{
-		KindTrainer:  TrainerPlugin{},
-		KindAverager: AveragerPlugin{},
+// versionedPluginSets are the plugin maps of every protocol version, as
+// the host sees them.
+func versionedPluginSets() map[int]goplugin.PluginSet {
+	out := map[int]goplugin.PluginSet{}
+	for _, v := range Protocols() {
+		out[v] = goplugin.PluginSet{
+			KindTrainer:  TrainerPlugin{},
+			KindAverager: AveragerPlugin{Protocol: v},
+		}
 	}
+	return out
 }
 
 // DispenseTrainer starts c's plugin if needed and returns its Trainer.
@@ -229,8 +280,8 @@ func dispense(c *goplugin.Client, kind string) (any, error) {
 	if err != nil {
 		return nil, fmt.Errorf("start %s plugin: %w", kind, err)
 	}
-	if v := c.NegotiatedVersion(); v != ProtocolVersion {
-		return nil, fmt.Errorf("%s plugin speaks cohort plugin protocol %d, this host speaks %d", kind, v, ProtocolVersion)
+	if v := c.NegotiatedVersion(); v < OldestProtocol || v > ProtocolVersion {
+		return nil, fmt.Errorf("%s plugin speaks cohort plugin protocol %d; this cohort speaks %s: %w", kind, v, ProtocolRange(), ErrProtocol)
 	}
 	raw, err := rpc.Dispense(kind)
 	if err != nil {

@@ -31,6 +31,11 @@ type ServeOptions struct {
 	Trainer func(hclog.Logger) (Trainer, error)
 	// Averager builds the averager to serve, likewise.
 	Averager func(hclog.Logger) (Averager, error)
+	// Protocols are the plugin protocol versions to serve; empty means all
+	// of Protocols(), so a host negotiates the newest it speaks too. A
+	// plugin that must keep to an older contract lists it alone ([]int{1}:
+	// an averager that gets no Relay).
+	Protocols []int
 }
 
 // Serve runs a plugin: it does not return until the host is done with it,
@@ -49,7 +54,8 @@ type ServeOptions struct {
 //     factory; a factory error is logged and the process exits with status
 //     1 before any handshake;
 //   - serves the one plugin kind over gRPC with MaxMessageBytes limits,
-//     go-plugin's health service and protocol ProtocolVersion.
+//     go-plugin's health service and the protocol versions of
+//     ServeOptions.Protocols (all this SDK speaks by default).
 func Serve(o ServeOptions) {
 	ppid := os.Getppid()
 	setParentDeathSignal()
@@ -81,6 +87,10 @@ func Serve(o ServeOptions) {
 	}
 
 	kind, p, err := build(o, logger)
+	protocols, perr := checkProtocols(o.Protocols)
+	if err == nil {
+		err = perr
+	}
 	if err != nil {
 		logger.Error("plugin failed to start", "error", err)
 		os.Exit(1)
@@ -89,8 +99,8 @@ func Serve(o ServeOptions) {
 	// Only go-plugin's handshake line goes to the real stdout: it prints it
 	// to os.Stdout, then points os.Stdout at its own stdio stream.
 	os.Stdout = handshake
-	logger.Debug("serving", "kind", kind, "protocol", ProtocolVersion)
-	goplugin.Serve(serveConfig(kind, p, logger))
+	logger.Debug("serving", "kind", kind, "protocols", protocols)
+	goplugin.Serve(serveConfig(kind, p, protocols, logger))
 	os.Exit(0)
 }
 
@@ -121,11 +131,21 @@ func build(o ServeOptions, logger hclog.Logger) (string, goplugin.Plugin, error)
 	return "", nil, errors.New("plugin.ServeOptions sets neither Trainer nor Averager")
 }
 
-// serveConfig is the go-plugin server side of one plugin of the given kind.
-func serveConfig(kind string, p goplugin.Plugin, logger hclog.Logger) *goplugin.ServeConfig {
+// serveConfig is the go-plugin server side of one plugin of the given kind,
+// under each of the protocol versions.
+func serveConfig(kind string, p goplugin.Plugin, protocols []int, logger hclog.Logger) *goplugin.ServeConfig {
+	sets := map[int]goplugin.PluginSet{}
+	for _, v := range protocols {
+		vp := p
+		if a, ok := p.(AveragerPlugin); ok {
+			a.Protocol = v
+			vp = a
+		}
+		sets[v] = goplugin.PluginSet{kind: vp}
+	}
 	return &goplugin.ServeConfig{
 		HandshakeConfig:  Handshake(),
-		VersionedPlugins: map[int]goplugin.PluginSet{ProtocolVersion: {kind: p}},
+		VersionedPlugins: sets,
 		GRPCServer:       newGRPCServer,
 		Logger:           logger,
 	}

@@ -31,7 +31,10 @@ func serveInProcess(t *testing.T, kind string, p goplugin.Plugin, newServer func
 	ctx, cancel := context.WithCancel(context.Background())
 	reattach := make(chan *goplugin.ReattachConfig, 1)
 	closed := make(chan struct{})
-	cfg := serveConfig(kind, p, hclog.NewNullLogger())
+	// go-plugin's client offers its versions in the plugin's environment;
+	// in test mode there is no client process start, so offer them here.
+	t.Setenv("PLUGIN_PROTOCOL_VERSIONS", "1,2")
+	cfg := serveConfig(kind, p, Protocols(), hclog.NewNullLogger())
 	if newServer != nil {
 		cfg.GRPCServer = newServer
 	}
@@ -144,15 +147,17 @@ func TestClientConfig(t *testing.T) {
 	if !reflect.DeepEqual(cfg.AllowedProtocols, []goplugin.Protocol{goplugin.ProtocolGRPC}) {
 		t.Errorf("allowed protocols %v, want gRPC only", cfg.AllowedProtocols)
 	}
-	if len(cfg.VersionedPlugins) != 1 {
-		t.Errorf("versions %v, want only %d", cfg.VersionedPlugins, ProtocolVersion)
+	if len(cfg.VersionedPlugins) != len(Protocols()) {
+		t.Errorf("versions %v, want %v", cfg.VersionedPlugins, Protocols())
 	}
-	set := cfg.VersionedPlugins[ProtocolVersion]
-	if _, ok := set[KindTrainer].(TrainerPlugin); !ok || len(set) != 2 {
-		t.Errorf("plugin set %v, want trainer and averager", set)
-	}
-	if _, ok := set[KindAverager].(AveragerPlugin); !ok {
-		t.Errorf("plugin set %v, want trainer and averager", set)
+	for _, v := range Protocols() {
+		set := cfg.VersionedPlugins[v]
+		if _, ok := set[KindTrainer].(TrainerPlugin); !ok || len(set) != 2 {
+			t.Errorf("protocol %d: plugin set %v, want trainer and averager", v, set)
+		}
+		if a, ok := set[KindAverager].(AveragerPlugin); !ok || a.Protocol != v {
+			t.Errorf("protocol %d: plugin set %v, want trainer and averager of that protocol", v, set)
+		}
 	}
 	if cfg.Cmd != cmd || cfg.SecureConfig != sc || cfg.StartTimeout != 7*time.Second {
 		t.Error("Cmd, SecureConfig or StartTimeout not passed through")
@@ -197,9 +202,9 @@ func TestBuild(t *testing.T) {
 			if kind != tc.wantKind {
 				t.Errorf("kind %q, want %q", kind, tc.wantKind)
 			}
-			cfg := serveConfig(kind, p, logger)
-			if set := cfg.VersionedPlugins[ProtocolVersion]; len(cfg.VersionedPlugins) != 1 || len(set) != 1 || set[kind] == nil {
-				t.Errorf("served plugins %v, want {%d: {%s}}", cfg.VersionedPlugins, ProtocolVersion, kind)
+			cfg := serveConfig(kind, p, Protocols(), logger)
+			if set := cfg.VersionedPlugins[ProtocolVersion]; len(cfg.VersionedPlugins) != len(Protocols()) || len(set) != 1 || set[kind] == nil {
+				t.Errorf("served plugins %v, want {%d: {%s}} among %v", cfg.VersionedPlugins, ProtocolVersion, kind, Protocols())
 			}
 			if cfg.HandshakeConfig != Handshake() || cfg.GRPCServer == nil || cfg.Logger != logger {
 				t.Error("serve config lacks the handshake, the gRPC server or the logger")
@@ -311,5 +316,51 @@ func TestProtectStdout(t *testing.T) {
 	}
 	if string(errOut) != "libtorch: using 8 threads\n" {
 		t.Errorf("stderr got %q, want the noise", errOut)
+	}
+}
+
+func TestCheckProtocols(t *testing.T) {
+	cases := []struct {
+		in      []int
+		want    []int
+		wantErr string
+	}{
+		{nil, Protocols(), ""},
+		{[]int{ProtocolBase}, []int{ProtocolBase}, ""},
+		{[]int{ProtocolVersion, ProtocolBase}, []int{ProtocolBase, ProtocolVersion}, ""},
+		{[]int{ProtocolVersion + 1}, nil, "not 3"},
+		{[]int{0}, nil, "not 0"},
+		{[]int{1, 1}, nil, "twice"},
+	}
+	for _, tc := range cases {
+		got, err := checkProtocols(tc.in)
+		if tc.wantErr != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Errorf("checkProtocols(%v) error %v, want one containing %q", tc.in, err, tc.wantErr)
+			}
+			continue
+		}
+		if err != nil || !reflect.DeepEqual(got, tc.want) {
+			t.Errorf("checkProtocols(%v) = %v, %v; want %v", tc.in, got, err, tc.want)
+		}
+	}
+}
+
+func TestExplainStart(t *testing.T) {
+	other := errors.New("fork/exec: permission denied")
+	if got := ExplainStart("cohort-averaging-x", other); got != other {
+		t.Errorf("ExplainStart(other) = %v, want it unchanged", got)
+	}
+	raw := errors.New("incompatible API version with plugin. Plugin version: 3, Client versions: [1 2]")
+	err := ExplainStart("cohort-averaging-x", raw)
+	want := "plugin cohort-averaging-x speaks cohort plugin protocol 3; this cohort speaks " + ProtocolRange()
+	if err == nil || err.Error() != want {
+		t.Errorf("ExplainStart = %v, want %q", err, want)
+	}
+	if !errors.Is(err, ErrProtocol) || !errors.Is(err, raw) {
+		t.Errorf("%v does not wrap ErrProtocol and go-plugin's error", err)
+	}
+	if ProtocolRange() != "1-2" || !reflect.DeepEqual(Protocols(), []int{1, 2}) {
+		t.Errorf("Protocols %v (%s), want [1 2] (1-2)", Protocols(), ProtocolRange())
 	}
 }
