@@ -59,9 +59,6 @@ func (s *avgSuite) newCohort(t T, world uint32, settings json.RawMessage) *cohor
 		t.Fatalf("conformance suite: layout: %v", err)
 	}
 	c := &cohort{t: t, layout: layout, relay: plugintest.NewRelayGroup(world), meet: Meeting{RunID: testRunID}}
-	if s.meeting == plugin.MeetReduceServer {
-		c.meet = s.o.meet(t, world, layout)
-	}
 	dir := t.TempDir()
 	c.ranks = make([]*rank, world)
 	for r := range c.ranks {
@@ -77,6 +74,18 @@ func (s *avgSuite) newCohort(t T, world uint32, settings json.RawMessage) *cohor
 		c.ranks[r] = &rank{avg: avg, arena: a}
 	}
 	t.Cleanup(c.shutdown)
+	ctx, cancel := context.WithTimeout(context.Background(), CallBound)
+	d, err := c.ranks[0].avg.Describe(ctx)
+	cancel()
+	if err != nil {
+		t.Fatalf("Describe must succeed before Configure: %v", err)
+	}
+	if d.MeetingKind() == plugin.MeetReduceServer {
+		if s.o.meet == nil {
+			t.Fatalf("Describe says Meeting %q: pass conformance.MeetingPoint so the suite has a reduce server for each cohort", d.Meeting)
+		}
+		c.meet = s.o.meet(t, world, layout)
+	}
 	c.fill(1)
 	errs := make([]error, world)
 	c.each(all(c), func(ctx context.Context, r int) {
