@@ -245,7 +245,7 @@ func (c *cohort) newSession(gen uint64, members []int) {
 	}
 }
 
-func ones(n int) []uint64 {
+func countUp(n int) []uint64 {
 	s := make([]uint64, n)
 	for i := range s {
 		s[i] = uint64(i + 1)
@@ -288,7 +288,7 @@ func (s *avgSuite) abort(t T) {
 	c.newSession(1, idx)
 	c.fill(2)
 	pre := c.snapshot()
-	steps := ones(len(idx))
+	steps := countUp(len(idx))
 	c.average(idx, 3, steps)
 	if !s.o.notMean {
 		c.checkMean("after NewSession an aborted averager's rounds must work again: "+meanPromise, idx, idx, pre, weights(steps, 1))
@@ -333,7 +333,7 @@ func (s *avgSuite) death(t T) {
 	c.newSession(1, survivors)
 	c.fill(3)
 	pre := c.snapshot()
-	steps := ones(len(survivors))
+	steps := countUp(len(survivors))
 	c.average(survivors, 2, steps)
 	if !s.o.notMean {
 		c.checkMean(promise+": "+meanPromise, survivors, survivors, pre, weights(steps, 1))

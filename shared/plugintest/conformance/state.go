@@ -14,7 +14,7 @@ import (
 // saveLoad: a round after SaveState and LoadState into fresh averagers
 // equals the same round of averagers that kept going.
 func (s *avgSuite) saveLoad(t T, settings json.RawMessage) {
-	steps := ones(int(s.o.world))
+	steps := countUp(int(s.o.world))
 	// Two rounds before the save, as an outer optimizer may take one to
 	// start and a second to build its momentum.
 	before := func(c *cohort) {
