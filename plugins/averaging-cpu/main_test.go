@@ -18,6 +18,7 @@ import (
 	"github.com/cohortdl/cohort/core/reduce"
 	"github.com/cohortdl/cohort/shared/arena"
 	"github.com/cohortdl/cohort/shared/plugin"
+	"github.com/cohortdl/cohort/shared/plugintest/conformance"
 )
 
 // TestPluginProcesses builds cohort-averaging-cpu and averages through real
@@ -27,11 +28,7 @@ func TestPluginProcesses(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and starts plugin processes")
 	}
-	bin := filepath.Join(t.TempDir(), "cohort-averaging-cpu")
-	build := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), "build", "-o", bin, ".")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build: %v\n%s", err, out)
-	}
+	bin := buildPlugin(t)
 	for _, host := range []string{"", "rank"} {
 		t.Run("host="+host, func(t *testing.T) { runProcesses(t, bin, host) })
 	}
@@ -124,4 +121,39 @@ func runProcesses(t *testing.T, bin, host string) {
 		}
 	}
 	run(func(r int) error { return avgs[r].Shutdown(ctx) })
+}
+
+// buildPlugin builds cohort-averaging-cpu into a directory of t's.
+func buildPlugin(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "cohort-averaging-cpu")
+	build := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), "build", "-o", bin, ".")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// TestConformanceBinary runs the conformance suite on the plugin binary,
+// each cohort meeting at a reduce server of its own.
+func TestConformanceBinary(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and starts plugin processes")
+	}
+	key := []byte("a 32-byte data key for the tests")
+	meet := func(t conformance.T, world uint32, layout arena.Layout) conformance.Meeting {
+		srv, err := reduce.Listen(context.Background(), reduce.Config{
+			Addr: "127.0.0.1:0", Key: key, RunID: "conformance", World: world, Layout: &layout, Timeout: 5 * time.Second,
+		})
+		if err != nil {
+			t.Fatalf("reduce server: %v", err)
+		}
+		t.Cleanup(func() { srv.Close() })
+		return conformance.Meeting{Endpoint: srv.Addr(), DataKey: key, RunID: "conformance", MarkDead: srv.MarkDead}
+	}
+	conformance.RunAverager(t, conformance.AveragerBinary(buildPlugin(t)),
+		conformance.MeetingPoint(meet),
+		conformance.Settings([]byte(`{"timeout": "5s"}`)),
+		conformance.Gamma(2, []byte(`{"gamma": 2, "timeout": "5s"}`)),
+		conformance.Stateful([]byte(`{"outer": "slowmo", "timeout": "5s"}`)))
 }
