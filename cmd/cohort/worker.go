@@ -29,7 +29,8 @@ func newWorkerCommand(g *globals) *cobra.Command {
 		Short: "Run one rank worker against a coordinator",
 		Long: `Runs one rank worker against a coordinator. The run secret comes from
 --secret-file, $COHORT_SECRET_FILE or $COHORT_SECRET, never the command line.
-SIGINT or SIGTERM ends the worker. Exit status 0 means it exited cleanly.`,
+SIGINT or SIGTERM ends the worker. Exit status 0 means it exited cleanly.
+At start it removes the arenas in /dev/shm of cohort workers that are gone.`,
 		Example: `  COHORT_SECRET_FILE=secret cohort worker --coordinator 10.0.0.1:7000 --rank 0 --world 8 --local-ranks 4 --config cohort.hcl`,
 		Args:    noArgs,
 	}
@@ -53,6 +54,10 @@ SIGINT or SIGTERM ends the worker. Exit status 0 means it exited cleanly.`,
 			return usageError("--local-ranks must be in 1..%d", world)
 		}
 		relayOnOneP()
+		// A worker whose launcher was killed logs into a pipe nobody reads:
+		// with SIGPIPE ignored those writes fail with EPIPE instead of
+		// killing the worker before its teardown removes its arena.
+		signal.Ignore(syscall.SIGPIPE)
 		logger := g.newLogger(os.Stderr, workerLogLevels)
 		cfg, err := g.loadConfig()
 		if err != nil {
