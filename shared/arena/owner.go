@@ -80,6 +80,13 @@ func parseName(name, prefix string) (pid int, start uint64, ok bool) {
 	return p, s, true
 }
 
+// Owner returns the pid an arena file name (under prefix) records, and
+// whether the name follows Create's scheme.
+func Owner(name, prefix string) (pid int, ok bool) {
+	pid, _, ok = parseName(name, prefix)
+	return pid, ok
+}
+
 // OwnerGone reports whether the arena file name (under prefix) names an
 // owner that no longer runs: no process has its pid, or the one that has
 // started at another time. It reports false for a name that is not an
