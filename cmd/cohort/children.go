@@ -3,9 +3,11 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"os"
 	"os/exec"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -31,13 +33,24 @@ type childExit struct {
 
 // children are the run's worker processes. Each runs in its own process
 // group, so a terminal's Ctrl-C reaches only the launcher, and is sent
-// SIGTERM if the launcher dies (Pdeathsig). One goroutine per child waits
-// for it; wg joins them.
+// SIGTERM if the launcher dies (Pdeathsig), so that it tears down and
+// removes its arena. One goroutine per child waits for it; wg joins them.
+//
+// Pdeathsig fires when the thread that forked the child ends, not the
+// process, and the Go runtime ends a thread whose locked goroutine
+// returns. So every child is forked by one goroutine locked to its thread
+// until every child is reaped (killAll): that thread lives as long as any
+// child does, unless the launcher itself dies.
 type children struct {
 	mu    sync.Mutex
 	procs []*child
 	exits chan childExit
 	wg    sync.WaitGroup
+
+	forks    chan *exec.Cmd
+	started  chan error
+	forker   sync.WaitGroup
+	stopOnce sync.Once
 }
 
 type child struct {
@@ -46,8 +59,21 @@ type child struct {
 }
 
 func newChildren(n int) *children {
-	return &children{exits: make(chan childExit, n)}
+	c := &children{exits: make(chan childExit, n), forks: make(chan *exec.Cmd), started: make(chan error)}
+	c.forker.Add(1)
+	go func() {
+		defer c.forker.Done()
+		runtime.LockOSThread()
+		// Unlocked, the thread goes back to the runtime instead of ending.
+		defer runtime.UnlockOSThread()
+		for cmd := range c.forks {
+			c.started <- cmd.Start()
+		}
+	}()
+	return c
 }
+
+var errChildrenDone = errors.New("the run's workers are all reaped; no more start")
 
 // start runs a worker whose output lines go to logs, each prefixed with
 // its name.
@@ -59,11 +85,19 @@ func (c *children) start(exe string, args, env []string, name string, logs io.Wr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
 	// A plugin that inherited the output pipe must not hold up Wait.
 	cmd.WaitDelay = 2 * time.Second
-	if err := cmd.Start(); err != nil {
-		return err
-	}
 	ch := &child{cmd: cmd}
 	c.mu.Lock()
+	if c.forks == nil {
+		c.mu.Unlock()
+		return errChildrenDone
+	}
+	// Under mu, so killAll cannot close forks meanwhile; the forker takes
+	// no lock.
+	c.forks <- cmd
+	if err := <-c.started; err != nil {
+		c.mu.Unlock()
+		return err
+	}
 	c.procs = append(c.procs, ch)
 	c.mu.Unlock()
 	c.wg.Add(1)
@@ -83,9 +117,10 @@ func (c *children) start(exe string, args, env []string, name string, logs io.Wr
 }
 
 // killAll kills the process group of every worker not yet reaped (the
-// worker and the plugins it started) and waits until all are reaped. A
-// reaped worker's group is left alone: its id may name another group by
-// now, and its plugins exit when it does.
+// worker and the plugins it started), waits until all are reaped, and
+// ends the forking goroutine: start fails from then on. A reaped worker's
+// group is left alone: its id may name another group by now, and its
+// plugins exit when it does.
 func (c *children) killAll() {
 	c.mu.Lock()
 	for _, ch := range c.procs {
@@ -95,6 +130,13 @@ func (c *children) killAll() {
 	}
 	c.mu.Unlock()
 	c.wg.Wait()
+	c.stopOnce.Do(func() {
+		c.mu.Lock()
+		close(c.forks)
+		c.forks = nil
+		c.mu.Unlock()
+		c.forker.Wait()
+	})
 }
 
 // waitAll waits up to grace for every worker to exit, then kills the rest.

@@ -16,6 +16,7 @@ import (
 	"github.com/cohortdl/cohort/core/config"
 	"github.com/cohortdl/cohort/core/coordinator"
 	"github.com/cohortdl/cohort/core/wire"
+	"github.com/cohortdl/cohort/core/worker"
 )
 
 // effectiveConfigFile is the config a run's workers read, written into the
@@ -168,12 +169,13 @@ func (l *launcher) run() error {
 	defer prog.close()
 	formed := make(chan struct{})
 	var formedOnce sync.Once
+	logger := l.g.newLogger(stderr, runLogLevels)
 	coord, err := coordinator.New(coordinator.Options{
 		Config:   l.cfg,
 		Keys:     keys,
 		Listener: ln,
 		Resume:   l.resume,
-		Logger:   l.g.newLogger(stderr, runLogLevels),
+		Logger:   logger,
 		Progress: func(p coordinator.Progress) {
 			if p.Kind == coordinator.ProgressFormed {
 				formedOnce.Do(func() { close(formed) })
@@ -198,6 +200,12 @@ func (l *launcher) run() error {
 	defer releaseSignals()
 	ctx, cancel := context.WithCancelCause(abandon)
 	defer cancel(nil)
+	// Arenas of workers killed earlier on this host go first; those of this
+	// run's workers that were killed (by a signal, or by the launcher after
+	// the grace period) go last, once every worker is reaped.
+	arenaLog := logger.Named("arenas")
+	worker.SweepArenas("", arenaLog)
+	defer worker.SweepArenas("", arenaLog)
 	kids := newChildren(l.cfg.Run.Ranks)
 	// Whatever happens below, no worker outlives the launcher.
 	defer kids.killAll()

@@ -22,6 +22,8 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/cohortdl/cohort/core/coordinator"
+	"github.com/cohortdl/cohort/internal/arenacheck"
+	"github.com/cohortdl/cohort/shared/arena"
 	"github.com/cohortdl/cohort/shared/plugin"
 	"github.com/cohortdl/cohort/shared/plugintest"
 )
@@ -37,7 +39,7 @@ func (l *lockedWriter) String() string {
 }
 
 func TestMain(m *testing.M) {
-	code := m.Run()
+	code := arenacheck.Run(m)
 	plugintest.RemoveBuilds()
 	if cohortBuild.dir != "" {
 		os.RemoveAll(cohortBuild.dir)
@@ -818,6 +820,47 @@ func TestRunSecondInterruptKillsEverything(t *testing.T) {
 	for _, g := range groups {
 		if groupAlive(g) {
 			t.Errorf("process group %d (a worker and its plugins) outlived the launcher", g)
+		}
+	}
+}
+
+// A `cohort run` SIGKILLed mid-run takes its workers with it (Pdeathsig),
+// and they remove their arenas on the way out, although the pipe their
+// logs went to has no reader any more.
+func TestRunKilledLeavesNoArena(t *testing.T) {
+	cfg := writeRunConfig(t, "coordinator {\n  sync_every = 2\n}", map[string]any{"samples": 4096, "batch_size": 16, "sleep_per_batch": "20ms"})
+	p := startCohort(t, "run", "--config", cfg, "--ranks", "2", "--epochs", "5", "--out", filepath.Join(t.TempDir(), "run"))
+	p.waitLine("cohort formed", 60*time.Second)
+	var runID string
+	if _, err := fmt.Sscanf(p.output(), "run %s", &runID); err != nil {
+		t.Fatalf("no run id in %q: %v", p.output(), err)
+	}
+	runID = strings.TrimSuffix(runID, ":")
+	arenas := func() []string {
+		m, _ := filepath.Glob(filepath.Join(arena.DefaultDir, "cohort-"+runID+"-r*.arena"))
+		return m
+	}
+	var groups []int
+	for r := range 2 {
+		groups = append(groups, workerPID(t, p.cmd.Process.Pid, r))
+	}
+	if got := arenas(); len(got) != 2 {
+		t.Fatalf("arenas of run %s: %q, want one per rank", runID, got)
+	}
+	if err := p.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	p.wait(15 * time.Second)
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) && (len(arenas()) > 0 || slices.ContainsFunc(groups, groupAlive)) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if got := arenas(); len(got) > 0 {
+		t.Errorf("arenas left after the launcher was killed: %q", got)
+	}
+	for _, g := range groups {
+		if groupAlive(g) {
+			t.Errorf("process group %d (a worker and its plugins) outlived the killed launcher", g)
 		}
 	}
 }

@@ -37,7 +37,9 @@ tried in this order after the flags:
   cohort      COHORT_RANK, COHORT_WORLD, COHORT_LOCAL_RANKS, COHORT_COORDINATOR
   torchrun    RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR + MASTER_PORT
   Slurm srun  SLURM_PROCID, SLURM_NTASKS, SLURM_NTASKS_PER_NODE
-  Kubernetes  JOB_COMPLETION_INDEX (an Indexed Job's pod index)`,
+  Kubernetes  JOB_COMPLETION_INDEX (an Indexed Job's pod index)
+
+At start it removes the arenas in /dev/shm of cohort workers that are gone.`,
 		Example: `  COHORT_SECRET_FILE=secret cohort worker --coordinator 10.0.0.1:7000 --rank 0 --world 8 --local-ranks 4 --config cohort.hcl
   srun --ntasks 8 env COHORT_COORDINATOR=$HEAD:7000 cohort worker --config cohort.hcl`,
 		Args: noArgs,
@@ -58,6 +60,10 @@ tried in this order after the flags:
 			return err
 		}
 		relayOnOneP()
+		// A worker whose launcher was killed logs into a pipe nobody reads:
+		// with SIGPIPE ignored those writes fail with EPIPE instead of
+		// killing the worker before its teardown removes its arena.
+		signal.Ignore(syscall.SIGPIPE)
 		logger := g.newLogger(os.Stderr, workerLogLevels)
 		cfg, err := g.loadConfig()
 		if err != nil {

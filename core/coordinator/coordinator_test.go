@@ -223,15 +223,15 @@ func clientHello(h *harness, keys wire.Keys, hello wire.Hello) error {
 }
 
 // rawHello sends a correctly tagged hello for any rank and world, built as
-// core/wire documents it (tag: HMAC-SHA256 under the handshake key over the
-// first 16 bytes), and reads what comes back.
+// core/wire documents it (a zero nonce at [16:32]; tag: HMAC-SHA256 under
+// the handshake key over the first 32 bytes), and reads what comes back.
 func rawHello(h *harness, rank, world uint32) error {
 	nc, err := net.Dial("tcp", h.addr)
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
-	var b [24]byte
+	var b [40]byte
 	binary.LittleEndian.PutUint32(b[0:], wire.HelloMagic)
 	binary.LittleEndian.PutUint32(b[4:], wire.Version)
 	binary.LittleEndian.PutUint32(b[8:], rank)
@@ -239,13 +239,13 @@ func rawHello(h *harness, rank, world uint32) error {
 	hk := hmac.New(sha256.New, testSecret)
 	hk.Write([]byte("cohort/wire/v1/handshake"))
 	tag := hmac.New(sha256.New, hk.Sum(nil))
-	tag.Write(b[:16])
-	copy(b[16:], tag.Sum(nil))
+	tag.Write(b[:32])
+	copy(b[32:], tag.Sum(nil))
 	if _, err := nc.Write(b[:]); err != nil {
 		return err
 	}
 	nc.SetReadDeadline(time.Now().Add(5 * time.Second))
-	var ack [16]byte
+	var ack [32]byte
 	if _, err := io.ReadFull(nc, ack[:]); err != nil {
 		return err
 	}

@@ -175,10 +175,12 @@ func (r *runner) depart(rs *rankState, event, reason string, status rankStatus) 
 }
 
 // unfinishedOf takes a departing rank's work back: the part of each open
-// plan no Batch report covers, then its undispatched partition.
+// plan no Batch report covers, then its undispatched partition. The part
+// reports cover counts as trained.
 func (r *runner) unfinishedOf(rs *rankState) []Range {
 	var out []Range
 	for _, p := range rs.outstanding {
+		r.countUnclosed(p)
 		if u := p.unfinished(); u.Size > 0 {
 			out = append(out, u)
 		}

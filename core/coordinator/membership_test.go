@@ -268,3 +268,50 @@ func TestSessionRequestRetried(t *testing.T) {
 		}
 	}
 }
+
+// The summary counts every trained sample of an epoch once, whatever died
+// when: batches a rank reported from a plan it never finished were trained
+// (they are not handed out again), so they count though no Metrics closes
+// that plan.
+func TestEpochSummaryCountsADeadRanksTrainedBatches(t *testing.T) {
+	cases := []struct {
+		name   string
+		script rankScript
+	}{
+		{"dies after its first batch", rankScript{msPerBatch: 5 * time.Millisecond, dieAfterBatches: 1}},
+		{"dies mid-window", rankScript{msPerBatch: 5 * time.Millisecond, dieAfterBatches: 3}},
+		{"dies mid-window, reports name no plan", rankScript{msPerBatch: 5 * time.Millisecond, dieAfterBatches: 3, anonymousReports: true}},
+		{"exits mid-window", rankScript{msPerBatch: 5 * time.Millisecond, exitAfterBatches: 3}},
+		{"falls silent mid-window", rankScript{msPerBatch: 5 * time.Millisecond, silentAfterBatches: 3}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := testConfig(t)
+			cfg.Coordinator.HeartbeatTimeout = time.Second
+			h := newHarness(t, cfg, nil)
+			h.startAll(func(r uint32) rankScript {
+				if r == 2 {
+					return tc.script
+				}
+				return rankScript{msPerBatch: 5 * time.Millisecond}
+			})
+			sum := h.mustComplete()
+			h.ledger.checkExactlyOnce(t, 2, 96)
+			if len(sum.Epochs) != 2 {
+				t.Fatalf("%d epochs in the summary, want 2", len(sum.Epochs))
+			}
+			for _, e := range sum.Epochs {
+				var perRank uint64
+				for _, r := range e.Ranks {
+					perRank += r.Samples
+				}
+				if e.Samples != 96 || perRank != 96 {
+					t.Errorf("epoch %d: %d samples (ranks' shares sum to %d), want 96", e.Epoch, e.Samples, perRank)
+				}
+				if e.Loss != 0.5 {
+					t.Errorf("epoch %d: loss %v, want 0.5 (every batch reported 0.5)", e.Epoch, e.Loss)
+				}
+			}
+		})
+	}
+}

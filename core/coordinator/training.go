@@ -299,12 +299,17 @@ func (r *runner) onBatch(rs *rankState, m *wirepb.Batch) {
 		return
 	}
 	n := uint64(m.GetSamples())
-	if p := rs.reportedPlan(m); p != nil {
-		p.reported += min(n, p.rng.Size-p.reported)
-	}
 	// A frame may report several batches of one plan (a solo rank's
 	// merged reports): its times are their sums.
 	batches := uint64(max(m.GetBatches(), 1))
+	if p := rs.reportedPlan(m); p != nil {
+		p.reported += min(n, p.rng.Size-p.reported)
+		p.reportedBatches += batches
+		if l := m.GetBatchLoss(); finite(l) {
+			p.lossSum += l * float64(batches)
+			p.lossBatches += batches
+		}
+	}
 	rs.sinceRound += batches
 	rs.batches += batches
 	rs.samples += n
@@ -374,4 +379,18 @@ func (r *runner) onMetrics(rs *rankState, m *wirepb.Metrics) {
 			r.agg.lossBatches += m.GetBatches()
 		}
 	}
+}
+
+// countUnclosed adds to the epoch's figures what a departing rank's Batch
+// reports say it trained of a plan no Metrics will close: those samples
+// are not handed out again (see plan.unfinished), so without this the
+// epoch would come up short of its data set.
+func (r *runner) countUnclosed(p *plan) {
+	if r.agg == nil || p.epoch != r.epoch {
+		return
+	}
+	r.agg.samples += min(p.reported, p.rng.Size)
+	r.agg.batches += p.reportedBatches
+	r.agg.lossSum += p.lossSum
+	r.agg.lossBatches += p.lossBatches
 }

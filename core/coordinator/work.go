@@ -172,7 +172,13 @@ type plan struct {
 	epoch    uint64
 	rng      Range
 	reported uint64 // samples of it that Batch reports say are trained
-	ext      bool   // sent as ExtendPartition
+	// The reported batches and their loss (sum, and the batches it
+	// covers), counted in the epoch's figures should the rank leave before
+	// its Metrics closes the plan.
+	reportedBatches uint64
+	lossSum         float64
+	lossBatches     uint64
+	ext             bool // sent as ExtendPartition
 	// held: it came with a Sync, and the rank holds it until its round
 	// succeeds (its SyncAck says so); until then it trains none of it.
 	held bool

@@ -119,7 +119,7 @@ const (
 	reqCancelled
 )
 
-func newConn(nc net.Conn, keys Keys, hello Hello, hb []byte, sendDir direction, o options) *Conn {
+func newConn(nc net.Conn, keys Keys, hello Hello, hb, ackCore []byte, sendDir direction, o options) *Conn {
 	recvDir := dirToRank
 	if sendDir == dirToRank {
 		recvDir = dirToCoord
@@ -129,12 +129,12 @@ func newConn(nc net.Conn, keys Keys, hello Hello, hb []byte, sendDir direction, 
 		hello:     hello,
 		opts:      o,
 		sendDir:   sendDir,
-		rd:        frameReader{mac: authframe.NewMAC(connKey(keys, recvDir, hb)), dir: recvDir, max: o.maxPayload},
+		rd:        frameReader{mac: authframe.NewMAC(connKey(keys, recvDir, hb, ackCore)), dir: recvDir, max: o.maxPayload},
 		sendq:     make(chan *sendReq, 16),
 		quit:      make(chan struct{}),
 		writerEnd: make(chan struct{}),
 	}
-	go c.writeLoop(&frameWriter{mac: authframe.NewMAC(connKey(keys, sendDir, hb))})
+	go c.writeLoop(&frameWriter{mac: authframe.NewMAC(connKey(keys, sendDir, hb, ackCore))})
 	return c
 }
 

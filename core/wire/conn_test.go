@@ -131,7 +131,8 @@ func TestConnConcurrentSend(t *testing.T) {
 func TestConnRejectsBadFrames(t *testing.T) {
 	other := mustKeys(t, otherSecret)
 	k := mustKeys(t, testSecret)
-	helloOther := encodeHello(Hello{Rank: 0, World: 2}, k.k.Handshake())
+	helloOther := encodeHello(Hello{Rank: 0, World: 2}, testNonce(1), k.k.Handshake())
+	ackOther := encodeAck(helloOther[:], testNonce(2), k.k.Handshake())
 	hb := func(n uint64) proto.Message { return &wirepb.Heartbeat{Rank: 1, Counter: n} }
 	cases := []struct {
 		name  string
@@ -146,12 +147,13 @@ func TestConnRejectsBadFrames(t *testing.T) {
 			return mustFrame(w, hb(2))
 		}, authframe.ErrBadTag},
 		{"wrong secret", func(w *frameWriter, _ []byte) []byte {
-			hbytes := encodeHello(Hello{Rank: 1, World: 2}, other.k.Handshake())
-			ow := writerAt(connKey(other, dirToCoord, hbytes[:]), w.mac.Seq())
+			hbytes := encodeHello(Hello{Rank: 1, World: 2}, testNonce(1), other.k.Handshake())
+			abytes := encodeAck(hbytes[:], testNonce(2), other.k.Handshake())
+			ow := writerAt(connKey(other, dirToCoord, hbytes[:], abytes[:ackCore]), w.mac.Seq())
 			return mustFrame(ow, hb(1))
 		}, authframe.ErrBadTag},
 		{"spliced from rank 0's connection", func(w *frameWriter, _ []byte) []byte {
-			ow := writerAt(connKey(k, dirToCoord, helloOther[:]), w.mac.Seq())
+			ow := writerAt(connKey(k, dirToCoord, helloOther[:], ackOther[:ackCore]), w.mac.Seq())
 			return mustFrame(ow, hb(1))
 		}, authframe.ErrBadTag},
 		{"flipped payload bit", func(w *frameWriter, _ []byte) []byte {

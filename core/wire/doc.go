@@ -2,29 +2,35 @@
 // frames, message codec.
 //
 // A rank dials the coordinator over TCP and the two exchange a fixed-size
-// handshake (a 24-byte hello, a 16-byte ack). After it, every message travels
+// handshake (a 40-byte hello, a 32-byte ack). After it, every message travels
 // as one frame: a 24-byte header followed by a protobuf payload from
 // core/wire/wirepb/wire.proto. All integers are little-endian.
 //
-//	hello  magic u32 | version u32 | rank u32 | world u32 | tag [8]
-//	ack    magic u32 | version u32 | tag [8]
+//	hello  magic u32 | version u32 | rank u32 | world u32 | nonce [16] | tag [8]
+//	ack    magic u32 | version u32 | nonce [16] | tag [8]
 //	frame  magic u32 | version u32 | tag [8] | kind u32 | length u32 | payload
 //
-// Every tag is the first 8 bytes of an HMAC-SHA256 under a key derived from
-// the run's secret (see [DeriveKeys]; the derivation and the frame MAC are
-// the authenticated-framing kernel's, internal/authframe):
+// Each side draws its nonce from crypto/rand for every connection: the rank
+// for its hello, the coordinator for its ack. Every tag is the first 8 bytes
+// of an HMAC-SHA256 under a key derived from the run's secret (see
+// [DeriveKeys]; the derivation and the frame MAC are the
+// authenticated-framing kernel's, internal/authframe):
 //
-//   - hello: over the hello's bytes [0:16], under the handshake key;
-//   - ack: over the ack's bytes [0:8] followed by the 24 bytes of the hello it
-//     answers, under the handshake key, so a recorded ack answers no other
+//   - hello: over the hello's bytes [0:32], under the handshake key;
+//   - ack: over the ack's bytes [0:24] followed by the 40 bytes of the hello
+//     it answers, under the handshake key, so a recorded ack answers no other
 //     hello;
 //   - frame: over an implicit sequence number (u64, 0 for a direction's first
 //     frame after the handshake, +1 per frame, never sent) followed by kind,
 //     length and payload, under the connection's key for that direction. The
 //     connection's key for a direction is HMAC-SHA256(direction key, hello's
-//     24 bytes), which binds every frame to the hello that opened its
-//     connection. A replayed, dropped, reordered, reflected or spliced frame
-//     therefore fails verification.
+//     40 bytes | ack's bytes [0:24]), which binds every frame to both nonces
+//     of the handshake that opened its connection. A replayed, dropped,
+//     reordered, reflected or spliced frame therefore fails verification, and
+//     so does every frame recorded on an earlier connection, of this run or
+//     of another run with the same secret: a replayed hello may pass the
+//     coordinator's checks (a hello carries no time), but the fresh nonce of
+//     the coordinator's ack gives the connection keys no recording has used.
 //
 // A reader checks a frame's magic, version, kind (known, and flowing in the
 // reader's direction: kinds below 64 flow coordinator to rank, the others
@@ -48,7 +54,7 @@ import "github.com/cohortdl/cohort/internal/authframe"
 // any other protocol fails at the first four bytes instead of being misread.
 const (
 	// Version is the protocol version carried by every hello, ack and frame.
-	Version uint32 = 1
+	Version uint32 = 2
 
 	// HelloMagic opens a hello, AckMagic an ack, FrameMagic a frame.
 	HelloMagic uint32 = 0xC04E7001
@@ -64,8 +70,10 @@ const (
 )
 
 const (
-	helloSize  = 24
-	ackSize    = 16
+	nonceSize  = 16
+	helloSize  = 40
+	ackSize    = 32
+	ackCore    = 24 // the ack's bytes before its tag
 	headerSize = 24
 	tagSize    = authframe.TagSize
 

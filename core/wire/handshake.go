@@ -2,6 +2,7 @@ package wire
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"net"
@@ -16,14 +17,27 @@ type Hello struct {
 	World uint32
 }
 
-// encodeHello returns the 24 bytes of h, tagged under the handshake key hk.
-func encodeHello(h Hello, hk []byte) [helloSize]byte {
+// A nonce is a side's fresh random contribution to a connection's keys.
+type nonce [nonceSize]byte
+
+func newNonce() (nonce, error) {
+	var n nonce
+	if _, err := rand.Read(n[:]); err != nil {
+		return n, fmt.Errorf("wire: handshake nonce: %w", err)
+	}
+	return n, nil
+}
+
+// encodeHello returns the bytes of h with the rank's nonce n, tagged under
+// the handshake key hk.
+func encodeHello(h Hello, n nonce, hk []byte) [helloSize]byte {
 	var b [helloSize]byte
 	le.PutUint32(b[0:4], HelloMagic)
 	le.PutUint32(b[4:8], Version)
 	le.PutUint32(b[8:12], h.Rank)
 	le.PutUint32(b[12:16], h.World)
-	copy(b[16:24], authframe.Tag(hk, b[0:16]))
+	copy(b[16:32], n[:])
+	copy(b[32:40], authframe.Tag(hk, b[0:32]))
 	return b
 }
 
@@ -38,18 +52,19 @@ func decodeHello(b []byte, hk []byte) (Hello, error) {
 	if v := le.Uint32(b[4:8]); v != Version {
 		return Hello{}, fmt.Errorf("%w: hello version %d, want %d", authframe.ErrBadVersion, v, Version)
 	}
-	if !authframe.TagOK(hk, b[16:24], b[0:16]) {
+	if !authframe.TagOK(hk, b[32:40], b[0:32]) {
 		return Hello{}, fmt.Errorf("%w: hello tag does not verify (the rank holds another secret)", authframe.ErrBadTag)
 	}
 	return Hello{Rank: le.Uint32(b[8:12]), World: le.Uint32(b[12:16])}, nil
 }
 
-// encodeAck returns the 16-byte ack answering the 24-byte hello.
-func encodeAck(hello []byte, hk []byte) [ackSize]byte {
+// encodeAck returns the ack answering hello with the coordinator's nonce n.
+func encodeAck(hello []byte, n nonce, hk []byte) [ackSize]byte {
 	var b [ackSize]byte
 	le.PutUint32(b[0:4], AckMagic)
 	le.PutUint32(b[4:8], Version)
-	copy(b[8:16], authframe.Tag(hk, b[0:8], hello))
+	copy(b[8:24], n[:])
+	copy(b[24:32], authframe.Tag(hk, b[0:24], hello))
 	return b
 }
 
@@ -65,7 +80,7 @@ func verifyAck(ack, hello []byte, hk []byte) error {
 	if v := le.Uint32(ack[4:8]); v != Version {
 		return fmt.Errorf("%w: ack version %d, want %d", authframe.ErrBadVersion, v, Version)
 	}
-	if !authframe.TagOK(hk, ack[8:16], ack[0:8], hello) {
+	if !authframe.TagOK(hk, ack[24:32], ack[0:24], hello) {
 		return fmt.Errorf("%w: ack tag does not verify (the coordinator holds another secret, or the ack answers another hello)", authframe.ErrBadTag)
 	}
 	return nil
@@ -101,7 +116,11 @@ func ClientHandshake(ctx context.Context, nc net.Conn, keys Keys, hello Hello, o
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("wire: handshake with %s: %w", nc.RemoteAddr(), err)
 	}
-	hb := encodeHello(hello, keys.k.Handshake())
+	n, err := newNonce()
+	if err != nil {
+		return nil, err
+	}
+	hb := encodeHello(hello, n, keys.k.Handshake())
 	var ab [ackSize]byte
 	err = authframe.SendHello(ctx, nc, o.handshakeTimeout, hb[:], ab[:], "wire",
 		"the coordinator may have refused the hello",
@@ -109,7 +128,7 @@ func ClientHandshake(ctx context.Context, nc net.Conn, keys Keys, hello Hello, o
 	if err != nil {
 		return nil, err
 	}
-	return newConn(nc, keys, hello, hb[:], dirToCoord, o), nil
+	return newConn(nc, keys, hello, hb[:], ab[:ackCore], dirToCoord, o), nil
 }
 
 // ServerHandshake runs the coordinator's side of the handshake on nc: it
@@ -133,8 +152,11 @@ func ServerHandshake(ctx context.Context, nc net.Conn, keys Keys, accept func(He
 	if err := ctx.Err(); err != nil {
 		return nil, Hello{}, fmt.Errorf("wire: handshake with %s: %w", nc.RemoteAddr(), err)
 	}
-	var hb [helloSize]byte
-	var hello Hello
+	var (
+		hb    [helloSize]byte
+		ab    [ackSize]byte
+		hello Hello
+	)
 	err = authframe.WithDeadline(ctx, nc, o.handshakeTimeout, func() error {
 		if err := authframe.ReadHello(ctx, nc, hb[:], "wire"); err != nil {
 			return err
@@ -151,7 +173,11 @@ func ServerHandshake(ctx context.Context, nc net.Conn, keys Keys, accept func(He
 				return fmt.Errorf("wire: %w: hello from %s (rank %d, world %d): %w", authframe.ErrRefused, nc.RemoteAddr(), hello.Rank, hello.World, err)
 			}
 		}
-		ab := encodeAck(hb[:], keys.k.Handshake())
+		n, err := newNonce()
+		if err != nil {
+			return err
+		}
+		ab = encodeAck(hb[:], n, keys.k.Handshake())
 		if _, err := nc.Write(ab[:]); err != nil {
 			return fmt.Errorf("wire: send ack to %s: %w", nc.RemoteAddr(), authframe.CtxCause(ctx, err))
 		}
@@ -163,5 +189,5 @@ func ServerHandshake(ctx context.Context, nc net.Conn, keys Keys, accept func(He
 		}
 		return nil, Hello{}, err
 	}
-	return newConn(nc, keys, hello, hb[:], dirToRank, o), hello, nil
+	return newConn(nc, keys, hello, hb[:], ab[:ackCore], dirToRank, o), hello, nil
 }

@@ -29,15 +29,15 @@ func TestWireBytesFollowTheSpec(t *testing.T) {
 	}
 	le := binary.LittleEndian
 	hk := sum(testSecret, []byte("cohort/wire/v1/handshake"))
-	hello := le.AppendUint32(nil, 0xC04E7001)
-	hello = le.AppendUint32(hello, 1)
-	hello = le.AppendUint32(hello, 2) // rank
-	hello = le.AppendUint32(hello, 4) // world
-	hello = append(hello, sum(hk, hello)[:8]...)
-	ack := le.AppendUint32(nil, 0xC04E7002)
-	ack = le.AppendUint32(ack, 1)
-	ack = append(ack, sum(hk, ack, hello)[:8]...)
-	frameKey := sum(sum(testSecret, []byte("cohort/wire/v1/rank-to-coordinator")), hello)
+	// The rank's nonce is random: the expected hello takes the one it sent.
+	helloWith := func(nonce []byte) []byte {
+		hello := le.AppendUint32(nil, 0xC04E7001)
+		hello = le.AppendUint32(hello, 2)
+		hello = le.AppendUint32(hello, 2) // rank
+		hello = le.AppendUint32(hello, 4) // world
+		hello = append(hello, nonce...)
+		return append(hello, sum(hk, hello)[:8]...)
+	}
 
 	cn, sn := rawPair(t, "pipe")
 	done := make(chan error, 1)
@@ -47,13 +47,22 @@ func TestWireBytesFollowTheSpec(t *testing.T) {
 		rank, err = ClientHandshake(context.Background(), cn, mustKeys(t, testSecret), Hello{Rank: 2, World: 4})
 		done <- err
 	}()
-	got := make([]byte, helloSize)
+	got := make([]byte, 40)
 	if _, err := readFullTimeout(sn, got); err != nil {
 		t.Fatal(err)
 	}
+	hello := helloWith(got[16:32])
 	if !bytes.Equal(got, hello) {
 		t.Fatalf("hello % x, want % x", got, hello)
 	}
+	if bytes.Equal(got[16:32], make([]byte, 16)) {
+		t.Fatal("the hello's nonce is all zeros")
+	}
+	ack := le.AppendUint32(nil, 0xC04E7002)
+	ack = le.AppendUint32(ack, 2)
+	ack = append(ack, bytes.Repeat([]byte{0xA5}, 16)...) // the coordinator's nonce
+	ack = append(ack, sum(hk, ack, hello)[:8]...)
+	frameKey := sum(sum(testSecret, []byte("cohort/wire/v1/rank-to-coordinator")), hello, ack[:24])
 	if _, err := sn.Write(ack); err != nil {
 		t.Fatal(err)
 	}
@@ -70,7 +79,7 @@ func TestWireBytesFollowTheSpec(t *testing.T) {
 			t.Fatal(err)
 		}
 		want := le.AppendUint32(nil, 0xC04E7003)
-		want = le.AppendUint32(want, 1)
+		want = le.AppendUint32(want, 2)
 		tail := le.AppendUint32(nil, uint32(wirepb.FrameKind_FRAME_KIND_EXITING))
 		tail = le.AppendUint32(tail, uint32(len(payload)))
 		want = append(want, sum(frameKey, le.AppendUint64(nil, seq), tail, payload)[:8]...)
@@ -85,15 +94,16 @@ func TestHandshakeRejections(t *testing.T) {
 	keys := mustKeys(t, testSecret)
 	otherKeys := mustKeys(t, otherSecret)
 	hello := Hello{Rank: 1, World: 2}
-	hb := encodeHello(hello, keys.k.Handshake())
+	hb := encodeHello(hello, testNonce(1), keys.k.Handshake())
 	setU32 := func(b []byte, off int, v uint32) []byte {
 		c := append([]byte(nil), b...)
 		binary.LittleEndian.PutUint32(c[off:], v)
 		return c
 	}
-	goodAck := encodeAck(hb[:], keys.k.Handshake())
-	otherHello := encodeHello(Hello{Rank: 0, World: 2}, keys.k.Handshake())
-	forged := func(h Hello) []byte { b := encodeHello(h, keys.k.Handshake()); return b[:] }
+	goodAck := encodeAck(hb[:], testNonce(2), keys.k.Handshake())
+	otherHello := encodeHello(Hello{Rank: 0, World: 2}, testNonce(1), keys.k.Handshake())
+	sameHelloOtherNonce := encodeHello(hello, testNonce(3), keys.k.Handshake())
+	forged := func(h Hello) []byte { b := encodeHello(h, testNonce(1), keys.k.Handshake()); return b[:] }
 
 	// The coordinator's side, facing hand-made hellos.
 	serverCases := []struct {
@@ -104,10 +114,11 @@ func TestHandshakeRejections(t *testing.T) {
 		wantSeen Hello // the Hello returned with a refusal
 	}{
 		{name: "wrong magic", hello: setU32(hb[:], 0, 0xF10D17C2), want: authframe.ErrBadMagic},
-		{name: "wrong version", hello: setU32(hb[:], 4, 2), want: authframe.ErrBadVersion},
-		{name: "wrong secret", hello: func() []byte { b := encodeHello(hello, otherKeys.k.Handshake()); return b[:] }(), want: authframe.ErrBadTag},
+		{name: "previous version", hello: setU32(hb[:], 4, 1), want: authframe.ErrBadVersion},
+		{name: "wrong secret", hello: func() []byte { b := encodeHello(hello, testNonce(1), otherKeys.k.Handshake()); return b[:] }(), want: authframe.ErrBadTag},
 		{name: "forged rank", hello: setU32(hb[:], 8, 0), want: authframe.ErrBadTag},
-		{name: "flipped tag bit", hello: func() []byte { c := append([]byte(nil), hb[:]...); c[20] ^= 1; return c }(), want: authframe.ErrBadTag},
+		{name: "forged nonce", hello: func() []byte { c := append([]byte(nil), hb[:]...); c[16] ^= 1; return c }(), want: authframe.ErrBadTag},
+		{name: "flipped tag bit", hello: func() []byte { c := append([]byte(nil), hb[:]...); c[36] ^= 1; return c }(), want: authframe.ErrBadTag},
 		{name: "truncated", hello: hb[:10], want: authframe.ErrTruncated},
 		{name: "empty", hello: nil, want: authframe.ErrTruncated},
 		{name: "rank out of range", hello: forged(Hello{Rank: 2, World: 2}), want: authframe.ErrRefused, wantSeen: Hello{Rank: 2, World: 2},
@@ -150,9 +161,11 @@ func TestHandshakeRejections(t *testing.T) {
 	}{
 		{name: "wrong magic", ack: setU32(goodAck[:], 0, 0xF10D17C3), want: authframe.ErrBadMagic},
 		{name: "wrong version", ack: setU32(goodAck[:], 4, 6), want: authframe.ErrBadVersion},
-		{name: "wrong secret", ack: func() []byte { b := encodeAck(hb[:], otherKeys.k.Handshake()); return b[:] }(), want: authframe.ErrBadTag},
-		{name: "bound to another hello", ack: func() []byte { b := encodeAck(otherHello[:], keys.k.Handshake()); return b[:] }(), want: authframe.ErrBadTag},
-		{name: "truncated", ack: goodAck[:15], want: authframe.ErrTruncated},
+		{name: "wrong secret", ack: func() []byte { b := encodeAck(hb[:], testNonce(2), otherKeys.k.Handshake()); return b[:] }(), want: authframe.ErrBadTag},
+		{name: "bound to another hello", ack: func() []byte { b := encodeAck(otherHello[:], testNonce(2), keys.k.Handshake()); return b[:] }(), want: authframe.ErrBadTag},
+		{name: "answers an earlier hello of this rank", ack: func() []byte { b := encodeAck(sameHelloOtherNonce[:], testNonce(2), keys.k.Handshake()); return b[:] }(), want: authframe.ErrBadTag},
+		{name: "forged nonce", ack: func() []byte { c := append([]byte(nil), goodAck[:]...); c[8] ^= 1; return c }(), want: authframe.ErrBadTag},
+		{name: "truncated", ack: goodAck[:ackSize-1], want: authframe.ErrTruncated},
 		{name: "no ack", ack: nil, want: authframe.ErrTruncated},
 	}
 	for _, tc := range clientCases {

@@ -26,6 +26,14 @@ func mustKeys(t testing.TB, secret []byte) Keys {
 	return k
 }
 
+// testNonce is a fixed nonce for hand-made hellos and acks.
+func testNonce(b byte) (n nonce) {
+	for i := range n {
+		n[i] = b
+	}
+	return n
+}
+
 // rawPair returns the two ends of a connection: an in-memory pipe, or
 // loopback TCP.
 func rawPair(t testing.TB, network string) (client, server net.Conn) {
@@ -112,7 +120,7 @@ func fakeRank(t testing.TB, hello Hello, opts ...Option) (raw net.Conn, w *frame
 		c, _, err := ServerHandshake(ctx, sn, keys, nil, opts...)
 		ch <- res{c, err}
 	}()
-	hb := encodeHello(hello, keys.k.Handshake())
+	hb := encodeHello(hello, testNonce(1), keys.k.Handshake())
 	if _, err := cn.Write(hb[:]); err != nil {
 		t.Fatalf("write hello: %v", err)
 	}
@@ -125,7 +133,7 @@ func fakeRank(t testing.TB, hello Hello, opts ...Option) (raw net.Conn, w *frame
 		t.Fatalf("ServerHandshake: %v", r.err)
 	}
 	t.Cleanup(func() { r.c.Close() })
-	return cn, &frameWriter{mac: authframe.NewMAC(connKey(keys, dirToCoord, hb[:]))}, r.c
+	return cn, &frameWriter{mac: authframe.NewMAC(connKey(keys, dirToCoord, hb[:], ab[:ackCore]))}, r.c
 }
 
 // writerAt returns a frame writer under key whose next frame has sequence

@@ -66,5 +66,8 @@ func (k Keys) Format(f fmt.State, verb rune) {
 var errZeroKeys = errors.New("wire: keys not derived (use DeriveKeys)")
 
 // connKey is the key for frames flowing in d on the connection that hello
-// opened: it binds every frame to that connection's hello.
-func connKey(k Keys, d direction, hello []byte) []byte { return k.k.ConnKey(int(d), hello) }
+// and the ack's untagged bytes (ackCore) opened: it binds every frame to
+// both sides' nonces, so no frame recorded on another connection verifies.
+func connKey(k Keys, d direction, hello, ackCore []byte) []byte {
+	return k.k.ConnKey(int(d), hello, ackCore)
+}

@@ -14,13 +14,14 @@ import (
 	"github.com/cohortdl/cohort/core/pluginhost"
 	"github.com/cohortdl/cohort/core/wire/wirepb"
 	"github.com/cohortdl/cohort/core/worker"
+	"github.com/cohortdl/cohort/internal/arenacheck"
 	"github.com/cohortdl/cohort/shared/plugintest"
 )
 
 // Tests here run the mock plugins as real go-plugin processes.
 
 func TestMain(m *testing.M) {
-	code := m.Run()
+	code := arenacheck.Run(m)
 	plugintest.RemoveBuilds()
 	os.Exit(code)
 }

@@ -83,10 +83,46 @@ func Run(ctx context.Context, o Options) error {
 		ledger: newLedger(o.World),
 	}
 	w.loopState = newLoopState(o.World)
+	SweepArenas(o.ArenaDir, w.log)
 	w.stopCtx, w.stop = context.WithCancelCause(ctx)
 	defer w.stop(nil)
 	clean, runErr := w.run(ctx)
 	return w.teardown(ctx, clean, runErr)
+}
+
+// ArenaPrefix begins the name of every arena a rank creates:
+// cohort-<run id>-r<rank>, followed by the owner's pid and start time
+// (shared/arena.Create).
+const ArenaPrefix = "cohort"
+
+// arenaPrefix names a rank's arena after its run and rank. The run id
+// comes from the coordinator: anything but letters, digits, '.', '_' and
+// '-' becomes '_', so it cannot leave the arena directory.
+func arenaPrefix(runID string, rank uint32) string {
+	safe := strings.Map(func(r rune) rune {
+		switch {
+		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '.', r == '_', r == '-':
+			return r
+		}
+		return '_'
+	}, runID)
+	if len(safe) > 64 {
+		safe = safe[:64]
+	}
+	return ArenaPrefix + "-" + safe + "-r" + strconv.FormatUint(uint64(rank), 10)
+}
+
+// SweepArenas removes, from dir (/dev/shm when empty), the rank arenas
+// whose owner is gone: a worker killed before its teardown leaves its
+// arena behind, and the next cohort process on the host takes it away.
+func SweepArenas(dir string, log hclog.Logger) {
+	removed, err := sharena.Sweep(dir, ArenaPrefix)
+	for _, p := range removed {
+		log.Info("removed the arena of a process that is gone", "path", p)
+	}
+	if err != nil {
+		log.Warn("sweep arenas", "error", err)
+	}
 }
 
 // averagerRef is the configured averager, or nil.
@@ -215,7 +251,7 @@ func (w *worker) setUp(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("configure trainer: %w", err)
 	}
-	w.arena, err = sharena.Create(w.o.ArenaDir, "cohort-r"+strconv.FormatUint(uint64(w.o.Rank), 10), w.setup.Layout)
+	w.arena, err = sharena.Create(w.o.ArenaDir, arenaPrefix(w.admit.GetRunId(), w.o.Rank), w.setup.Layout)
 	if err != nil {
 		return fmt.Errorf("trainer layout: %w", err)
 	}

@@ -19,8 +19,10 @@ type Owned struct {
 }
 
 // Create validates layout, creates a new file for it in dir (DefaultDir when
-// empty) with mode 0600, sizes it and maps it. prefix names the owner (e.g.
-// "cohort-r3") so a leftover file can be traced.
+// empty) with mode 0600, sizes it and maps it. prefix names what the arena
+// is for (cohort's ranks use "cohort-<run id>-r<rank>"); the name adds this
+// process's pid and start time (see Sweep), so a leftover file can be
+// traced to its run and its owner, and removed once that owner is gone.
 func Create(dir, prefix string, layout Layout) (*Owned, error) {
 	if err := layout.Validate(); err != nil {
 		return nil, fmt.Errorf("create arena: %w", err)
@@ -32,7 +34,7 @@ func Create(dir, prefix string, layout Layout) (*Owned, error) {
 	if _, err := rand.Read(suffix[:]); err != nil {
 		return nil, fmt.Errorf("create arena: random name: %w", err)
 	}
-	path := filepath.Join(dir, fmt.Sprintf("%s-%d-%s.arena", prefix, os.Getpid(), hex.EncodeToString(suffix[:])))
+	path := filepath.Join(dir, fmt.Sprintf("%s-%s-%s%s", prefix, ownerTag(), hex.EncodeToString(suffix[:]), arenaExt))
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("create arena: %w", err)
