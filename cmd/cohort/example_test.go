@@ -1,11 +1,10 @@
 package main
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -46,27 +45,38 @@ func TestVendorExampleUnitTests(t *testing.T) {
 	t.Logf("go test ./... in %s (%v):\n%s", exampleDir, time.Since(start).Round(time.Millisecond), out)
 }
 
-// The example, built as a vendor builds it and installed as a site
-// installs it (a plugin directory with a SHA256SUMS line, named by
-// worker.plugin_dir, with its settings in the averager block), trains a
-// cohort: its ranks meet through the relay, the run completes, and every
-// rank's final checkpoint holds the same model. The mock trainer comes
-// from the plugins directory beside the cohort binary, searched after
-// plugin_dir.
+// The example, built as a vendor builds it, packaged and signed as a vendor
+// ships it and installed as a site installs it (cohort plugins keygen,
+// package, install: a plugin directory with a SHA256SUMS line and a lock
+// file of accepted hashes, named by worker.plugin_dir and
+// worker.plugin_lock, with a version constraint and its settings in the
+// averager block), trains a cohort: its ranks meet through the relay, the
+// run completes, and every rank's final checkpoint holds the same model.
+// The mock trainer comes from the plugins directory beside the cohort
+// binary, searched after plugin_dir.
 func TestVendorExampleRuns(t *testing.T) {
-	cohortBinary(t) // skips under -short; builds the mock trainer too
-	dir := t.TempDir()
-	bin := filepath.Join(dir, "cohort-averaging-trimmedmean")
+	cohort := cohortBinary(t) // skips under -short; builds the mock trainer too
+	build := t.TempDir()
+	bin := filepath.Join(build, "cohort-averaging-trimmedmean")
 	start := time.Now()
 	exampleGo(t, "build", "-o", bin, ".")
 	t.Logf("built the example in %v", time.Since(start).Round(time.Millisecond))
-	raw, err := os.ReadFile(bin)
-	if err != nil {
-		t.Fatal(err)
+
+	dir, lock := t.TempDir(), filepath.Join(t.TempDir(), "cohort.lock.json")
+	key := filepath.Join(build, "vendor")
+	pkg := filepath.Join(build, "trimmedmean-0.1.0.tar.gz")
+	for _, args := range [][]string{
+		{"plugins", "keygen", "-o", key},
+		{"plugins", "package", "--name", "trimmedmean", "--kind", "averager", "--version", "0.1.0", "--key", key + ".key",
+			"--bin", runtime.GOOS + "/" + runtime.GOARCH + "=" + bin, "-o", pkg},
+		{"plugins", "install", pkg, "--trust", key + ".pub", "--dir", dir, "--lock", lock},
+	} {
+		if out, err := exec.Command(cohort, args...).CombinedOutput(); err != nil {
+			t.Fatalf("cohort %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
 	}
-	sum := sha256.Sum256(raw)
-	if err := os.WriteFile(filepath.Join(dir, "SHA256SUMS"), []byte(hex.EncodeToString(sum[:])+"  "+filepath.Base(bin)+"\n"), 0o644); err != nil {
-		t.Fatal(err)
+	if sums, err := os.ReadFile(filepath.Join(dir, "SHA256SUMS")); err != nil || !strings.Contains(string(sums), "  cohort-averaging-trimmedmean") {
+		t.Fatalf("install left no SHA256SUMS line for the plugin: %q, %v", sums, err)
 	}
 
 	const ranks, epochs = 3, 2
@@ -77,14 +87,16 @@ func TestVendorExampleRuns(t *testing.T) {
   checkpoint_every = 2   # the final checkpoint holds every rank's model
 }
 worker {
-  plugin_dir = "` + dir + `"
+  plugin_dir  = "` + dir + `"
+  plugin_lock = "` + lock + `"
 }
 trainer "mock" {
   samples    = 768
   batch_size = 16
 }
 averager "trimmedmean" {
-  trim = 1
+  version = ">= 0.1, < 1"
+  trim    = 1
 }
 `
 	if err := os.WriteFile(cfg, []byte(src), 0o644); err != nil {
