@@ -6,6 +6,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"path/filepath"
 	"io"
 	"os"
 	"runtime"
@@ -92,13 +93,27 @@ them and sets the run's keys.`,
 
 // loadConfig is the config a command runs with: the --config file, else
 // the built-in one.
+//
+// A relative worker.plugin_lock is made absolute, beside the config file
+// (in the working directory for the built-in config), so the lock belongs
+// to the run's config and the copy `cohort run` writes for its workers
+// names the same file.
 func (g *globals) loadConfig() (*config.Config, error) {
-	if g.configPath == "" {
-		return config.Default(), nil
+	cfg := config.Default()
+	base := "."
+	if g.configPath != "" {
+		var err error
+		if cfg, err = config.Load(g.configPath); err != nil {
+			return nil, failed(err)
+		}
+		base = filepath.Dir(g.configPath)
 	}
-	cfg, err := config.Load(g.configPath)
-	if err != nil {
-		return nil, failed(err)
+	if lock := cfg.Worker.PluginLock; lock != "" && !filepath.IsAbs(lock) {
+		abs, err := filepath.Abs(filepath.Join(base, lock))
+		if err != nil {
+			return nil, failed(fmt.Errorf("worker.plugin_lock %q: %w", lock, err))
+		}
+		cfg.Worker.PluginLock = abs
 	}
 	return cfg, nil
 }

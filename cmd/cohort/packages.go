@@ -134,7 +134,7 @@ installs the binary for this platform into the plugin directory (default:
 the config's worker.plugin_dir) as cohort-trainer-NAME or
 cohort-averaging-NAME, adds its line to that directory's SHA256SUMS, and
 records its checksum in the plugin lock (default: the config's
-worker.plugin_lock, cohort.lock.json in the working directory). Workers
+worker.plugin_lock, cohort.lock.json beside the config file). Workers
 refuse a locked plugin whose binary no longer matches the lock.`,
 		Args: func(_ *cobra.Command, args []string) error {
 			if len(args) != 1 {

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -67,5 +69,32 @@ func TestResolvePlacement(t *testing.T) {
 				t.Errorf("got rank %d world %d local %d coordinator %q, want %+v", got.rank, got.world, got.localRanks, got.coordinator, tc.want)
 			}
 		})
+	}
+}
+
+// A relative plugin lock is the config file's neighbour, made absolute so
+// the copy of the config a run writes for its workers names the same file.
+func TestPluginLockBesideTheConfig(t *testing.T) {
+	dir := t.TempDir()
+	cfgPath := filepath.Join(dir, "cohort.hcl")
+	cases := []struct {
+		body, want string
+	}{
+		{"", filepath.Join(dir, "cohort.lock.json")},
+		{"worker {\n  plugin_lock = \"locks/site.json\"\n}\n", filepath.Join(dir, "locks", "site.json")},
+		{"worker {\n  plugin_lock = \"/etc/cohort/lock.json\"\n}\n", "/etc/cohort/lock.json"},
+		{"worker {\n  plugin_lock = \"\"\n}\n", ""},
+	}
+	for _, c := range cases {
+		if err := os.WriteFile(cfgPath, []byte(c.body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		cfg, err := (&globals{configPath: cfgPath}).loadConfig()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cfg.Worker.PluginLock != c.want {
+			t.Errorf("config %q: plugin lock %q, want %q", c.body, cfg.Worker.PluginLock, c.want)
+		}
 	}
 }

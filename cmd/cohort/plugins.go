@@ -32,7 +32,8 @@ trainer "NAME" {} and averager "NAME" {}. The command fails when the
 configured trainer or averager is missing or would be refused.
 
 The plugin lock is the file the config's worker.plugin_lock names (default
-cohort.lock.json, relative to the working directory). 'cohort plugins
+cohort.lock.json; a relative path is beside the config file, or in the
+working directory for the built-in config). 'cohort plugins
 install' records there the checksum of each plugin it installs from a
 signed package; every worker checks a plugin the lock names against it
 before starting it, and refuses a binary swapped since. A missing lock

@@ -83,8 +83,8 @@ type Worker struct {
 	ShutdownGrace   time.Duration // how long plugins get to drain before they are killed
 	// PluginLock is the lock file `cohort plugins install` records the
 	// accepted plugins' checksums in; a worker refuses a locked plugin
-	// whose binary no longer matches. Relative paths are from the working
-	// directory, like PluginDir; a missing file locks nothing, and empty
+	// whose binary no longer matches. The CLI reads a relative path as
+	// beside the config file; a missing file locks nothing, and empty
 	// means no lock file.
 	PluginLock string
 }

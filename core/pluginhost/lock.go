@@ -17,7 +17,7 @@ import (
 // The lock file records, per plugin kind and name, the SHA-256 of the
 // binary `cohort plugins install` accepted from a signed package. A
 // worker finds it at the config's worker.plugin_lock (default
-// cohort.lock.json in the working directory) and refuses a locked plugin
+// cohort.lock.json beside the config file) and refuses a locked plugin
 // whose binary no longer hashes to the recorded value, wherever the
 // binary was found; plugins the lock does not name run as before. A
 // missing lock file locks nothing. It is JSON:
