@@ -6,9 +6,9 @@ package main
 import (
 	"errors"
 	"fmt"
-	"path/filepath"
 	"io"
 	"os"
+	"path/filepath"
 	"runtime"
 	"strings"
 
