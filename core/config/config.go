@@ -87,6 +87,9 @@ type Worker struct {
 	// beside the config file; a missing file locks nothing, and empty
 	// means no lock file.
 	PluginLock string
+	// PluginRestarts is how many times a rank may replace a plugin that
+	// died or wedged with a fresh process; one more failure ends the rank.
+	PluginRestarts int
 }
 
 // Plugin is a trainer or averager block: the plugin's name (the block's

@@ -36,6 +36,7 @@ worker {
   plugin_dir       = "/opt/cohort/plugins"
   shutdown_grace   = "1500ms"
   plugin_lock      = "/etc/cohort/cohort.lock.json"
+  plugin_restarts  = 1
 }
 trainer "libtorch" {
   version    = ">= 1.2, < 2"
@@ -80,6 +81,7 @@ func TestParseFull(t *testing.T) {
 			PluginDir:       "/opt/cohort/plugins",
 			ShutdownGrace:   1500 * time.Millisecond,
 			PluginLock:      "/etc/cohort/cohort.lock.json",
+			PluginRestarts:  1,
 		},
 		// version is the core's, not passed to the plugin.
 		Trainer:  Plugin{Name: "libtorch", Settings: json.RawMessage(`{"batch_size":64,"lr":0.05,"model":"mlp"}`), Version: ">= 1.2, < 2"},
@@ -180,6 +182,7 @@ func TestDefaults(t *testing.T) {
 			PluginDir:       "bin/plugins",
 			ShutdownGrace:   5 * time.Second,
 			PluginLock:      "cohort.lock.json",
+			PluginRestarts:  3,
 		},
 		// The plugins are the ones the embedded file names: the core
 		// names none itself.
@@ -243,6 +246,7 @@ func TestValidationErrors(t *testing.T) {
 		{"unknown coordinator key", "coordinator {\n  polcy = \"sync\"\n}\n", "cohort.hcl:2,3-8: coordinator.polcy: ", "unknown key"},
 		{"liveness negative", "worker {\n  liveness_timeout = \"-1s\"\n}\n", "cohort.hcl:2,3-19: worker.liveness_timeout: ", "positive duration"},
 		{"shutdown_grace zero", "worker {\n  shutdown_grace = \"0\"\n}\n", "cohort.hcl:2,3-17: worker.shutdown_grace: ", "positive duration"},
+		{"plugin_restarts negative", "worker {\n  plugin_restarts = -1\n}\n", "cohort.hcl:2,3-18: worker.plugin_restarts: ", "must be at least 0, got -1"},
 		{"plugin_dir empty", "worker {\n  plugin_dir = \"\"\n}\n", "cohort.hcl:2,3-13: worker.plugin_dir: ", "must not be empty"},
 		{"bad version constraint", "trainer \"t\" {\n  lr = 1\n  version = \">= banana\"\n}\n", "cohort.hcl:3,3-10: trainer.version: ", `">= banana" is not a version constraint`},
 		{"version not a string", "averager \"a\" {\n  version = [1]\n}\n", "cohort.hcl:2,3-10: averager.version: ", "string required"},

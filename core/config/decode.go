@@ -68,6 +68,7 @@ var coreKeys = []coreBlock{
 		value("plugin_dir", func(c *Config) *string { return &c.Worker.PluginDir }),
 		duration("shutdown_grace", func(c *Config) *time.Duration { return &c.Worker.ShutdownGrace }),
 		value("plugin_lock", func(c *Config) *string { return &c.Worker.PluginLock }),
+		value("plugin_restarts", func(c *Config) *int { return &c.Worker.PluginRestarts }),
 	}},
 }
 

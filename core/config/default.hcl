@@ -28,6 +28,7 @@ worker {
   plugin_dir       = "bin/plugins"
   shutdown_grace   = "5s"
   plugin_lock      = "cohort.lock.json" # checksums `cohort plugins install` accepted; "" for none
+  plugin_restarts  = 3              # plugins a rank may replace after they die or wedge; past that it dies
 }
 
 # A plugin block's body is the plugin's own settings, passed to it as JSON,

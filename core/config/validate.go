@@ -80,6 +80,7 @@ func (c *Config) Validate() error {
 		bad("worker.plugin_dir", "must not be empty")
 	}
 	positive("worker.shutdown_grace", w.ShutdownGrace)
+	atLeast("worker.plugin_restarts", w.PluginRestarts, 0)
 
 	for _, p := range []struct {
 		key string

@@ -59,6 +59,8 @@ type rankState struct {
 	samples     uint64
 	// batchMS is a moving average of the rank's reported batch times.
 	batchMS float64
+	// pluginRestarts counts the plugins the rank replaced.
+	pluginRestarts uint32
 }
 
 // runner is the state of one Run, owned by the loop goroutine.
@@ -439,6 +441,8 @@ func (r *runner) onMessage(rs *rankState, msg proto.Message) {
 		r.onMeetRequest(rs, m)
 	case *wirepb.RelayPost:
 		r.onRelayPost(rs, m)
+	case *wirepb.PluginRestarted:
+		r.onPluginRestarted(rs, m)
 	default:
 		r.log.Warn("ignoring an unexpected frame", "rank", rs.id, "type", fmt.Sprintf("%T", msg))
 	}

@@ -134,6 +134,15 @@ func (h *relayHub) rankGone(rank uint32, reason string, formed bool) []relaySend
 	return out
 }
 
+// failAll fails every exchange in flight with why.
+func (h *relayHub) failAll(why string) []relaySend {
+	var out []relaySend
+	for _, key := range slices.Sorted(maps.Keys(h.pending)) {
+		out = append(out, h.fail(key, why)...)
+	}
+	return out
+}
+
 // onRelayPost takes a rank's part of a relay exchange. Before formation
 // the exchange waits for the whole world (a rank still setting up has not
 // posted yet); after, for the live ranks.

@@ -97,6 +97,9 @@ type RankSummary struct {
 	Samples uint64 `json:"samples"`
 	Batches uint64 `json:"batches"`
 	Reason  string `json:"reason,omitempty"`
+	// PluginRestarts counts the plugins the rank replaced after they died
+	// or wedged.
+	PluginRestarts uint32 `json:"plugin_restarts"`
 }
 
 // MembershipEvent is a change of the cohort.
@@ -293,7 +296,7 @@ func (r *runner) summary() *Summary {
 				reason = "still connected when the run ended"
 			}
 		}
-		s.Ranks = append(s.Ranks, RankSummary{Rank: rs.id, State: state, Samples: rs.samples, Batches: rs.batches, Reason: reason})
+		s.Ranks = append(s.Ranks, RankSummary{Rank: rs.id, State: state, Samples: rs.samples, Batches: rs.batches, Reason: reason, PluginRestarts: rs.pluginRestarts})
 	}
 	return s
 }

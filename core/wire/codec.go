@@ -114,6 +114,8 @@ func newMessage(kind wirepb.FrameKind) proto.Message {
 		return new(wirepb.MeetRequest)
 	case wirepb.FrameKind_FRAME_KIND_RELAY_POST:
 		return new(wirepb.RelayPost)
+	case wirepb.FrameKind_FRAME_KIND_PLUGIN_RESTARTED:
+		return new(wirepb.PluginRestarted)
 	}
 	return nil
 }
@@ -187,6 +189,8 @@ func kindOf(msg proto.Message) wirepb.FrameKind {
 		return wirepb.FrameKind_FRAME_KIND_MEET_REQUEST
 	case *wirepb.RelayPost:
 		return wirepb.FrameKind_FRAME_KIND_RELAY_POST
+	case *wirepb.PluginRestarted:
+		return wirepb.FrameKind_FRAME_KIND_PLUGIN_RESTARTED
 	}
 	return wirepb.FrameKind_FRAME_KIND_UNSPECIFIED
 }

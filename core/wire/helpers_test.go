@@ -239,5 +239,7 @@ func sampleMessages() []proto.Message {
 			Resources: res, PartitionOffset: 100, PartitionSize: 6400},
 		&wirepb.MeetRequest{Kind: "relay", Averager: "mock"},
 		&wirepb.RelayPost{Key: "nccl/0", Blob: []byte("unique-id")},
+		&wirepb.PluginRestarted{Rank: 2, Kind: "trainer", Reason: "plugin process exited", Restarts: 1,
+			PlanLost: true, Epoch: 1, PartitionOffset: 640, PartitionSize: 320},
 	}
 }

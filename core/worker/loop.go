@@ -13,6 +13,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/cohortdl/cohort/core/pluginhost"
 	"github.com/cohortdl/cohort/core/wire/wirepb"
 	"github.com/cohortdl/cohort/shared/plugin"
 )
@@ -242,6 +243,12 @@ func (w *worker) runNextPlan(ctx context.Context) error {
 			w.log.Info("plan interrupted", "epoch", p.Epoch, "batches_done", st.batches, "reason", context.Cause(w.stopCtx))
 			return nil
 		}
+		if w.pluginLost(pluginhost.Trainer, err) {
+			// The plan ends here, without Metrics: the coordinator gives
+			// back what its reports do not cover.
+			w.log.Warn("plan lost with the trainer", "epoch", p.Epoch, "offset", p.PartitionOffset, "size", p.PartitionSize, "batches_done", st.batches)
+			return w.replaceTrainer(ctx, err, &p)
+		}
 		return fmt.Errorf("train epoch %d, plan [%d, +%d): %w", p.Epoch, p.PartitionOffset, p.PartitionSize, err)
 	}
 	m := &wirepb.Metrics{
@@ -293,12 +300,23 @@ func (w *worker) round(ctx context.Context, m *wirepb.Sync) error {
 	if s := w.mailbox.take(); s != nil {
 		aborts := w.guard.aborts()
 		if err := w.averager.NewSession(ctx, *s); err != nil {
-			return fmt.Errorf("round %d: apply averaging session generation %d: %w", n, s.Generation, err)
+			if !w.pluginLost(pluginhost.Averager, err) {
+				return fmt.Errorf("round %d: apply averaging session generation %d: %w", n, s.Generation, err)
+			}
+			// The coordinator answers the replacement with a new session.
+			if err := w.replaceAverager(ctx, err); err != nil {
+				return err
+			}
+			return w.abortedAck(ctx, &wirepb.SyncAck{Rank: w.o.Rank, Round: n}, start, fmt.Errorf("%w: the averager was replaced", plugin.ErrRoundAborted))
 		}
 		w.members, w.sessionAborts = slices.Clone(s.Members), aborts
 		w.log.Info("averaging session applied", "generation", s.Generation, "members", s.Members, "new_rank", s.NewRank)
 	}
-	pub, err := w.trainer.Publish(ctx)
+	var pub plugin.PublishResult
+	err := w.onTrainer(ctx, func(t plugin.Trainer) (err error) {
+		pub, err = t.Publish(ctx)
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("round %d: publish parameters: %w", n, err)
 	}
@@ -334,6 +352,14 @@ func (w *worker) round(ctx context.Context, m *wirepb.Sync) error {
 	}
 	abortedBy := w.guard.end()
 	cancel(nil)
+	if err != nil && w.pluginLost(pluginhost.Averager, err) {
+		// The new averager knows no session: the coordinator re-forms the
+		// group and runs the round again.
+		if rerr := w.replaceAverager(ctx, err); rerr != nil {
+			return rerr
+		}
+		return w.abortedAck(ctx, ack, start, err)
+	}
 	if err != nil {
 		if abortedBy == nil && !errors.Is(err, errPeerDied) && !errors.Is(err, plugin.ErrRoundAborted) && w.guard.aborts() == w.sessionAborts && w.stopCtx.Err() == nil {
 			return fmt.Errorf("averaging round %d: %w", n, err)
@@ -345,7 +371,11 @@ func (w *worker) round(ctx context.Context, m *wirepb.Sync) error {
 	if r.Broadcast {
 		alpha = 0 // every rank must take the root's values exactly
 	}
-	norm, err := w.trainer.Adopt(ctx, alpha)
+	var norm float64
+	err = w.onTrainer(ctx, func(t plugin.Trainer) (err error) {
+		norm, err = t.Adopt(ctx, alpha)
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("round %d: adopt averaged parameters: %w", n, err)
 	}
@@ -388,6 +418,8 @@ func (w *worker) checkpoint(ctx context.Context, m *wirepb.Checkpoint) error {
 	if err != nil {
 		w.log.Error("checkpoint failed", "version", m.GetVersion(), "error", err)
 		res.Error = err.Error()
+	} else {
+		w.lastSave = m.GetDir()
 	}
 	return w.send(ctx, res)
 }
@@ -423,7 +455,11 @@ func (w *worker) save(ctx context.Context, dir string) ([]string, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("save checkpoint: %w", err)
 	}
-	files, err := w.trainer.SaveCheckpoint(ctx, dir)
+	var files []string
+	err := w.onTrainer(ctx, func(t plugin.Trainer) (err error) {
+		files, err = t.SaveCheckpoint(ctx, dir)
+		return err
+	})
 	if err != nil {
 		return nil, fmt.Errorf("save checkpoint into %s: %w", dir, err)
 	}
@@ -443,7 +479,11 @@ func (w *worker) save(ctx context.Context, dir string) ([]string, error) {
 // is reported (NaN loss and the error), not fatal.
 func (w *worker) evaluate(ctx context.Context, m *wirepb.Evaluate) error {
 	start := time.Now()
-	r, err := w.trainer.Evaluate(ctx)
+	var r plugin.EvalResult
+	err := w.onTrainer(ctx, func(t plugin.Trainer) (err error) {
+		r, err = t.Evaluate(ctx)
+		return err
+	})
 	res := &wirepb.EvalResult{Rank: w.o.Rank, ScheduleId: m.GetScheduleId(), Epoch: m.GetEpoch(), ElapsedMs: ms(time.Since(start))}
 	if err != nil {
 		w.log.Error("evaluation failed", "epoch", m.GetEpoch(), "error", err)

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cohortdl/cohort/core/pluginhost"
 	"github.com/cohortdl/cohort/shared/plugin"
 )
 
@@ -219,10 +220,23 @@ func (w *worker) abortRound(ctx context.Context, reason string) {
 		}
 		logf("aborting the averaging round", "reason", reason, "in_flight", cancel != nil)
 		actx, done := context.WithTimeout(ctx, abortTimeout)
-		if err := avg.Abort(actx, reason); err != nil {
+		err := avg.Abort(actx, reason)
+		done()
+		if err != nil {
 			w.log.Warn("averager abort failed", "error", err)
 		}
-		done()
+		if errors.Is(err, context.DeadlineExceeded) {
+			// A wedged averager: killing it ends the round's call, and
+			// the main loop replaces it.
+			if rp, ok := w.plugins.(Replaceable); ok {
+				w.log.Warn("averager did not answer Abort: killing it", "within", abortTimeout)
+				sctx, cancel := context.WithTimeout(ctx, w.o.ShutdownGrace)
+				if err := rp.Stop(sctx, pluginhost.Averager); err != nil {
+					w.log.Debug("stopping the wedged averager", "error", err)
+				}
+				cancel()
+			}
+		}
 	}
 	if cancel != nil {
 		cancel(errRoundAborted)

@@ -52,6 +52,10 @@ type Options struct {
 	// Empty or missing: no lock. The plugins' version constraints come
 	// from Trainer.Version and Averager.Version.
 	PluginLock string
+	// PluginRestarts is how many times the rank may replace a plugin that
+	// died or wedged (config worker.plugin_restarts); 0 ends the rank at
+	// the first such failure. Only plugins run as processes are replaced.
+	PluginRestarts int
 
 	// LocalRanks is the number of ranks on this host (default 1).
 	LocalRanks uint32
@@ -96,6 +100,7 @@ func FromConfig(c *config.Config) Options {
 		ConnectTimeout:  c.Worker.ConnectTimeout,
 		ShutdownGrace:   c.Worker.ShutdownGrace,
 		PluginLock:      c.Worker.PluginLock,
+		PluginRestarts:  c.Worker.PluginRestarts,
 	}
 	if c.Worker.PluginDir != "" {
 		o.PluginDirs = []string{c.Worker.PluginDir}

@@ -19,16 +19,31 @@ type Plugins interface {
 	StopAll(ctx context.Context) error
 }
 
+// Replaceable is what Plugins offer when their plugins run as processes
+// that can die or wedge on their own: the worker then replaces a lost
+// plugin (Stop what is left of it, start a fresh one) instead of dying.
+type Replaceable interface {
+	// Exited reports whether the plugin of kind started last has ended.
+	Exited(kind pluginhost.Kind) bool
+	// Stop ends the plugin of kind started last: its Shutdown within ctx
+	// and the grace period, then a kill. It is safe from any goroutine.
+	Stop(ctx context.Context, kind pluginhost.Kind) error
+}
+
 // HostPlugins runs plugins as processes through core/pluginhost: the
 // Shutdown RPC first, a kill after the grace period.
 type HostPlugins struct {
 	host *pluginhost.Host
 
-	mu    sync.Mutex
-	procs []*pluginhost.Process
+	mu      sync.Mutex
+	procs   []*pluginhost.Process
+	current map[pluginhost.Kind]*pluginhost.Process
 }
 
-var _ Plugins = (*HostPlugins)(nil)
+var (
+	_ Plugins     = (*HostPlugins)(nil)
+	_ Replaceable = (*HostPlugins)(nil)
+)
 
 // NewHostPlugins makes a HostPlugins over a pluginhost.Host with o.
 func NewHostPlugins(o pluginhost.Options) *HostPlugins {
@@ -58,7 +73,32 @@ func (h *HostPlugins) StartAverager(ctx context.Context, name string) (plugin.Av
 func (h *HostPlugins) track(p *pluginhost.Process) {
 	h.mu.Lock()
 	h.procs = append(h.procs, p)
+	if h.current == nil {
+		h.current = map[pluginhost.Kind]*pluginhost.Process{}
+	}
+	h.current[p.Kind] = p
 	h.mu.Unlock()
+}
+
+func (h *HostPlugins) last(kind pluginhost.Kind) *pluginhost.Process {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.current[kind]
+}
+
+// Exited reports whether the plugin of kind started last has ended.
+func (h *HostPlugins) Exited(kind pluginhost.Kind) bool {
+	p := h.last(kind)
+	return p != nil && p.Exited()
+}
+
+// Stop stops the plugin of kind started last.
+func (h *HostPlugins) Stop(ctx context.Context, kind pluginhost.Kind) error {
+	p := h.last(kind)
+	if p == nil {
+		return nil
+	}
+	return h.host.Stop(ctx, p)
 }
 
 // Processes lists the plugin processes started so far, in start order.

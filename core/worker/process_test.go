@@ -67,44 +67,159 @@ func pidsOf(t *testing.T, hp *worker.HostPlugins) (all []int, averager int) {
 	return all, averager
 }
 
+// pidOf is the pid of hp's latest plugin process of kind.
+func pidOf(t *testing.T, hp *worker.HostPlugins, kind pluginhost.Kind) int {
+	t.Helper()
+	procs := hp.Processes()
+	for i := len(procs) - 1; i >= 0; i-- {
+		if procs[i].Kind == kind {
+			return procs[i].Pid()
+		}
+	}
+	t.Fatalf("no %s plugin process", kind)
+	return 0
+}
+
 // TestAveragerKilledMidRound: SIGKILL of the averager process while its
-// round waits for a peer is an averaging failure, not an abort: the worker
-// ends with an error within a few seconds, sends no Exiting, and leaves no
-// plugin process behind.
+// round waits for a peer. With no restart budget it is an averaging
+// failure, not an abort: the worker ends with an error within a few
+// seconds, sends no Exiting, and leaves no plugin process behind. With a
+// budget the worker replaces the averager: PluginRestarted, then the round
+// acked as aborted; the new averager applies the next session and the rank
+// trains and exits cleanly.
 func TestAveragerKilledMidRound(t *testing.T) {
+	for _, budget := range []int{0, 1} {
+		t.Run(fmt.Sprintf("budget %d", budget), func(t *testing.T) {
+			dir := pluginDir(t)
+			c := newCoordinator(t)
+			o := c.options(0, 2, trainerSettings())
+			o.PluginRestarts = budget
+			hp := worker.NewHostPlugins(pluginhost.Options{Dirs: []string{dir}, Grace: 2 * time.Second, Logger: testLogger()})
+			o.Plugins = hp
+			run := start(t, o)
+			l := c.accept(&wirepb.Admit{RunId: "kill", Seed: 1})
+			expect[*wirepb.Ready](l)
+			pids, averager := pidsOf(t, hp)
+
+			l.send(&wirepb.StartEpoch{Plan: plan(0, 0, 32, 1, 256)})
+			expectPlan(l, 2)
+			l.send(&wirepb.Sync{Round: 1, Mode: wirepb.SyncMode_SYNC_MODE_AVERAGE})
+			expect[*wirepb.SnapshotReady](l)
+			// Rank 1 never comes: the round is blocked.
+			if m := l.next(300 * time.Millisecond); m != nil {
+				t.Fatalf("the round ended without its peer: %s", describe(m))
+			}
+			if err := syscall.Kill(averager, syscall.SIGKILL); err != nil {
+				t.Fatal(err)
+			}
+			killed := time.Now()
+			if budget == 0 {
+				err := run.wait(15 * time.Second)
+				if d := time.Since(killed); d > 4*time.Second {
+					t.Errorf("worker took %v to end after its averager died", d)
+				}
+				if err == nil || !strings.Contains(err.Error(), "Averager.Average") || !strings.Contains(err.Error(), "plugin restart budget spent") {
+					t.Fatalf("Run = %v, want the averaging round's error and the spent budget", err)
+				}
+				if frames := l.drain(); hasExiting(frames) {
+					t.Fatalf("Exiting sent after an error exit")
+				}
+				expectGone(t, pids)
+				expectNoWorkerGoroutines(t)
+				return
+			}
+			pr := expect[*wirepb.PluginRestarted](l)
+			if pr.GetKind() != "averager" || pr.GetRestarts() != 1 || pr.GetPlanLost() || pr.GetReason() == "" {
+				t.Fatalf("PluginRestarted = %v", pr)
+			}
+			if ack := expect[*wirepb.SyncAck](l); !ack.GetAborted() || ack.GetRound() != 1 {
+				t.Fatalf("SyncAck = %v, want round 1 aborted", ack)
+			}
+			if d := time.Since(killed); d > 4*time.Second {
+				t.Errorf("the averager took %v to replace", d)
+			}
+			if pid := pidOf(t, hp, pluginhost.Averager); pid == averager || pid == 0 {
+				t.Fatalf("averager pid %d after the restart, was %d", pid, averager)
+			}
+			// The coordinator re-forms the group (here: rank 0 alone, rank
+			// 1 never came) and runs the round again.
+			c.relay.dead(1)
+			l.send(&wirepb.NewSession{Generation: 1, SessionId: []byte("after-restart"), NewRank: 0, NewWorldSize: 1, Members: []uint32{0}})
+			l.send(&wirepb.Sync{Round: 2, Mode: wirepb.SyncMode_SYNC_MODE_AVERAGE})
+			expect[*wirepb.SnapshotReady](l)
+			if ack := expect[*wirepb.SyncAck](l); ack.GetAborted() || ack.GetRound() != 2 {
+				t.Fatalf("SyncAck = %v, want round 2 done by the new averager", ack)
+			}
+			l.send(&wirepb.Shutdown{})
+			expect[*wirepb.Exiting](l)
+			if err := run.wait(frameWait); err != nil {
+				t.Fatal(err)
+			}
+			expectGone(t, append(pids, pidOf(t, hp, pluginhost.Averager), pidOf(t, hp, pluginhost.Trainer)))
+			expectNoWorkerGoroutines(t)
+		})
+	}
+}
+
+// TestTrainerKilledMidPlan: SIGKILL of the trainer process in the middle of
+// a plan. The worker reports what it trained (Batch frames), then
+// PluginRestarted naming the lost plan and no Metrics for it; the new
+// trainer holds the arena's parameters (the last Publish) and trains the
+// range the coordinator hands back.
+func TestTrainerKilledMidPlan(t *testing.T) {
 	dir := pluginDir(t)
 	c := newCoordinator(t)
-	o := c.options(0, 2, trainerSettings())
+	ts := trainerSettings()
+	ts.SleepPerBatch = "20ms"
+	o := c.options(0, 1, ts)
+	o.PluginRestarts = 1
 	hp := worker.NewHostPlugins(pluginhost.Options{Dirs: []string{dir}, Grace: 2 * time.Second, Logger: testLogger()})
 	o.Plugins = hp
 	run := start(t, o)
-	l := c.accept(&wirepb.Admit{RunId: "kill", Seed: 1})
+	l := c.accept(&wirepb.Admit{RunId: "kill-trainer", Seed: 1})
 	expect[*wirepb.Ready](l)
-	pids, averager := pidsOf(t, hp)
+	pids, _ := pidsOf(t, hp)
+	trainer := pidOf(t, hp, pluginhost.Trainer)
 
-	l.send(&wirepb.StartEpoch{Plan: plan(0, 0, 32, 1, 256)})
-	expectPlan(l, 2)
-	l.send(&wirepb.Sync{Round: 1, Mode: wirepb.SyncMode_SYNC_MODE_AVERAGE})
-	expect[*wirepb.SnapshotReady](l)
-	// Rank 1 never comes: the round is blocked.
-	if m := l.next(300 * time.Millisecond); m != nil {
-		t.Fatalf("the round ended without its peer: %s", describe(m))
+	l.send(&wirepb.StartEpoch{Plan: plan(0, 0, 256, 1, 256)})
+	var reported uint64
+	for range 3 {
+		reported += uint64(expect[*wirepb.Batch](l).GetSamples())
 	}
-	if err := syscall.Kill(averager, syscall.SIGKILL); err != nil {
+	if err := syscall.Kill(trainer, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	killed := time.Now()
-	err := run.wait(15 * time.Second)
-	if d := time.Since(killed); d > 4*time.Second {
-		t.Errorf("worker took %v to end after its averager died", d)
+	var pr *wirepb.PluginRestarted
+	for pr == nil {
+		switch m := l.next(frameWait).(type) {
+		case *wirepb.Batch:
+			reported += uint64(m.GetSamples())
+		case *wirepb.PluginRestarted:
+			pr = m
+		default:
+			t.Fatalf("got %s, want Batch frames, then PluginRestarted", describe(m))
+		}
 	}
-	if err == nil || !strings.Contains(err.Error(), "averaging round 1") {
-		t.Fatalf("Run = %v, want the averaging round's error", err)
+	if pr.GetKind() != "trainer" || !pr.GetPlanLost() || pr.GetPartitionOffset() != 0 || pr.GetPartitionSize() != 256 || pr.GetRestarts() != 1 {
+		t.Fatalf("PluginRestarted = %v, want the lost plan [0, +256)", pr)
 	}
-	if frames := l.drain(); hasExiting(frames) {
-		t.Fatalf("Exiting sent after an error exit")
+	if reported >= 256 {
+		t.Fatalf("the plan finished (%d samples) before the kill", reported)
 	}
-	expectGone(t, pids)
+	if pid := pidOf(t, hp, pluginhost.Trainer); pid == trainer || pid == 0 {
+		t.Fatalf("trainer pid %d after the restart, was %d", pid, trainer)
+	}
+	rest := 256 - reported
+	l.send(&wirepb.ExtendPartition{Epoch: 0, PartitionOffset: reported, PartitionSize: rest})
+	if m := expectPlan(l, int(rest/16)); m.GetSamples() != rest || m.GetPartitionOffset() != reported {
+		t.Fatalf("Metrics = %v, want the %d samples handed back", m, rest)
+	}
+	l.send(&wirepb.Shutdown{})
+	expect[*wirepb.Exiting](l)
+	if err := run.wait(frameWait); err != nil {
+		t.Fatal(err)
+	}
+	expectGone(t, append(pids, pidOf(t, hp, pluginhost.Trainer)))
 	expectNoWorkerGoroutines(t)
 }
 

@@ -60,6 +60,7 @@ type worker struct {
 	inboundTask, heartbeatTask, samplerTask, watchdogTask *task
 
 	loopState
+	restartState
 }
 
 // Run is one rank's whole life: connect to the coordinator, join, set up
@@ -241,13 +242,14 @@ func (w *worker) setUp(ctx context.Context) error {
 		return err
 	}
 
-	w.setup, err = t.Configure(ctx, plugin.TrainerConfig{
+	w.trainerCfg = plugin.TrainerConfig{
 		Rank:       w.o.Rank,
 		WorldSize:  w.o.World,
 		LocalRanks: w.o.LocalRanks,
 		Seed:       w.admit.GetSeed(),
 		Settings:   w.o.Trainer.Settings,
-	})
+	}
+	w.setup, err = t.Configure(ctx, w.trainerCfg)
 	if err != nil {
 		return fmt.Errorf("configure trainer: %w", err)
 	}
@@ -272,13 +274,14 @@ func (w *worker) setUp(ctx context.Context) error {
 			return fmt.Errorf("resume from %s: %w", from, err)
 		}
 		w.log.Info("resumed", "from", from, "step_count", steps)
+		w.lastSave = from
 	}
 
 	dataKey, err := w.keys.Derive(DataKeyLabel)
 	if err != nil {
 		return fmt.Errorf("derive averaging data key: %w", err)
 	}
-	w.avgTraits, err = a.Configure(ctx, plugin.AveragerConfig{
+	w.avgCfg = plugin.AveragerConfig{
 		Rank:      w.o.Rank,
 		WorldSize: w.o.World,
 		Arena:     w.arena.Descriptor(),
@@ -287,7 +290,8 @@ func (w *worker) setUp(ctx context.Context) error {
 		Settings:  w.o.Averager.Settings,
 		RunID:     w.admit.GetRunId(),
 		Relay:     w.relay,
-	})
+	}
+	w.avgTraits, err = a.Configure(ctx, w.avgCfg)
 	if err != nil {
 		return fmt.Errorf("configure averager: %w", err)
 	}

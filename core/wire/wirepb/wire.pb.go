@@ -70,6 +70,7 @@ const (
 	FrameKind_FRAME_KIND_METRICS              FrameKind = 75
 	FrameKind_FRAME_KIND_MEET_REQUEST         FrameKind = 76
 	FrameKind_FRAME_KIND_RELAY_POST           FrameKind = 77
+	FrameKind_FRAME_KIND_PLUGIN_RESTARTED     FrameKind = 78
 )
 
 // Enum value maps for FrameKind.
@@ -108,6 +109,7 @@ var (
 		75: "FRAME_KIND_METRICS",
 		76: "FRAME_KIND_MEET_REQUEST",
 		77: "FRAME_KIND_RELAY_POST",
+		78: "FRAME_KIND_PLUGIN_RESTARTED",
 	}
 	FrameKind_value = map[string]int32{
 		"FRAME_KIND_UNSPECIFIED":             0,
@@ -143,6 +145,7 @@ var (
 		"FRAME_KIND_METRICS":                 75,
 		"FRAME_KIND_MEET_REQUEST":            76,
 		"FRAME_KIND_RELAY_POST":              77,
+		"FRAME_KIND_PLUGIN_RESTARTED":        78,
 	}
 )
 
@@ -2445,6 +2448,113 @@ func (x *Exiting) GetRank() uint32 {
 	return 0
 }
 
+// PluginRestarted says the rank replaced one of its plugins, which died or
+// wedged, with a fresh process: the rank lives on. kind is "trainer" or
+// "averager"; restarts counts this rank's replacements so far. For a
+// trainer replaced in the middle of a plan, the plan (epoch, offset, size)
+// is named: it sends no Metrics, and the coordinator hands out again what
+// its Batch reports do not cover. An averager replaced needs a new session
+// before its next round.
+type PluginRestarted struct {
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	Rank            uint32                 `protobuf:"varint,1,opt,name=rank,proto3" json:"rank,omitempty"`
+	Kind            string                 `protobuf:"bytes,2,opt,name=kind,proto3" json:"kind,omitempty"`
+	Reason          string                 `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	Restarts        uint32                 `protobuf:"varint,4,opt,name=restarts,proto3" json:"restarts,omitempty"`
+	PlanLost        bool                   `protobuf:"varint,5,opt,name=plan_lost,json=planLost,proto3" json:"plan_lost,omitempty"`
+	Epoch           uint64                 `protobuf:"varint,6,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	PartitionOffset uint64                 `protobuf:"varint,7,opt,name=partition_offset,json=partitionOffset,proto3" json:"partition_offset,omitempty"`
+	PartitionSize   uint64                 `protobuf:"varint,8,opt,name=partition_size,json=partitionSize,proto3" json:"partition_size,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *PluginRestarted) Reset() {
+	*x = PluginRestarted{}
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PluginRestarted) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PluginRestarted) ProtoMessage() {}
+
+func (x *PluginRestarted) ProtoReflect() protoreflect.Message {
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PluginRestarted.ProtoReflect.Descriptor instead.
+func (*PluginRestarted) Descriptor() ([]byte, []int) {
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *PluginRestarted) GetRank() uint32 {
+	if x != nil {
+		return x.Rank
+	}
+	return 0
+}
+
+func (x *PluginRestarted) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *PluginRestarted) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *PluginRestarted) GetRestarts() uint32 {
+	if x != nil {
+		return x.Restarts
+	}
+	return 0
+}
+
+func (x *PluginRestarted) GetPlanLost() bool {
+	if x != nil {
+		return x.PlanLost
+	}
+	return false
+}
+
+func (x *PluginRestarted) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *PluginRestarted) GetPartitionOffset() uint64 {
+	if x != nil {
+		return x.PartitionOffset
+	}
+	return 0
+}
+
+func (x *PluginRestarted) GetPartitionSize() uint64 {
+	if x != nil {
+		return x.PartitionSize
+	}
+	return 0
+}
+
 type ScalarSum struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Sum           float64                `protobuf:"fixed64,1,opt,name=sum,proto3" json:"sum,omitempty"`
@@ -2455,7 +2565,7 @@ type ScalarSum struct {
 
 func (x *ScalarSum) Reset() {
 	*x = ScalarSum{}
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[32]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2467,7 +2577,7 @@ func (x *ScalarSum) String() string {
 func (*ScalarSum) ProtoMessage() {}
 
 func (x *ScalarSum) ProtoReflect() protoreflect.Message {
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[32]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2480,7 +2590,7 @@ func (x *ScalarSum) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScalarSum.ProtoReflect.Descriptor instead.
 func (*ScalarSum) Descriptor() ([]byte, []int) {
-	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{32}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ScalarSum) GetSum() float64 {
@@ -2520,7 +2630,7 @@ type Metrics struct {
 
 func (x *Metrics) Reset() {
 	*x = Metrics{}
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[33]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2532,7 +2642,7 @@ func (x *Metrics) String() string {
 func (*Metrics) ProtoMessage() {}
 
 func (x *Metrics) ProtoReflect() protoreflect.Message {
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[33]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2545,7 +2655,7 @@ func (x *Metrics) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Metrics.ProtoReflect.Descriptor instead.
 func (*Metrics) Descriptor() ([]byte, []int) {
-	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{33}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *Metrics) GetRank() uint32 {
@@ -2646,7 +2756,7 @@ type MeetRequest struct {
 
 func (x *MeetRequest) Reset() {
 	*x = MeetRequest{}
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[34]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2658,7 +2768,7 @@ func (x *MeetRequest) String() string {
 func (*MeetRequest) ProtoMessage() {}
 
 func (x *MeetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[34]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2671,7 +2781,7 @@ func (x *MeetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MeetRequest.ProtoReflect.Descriptor instead.
 func (*MeetRequest) Descriptor() ([]byte, []int) {
-	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{34}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *MeetRequest) GetKind() string {
@@ -2703,7 +2813,7 @@ type RelayPost struct {
 
 func (x *RelayPost) Reset() {
 	*x = RelayPost{}
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[35]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2715,7 +2825,7 @@ func (x *RelayPost) String() string {
 func (*RelayPost) ProtoMessage() {}
 
 func (x *RelayPost) ProtoReflect() protoreflect.Message {
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[35]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2728,7 +2838,7 @@ func (x *RelayPost) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelayPost.ProtoReflect.Descriptor instead.
 func (*RelayPost) Descriptor() ([]byte, []int) {
-	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{35}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *RelayPost) GetKey() string {
@@ -2958,7 +3068,16 @@ const file_core_wire_wirepb_wire_proto_rawDesc = "" +
 	"\n" +
 	"_rss_bytes\"\x1d\n" +
 	"\aExiting\x12\x12\n" +
-	"\x04rank\x18\x01 \x01(\rR\x04rank\"3\n" +
+	"\x04rank\x18\x01 \x01(\rR\x04rank\"\xf2\x01\n" +
+	"\x0fPluginRestarted\x12\x12\n" +
+	"\x04rank\x18\x01 \x01(\rR\x04rank\x12\x12\n" +
+	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\x12\x1a\n" +
+	"\brestarts\x18\x04 \x01(\rR\brestarts\x12\x1b\n" +
+	"\tplan_lost\x18\x05 \x01(\bR\bplanLost\x12\x14\n" +
+	"\x05epoch\x18\x06 \x01(\x04R\x05epoch\x12)\n" +
+	"\x10partition_offset\x18\a \x01(\x04R\x0fpartitionOffset\x12%\n" +
+	"\x0epartition_size\x18\b \x01(\x04R\rpartitionSize\"3\n" +
 	"\tScalarSum\x12\x10\n" +
 	"\x03sum\x18\x01 \x01(\x01R\x03sum\x12\x14\n" +
 	"\x05count\x18\x02 \x01(\x04R\x05count\"\x8f\x04\n" +
@@ -2987,7 +3106,7 @@ const file_core_wire_wirepb_wire_proto_rawDesc = "" +
 	"\baverager\x18\x02 \x01(\tR\baverager\"1\n" +
 	"\tRelayPost\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x12\n" +
-	"\x04blob\x18\x02 \x01(\fR\x04blob*\xb8\a\n" +
+	"\x04blob\x18\x02 \x01(\fR\x04blob*\xd9\a\n" +
 	"\tFrameKind\x12\x1a\n" +
 	"\x16FRAME_KIND_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16FRAME_KIND_START_EPOCH\x10\x01\x12\x13\n" +
@@ -3022,7 +3141,8 @@ const file_core_wire_wirepb_wire_proto_rawDesc = "" +
 	"\x12FRAME_KIND_EXITING\x10J\x12\x16\n" +
 	"\x12FRAME_KIND_METRICS\x10K\x12\x1b\n" +
 	"\x17FRAME_KIND_MEET_REQUEST\x10L\x12\x19\n" +
-	"\x15FRAME_KIND_RELAY_POST\x10M*U\n" +
+	"\x15FRAME_KIND_RELAY_POST\x10M\x12\x1f\n" +
+	"\x1bFRAME_KIND_PLUGIN_RESTARTED\x10N*U\n" +
 	"\bSyncMode\x12\x19\n" +
 	"\x15SYNC_MODE_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11SYNC_MODE_AVERAGE\x10\x01\x12\x17\n" +
@@ -3048,7 +3168,7 @@ func file_core_wire_wirepb_wire_proto_rawDescGZIP() []byte {
 }
 
 var file_core_wire_wirepb_wire_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_core_wire_wirepb_wire_proto_msgTypes = make([]protoimpl.MessageInfo, 37)
+var file_core_wire_wirepb_wire_proto_msgTypes = make([]protoimpl.MessageInfo, 38)
 var file_core_wire_wirepb_wire_proto_goTypes = []any{
 	(FrameKind)(0),               // 0: cohort.wire.v1.FrameKind
 	(SyncMode)(0),                // 1: cohort.wire.v1.SyncMode
@@ -3085,11 +3205,12 @@ var file_core_wire_wirepb_wire_proto_goTypes = []any{
 	(*GpuSample)(nil),            // 32: cohort.wire.v1.GpuSample
 	(*ResourceSample)(nil),       // 33: cohort.wire.v1.ResourceSample
 	(*Exiting)(nil),              // 34: cohort.wire.v1.Exiting
-	(*ScalarSum)(nil),            // 35: cohort.wire.v1.ScalarSum
-	(*Metrics)(nil),              // 36: cohort.wire.v1.Metrics
-	(*MeetRequest)(nil),          // 37: cohort.wire.v1.MeetRequest
-	(*RelayPost)(nil),            // 38: cohort.wire.v1.RelayPost
-	nil,                          // 39: cohort.wire.v1.Metrics.ScalarsEntry
+	(*PluginRestarted)(nil),      // 35: cohort.wire.v1.PluginRestarted
+	(*ScalarSum)(nil),            // 36: cohort.wire.v1.ScalarSum
+	(*Metrics)(nil),              // 37: cohort.wire.v1.Metrics
+	(*MeetRequest)(nil),          // 38: cohort.wire.v1.MeetRequest
+	(*RelayPost)(nil),            // 39: cohort.wire.v1.RelayPost
+	nil,                          // 40: cohort.wire.v1.Metrics.ScalarsEntry
 }
 var file_core_wire_wirepb_wire_proto_depIdxs = []int32{
 	3,  // 0: cohort.wire.v1.StartEpoch.plan:type_name -> cohort.wire.v1.EpochPlan
@@ -3099,9 +3220,9 @@ var file_core_wire_wirepb_wire_proto_depIdxs = []int32{
 	2,  // 4: cohort.wire.v1.ShutdownWithSave.reason:type_name -> cohort.wire.v1.ShutdownReason
 	22, // 5: cohort.wire.v1.RelayResult.blobs:type_name -> cohort.wire.v1.RelayBlob
 	32, // 6: cohort.wire.v1.ResourceSample.gpus:type_name -> cohort.wire.v1.GpuSample
-	39, // 7: cohort.wire.v1.Metrics.scalars:type_name -> cohort.wire.v1.Metrics.ScalarsEntry
+	40, // 7: cohort.wire.v1.Metrics.scalars:type_name -> cohort.wire.v1.Metrics.ScalarsEntry
 	33, // 8: cohort.wire.v1.Metrics.resources:type_name -> cohort.wire.v1.ResourceSample
-	35, // 9: cohort.wire.v1.Metrics.ScalarsEntry.value:type_name -> cohort.wire.v1.ScalarSum
+	36, // 9: cohort.wire.v1.Metrics.ScalarsEntry.value:type_name -> cohort.wire.v1.ScalarSum
 	10, // [10:10] is the sub-list for method output_type
 	10, // [10:10] is the sub-list for method input_type
 	10, // [10:10] is the sub-list for extension type_name
@@ -3121,14 +3242,14 @@ func file_core_wire_wirepb_wire_proto_init() {
 	file_core_wire_wirepb_wire_proto_msgTypes[25].OneofWrappers = []any{}
 	file_core_wire_wirepb_wire_proto_msgTypes[29].OneofWrappers = []any{}
 	file_core_wire_wirepb_wire_proto_msgTypes[30].OneofWrappers = []any{}
-	file_core_wire_wirepb_wire_proto_msgTypes[33].OneofWrappers = []any{}
+	file_core_wire_wirepb_wire_proto_msgTypes[34].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_core_wire_wirepb_wire_proto_rawDesc), len(file_core_wire_wirepb_wire_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   37,
+			NumMessages:   38,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
