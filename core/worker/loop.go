@@ -4,11 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
-	"os"
-	"path/filepath"
 	"slices"
-	"strconv"
 	"time"
 
 	"google.golang.org/protobuf/proto"
@@ -407,91 +403,6 @@ func (w *worker) abortedAck(ctx context.Context, ack *wirepb.SyncAck, start time
 	ack.Aborted, ack.Error = true, why.Error()
 	ack.RoundMs = ms(time.Since(start))
 	return w.send(ctx, ack)
-}
-
-// checkpoint saves into the Checkpoint's dir and answers CheckpointResult.
-// A failed save is reported, not fatal: the coordinator decides.
-func (w *worker) checkpoint(ctx context.Context, m *wirepb.Checkpoint) error {
-	start := time.Now()
-	files, err := w.save(ctx, m.GetDir())
-	res := &wirepb.CheckpointResult{Rank: w.o.Rank, Version: m.GetVersion(), ElapsedMs: ms(time.Since(start)), Files: files}
-	if err != nil {
-		w.log.Error("checkpoint failed", "version", m.GetVersion(), "error", err)
-		res.Error = err.Error()
-	} else {
-		w.lastSave = m.GetDir()
-	}
-	return w.send(ctx, res)
-}
-
-// shutdownWithSave saves into dir/rank-<r> and answers CheckpointResult.
-// An empty dir asks for no save. A failed save is reported to the
-// coordinator and returned.
-func (w *worker) shutdownWithSave(ctx context.Context, m *wirepb.ShutdownWithSave) error {
-	w.saved = true
-	if m.GetDir() == "" {
-		w.log.Info("shutdown with save names no directory: nothing saved")
-		return nil
-	}
-	start := time.Now()
-	dir := filepath.Join(m.GetDir(), "rank-"+strconv.FormatUint(uint64(w.o.Rank), 10))
-	files, saveErr := w.save(ctx, dir)
-	res := &wirepb.CheckpointResult{Rank: w.o.Rank, Version: m.GetVersion(), ElapsedMs: ms(time.Since(start)), Files: files}
-	if saveErr != nil {
-		res.Error = saveErr.Error()
-	} else {
-		w.log.Info("saved on shutdown", "dir", dir, "files", len(files))
-	}
-	return errors.Join(saveErr, w.send(ctx, res))
-}
-
-func (w *worker) save(ctx context.Context, dir string) ([]string, error) {
-	if dir == "" {
-		return nil, errors.New("save checkpoint: no directory given")
-	}
-	if !w.trainerReady {
-		return nil, errors.New("save checkpoint: the trainer is not set up")
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, fmt.Errorf("save checkpoint: %w", err)
-	}
-	var files []string
-	err := w.onTrainer(ctx, func(t plugin.Trainer) (err error) {
-		files, err = t.SaveCheckpoint(ctx, dir)
-		return err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("save checkpoint into %s: %w", dir, err)
-	}
-	// The averager's own state (an outer optimizer's momentum) belongs to
-	// the same checkpoint, or a resumed run would not continue the same way.
-	if a := w.avg.Load(); a != nil {
-		more, err := (*a).SaveState(ctx, dir)
-		if err != nil {
-			return nil, fmt.Errorf("save averager state into %s: %w", dir, err)
-		}
-		files = append(files, more...)
-	}
-	return files, nil
-}
-
-// evaluate runs the trainer's evaluation and answers EvalResult; a failure
-// is reported (NaN loss and the error), not fatal.
-func (w *worker) evaluate(ctx context.Context, m *wirepb.Evaluate) error {
-	start := time.Now()
-	var r plugin.EvalResult
-	err := w.onTrainer(ctx, func(t plugin.Trainer) (err error) {
-		r, err = t.Evaluate(ctx)
-		return err
-	})
-	res := &wirepb.EvalResult{Rank: w.o.Rank, ScheduleId: m.GetScheduleId(), Epoch: m.GetEpoch(), ElapsedMs: ms(time.Since(start))}
-	if err != nil {
-		w.log.Error("evaluation failed", "epoch", m.GetEpoch(), "error", err)
-		res.Loss, res.Error = math.NaN(), err.Error()
-	} else {
-		res.Loss, res.Accuracy, res.Samples = r.Loss, r.Accuracy, r.Samples
-	}
-	return w.send(ctx, res)
 }
 
 // send writes one frame, naming it in the error.
