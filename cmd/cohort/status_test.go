@@ -196,4 +196,3 @@ func counter(fams map[string]*dto.MetricFamily, name string) float64 {
 	}
 	return f.GetMetric()[0].GetCounter().GetValue()
 }
-
