@@ -21,7 +21,8 @@ FUZZTIME    ?= 20s
 # thousands of lines on a fresh build cache.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 # Debian packages the build, tests and the default run need.
-DEB_PACKAGES := protobuf-compiler g++ libtorch-dev libopenblas0-pthread python3-torch dataset-fashion-mnist
+# chromium: the status page's browser test (cmd/cohort/status_test.go).
+DEB_PACKAGES := protobuf-compiler g++ libtorch-dev libopenblas0-pthread python3-torch dataset-fashion-mnist chromium
 
 .PHONY: all build test run proto proto-check bench fuzz deps clean tools slurm-check multihost
 

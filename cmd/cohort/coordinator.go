@@ -37,6 +37,8 @@ abandons the run. Exit status 0 means the run completed.`,
 	f.StringVar(&out, "out", "", "output directory (default: the config's run.out)")
 	f.StringVar(&resume, "resume", "", "continue from a checkpoint, a run's out directory or its checkpoints directory")
 	secretFile := secretFileFlag(cmd)
+	var httpAddr string
+	httpFlag(cmd, &httpAddr)
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		switch {
 		case g.configPath == "":
@@ -56,6 +58,9 @@ abandons the run. Exit status 0 means the run completed.`,
 		cfg.Coordinator.Listen = listen
 		if err := cfg.Validate(); err != nil {
 			return failed(fmt.Errorf("--listen: %w", err))
+		}
+		if err := applyHTTPFlag(cmd, cfg, httpAddr); err != nil {
+			return err
 		}
 		secret, err := loadSecret(*secretFile)
 		if err != nil {
@@ -80,6 +85,16 @@ abandons the run. Exit status 0 means the run completed.`,
 		}
 		// A script that asked for port 0 reads the address from here.
 		prog.line(fmt.Sprintf("coordinator listening on %s (run %s, %d ranks, out %s)", coord.Addr(), coord.RunID(), cfg.Run.Ranks, coord.Out()))
+		log := g.newLogger(os.Stderr, coordinatorLogLevels)
+		url, stopStatus, err := startStatus(cfg.Coordinator.HTTP, coord, log)
+		if err != nil {
+			coord.Close()
+			return failed(err)
+		}
+		defer stopStatus()
+		if url != "" {
+			prog.line("status page: " + url)
+		}
 
 		ctx, release := onSignals(context.Background(), stopRun(prog, coord.Stop, "abandon"))
 		defer release()

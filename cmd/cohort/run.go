@@ -34,7 +34,7 @@ var runLogLevels = logLevels{hclog.Warn, hclog.Info, hclog.Debug, hclog.Trace}
 func newRunCommand(g *globals) *cobra.Command {
 	var ranks, epochs int
 	var o config.Overrides
-	var out, resume string
+	var out, resume, httpAddr string
 	var force bool
 	cmd := &cobra.Command{
 		Use:   "run",
@@ -89,6 +89,9 @@ that holds something, unless --force.`,
 			if err := cfg.Apply(o); err != nil {
 				return usageError("%w", err)
 			}
+			if err := applyHTTPFlag(cmd, cfg, httpAddr); err != nil {
+				return err
+			}
 			if resume == "" && !force && nonEmptyDir(cfg.Run.Out) {
 				return usageError("out directory %s already holds a run; resume it with --resume %s, pick another --out, or pass --force", cfg.Run.Out, cfg.Run.Out)
 			}
@@ -104,6 +107,7 @@ that holds something, unless --force.`,
 	f.StringVar(&out, "out", "", "output directory (default: runs/<timestamp>)")
 	f.StringVar(&resume, "resume", "", "continue from a checkpoint, a run's out directory or its checkpoints directory")
 	f.BoolVar(&force, "force", false, "write into an --out directory that already holds something")
+	httpFlag(cmd, &httpAddr)
 	return cmd
 }
 
@@ -193,6 +197,15 @@ func (l *launcher) run() error {
 	}
 	prog.line(fmt.Sprintf("run %s: %d ranks, %d epochs, policy %s, trainer %s, averager %s; out %s",
 		coord.RunID(), l.cfg.Run.Ranks, l.cfg.Run.Epochs, l.cfg.Coordinator.Policy, l.cfg.Trainer.Name, l.cfg.Averager.Name, coord.Out()))
+	url, stopStatus, err := startStatus(l.cfg.Coordinator.HTTP, coord, logger)
+	if err != nil {
+		coord.Close()
+		return failed(err)
+	}
+	defer stopStatus()
+	if url != "" {
+		prog.line("status page: " + url)
+	}
 
 	// From here on Ctrl-C belongs to the run: the first stops it cleanly,
 	// the second abandons it.

@@ -64,6 +64,7 @@ var Policies = []Policy{PolicySync, PolicyCadence, PolicyAsync}
 type Coordinator struct {
 	Listen           string        // control server address, host:port
 	ReducePort       int           // the reduce server's port on the listen host; 0: any free port
+	HTTP             string        // status page, API and metrics, host:port; "": none
 	HeartbeatTimeout time.Duration // rank silence that declares it dead, at least 1s
 	FormationTimeout time.Duration // how long to wait for every rank to join
 	Policy           Policy

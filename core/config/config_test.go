@@ -20,6 +20,7 @@ const fullFile = `run {
 }
 coordinator {
   listen            = "0.0.0.0:7700"
+  http              = "0.0.0.0:7780"
   heartbeat_timeout = "10s"
   formation_timeout = "2m"
   policy            = "cadence"
@@ -65,6 +66,7 @@ func TestParseFull(t *testing.T) {
 		Run: Run{Ranks: 8, Epochs: 5, Seed: 42, Out: "runs/exp1"},
 		Coordinator: Coordinator{
 			Listen:           "0.0.0.0:7700",
+			HTTP:             "0.0.0.0:7780",
 			HeartbeatTimeout: 10 * time.Second,
 			FormationTimeout: 2 * time.Minute,
 			Policy:           PolicyCadence,
@@ -168,6 +170,7 @@ func TestDefaults(t *testing.T) {
 		Run: Run{Ranks: 4, Epochs: 3, Seed: 1, Out: "runs/latest"},
 		Coordinator: Coordinator{
 			Listen:           "127.0.0.1:0",
+			HTTP:             "127.0.0.1:0",
 			HeartbeatTimeout: 30 * time.Second,
 			FormationTimeout: 60 * time.Second,
 			Policy:           PolicySync,
@@ -228,6 +231,7 @@ func TestValidationErrors(t *testing.T) {
 		{"unknown run key", "run {\n  rank = 2\n}\n", "cohort.hcl:2,3-7: run.rank: ", "unknown key; run takes ranks, epochs, seed, out"},
 		{"policy", "coordinator {\n\n\n\n\n\n  policy = \"fast\"\n}\n", "cohort.hcl:7,3-9: coordinator.policy: ", `"fast" is not one of sync, cadence, async`},
 		{"sync_every", "coordinator {\n  sync_every = 0\n}\n", "cohort.hcl:2,3-13: coordinator.sync_every: ", "must be at least 1"},
+		{"http not host:port", "coordinator {\n  http = \"8080\"\n}\n", "cohort.hcl:2,3-7: coordinator.http: ", "is not host:port"},
 		{"reduce_port", "coordinator {\n  reduce_port = 70000\n}\n", "cohort.hcl:2,3-14: coordinator.reduce_port: ", "must be a port number, 0 to 65535, got 70000"},
 		{"min_ranks above ranks", "run {\n  ranks = 4\n}\ncoordinator {\n  min_ranks = 5\n}\n", "cohort.hcl:5,3-12: coordinator.min_ranks: ", "5 is outside [1, run.ranks = 4]"},
 		{"min_ranks zero", "coordinator {\n  min_ranks = 0\n}\n", "cohort.hcl:2,3-12: coordinator.min_ranks: ", "outside"},

@@ -52,6 +52,7 @@ var coreKeys = []coreBlock{
 	{"coordinator", []key{
 		value("listen", func(c *Config) *string { return &c.Coordinator.Listen }),
 		value("reduce_port", func(c *Config) *int { return &c.Coordinator.ReducePort }),
+		value("http", func(c *Config) *string { return &c.Coordinator.HTTP }),
 		duration("heartbeat_timeout", func(c *Config) *time.Duration { return &c.Coordinator.HeartbeatTimeout }),
 		duration("formation_timeout", func(c *Config) *time.Duration { return &c.Coordinator.FormationTimeout }),
 		value("policy", func(c *Config) *Policy { return &c.Coordinator.Policy }),

@@ -11,6 +11,7 @@ run {
 coordinator {
   listen            = "127.0.0.1:0" # control server, host:port (port 0: any free port)
   reduce_port       = 0             # the reduce server's port, on listen's host (0: any free port)
+  http              = "127.0.0.1:0" # status page, /api/v1/status, /metrics; loopback unless set; "": none
   heartbeat_timeout = "30s"         # rank silence that declares it dead (at least 1s)
   formation_timeout = "60s"         # how long to wait for every rank to join
   policy            = "sync"        # sync | cadence | async

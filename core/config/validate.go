@@ -46,6 +46,11 @@ func (c *Config) Validate() error {
 	if err := checkHostPort(co.Listen); err != nil {
 		bad("coordinator.listen", "%q is not host:port: %v", co.Listen, err)
 	}
+	if co.HTTP != "" {
+		if err := checkHostPort(co.HTTP); err != nil {
+			bad("coordinator.http", "%q is not host:port (or \"\" for no status server): %v", co.HTTP, err)
+		}
+	}
 	if co.ReducePort < 0 || co.ReducePort > 65535 {
 		bad("coordinator.reduce_port", "must be a port number, 0 to 65535, got %d", co.ReducePort)
 	}

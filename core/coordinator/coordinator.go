@@ -23,6 +23,7 @@
 //   - lifecycle.go: epoch start and end, evaluation, shutdown
 //   - checkpoint.go: checkpoints, meta.json, the waits for the ranks' saves
 //   - summary.go: epoch figures, Progress reports, the run summary
+//   - live.go: the status snapshot, metrics.jsonl, curves.png
 package coordinator
 
 import (
@@ -35,11 +36,13 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/cohortdl/cohort/core/config"
+	"github.com/cohortdl/cohort/core/status"
 	"github.com/cohortdl/cohort/core/wire"
 )
 
@@ -123,6 +126,7 @@ type Coordinator struct {
 	meta     *Meta
 	store    *ckptStore
 	lastCkpt string
+	snapshot atomic.Pointer[status.Snapshot]
 
 	stopOnce sync.Once
 	stopCh   chan struct{}
@@ -266,6 +270,9 @@ func (c *Coordinator) Run(ctx context.Context) (*Summary, error) {
 		if runErr == nil {
 			runErr = fmt.Errorf("coordinator: %w", err)
 		}
+	}
+	if err := r.writeCurves(); err != nil {
+		c.log.Warn("drawing the run's curves failed", "error", err)
 	}
 	return sum, runErr
 }

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/cohortdl/cohort/core/config"
+	"github.com/cohortdl/cohort/core/status"
 	"github.com/cohortdl/cohort/core/wire"
 	"github.com/cohortdl/cohort/core/wire/wirepb"
 )
@@ -61,6 +62,11 @@ type rankState struct {
 	batchMS float64
 	// pluginRestarts counts the plugins the rank replaced.
 	pluginRestarts uint32
+	// For the status page: the rank's last frame, the epoch of its last
+	// Batch, its last ResourceSample.
+	lastHeard time.Time
+	epoch     uint64
+	res       *wirepb.ResourceSample
 }
 
 // runner is the state of one Run, owned by the loop goroutine.
@@ -126,6 +132,8 @@ type runner struct {
 
 	hbSeq  uint64      // the last CoordinatorHeartbeat's sequence
 	deathQ []deathNote // deaths found by the current handler, for advance
+
+	lv liveState
 }
 
 func newRunner(c *Coordinator) *runner {
@@ -143,6 +151,7 @@ func newRunner(c *Coordinator) *runner {
 		evalTarget: -1,
 		lastCkpt:   c.lastCkpt,
 		relay:      newRelayHub(),
+		lv:         liveState{hist: status.NewHistogram(status.RoundBounds)},
 	}
 	for i := range world {
 		r.ranks = append(r.ranks, &rankState{id: i})
@@ -185,6 +194,11 @@ func (r *runner) run(parent context.Context) (*Summary, error) {
 	deadline := time.NewTimer(time.Hour)
 	defer deadline.Stop()
 	stopCh := r.c.stopCh
+	r.openJournal()
+	defer r.closeJournal()
+	pub := time.NewTicker(publishEvery)
+	defer pub.Stop()
+	r.publish(true)
 
 	for r.phase != phDone {
 		if next, ok := r.nextDeadline(); ok {
@@ -197,6 +211,7 @@ func (r *runner) run(parent context.Context) (*Summary, error) {
 			r.onEvent(ev)
 		case <-hb.C:
 			r.heartbeat()
+		case <-pub.C:
 		case <-deadline.C:
 			r.checkDeadlines(time.Now())
 		case <-stopCh:
@@ -206,6 +221,7 @@ func (r *runner) run(parent context.Context) (*Summary, error) {
 			r.finish(StatusFailed, fmt.Errorf("coordinator: run abandoned: %w", context.Cause(parent)))
 		}
 		r.advance()
+		r.publish(r.phase == phDone)
 	}
 
 	// Teardown: close every link (which ends readers and senders), stop
@@ -218,6 +234,7 @@ func (r *runner) run(parent context.Context) (*Summary, error) {
 	}
 	cancel()
 	r.wg.Wait()
+	r.publish(true)
 	return r.summary(), r.err
 }
 
@@ -413,6 +430,7 @@ func (r *runner) exitTimeout() time.Duration {
 // onMessage routes one frame. The link's rank is the one the handshake
 // authenticated; rank fields inside messages are not trusted.
 func (r *runner) onMessage(rs *rankState, msg proto.Message) {
+	rs.lastHeard = time.Now()
 	switch m := msg.(type) {
 	case *wirepb.Heartbeat:
 	case *wirepb.Ready:
@@ -434,7 +452,7 @@ func (r *runner) onMessage(rs *rankState, msg proto.Message) {
 	case *wirepb.EpochFnElapsed:
 		r.log.Debug("epoch callback ran", "rank", rs.id, "epoch", m.GetEpoch(), "ms", m.GetElapsedMs())
 	case *wirepb.ResourceSample:
-		r.log.Trace("resource sample", "rank", rs.id)
+		rs.res = m
 	case *wirepb.Exiting:
 		r.onExiting(rs)
 	case *wirepb.MeetRequest:

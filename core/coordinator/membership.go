@@ -118,6 +118,7 @@ func (r *runner) depart(rs *rankState, event, reason string, status rankStatus) 
 	r.log.Warn("rank removed from the cohort", "rank", rs.id, "event", event, "reason", reason,
 		"epoch", r.epoch, "phase", r.phase.String())
 	r.emit(Progress{Kind: ProgressMembership, Event: &ev})
+	r.noteMembership(ev)
 	if r.cad != nil {
 		r.cad.forget(rs.id)
 	}

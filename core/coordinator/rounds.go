@@ -168,6 +168,7 @@ func (r *runner) completeRound(rd *round) {
 	r.rounds++
 	r.roundMS += ms
 	r.bytes += bytes
+	r.noteRound(rd.num, time.Since(rd.issued), bytes)
 	if rd.initial {
 		r.log.Info("round 0 complete: every rank holds rank 0's parameters", "ms", ms)
 		r.startTraining()

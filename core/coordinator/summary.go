@@ -244,12 +244,17 @@ func (r *runner) recordEpoch() {
 	r.log.Info("epoch finished", "epoch", r.epoch, "loss", s.Loss, "seconds", s.Seconds,
 		"samples", s.Samples, "rounds", s.Rounds, "wait_at_sync_ms", s.WaitAtSyncMS)
 	r.emit(Progress{Kind: ProgressEpoch, Summary: &s})
+	r.noteEpoch(s)
 }
 
 // summary builds the run's Summary.
 func (r *runner) summary() *Summary {
+	status := r.status
+	if r.phase != phDone {
+		status = StatusRunning
+	}
 	s := &Summary{
-		Status:           r.status,
+		Status:           status,
 		RunID:            r.c.runID,
 		WorldSize:        int(r.world),
 		Policy:           string(r.policy),
@@ -283,7 +288,10 @@ func (r *runner) summary() *Summary {
 	}
 	for _, rs := range r.ranks {
 		state := RankExited
-		if rs.status != stExited {
+		switch {
+		case rs.status == stLive && r.phase != phDone:
+			state = RankLive
+		case rs.status != stExited:
 			// Anything but a clean exit is a loss, including a rank that
 			// never joined.
 			state = RankDead

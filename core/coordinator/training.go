@@ -312,6 +312,8 @@ func (r *runner) onBatch(rs *rankState, m *wirepb.Batch) {
 	}
 	rs.sinceRound += batches
 	rs.batches += batches
+	rs.epoch = m.GetEpoch()
+	r.noteBatchLoss(m.GetBatchLoss(), batches)
 	rs.samples += n
 	if ms := m.GetBatchMs() / float64(batches); finite(ms) && ms > 0 {
 		if rs.batchMS == 0 {

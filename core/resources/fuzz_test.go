@@ -47,3 +47,11 @@ func FuzzParseSmapsRollup(f *testing.F) {
 		}
 	})
 }
+
+func FuzzParseProcStat(f *testing.F) {
+	f.Add([]byte("1 (init) S 0 1 1 0 -1 4194560 1 2 3 4 250 40 0 0 20 0 1 0 5 100 10"))
+	f.Add([]byte("2 (a) b) S 0"))
+	f.Fuzz(func(t *testing.T, in []byte) {
+		_, _ = ParseProcStat(bytes.NewReader(in))
+	})
+}

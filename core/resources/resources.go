@@ -1,6 +1,8 @@
 // Package resources samples this process's host: CPU from /proc/stat,
 // memory from /proc/meminfo, the process's own memory from
-// /proc/self/smaps_rollup, and GPUs through NVML when a driver is present.
+// /proc/self/smaps_rollup, named processes' CPU and memory from
+// /proc/PID/stat and smaps_rollup, and GPUs through NVML when a driver is
+// present.
 //
 // NVML (libnvidia-ml.so.1) is loaded at run time: a host without the
 // library or driver, or a binary built without cgo, samples without GPUs.
@@ -52,6 +54,7 @@ type Sampler struct {
 	prev   *CPUStat
 	gpus   gpuSource // nil: no NVML
 	failed map[string]bool
+	procs  map[int]procTime // each sampled process's last CPU time
 }
 
 // New returns a Sampler, with GPUs if NVML starts. No NVML library or

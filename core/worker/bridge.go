@@ -157,7 +157,7 @@ func (w *worker) sampleResources(ctx context.Context, s *resources.Sampler) {
 			return
 		case <-t.C:
 		}
-		rs := w.resourceSample(s.Sample())
+		rs := w.resourceSample(s.Sample(), s.SampleProcesses(w.processes()))
 		w.lastSample.Store(rs)
 		if err := w.conn.Send(ctx, rs); err != nil && ctx.Err() == nil {
 			w.log.Debug("send ResourceSample", "error", err)
@@ -165,7 +165,22 @@ func (w *worker) sampleResources(ctx context.Context, s *resources.Sampler) {
 	}
 }
 
-func (w *worker) resourceSample(s resources.Sample) *wirepb.ResourceSample {
+// processes lists what a resource sample covers: this core, then each
+// plugin process still running (none for in-process plugins, whose use is
+// the core's).
+func (w *worker) processes() []resources.Process {
+	ps := []resources.Process{{Role: "worker", PID: os.Getpid()}}
+	if h, ok := w.plugins.(*HostPlugins); ok {
+		for _, p := range h.Processes() {
+			if pid := p.Pid(); pid > 0 && !p.Exited() {
+				ps = append(ps, resources.Process{Role: string(p.Kind), Name: p.Name, PID: pid})
+			}
+		}
+	}
+	return ps
+}
+
+func (w *worker) resourceSample(s resources.Sample, procs []resources.ProcessUse) *wirepb.ResourceSample {
 	rs := &wirepb.ResourceSample{
 		Rank:          w.o.Rank,
 		CpuPercent:    s.CPUPercent,
@@ -173,6 +188,15 @@ func (w *worker) resourceSample(s resources.Sample) *wirepb.ResourceSample {
 		RamTotalBytes: s.RAMTotal,
 		RssBytes:      s.RSS,
 		UnixNanos:     s.Time.UnixNano(),
+	}
+	for _, p := range procs {
+		rs.Processes = append(rs.Processes, &wirepb.ProcessSample{
+			Role:       p.Role,
+			Name:       p.Name,
+			Pid:        int32(p.PID),
+			CpuPercent: p.CPUPercent,
+			RssBytes:   p.RSS,
+		})
 	}
 	for _, g := range s.GPUs {
 		rs.Gpus = append(rs.Gpus, &wirepb.GpuSample{

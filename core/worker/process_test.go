@@ -316,3 +316,50 @@ averager %q {
 		})
 	}
 }
+
+// TestResourceSampleCoversPlugins: a rank's ResourceSample reads its own
+// core and each plugin process, by pid, with CPU from the second sample on.
+func TestResourceSampleCoversPlugins(t *testing.T) {
+	dir := pluginDir(t)
+	c := newCoordinator(t)
+	o := c.options(0, 1, trainerSettings())
+	o.ResourceInterval = 50 * time.Millisecond
+	hp := worker.NewHostPlugins(pluginhost.Options{Dirs: []string{dir}, Grace: 2 * time.Second, Logger: testLogger()})
+	o.Plugins = hp
+	run := start(t, o)
+	l := c.accept(&wirepb.Admit{RunId: "resources", Seed: 1})
+	expect[*wirepb.Ready](l)
+	pids, averager := pidsOf(t, hp)
+	want := map[int]string{os.Getpid(): "worker"}
+	for _, pid := range pids {
+		want[pid] = "trainer"
+	}
+	want[averager] = "averager"
+
+	deadline := time.After(5 * time.Second)
+	for done := false; !done; {
+		select {
+		case m := <-l.frames:
+			rs, ok := m.(*wirepb.ResourceSample)
+			if !ok || len(rs.GetProcesses()) != 3 || rs.GetProcesses()[2].CpuPercent == nil {
+				continue
+			}
+			for _, p := range rs.GetProcesses() {
+				if role := want[int(p.GetPid())]; role != p.GetRole() {
+					t.Errorf("process %d reads as %q, want %q", p.GetPid(), p.GetRole(), role)
+				}
+				if p.GetRssBytes() == 0 {
+					t.Errorf("%s process %d: no RSS", p.GetRole(), p.GetPid())
+				}
+			}
+			done = true
+		case <-deadline:
+			t.Fatal("no ResourceSample covering the worker and both plugins within 5 s")
+		}
+	}
+	l.send(&wirepb.Shutdown{})
+	if err := run.wait(10 * time.Second); err != nil {
+		t.Fatalf("Run = %v", err)
+	}
+	expectGone(t, pids)
+}

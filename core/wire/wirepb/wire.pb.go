@@ -2312,6 +2312,87 @@ func (x *GpuSample) GetMemoryTotalBytes() uint64 {
 	return 0
 }
 
+// ProcessSample is one process of a rank: its worker core or a plugin.
+type ProcessSample struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Role  string                 `protobuf:"bytes,1,opt,name=role,proto3" json:"role,omitempty"` // "worker", "trainer", "averager"
+	Name  string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"` // the plugin's name; empty for the worker
+	Pid   int32                  `protobuf:"varint,3,opt,name=pid,proto3" json:"pid,omitempty"`
+	// CPU time since the previous sample as a share of one core (400: four
+	// cores busy).
+	CpuPercent    *float32 `protobuf:"fixed32,4,opt,name=cpu_percent,json=cpuPercent,proto3,oneof" json:"cpu_percent,omitempty"`
+	RssBytes      *uint64  `protobuf:"varint,5,opt,name=rss_bytes,json=rssBytes,proto3,oneof" json:"rss_bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ProcessSample) Reset() {
+	*x = ProcessSample{}
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ProcessSample) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ProcessSample) ProtoMessage() {}
+
+func (x *ProcessSample) ProtoReflect() protoreflect.Message {
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ProcessSample.ProtoReflect.Descriptor instead.
+func (*ProcessSample) Descriptor() ([]byte, []int) {
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *ProcessSample) GetRole() string {
+	if x != nil {
+		return x.Role
+	}
+	return ""
+}
+
+func (x *ProcessSample) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ProcessSample) GetPid() int32 {
+	if x != nil {
+		return x.Pid
+	}
+	return 0
+}
+
+func (x *ProcessSample) GetCpuPercent() float32 {
+	if x != nil && x.CpuPercent != nil {
+		return *x.CpuPercent
+	}
+	return 0
+}
+
+func (x *ProcessSample) GetRssBytes() uint64 {
+	if x != nil && x.RssBytes != nil {
+		return *x.RssBytes
+	}
+	return 0
+}
+
+// ResourceSample: cpu_percent and ram_* are the host's, rss_bytes the
+// worker core's; processes covers the worker and each of its plugins.
 type ResourceSample struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Rank          uint32                 `protobuf:"varint,1,opt,name=rank,proto3" json:"rank,omitempty"`
@@ -2321,13 +2402,14 @@ type ResourceSample struct {
 	RssBytes      *uint64                `protobuf:"varint,5,opt,name=rss_bytes,json=rssBytes,proto3,oneof" json:"rss_bytes,omitempty"`
 	Gpus          []*GpuSample           `protobuf:"bytes,6,rep,name=gpus,proto3" json:"gpus,omitempty"`
 	UnixNanos     int64                  `protobuf:"varint,7,opt,name=unix_nanos,json=unixNanos,proto3" json:"unix_nanos,omitempty"`
+	Processes     []*ProcessSample       `protobuf:"bytes,8,rep,name=processes,proto3" json:"processes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ResourceSample) Reset() {
 	*x = ResourceSample{}
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[30]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2339,7 +2421,7 @@ func (x *ResourceSample) String() string {
 func (*ResourceSample) ProtoMessage() {}
 
 func (x *ResourceSample) ProtoReflect() protoreflect.Message {
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[30]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2352,7 +2434,7 @@ func (x *ResourceSample) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResourceSample.ProtoReflect.Descriptor instead.
 func (*ResourceSample) Descriptor() ([]byte, []int) {
-	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{30}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ResourceSample) GetRank() uint32 {
@@ -2404,6 +2486,13 @@ func (x *ResourceSample) GetUnixNanos() int64 {
 	return 0
 }
 
+func (x *ResourceSample) GetProcesses() []*ProcessSample {
+	if x != nil {
+		return x.Processes
+	}
+	return nil
+}
+
 type Exiting struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Rank          uint32                 `protobuf:"varint,1,opt,name=rank,proto3" json:"rank,omitempty"`
@@ -2413,7 +2502,7 @@ type Exiting struct {
 
 func (x *Exiting) Reset() {
 	*x = Exiting{}
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[31]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2425,7 +2514,7 @@ func (x *Exiting) String() string {
 func (*Exiting) ProtoMessage() {}
 
 func (x *Exiting) ProtoReflect() protoreflect.Message {
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[31]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2438,7 +2527,7 @@ func (x *Exiting) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Exiting.ProtoReflect.Descriptor instead.
 func (*Exiting) Descriptor() ([]byte, []int) {
-	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{31}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *Exiting) GetRank() uint32 {
@@ -2471,7 +2560,7 @@ type PluginRestarted struct {
 
 func (x *PluginRestarted) Reset() {
 	*x = PluginRestarted{}
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[32]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2483,7 +2572,7 @@ func (x *PluginRestarted) String() string {
 func (*PluginRestarted) ProtoMessage() {}
 
 func (x *PluginRestarted) ProtoReflect() protoreflect.Message {
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[32]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2496,7 +2585,7 @@ func (x *PluginRestarted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PluginRestarted.ProtoReflect.Descriptor instead.
 func (*PluginRestarted) Descriptor() ([]byte, []int) {
-	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{32}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *PluginRestarted) GetRank() uint32 {
@@ -2565,7 +2654,7 @@ type ScalarSum struct {
 
 func (x *ScalarSum) Reset() {
 	*x = ScalarSum{}
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[33]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2577,7 +2666,7 @@ func (x *ScalarSum) String() string {
 func (*ScalarSum) ProtoMessage() {}
 
 func (x *ScalarSum) ProtoReflect() protoreflect.Message {
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[33]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2590,7 +2679,7 @@ func (x *ScalarSum) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScalarSum.ProtoReflect.Descriptor instead.
 func (*ScalarSum) Descriptor() ([]byte, []int) {
-	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{33}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ScalarSum) GetSum() float64 {
@@ -2630,7 +2719,7 @@ type Metrics struct {
 
 func (x *Metrics) Reset() {
 	*x = Metrics{}
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[34]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2642,7 +2731,7 @@ func (x *Metrics) String() string {
 func (*Metrics) ProtoMessage() {}
 
 func (x *Metrics) ProtoReflect() protoreflect.Message {
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[34]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2655,7 +2744,7 @@ func (x *Metrics) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Metrics.ProtoReflect.Descriptor instead.
 func (*Metrics) Descriptor() ([]byte, []int) {
-	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{34}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *Metrics) GetRank() uint32 {
@@ -2756,7 +2845,7 @@ type MeetRequest struct {
 
 func (x *MeetRequest) Reset() {
 	*x = MeetRequest{}
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[35]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2768,7 +2857,7 @@ func (x *MeetRequest) String() string {
 func (*MeetRequest) ProtoMessage() {}
 
 func (x *MeetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[35]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2781,7 +2870,7 @@ func (x *MeetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MeetRequest.ProtoReflect.Descriptor instead.
 func (*MeetRequest) Descriptor() ([]byte, []int) {
-	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{35}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *MeetRequest) GetKind() string {
@@ -2813,7 +2902,7 @@ type RelayPost struct {
 
 func (x *RelayPost) Reset() {
 	*x = RelayPost{}
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[36]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2825,7 +2914,7 @@ func (x *RelayPost) String() string {
 func (*RelayPost) ProtoMessage() {}
 
 func (x *RelayPost) ProtoReflect() protoreflect.Message {
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[36]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2838,7 +2927,7 @@ func (x *RelayPost) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelayPost.ProtoReflect.Descriptor instead.
 func (*RelayPost) Descriptor() ([]byte, []int) {
-	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{36}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *RelayPost) GetKey() string {
@@ -3051,7 +3140,17 @@ const file_core_wire_wirepb_wire_proto_rawDesc = "" +
 	"\x12memory_total_bytes\x18\x05 \x01(\x04H\x02R\x10memoryTotalBytes\x88\x01\x01B\x0f\n" +
 	"\r_util_percentB\x14\n" +
 	"\x12_memory_used_bytesB\x15\n" +
-	"\x13_memory_total_bytes\"\xd7\x02\n" +
+	"\x13_memory_total_bytes\"\xaf\x01\n" +
+	"\rProcessSample\x12\x12\n" +
+	"\x04role\x18\x01 \x01(\tR\x04role\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12\x10\n" +
+	"\x03pid\x18\x03 \x01(\x05R\x03pid\x12$\n" +
+	"\vcpu_percent\x18\x04 \x01(\x02H\x00R\n" +
+	"cpuPercent\x88\x01\x01\x12 \n" +
+	"\trss_bytes\x18\x05 \x01(\x04H\x01R\brssBytes\x88\x01\x01B\x0e\n" +
+	"\f_cpu_percentB\f\n" +
+	"\n" +
+	"_rss_bytes\"\x94\x03\n" +
 	"\x0eResourceSample\x12\x12\n" +
 	"\x04rank\x18\x01 \x01(\rR\x04rank\x12$\n" +
 	"\vcpu_percent\x18\x02 \x01(\x02H\x00R\n" +
@@ -3061,7 +3160,8 @@ const file_core_wire_wirepb_wire_proto_rawDesc = "" +
 	"\trss_bytes\x18\x05 \x01(\x04H\x03R\brssBytes\x88\x01\x01\x12-\n" +
 	"\x04gpus\x18\x06 \x03(\v2\x19.cohort.wire.v1.GpuSampleR\x04gpus\x12\x1d\n" +
 	"\n" +
-	"unix_nanos\x18\a \x01(\x03R\tunixNanosB\x0e\n" +
+	"unix_nanos\x18\a \x01(\x03R\tunixNanos\x12;\n" +
+	"\tprocesses\x18\b \x03(\v2\x1d.cohort.wire.v1.ProcessSampleR\tprocessesB\x0e\n" +
 	"\f_cpu_percentB\x11\n" +
 	"\x0f_ram_used_bytesB\x12\n" +
 	"\x10_ram_total_bytesB\f\n" +
@@ -3168,7 +3268,7 @@ func file_core_wire_wirepb_wire_proto_rawDescGZIP() []byte {
 }
 
 var file_core_wire_wirepb_wire_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_core_wire_wirepb_wire_proto_msgTypes = make([]protoimpl.MessageInfo, 38)
+var file_core_wire_wirepb_wire_proto_msgTypes = make([]protoimpl.MessageInfo, 39)
 var file_core_wire_wirepb_wire_proto_goTypes = []any{
 	(FrameKind)(0),               // 0: cohort.wire.v1.FrameKind
 	(SyncMode)(0),                // 1: cohort.wire.v1.SyncMode
@@ -3203,14 +3303,15 @@ var file_core_wire_wirepb_wire_proto_goTypes = []any{
 	(*SessionIdGenerated)(nil),   // 30: cohort.wire.v1.SessionIdGenerated
 	(*EpochFnElapsed)(nil),       // 31: cohort.wire.v1.EpochFnElapsed
 	(*GpuSample)(nil),            // 32: cohort.wire.v1.GpuSample
-	(*ResourceSample)(nil),       // 33: cohort.wire.v1.ResourceSample
-	(*Exiting)(nil),              // 34: cohort.wire.v1.Exiting
-	(*PluginRestarted)(nil),      // 35: cohort.wire.v1.PluginRestarted
-	(*ScalarSum)(nil),            // 36: cohort.wire.v1.ScalarSum
-	(*Metrics)(nil),              // 37: cohort.wire.v1.Metrics
-	(*MeetRequest)(nil),          // 38: cohort.wire.v1.MeetRequest
-	(*RelayPost)(nil),            // 39: cohort.wire.v1.RelayPost
-	nil,                          // 40: cohort.wire.v1.Metrics.ScalarsEntry
+	(*ProcessSample)(nil),        // 33: cohort.wire.v1.ProcessSample
+	(*ResourceSample)(nil),       // 34: cohort.wire.v1.ResourceSample
+	(*Exiting)(nil),              // 35: cohort.wire.v1.Exiting
+	(*PluginRestarted)(nil),      // 36: cohort.wire.v1.PluginRestarted
+	(*ScalarSum)(nil),            // 37: cohort.wire.v1.ScalarSum
+	(*Metrics)(nil),              // 38: cohort.wire.v1.Metrics
+	(*MeetRequest)(nil),          // 39: cohort.wire.v1.MeetRequest
+	(*RelayPost)(nil),            // 40: cohort.wire.v1.RelayPost
+	nil,                          // 41: cohort.wire.v1.Metrics.ScalarsEntry
 }
 var file_core_wire_wirepb_wire_proto_depIdxs = []int32{
 	3,  // 0: cohort.wire.v1.StartEpoch.plan:type_name -> cohort.wire.v1.EpochPlan
@@ -3220,14 +3321,15 @@ var file_core_wire_wirepb_wire_proto_depIdxs = []int32{
 	2,  // 4: cohort.wire.v1.ShutdownWithSave.reason:type_name -> cohort.wire.v1.ShutdownReason
 	22, // 5: cohort.wire.v1.RelayResult.blobs:type_name -> cohort.wire.v1.RelayBlob
 	32, // 6: cohort.wire.v1.ResourceSample.gpus:type_name -> cohort.wire.v1.GpuSample
-	40, // 7: cohort.wire.v1.Metrics.scalars:type_name -> cohort.wire.v1.Metrics.ScalarsEntry
-	33, // 8: cohort.wire.v1.Metrics.resources:type_name -> cohort.wire.v1.ResourceSample
-	36, // 9: cohort.wire.v1.Metrics.ScalarsEntry.value:type_name -> cohort.wire.v1.ScalarSum
-	10, // [10:10] is the sub-list for method output_type
-	10, // [10:10] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	33, // 7: cohort.wire.v1.ResourceSample.processes:type_name -> cohort.wire.v1.ProcessSample
+	41, // 8: cohort.wire.v1.Metrics.scalars:type_name -> cohort.wire.v1.Metrics.ScalarsEntry
+	34, // 9: cohort.wire.v1.Metrics.resources:type_name -> cohort.wire.v1.ResourceSample
+	37, // 10: cohort.wire.v1.Metrics.ScalarsEntry.value:type_name -> cohort.wire.v1.ScalarSum
+	11, // [11:11] is the sub-list for method output_type
+	11, // [11:11] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_core_wire_wirepb_wire_proto_init() }
@@ -3242,14 +3344,15 @@ func file_core_wire_wirepb_wire_proto_init() {
 	file_core_wire_wirepb_wire_proto_msgTypes[25].OneofWrappers = []any{}
 	file_core_wire_wirepb_wire_proto_msgTypes[29].OneofWrappers = []any{}
 	file_core_wire_wirepb_wire_proto_msgTypes[30].OneofWrappers = []any{}
-	file_core_wire_wirepb_wire_proto_msgTypes[34].OneofWrappers = []any{}
+	file_core_wire_wirepb_wire_proto_msgTypes[31].OneofWrappers = []any{}
+	file_core_wire_wirepb_wire_proto_msgTypes[35].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_core_wire_wirepb_wire_proto_rawDesc), len(file_core_wire_wirepb_wire_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   38,
+			NumMessages:   39,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
