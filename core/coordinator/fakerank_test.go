@@ -179,6 +179,9 @@ type rankScript struct {
 	// after Admit. The answers are recorded; Ready follows at once.
 	meet      string
 	relayKeys []string
+	// restartAfterBatches > 0: after that many batches the rank reports
+	// that it replaced its trainer, with no plan lost.
+	restartAfterBatches int
 }
 
 // planRec is one plan a rank received.
@@ -419,6 +422,11 @@ func (f *fakeRank) play(ctx context.Context) error {
 				merged.StepCount = b.StepCount
 			} else if err := send(b); err != nil {
 				return err
+			}
+			if s.restartAfterBatches > 0 && batches == s.restartAfterBatches {
+				if err := send(&wirepb.PluginRestarted{Rank: f.id, Kind: "trainer", Reason: "scripted", Restarts: 1}); err != nil {
+					return err
+				}
 			}
 			if s.dieAfterBatches > 0 && batches >= s.dieAfterBatches {
 				return errors.New("scripted death")

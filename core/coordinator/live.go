@@ -33,19 +33,21 @@ func (c *Coordinator) Status() *status.Snapshot { return c.snapshot.Load() }
 
 // liveState is what the loop keeps for the snapshot and the live files.
 type liveState struct {
-	journal     *os.File // metrics.jsonl; nil when it could not be opened
-	rounds      []status.RoundPoint
-	epochs      []status.EpochPoint
-	membership  []status.Membership
-	hist        status.Histogram
-	deaths      uint64
-	departures  uint64
-	roundLoss   float64 // batch losses since the last round, summed
-	roundLossN  uint64
-	published   time.Time
-	rate        float64
-	rateAt      time.Time
-	rateSamples uint64
+	journal    *os.File // metrics.jsonl; nil when it could not be opened
+	rounds     []status.RoundPoint
+	epochs     []status.EpochPoint
+	membership []status.Membership
+	hist       status.Histogram
+	deaths     uint64
+	departures uint64
+	// pluginRestarts counts the plugins ranks replaced.
+	pluginRestarts uint64
+	roundLoss      float64 // batch losses since the last round, summed
+	roundLossN     uint64
+	published      time.Time
+	rate           float64
+	rateAt         time.Time
+	rateSamples    uint64
 }
 
 // journalRound and journalEpoch are metrics.jsonl's two kinds of line.
@@ -127,11 +129,15 @@ func (r *runner) noteEpoch(s EpochSummary) {
 	r.publish(true)
 }
 
-// noteMembership records a departure for the snapshot.
+// noteMembership records a membership event for the snapshot: a death, a
+// departure, or a plugin a rank replaced (which is neither).
 func (r *runner) noteMembership(ev MembershipEvent) {
-	if ev.Event == "dead" {
+	switch ev.Event {
+	case "dead":
 		r.lv.deaths++
-	} else {
+	case eventPluginRestarted:
+		r.lv.pluginRestarts++
+	default:
 		r.lv.departures++
 	}
 	r.lv.membership = append(r.lv.membership, status.Membership{
@@ -174,11 +180,12 @@ func (r *runner) publish(force bool) {
 		EpochTotal: r.pickSpace,
 		GlobalStep: r.globalStep(),
 		Totals: status.Totals{
-			Rounds:        r.rounds,
-			RoundSeconds:  r.roundMS / 1000,
-			BytesAveraged: r.bytes,
-			Deaths:        r.lv.deaths,
-			Departures:    r.lv.departures,
+			Rounds:         r.rounds,
+			RoundSeconds:   r.roundMS / 1000,
+			BytesAveraged:  r.bytes,
+			Deaths:         r.lv.deaths,
+			Departures:     r.lv.departures,
+			PluginRestarts: r.lv.pluginRestarts,
 		},
 		EpochCurve:   r.lv.epochs[:len(r.lv.epochs):len(r.lv.epochs)],
 		Membership:   r.lv.membership[:len(r.lv.membership):len(r.lv.membership)],
@@ -204,7 +211,7 @@ func (r *runner) publish(force bool) {
 		s.Ranks = append(s.Ranks, status.Rank{
 			Rank: rs.id, State: rankStates[rs.status], Reason: rs.reason,
 			Epoch: rs.epoch, Batches: rs.batches, Samples: rs.samples, BatchMS: safe(rs.batchMS),
-			LastHeard: rs.lastHeard.UTC(), Resources: resourcesOf(rs.res),
+			LastHeard: rs.lastHeard.UTC(), Resources: resourcesOf(rs.res), PluginRestarts: rs.pluginRestarts,
 		})
 	}
 	if dt := now.Sub(r.lv.rateAt); r.lv.rateAt.IsZero() || dt >= time.Second {

@@ -22,6 +22,10 @@ const (
 // fail (so the peers' round aborts instead of waiting for a post that will
 // not come) and the group is re-formed with the same members, so the round
 // runs again on a session every averager applied.
+// eventPluginRestarted is the membership event of a plugin a rank replaced:
+// the rank lives on.
+const eventPluginRestarted = "plugin_restarted"
+
 func (r *runner) onPluginRestarted(rs *rankState, m *wirepb.PluginRestarted) {
 	if rs.status != stLive {
 		return
@@ -33,8 +37,9 @@ func (r *runner) onPluginRestarted(rs *rankState, m *wirepb.PluginRestarted) {
 	}
 	rs.pluginRestarts++
 	reason := fmt.Sprintf("%s plugin replaced (restart %d): %s", kind, rs.pluginRestarts, m.GetReason())
-	ev := MembershipEvent{Rank: rs.id, Event: "plugin_restarted", Epoch: r.epoch, Reason: reason, Time: time.Now()}
+	ev := MembershipEvent{Rank: rs.id, Event: eventPluginRestarted, Epoch: r.epoch, Reason: reason, Time: time.Now()}
 	r.memberEvents = append(r.memberEvents, ev)
+	r.noteMembership(ev)
 	r.log.Warn("rank replaced a plugin", "rank", rs.id, "kind", kind, "restarts", rs.pluginRestarts,
 		"reason", m.GetReason(), "phase", r.phase.String())
 	r.emit(Progress{Kind: ProgressMembership, Event: &ev})

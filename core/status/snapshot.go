@@ -72,6 +72,9 @@ type Rank struct {
 	LastHeard    time.Time  `json:"last_heard"`
 	HeartbeatAge float64    `json:"heartbeat_age_seconds"`
 	Resources    *Resources `json:"resources,omitempty"`
+	// PluginRestarts counts the plugins the rank replaced after they died
+	// or wedged.
+	PluginRestarts uint32 `json:"plugin_restarts"`
 }
 
 // Resources is a rank's last ResourceSample.
