@@ -17,6 +17,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"strings"
 	"time"
 )
 
@@ -40,7 +41,7 @@ type FileError struct {
 }
 
 func (e *FileError) Error() string {
-	if e.Path == "" {
+	if e.Path == "" || strings.Contains(e.Err.Error(), e.Path) { // an *fs.PathError names it already
 		return e.Err.Error()
 	}
 	return fmt.Sprintf("%s: %v", e.Path, e.Err)
@@ -65,9 +66,16 @@ func readPEM(field, path string) ([]byte, error) {
 	}
 	fh, err := os.Open(path)
 	if err != nil {
-		return nil, &FileError{Field: field, Err: err}
+		return nil, &FileError{Field: field, Path: path, Err: err}
 	}
 	defer fh.Close()
+	// A FIFO or device would block or never end: only plain files.
+	if st, err := fh.Stat(); err != nil || !st.Mode().IsRegular() {
+		if err == nil {
+			err = fmt.Errorf("is a %v, not a plain file", st.Mode().Type())
+		}
+		return nil, &FileError{Field: field, Path: path, Err: err}
+	}
 	b, err := io.ReadAll(io.LimitReader(fh, maxFile+1))
 	if err == nil && len(b) > maxFile {
 		err = fmt.Errorf("more than %d bytes: not a PEM file", maxFile)
@@ -222,10 +230,21 @@ func handshake(ctx context.Context, tc *tls.Conn, timeout time.Duration) error {
 // names the other side ("the coordinator").
 func Explain(err error, peer string) error {
 	if isRemoteAlert(err) {
-		return fmt.Errorf("%w: %s refused this side's TLS certificate (not signed by its CA, or none): %w", ErrRefusedByPeer, peer, err)
+		return &refusal{ErrRefusedByPeer, peer + " refused this side's TLS certificate (not signed by its CA, or none)", err}
 	}
 	return err
 }
+
+// refusal is a handshake error that errors.Is matches to its kind.
+type refusal struct {
+	kind error
+	msg  string
+	err  error
+}
+
+func (r *refusal) Error() string        { return r.msg + ": " + r.err.Error() }
+func (r *refusal) Unwrap() error        { return r.err }
+func (r *refusal) Is(target error) bool { return target == r.kind }
 
 func isRemoteAlert(err error) bool {
 	var oe *net.OpError
@@ -241,7 +260,7 @@ func explain(err error, peer string) error {
 	case isRemoteAlert(err):
 		return Explain(err, peer)
 	case errors.As(err, &verr):
-		return fmt.Errorf("%w: %s's TLS certificate did not verify (signed by another CA, or not for the name dialled): %w", ErrPeerCertificate, peer, err)
+		return &refusal{ErrPeerCertificate, peer + "'s TLS certificate did not verify (signed by another CA, or not for the name dialled)", err}
 	case errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF):
 		return fmt.Errorf("tls: %s closed the connection during the TLS handshake (does it run TLS?): %w", peer, err)
 	}
