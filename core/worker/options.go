@@ -10,6 +10,8 @@ import (
 
 	"github.com/cohortdl/cohort/core/config"
 	"github.com/cohortdl/cohort/core/wire"
+	"github.com/cohortdl/cohort/shared/mtls"
+	"github.com/cohortdl/cohort/shared/plugin"
 )
 
 // Defaults for zero Options fields.
@@ -52,6 +54,12 @@ type Options struct {
 	// Empty or missing: no lock. The plugins' version constraints come
 	// from Trainer.Version and Averager.Version.
 	PluginLock string
+
+	// TLS, when set (config worker.tls), runs the control connection in
+	// mutual TLS (the coordinator's certificate must chain to TLS.CA and
+	// name the host in Coordinator) and hands the files to the averager
+	// for its own channel.
+	TLS mtls.Files
 
 	// LocalRanks is the number of ranks on this host (default 1).
 	LocalRanks uint32
@@ -96,6 +104,7 @@ func FromConfig(c *config.Config) Options {
 		ConnectTimeout:  c.Worker.ConnectTimeout,
 		ShutdownGrace:   c.Worker.ShutdownGrace,
 		PluginLock:      c.Worker.PluginLock,
+		TLS:             c.Worker.TLS,
 	}
 	if c.Worker.PluginDir != "" {
 		o.PluginDirs = []string{c.Worker.PluginDir}
@@ -146,6 +155,15 @@ func (o Options) withDefaults() (Options, error) {
 		o.Logger = hclog.NewNullLogger()
 	}
 	return o, nil
+}
+
+// averagerTLS is the TLS files the averager gets: nil without TLS.
+func (o Options) averagerTLS() *plugin.TLSFiles {
+	if !o.TLS.Enabled() {
+		return nil
+	}
+	f := o.TLS
+	return &f
 }
 
 func setDefault(d *time.Duration, def time.Duration) {

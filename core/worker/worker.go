@@ -286,6 +286,7 @@ func (w *worker) setUp(ctx context.Context) error {
 		DataKey:   dataKey,
 		Settings:  w.o.Averager.Settings,
 		RunID:     w.admit.GetRunId(),
+		TLS:       w.o.averagerTLS(),
 		Relay:     w.relay,
 	})
 	if err != nil {
