@@ -9,6 +9,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"io/fs"
 	"math/big"
 	"net"
 	"os"
@@ -162,7 +163,9 @@ func WriteCluster(dir string, hosts, extra []string, validFor time.Duration) err
 	}
 	// O_EXCL: a second init into the same directory fails here, before
 	// anything is written.
-	if err := writeNew(filepath.Join(dir, CAFile), ca.CertPEM, 0o644); err != nil {
+	if err := writeNew(filepath.Join(dir, CAFile), ca.CertPEM, 0o644); errors.Is(err, fs.ErrExist) {
+		return fmt.Errorf("tls: %s already holds a cluster's files (%s); they are never replaced: pick another directory: %w", dir, CAFile, err)
+	} else if err != nil {
 		return err
 	}
 	for _, h := range hosts {
