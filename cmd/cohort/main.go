@@ -78,6 +78,7 @@ them and sets the run's keys.`,
 		newCoordinatorCommand(g),
 		newWorkerCommand(g),
 		newPluginsCommand(g),
+		newTLSCommand(),
 		&cobra.Command{
 			Use:   "version",
 			Short: "Print cohort's version and the plugin protocol versions it speaks",

@@ -92,6 +92,11 @@ that holds something, unless --force.`,
 			if err := applyHTTPFlag(cmd, cfg, httpAddr); err != nil {
 				return err
 			}
+			// Both halves of this run read this one config: TLS on one
+			// side only would refuse every worker.
+			if cfg.Coordinator.TLS.Enabled() != cfg.Worker.TLS.Enabled() {
+				return usageError("%s: coordinator { tls } and worker { tls } go together in cohort run: set both or neither", cfg.Path)
+			}
 			if resume == "" && !force && nonEmptyDir(cfg.Run.Out) {
 				return usageError("out directory %s already holds a run; resume it with --resume %s, pick another --out, or pass --force", cfg.Run.Out, cfg.Run.Out)
 			}

@@ -21,6 +21,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/hcl/v2"
+
+	"github.com/cohortdl/cohort/shared/mtls"
 )
 
 // Config is one run's configuration.
@@ -74,6 +76,11 @@ type Coordinator struct {
 	ChunkBatches     int     // progressive dispatch chunk size; 0: the policy's default
 	OverheadTarget   float64 // cadence: sync overhead share that grows the window, in (0,1)
 	EASGDAlpha       float64 // async: elastic averaging strength, in (0,1]
+	// TLS, when set (the tls sub-block), puts the control server and the
+	// reduce server behind mutual TLS: ranks must present a certificate
+	// from TLS.CA. Paths are absolute (a file's relative ones are resolved
+	// beside it).
+	TLS mtls.Files
 }
 
 // Worker is the worker block: the rank process's own timeouts and paths.
@@ -91,6 +98,9 @@ type Worker struct {
 	// PluginRestarts is how many times a rank may replace a plugin that
 	// died or wedged with a fresh process; one more failure ends the rank.
 	PluginRestarts int
+	// TLS, when set (the tls sub-block), is the worker's mutual TLS to the
+	// coordinator and, through its averager, to the reduce server.
+	TLS mtls.Files
 }
 
 // Plugin is a trainer or averager block: the plugin's name (the block's

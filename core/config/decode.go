@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -14,6 +15,8 @@ import (
 	"github.com/zclconf/go-cty/cty"
 	"github.com/zclconf/go-cty/cty/convert"
 	"github.com/zclconf/go-cty/cty/gocty"
+
+	"github.com/cohortdl/cohort/shared/mtls"
 )
 
 var fileSchema = &hcl.BodySchema{
@@ -35,21 +38,25 @@ type key struct {
 	get  func(c *Config) (cty.Value, error)
 }
 
-// coreBlock is a core block and its keys.
+// coreBlock is a core block, its keys and its sub-blocks.
 type coreBlock struct {
-	name string
-	keys []key
+	name   string
+	keys   []key
+	blocks []coreBlock
+	// set, for a sub-block, says whether c has it: the writer leaves out
+	// one that is not (nil: always written).
+	set func(c *Config) bool
 }
 
 // coreKeys are the core blocks and their keys, in the default file's order.
 var coreKeys = []coreBlock{
-	{"run", []key{
+	{name: "run", keys: []key{
 		value("ranks", func(c *Config) *int { return &c.Run.Ranks }),
 		value("epochs", func(c *Config) *int { return &c.Run.Epochs }),
 		value("seed", func(c *Config) *int64 { return &c.Run.Seed }),
 		value("out", func(c *Config) *string { return &c.Run.Out }),
 	}},
-	{"coordinator", []key{
+	{name: "coordinator", keys: []key{
 		value("listen", func(c *Config) *string { return &c.Coordinator.Listen }),
 		value("reduce_port", func(c *Config) *int { return &c.Coordinator.ReducePort }),
 		value("http", func(c *Config) *string { return &c.Coordinator.HTTP }),
@@ -62,21 +69,30 @@ var coreKeys = []coreBlock{
 		value("chunk_batches", func(c *Config) *int { return &c.Coordinator.ChunkBatches }),
 		value("overhead_target", func(c *Config) *float64 { return &c.Coordinator.OverheadTarget }),
 		value("easgd_alpha", func(c *Config) *float64 { return &c.Coordinator.EASGDAlpha }),
-	}},
-	{"worker", []key{
+	}, blocks: []coreBlock{tlsBlock(func(c *Config) *mtls.Files { return &c.Coordinator.TLS })}},
+	{name: "worker", keys: []key{
 		duration("liveness_timeout", func(c *Config) *time.Duration { return &c.Worker.LivenessTimeout }),
 		duration("connect_timeout", func(c *Config) *time.Duration { return &c.Worker.ConnectTimeout }),
 		value("plugin_dir", func(c *Config) *string { return &c.Worker.PluginDir }),
 		duration("shutdown_grace", func(c *Config) *time.Duration { return &c.Worker.ShutdownGrace }),
 		value("plugin_lock", func(c *Config) *string { return &c.Worker.PluginLock }),
 		value("plugin_restarts", func(c *Config) *int { return &c.Worker.PluginRestarts }),
-	}},
+	}, blocks: []coreBlock{tlsBlock(func(c *Config) *mtls.Files { return &c.Worker.TLS })}},
 }
 
-// keysOf returns the keys of the core block named block.
-func keysOf(block string) []key {
+// tlsBlock is a tls sub-block: the PEM files of one side's mutual TLS.
+func tlsBlock(field func(*Config) *mtls.Files) coreBlock {
+	return coreBlock{name: "tls", keys: []key{
+		path("ca", func(c *Config) *string { return &field(c).CA }),
+		path("cert", func(c *Config) *string { return &field(c).Cert }),
+		path("key", func(c *Config) *string { return &field(c).Key }),
+	}, set: func(c *Config) bool { return field(c).Enabled() }}
+}
+
+// blockOf returns the core block named block.
+func blockOf(block string) coreBlock {
 	i := slices.IndexFunc(coreKeys, func(b coreBlock) bool { return b.name == block })
-	return coreKeys[i].keys
+	return coreKeys[i]
 }
 
 // value is a key whose HCL value converts straight to the field's Go type.
@@ -148,6 +164,29 @@ func duration(name string, field func(*Config) *time.Duration) key {
 	return key{name, set, get}
 }
 
+// path is a key whose value is a file's path; a relative one is made
+// absolute, beside the config file it is written in, so it names the same
+// file wherever the run is started and in the copy `cohort run` writes.
+func path(name string, field func(*Config) *string) key {
+	set := func(c *Config, a *hcl.Attribute) hcl.Diagnostics {
+		var s string
+		if diags := decodeValue(a, &s); diags.HasErrors() {
+			return diags
+		}
+		if s != "" && !filepath.IsAbs(s) {
+			abs, err := filepath.Abs(filepath.Join(filepath.Dir(a.NameRange.Filename), s))
+			if err != nil {
+				return hcl.Diagnostics{{Severity: hcl.DiagError, Summary: fmt.Sprintf("%q: %v", s, err), Subject: a.NameRange.Ptr()}}
+			}
+			s = abs
+		}
+		*field(c) = s
+		return nil
+	}
+	get := func(c *Config) (cty.Value, error) { return cty.StringVal(*field(c)), nil }
+	return key{name, set, get}
+}
+
 // decode parses src and overlays what it sets onto c, recording where each
 // key came from. It does not validate.
 func (c *Config) decode(src []byte, filename string) error {
@@ -173,29 +212,65 @@ func (c *Config) decode(src []byte, filename string) error {
 		case "averager":
 			c.decodePlugin(b, &c.Averager, &errs)
 		default:
-			c.decodeCore(b, keysOf(b.Type), &errs)
+			c.decodeCore(b, b.Type, blockOf(b.Type), &errs)
 		}
 	}
 	return errs.err()
 }
 
-func (c *Config) decodeCore(b *hcl.Block, keys []key, errs *errList) {
-	attrs, diags := b.Body.JustAttributes()
-	errs.diags(b.Type, diags)
+// decodeCore reads a core block (or sub-block) b, named by its path
+// ("coordinator", "coordinator.tls"), whose schema is cb: its keys, then
+// its sub-blocks, each at most once.
+func (c *Config) decodeCore(b *hcl.Block, path string, cb coreBlock, errs *errList) {
+	attrs, blocks, diags := attributesAndBlocks(b.Body)
+	errs.diags(path, diags)
+	known := make([]string, 0, len(cb.keys)+len(cb.blocks))
+	for _, k := range cb.keys {
+		known = append(known, k.name)
+	}
+	for _, sb := range cb.blocks {
+		known = append(known, sb.name+" { }")
+	}
 	for _, a := range inOrder(attrs) {
-		name := b.Type + "." + a.Name
-		i := slices.IndexFunc(keys, func(k key) bool { return k.name == a.Name })
+		name := path + "." + a.Name
+		i := slices.IndexFunc(cb.keys, func(k key) bool { return k.name == a.Name })
 		if i < 0 {
-			known := make([]string, len(keys))
-			for j, k := range keys {
-				known[j] = k.name
-			}
-			errs.add(a.NameRange, name, fmt.Sprintf("unknown key; %s takes %s", b.Type, strings.Join(known, ", ")))
+			errs.add(a.NameRange, name, fmt.Sprintf("unknown key; %s takes %s", path, strings.Join(known, ", ")))
 			continue
 		}
 		c.where[name] = a.NameRange
-		errs.diags(name, keys[i].set(c, a))
+		errs.diags(name, cb.keys[i].set(c, a))
 	}
+	first := map[string]*hclsyntax.Block{}
+	for _, sb := range blocks {
+		name := path + "." + sb.Type
+		i := slices.IndexFunc(cb.blocks, func(x coreBlock) bool { return x.name == sb.Type })
+		switch prev, dup := first[sb.Type]; {
+		case i < 0:
+			errs.add(sb.TypeRange, path, fmt.Sprintf("Unexpected %q block; %s takes %s", sb.Type, path, strings.Join(known, ", ")))
+		case dup:
+			errs.add(sb.TypeRange, name, fmt.Sprintf("a second %s block; the first is at %s", sb.Type, prev.TypeRange))
+		default:
+			first[sb.Type] = sb
+			c.where[name] = sb.TypeRange
+			c.decodeCore(sb.AsHCLBlock(), name, cb.blocks[i], errs)
+		}
+	}
+}
+
+// attributesAndBlocks splits a body parsed by hclsyntax (as every config
+// is) into its attributes and its blocks, in the file's order.
+func attributesAndBlocks(body hcl.Body) (hcl.Attributes, hclsyntax.Blocks, hcl.Diagnostics) {
+	sb, ok := body.(*hclsyntax.Body)
+	if !ok {
+		attrs, diags := body.JustAttributes()
+		return attrs, nil, diags
+	}
+	attrs := make(hcl.Attributes, len(sb.Attributes))
+	for name, a := range sb.Attributes {
+		attrs[name] = a.AsHCLAttribute()
+	}
+	return attrs, sb.Blocks, nil
 }
 
 // VersionKey is the plugin block key the core takes for itself: a

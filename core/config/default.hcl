@@ -21,6 +21,11 @@ coordinator {
   chunk_batches     = 0             # progressive dispatch chunk; 0: the policy's default
   overhead_target   = 0.1           # cadence: grow the window when sync overhead exceeds it
   easgd_alpha       = 0.5           # async: elastic averaging strength
+  # tls {                           # mutual TLS 1.3 on the control and reduce servers;
+  #   ca   = "tls/ca.pem"           # ranks must present a certificate from this CA
+  #   cert = "tls/head.pem"         # (`cohort tls init` makes the files; relative
+  #   key  = "tls/head-key.pem"     # paths are beside this file)
+  # }
 }
 
 worker {
@@ -30,6 +35,11 @@ worker {
   shutdown_grace   = "5s"
   plugin_lock      = "cohort.lock.json" # checksums `cohort plugins install` accepted; "" for none
   plugin_restarts  = 3              # plugins a rank may replace after they die or wedge; past that it dies
+  # tls {                          # mutual TLS to the coordinator and, through the
+  #   ca   = "tls/ca.pem"          # averager, to the reduce server: the coordinator's
+  #   cert = "tls/node1.pem"       # certificate must chain to ca and name the host
+  #   key  = "tls/node1-key.pem"   # dialled; this one is the worker's own
+  # }
 }
 
 # A plugin block's body is the plugin's own settings, passed to it as JSON,

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/hcl/v2"
+
+	"github.com/cohortdl/cohort/shared/mtls"
 )
 
 // MinHeartbeatTimeout is the shortest coordinator.heartbeat_timeout: ranks
@@ -78,6 +80,8 @@ func (c *Config) Validate() error {
 		bad("coordinator.easgd_alpha", "%g is outside (0, 1]", co.EASGDAlpha)
 	}
 
+	c.checkTLS("coordinator.tls", co.TLS, bad)
+
 	w := c.Worker
 	positive("worker.liveness_timeout", w.LivenessTimeout)
 	positive("worker.connect_timeout", w.ConnectTimeout)
@@ -86,6 +90,7 @@ func (c *Config) Validate() error {
 	}
 	positive("worker.shutdown_grace", w.ShutdownGrace)
 	atLeast("worker.plugin_restarts", w.PluginRestarts, 0)
+	c.checkTLS("worker.tls", w.TLS, bad)
 
 	for _, p := range []struct {
 		key string
@@ -100,6 +105,26 @@ func (c *Config) Validate() error {
 		}
 	}
 	return errs.err()
+}
+
+// checkTLS loads a tls block's files as the handshake will, so a missing,
+// unreadable or mismatched file is reported at load, on the key that named
+// it (on the block when a key is missing).
+func (c *Config) checkTLS(block string, f mtls.Files, bad func(key, format string, args ...any)) {
+	if !f.Enabled() {
+		return
+	}
+	err := f.Check()
+	var fe *mtls.FileError
+	switch {
+	case err == nil:
+	case errors.As(err, &fe) && fe.Path == "": // a key left out
+		bad(block, "%v", fe.Err)
+	case errors.As(err, &fe):
+		bad(block+"."+fe.Field, "%v", err)
+	default:
+		bad(block, "%v", err)
+	}
 }
 
 // at says where key's value came from: its line in the file, the flag that

@@ -17,13 +17,8 @@ func (c *Config) HCL() ([]byte, error) {
 	f := hclwrite.NewEmptyFile()
 	body := f.Body()
 	for _, b := range coreKeys {
-		block := body.AppendNewBlock(b.name, nil).Body()
-		for _, k := range b.keys {
-			v, err := k.get(c)
-			if err != nil {
-				return nil, fmt.Errorf("config: write %s.%s: %w", b.name, k.name, err)
-			}
-			block.SetAttributeValue(k.name, v)
+		if err := writeCore(c, body, b.name, b); err != nil {
+			return nil, err
 		}
 		body.AppendNewline()
 	}
@@ -41,6 +36,26 @@ func (c *Config) HCL() ([]byte, error) {
 		body.AppendNewline()
 	}
 	return hclwrite.Format(f.Bytes()), nil
+}
+
+// writeCore writes block b (at path, for errors) and the sub-blocks c has.
+func writeCore(c *Config, body *hclwrite.Body, path string, b coreBlock) error {
+	block := body.AppendNewBlock(b.name, nil).Body()
+	for _, k := range b.keys {
+		v, err := k.get(c)
+		if err != nil {
+			return fmt.Errorf("config: write %s.%s: %w", path, k.name, err)
+		}
+		block.SetAttributeValue(k.name, v)
+	}
+	for _, sb := range b.blocks {
+		if sb.set == nil || sb.set(c) {
+			if err := writeCore(c, block, path+"."+sb.name, sb); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // writeSettings writes a plugin's settings, a JSON object, as the block's

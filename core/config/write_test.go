@@ -10,6 +10,8 @@ import (
 
 	"github.com/hashicorp/hcl/v2"
 	"github.com/hashicorp/hcl/v2/hclsyntax"
+
+	"github.com/cohortdl/cohort/shared/mtls"
 )
 
 // roundTrip writes c and parses the result.
@@ -76,10 +78,14 @@ func TestHCLRoundTrips(t *testing.T) {
 	}
 }
 
-// Every key of the decoder's table is written, in its block and order, so
-// a key added to the table reaches the workers' config file.
+// Every key of the decoder's table is written, in its block and order,
+// sub-blocks included, so a key added to the table reaches the workers'
+// config file.
 func TestHCLWritesEveryKey(t *testing.T) {
-	src, err := Default().HCL()
+	c := Default()
+	dir := tlsDir(t)
+	c.Coordinator.TLS, c.Worker.TLS = mtls.HostFiles(dir, "coord"), mtls.HostFiles(dir, "node")
+	src, err := c.HCL()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -88,30 +94,47 @@ func TestHCLWritesEveryKey(t *testing.T) {
 		t.Fatal(diags)
 	}
 	written := map[string][]string{}
-	for _, b := range f.Body.(*hclsyntax.Body).Blocks {
-		attrs, diags := b.Body.JustAttributes()
-		if diags.HasErrors() {
-			t.Fatal(diags)
+	var walk func(path string, body *hclsyntax.Body)
+	walk = func(path string, body *hclsyntax.Body) {
+		for _, b := range body.Blocks {
+			name := strings.TrimPrefix(path+"."+b.Type, ".")
+			var names []string
+			for _, a := range b.Body.Attributes {
+				names = append(names, a.Name)
+			}
+			slices.SortFunc(names, func(x, y string) int {
+				return b.Body.Attributes[x].SrcRange.Start.Byte - b.Body.Attributes[y].SrcRange.Start.Byte
+			})
+			written[name] = names
+			walk(name, b.Body)
 		}
-		var names []string
-		for _, a := range inOrder(attrs) {
-			names = append(names, a.Name)
-		}
-		written[b.Type] = names
 	}
-	for _, b := range coreKeys {
+	walk("", f.Body.(*hclsyntax.Body))
+	var check func(path string, b coreBlock)
+	check = func(path string, b coreBlock) {
 		var want []string
 		for _, k := range b.keys {
 			want = append(want, k.name)
 		}
-		if !slices.Equal(written[b.name], want) {
-			t.Errorf("block %s: written %q, want %q", b.name, written[b.name], want)
+		if !slices.Equal(written[path], want) {
+			t.Errorf("block %s: written %q, want %q", path, written[path], want)
 		}
+		for _, sb := range b.blocks {
+			check(path+"."+sb.name, sb)
+		}
+	}
+	for _, b := range coreKeys {
+		check(b.name, b)
 	}
 	for _, kind := range []string{"trainer", "averager"} {
 		if _, ok := written[kind]; !ok {
 			t.Errorf("no %s block written", kind)
 		}
+	}
+	// A side without TLS gets no tls block: the written file says no more
+	// than the config does.
+	if src, err := Default().HCL(); err != nil || strings.Contains(string(src), "tls") {
+		t.Errorf("default config written with a tls block (error %v):\n%s", err, src)
 	}
 }
 

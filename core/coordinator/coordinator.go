@@ -29,6 +29,7 @@ package coordinator
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -119,6 +120,7 @@ type Coordinator struct {
 	cfg      *config.Config
 	log      hclog.Logger
 	ln       net.Listener
+	tls      *tls.Config // coordinator.tls's server configuration; nil: plain TCP
 	out      string
 	runID    string
 	meetings *meetings
@@ -180,9 +182,15 @@ func New(opts Options) (_ *Coordinator, err error) {
 		return nil, fmt.Errorf("coordinator: create out directory: %w", err)
 	}
 
+	if cfg.Coordinator.TLS.Enabled() {
+		if c.tls, err = cfg.Coordinator.TLS.ServerConfig(); err != nil {
+			return nil, fmt.Errorf("coordinator: coordinator.tls: %w", err)
+		}
+	}
 	c.meetings = newMeetings(MeetingEnv{
 		Listen:     cfg.Coordinator.Listen,
 		ReducePort: cfg.Coordinator.ReducePort,
+		TLS:        c.tls,
 		Keys:       opts.Keys,
 		RunID:      c.runID,
 		World:      uint32(cfg.Run.Ranks),

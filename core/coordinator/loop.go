@@ -166,13 +166,13 @@ func (r *runner) run(parent context.Context) (*Summary, error) {
 	r.started = time.Now()
 	r.formDeadline = r.started.Add(r.cfg.Coordinator.FormationTimeout)
 	r.log.Info("control server listening", "addr", r.c.ln.Addr().String(), "run_id", r.c.runID,
-		"ranks", r.world, "policy", r.policy, "out", r.c.out)
+		"ranks", r.world, "policy", r.policy, "out", r.c.out, "tls", r.c.tls != nil)
 
 	srv := &server{
 		ln:     r.c.ln,
 		keys:   r.c.opts.Keys,
 		slots:  r.slots,
-		opts:   []wire.Option{wire.WithIdleTimeout(r.hbTimeout)},
+		opts:   []wire.Option{wire.WithIdleTimeout(r.hbTimeout), wire.WithTLS(r.c.tls)},
 		events: r.events,
 		log:    r.log,
 		wg:     &r.wg,

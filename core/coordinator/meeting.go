@@ -2,6 +2,7 @@ package coordinator
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"maps"
@@ -47,6 +48,9 @@ type MeetingEnv struct {
 	// ReducePort is the reduce server's port (coordinator.reduce_port);
 	// 0 picks any free port.
 	ReducePort int
+	// TLS is coordinator.tls's server configuration (nil: plain TCP); a
+	// meeting point that listens puts its ranks behind it.
+	TLS *tls.Config
 	// Keys are the run's; DataKey is derived from them for the averagers'
 	// own data channels.
 	Keys   wire.Keys
@@ -103,6 +107,7 @@ func startReduceServer(env MeetingEnv) (MeetingPoint, error) {
 		RunID:  env.RunID,
 		World:  env.World,
 		Logger: env.Logger,
+		TLS:    env.TLS,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("start the reduce server: %w", err)

@@ -21,6 +21,7 @@ package reduce
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -32,6 +33,7 @@ import (
 
 	"github.com/cohortdl/cohort/internal/authframe"
 	"github.com/cohortdl/cohort/shared/arena"
+	"github.com/cohortdl/cohort/shared/mtls"
 	rdc "github.com/cohortdl/cohort/shared/reduce"
 )
 
@@ -56,6 +58,10 @@ type Config struct {
 	Threads int
 	// Logger receives the server's log lines; nil discards them.
 	Logger hclog.Logger
+	// TLS, when set (a server configuration from shared/mtls), wraps every
+	// connection in mutual TLS before the channel's own handshake: a rank
+	// without a certificate from its CA is refused. Nil: plain TCP.
+	TLS *tls.Config
 	// OnRankLost, when set, is called (from the server's goroutine; it must
 	// not block) when a rank's connection fails or misbehaves, before the
 	// rank leaves the barrier. It is not called for MarkDead or for a rank
@@ -280,6 +286,16 @@ func (s *Server) accept(h rdc.Hello) error {
 
 // admit runs the handshake of one connection and starts its reader.
 func (s *Server) admit(nc net.Conn) {
+	if s.cfg.TLS != nil {
+		tc, err := mtls.Server(s.ctx, nc, s.cfg.TLS, s.cfg.Timeout, "the rank")
+		if err != nil {
+			if s.ctx.Err() == nil {
+				s.log.Warn("refused a data-channel connection: TLS", "remote", nc.RemoteAddr().String(), "error", err.Error())
+			}
+			return
+		}
+		nc = tc
+	}
 	var reserved *uint32
 	accept := func(h rdc.Hello) error {
 		err := s.accept(h)

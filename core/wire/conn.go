@@ -2,6 +2,7 @@ package wire
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -32,6 +33,7 @@ type options struct {
 	readTimeout      time.Duration
 	writeTimeout     time.Duration
 	maxPayload       uint32
+	tls              *tls.Config
 }
 
 func buildOptions(opts []Option) options {
@@ -78,6 +80,15 @@ func WithWriteTimeout(d time.Duration) Option {
 // (default and ceiling MaxControlPayload; larger values are clamped to it).
 func WithMaxPayload(n uint32) Option {
 	return func(o *options) { o.maxPayload = min(n, MaxControlPayload) }
+}
+
+// WithTLS runs the connection inside mutual TLS (cfg from shared/mtls:
+// a server configuration for ServerHandshake, a client one for
+// ClientHandshake): the TLS handshake comes first, within the handshake
+// timeout of its own, and the hello, ack and frames travel inside it,
+// authenticated by the run's secret as without TLS. Nil: plain TCP.
+func WithTLS(cfg *tls.Config) Option {
+	return func(o *options) { o.tls = cfg }
 }
 
 // Conn is one authenticated control connection, after the handshake.

@@ -10,6 +10,11 @@
 //	ack    magic u32 | version u32 | nonce [16] | tag [8]
 //	frame  magic u32 | version u32 | tag [8] | kind u32 | length u32 | payload
 //
+// With [WithTLS] (coordinator { tls } and worker { tls } in the config) the
+// TCP connection is wrapped in mutual TLS 1.3 (shared/mtls) before the
+// hello: the hello, ack and frames travel inside it unchanged, so the run's
+// secret still authenticates the run, TLS its hosts.
+//
 // Each side draws its nonce from crypto/rand for every connection: the rank
 // for its hello, the coordinator for its ack. Every tag is the first 8 bytes
 // of an HMAC-SHA256 under a key derived from the run's secret (see

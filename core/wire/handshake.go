@@ -8,6 +8,7 @@ import (
 	"net"
 
 	"github.com/cohortdl/cohort/internal/authframe"
+	"github.com/cohortdl/cohort/shared/mtls"
 )
 
 // Hello is what a rank says about itself when it connects: its global rank
@@ -120,13 +121,22 @@ func ClientHandshake(ctx context.Context, nc net.Conn, keys Keys, hello Hello, o
 	if err != nil {
 		return nil, err
 	}
+	hangUp := "the coordinator may have refused the hello (another secret, rank or world size), or it may require TLS (worker { tls { ... } })"
+	if o.tls != nil {
+		tc, err := mtls.Client(ctx, nc, o.tls, o.handshakeTimeout, "the coordinator")
+		if err != nil {
+			return nil, fmt.Errorf("wire: TLS handshake with %s: %w", nc.RemoteAddr(), err)
+		}
+		nc, hangUp = tc, "the coordinator may have refused the hello (another secret, rank or world size)"
+	}
 	hb := encodeHello(hello, n, keys.k.Handshake())
 	var ab [ackSize]byte
-	err = authframe.SendHello(ctx, nc, o.handshakeTimeout, hb[:], ab[:], "wire",
-		"the coordinator may have refused the hello",
+	err = authframe.SendHello(ctx, nc, o.handshakeTimeout, hb[:], ab[:], "wire", hangUp,
 		func() error { return verifyAck(ab[:], hb[:], keys.k.Handshake()) })
 	if err != nil {
-		return nil, err
+		// Under TLS 1.3 the coordinator's verdict on this rank's
+		// certificate arrives here, as an alert in place of the ack.
+		return nil, mtls.Explain(err, "the coordinator")
 	}
 	return newConn(nc, keys, hello, hb[:], ab[:ackCore], dirToCoord, o), nil
 }
@@ -151,6 +161,13 @@ func ServerHandshake(ctx context.Context, nc net.Conn, keys Keys, accept func(He
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, Hello{}, fmt.Errorf("wire: handshake with %s: %w", nc.RemoteAddr(), err)
+	}
+	if o.tls != nil {
+		tc, err := mtls.Server(ctx, nc, o.tls, o.handshakeTimeout, "the rank")
+		if err != nil {
+			return nil, Hello{}, fmt.Errorf("wire: TLS handshake with %s: %w", nc.RemoteAddr(), err)
+		}
+		nc = tc
 	}
 	var (
 		hb    [helloSize]byte

@@ -35,6 +35,16 @@ func retryPause(n int, rnd float64) time.Duration {
 // (wrong secret, world size or rank) will refuse it again. While it waits
 // the worker says, once and then every ten seconds, whom it waits for.
 func (w *worker) connect(ctx context.Context) (*wire.Conn, error) {
+	// A silent coordinator ends Receive after the liveness timeout, which
+	// the inbound bridge reads as a dead coordinator.
+	opts := []wire.Option{wire.WithIdleTimeout(w.o.LivenessTimeout)}
+	if w.o.TLS.Enabled() {
+		cfg, err := w.o.TLS.ClientConfigFor(w.o.Coordinator)
+		if err != nil {
+			return nil, fmt.Errorf("connect to coordinator %s: worker.tls: %w", w.o.Coordinator, err)
+		}
+		opts = append(opts, wire.WithTLS(cfg))
+	}
 	dctx, cancel := context.WithTimeout(ctx, w.o.ConnectTimeout)
 	defer cancel()
 	var d net.Dialer
@@ -67,10 +77,7 @@ func (w *worker) connect(ctx context.Context) (*wire.Conn, error) {
 			t.Stop()
 		}
 	}
-	// A silent coordinator ends Receive after the liveness timeout, which
-	// the inbound bridge reads as a dead coordinator.
-	conn, err := wire.ClientHandshake(ctx, nc, w.keys, wire.Hello{Rank: w.o.Rank, World: w.o.World},
-		wire.WithIdleTimeout(w.o.LivenessTimeout))
+	conn, err := wire.ClientHandshake(ctx, nc, w.keys, wire.Hello{Rank: w.o.Rank, World: w.o.World}, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("handshake with coordinator %s: %w", w.o.Coordinator, err)
 	}

@@ -10,6 +10,8 @@ import (
 
 	"github.com/cohortdl/cohort/core/config"
 	"github.com/cohortdl/cohort/core/wire"
+	"github.com/cohortdl/cohort/shared/mtls"
+	"github.com/cohortdl/cohort/shared/plugin"
 )
 
 // Defaults for zero Options fields.
@@ -57,6 +59,12 @@ type Options struct {
 	// the first such failure. Only plugins run as processes are replaced.
 	PluginRestarts int
 
+	// TLS, when set (config worker.tls), runs the control connection in
+	// mutual TLS (the coordinator's certificate must chain to TLS.CA and
+	// name the host in Coordinator) and hands the files to the averager
+	// for its own channel.
+	TLS mtls.Files
+
 	// LocalRanks is the number of ranks on this host (default 1).
 	LocalRanks uint32
 
@@ -101,6 +109,7 @@ func FromConfig(c *config.Config) Options {
 		ShutdownGrace:   c.Worker.ShutdownGrace,
 		PluginLock:      c.Worker.PluginLock,
 		PluginRestarts:  c.Worker.PluginRestarts,
+		TLS:             c.Worker.TLS,
 	}
 	if c.Worker.PluginDir != "" {
 		o.PluginDirs = []string{c.Worker.PluginDir}
@@ -151,6 +160,15 @@ func (o Options) withDefaults() (Options, error) {
 		o.Logger = hclog.NewNullLogger()
 	}
 	return o, nil
+}
+
+// averagerTLS is the TLS files the averager gets: nil without TLS.
+func (o Options) averagerTLS() *plugin.TLSFiles {
+	if !o.TLS.Enabled() {
+		return nil
+	}
+	f := o.TLS
+	return &f
 }
 
 func setDefault(d *time.Duration, def time.Duration) {

@@ -289,6 +289,7 @@ func (w *worker) setUp(ctx context.Context) error {
 		DataKey:   dataKey,
 		Settings:  w.o.Averager.Settings,
 		RunID:     w.admit.GetRunId(),
+		TLS:       w.o.averagerTLS(),
 		Relay:     w.relay,
 	}
 	w.avgTraits, err = a.Configure(ctx, w.avgCfg)

@@ -181,6 +181,7 @@ func TestAveragerRoundTrip(t *testing.T) {
 				Endpoint: "10.0.0.7:29500", DataKey: key,
 				Settings: json.RawMessage(`{"gamma":1.0,"wire":"bf16"}`),
 				RunID:    "run-2024-06-01T12:00:00Z",
+				TLS:      &TLSFiles{CA: "/etc/cohort/ca.pem", Cert: "/etc/cohort/n1.pem", Key: "/etc/cohort/n1-key.pem"},
 			},
 			out: AveragerTraits{SoloIdentity: true},
 			invoke: func(ctx context.Context, c Averager, in any) (any, error) {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 
 	"github.com/cohortdl/cohort/shared/arena"
+	"github.com/cohortdl/cohort/shared/mtls"
 )
 
 // Description names a plugin implementation.
@@ -127,6 +128,12 @@ type Trainer interface {
 	Shutdown(ctx context.Context) error
 }
 
+// TLSFiles are a rank's mutual TLS files, absolute paths: CA, the
+// authority every side's certificate chains to, and this rank's Cert and
+// Key. ServerConfig and ClientConfigFor make TLS 1.3 configurations that
+// verify the other side against CA.
+type TLSFiles = mtls.Files
+
 // AveragerConfig is what an averager needs to join its group.
 type AveragerConfig struct {
 	Rank      uint32
@@ -141,6 +148,11 @@ type AveragerConfig struct {
 	DataKey  []byte
 	Settings json.RawMessage
 	RunID    string
+	// TLS, when the run's config turns TLS on (worker { tls }), names the
+	// rank's mutual TLS files: the averager's channel to the reduce server
+	// runs over them, and a vendor's own channel may (TLSFiles' methods
+	// make its configurations). Nil: no TLS.
+	TLS *TLSFiles
 	// Relay exchanges small blobs with the other ranks through the
 	// coordinator (an NCCL unique id, a vendor's addresses). Every averager
 	// gets one, whatever its meeting kind; it is valid until the next

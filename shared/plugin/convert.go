@@ -317,7 +317,15 @@ func toprotoAveragerConfig(c AveragerConfig) (*pb.AveragerConfigureRequest, erro
 		DataKey:      c.DataKey,
 		SettingsJson: c.Settings,
 		RunId:        c.RunID,
+		Tls:          toprotoTLS(c.TLS),
 	}, nil
+}
+
+func toprotoTLS(f *TLSFiles) *pb.TLSFiles {
+	if f == nil {
+		return nil
+	}
+	return &pb.TLSFiles{Ca: f.CA, Cert: f.Cert, Key: f.Key}
 }
 
 func fromprotoAveragerConfig(m *pb.AveragerConfigureRequest) (AveragerConfig, error) {
@@ -335,6 +343,9 @@ func fromprotoAveragerConfig(m *pb.AveragerConfigureRequest) (AveragerConfig, er
 	}
 	if k := m.GetDataKey(); len(k) > 0 {
 		c.DataKey = k
+	}
+	if t := m.GetTls(); t != nil {
+		c.TLS = &TLSFiles{CA: t.GetCa(), Cert: t.GetCert(), Key: t.GetKey()}
 	}
 	return c, nil
 }

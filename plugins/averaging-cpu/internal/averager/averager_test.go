@@ -28,6 +28,7 @@ func TestWeightedMean(t *testing.T) {
 		gamma float64
 		steps []uint64
 		tol   float64
+		tls   bool
 	}{
 		{name: "shm/equal", world: 3, steps: []uint64{5, 5, 5}, gamma: 1, tol: 1e-6},
 		{name: "shm/weighted", world: 4, steps: []uint64{1, 2, 3, 10}, gamma: 1, tol: 1e-6},
@@ -38,6 +39,7 @@ func TestWeightedMean(t *testing.T) {
 		{name: "tcp/f32", world: 3, host: func(int) string { return "rank" }, steps: []uint64{2, 0, 5}, gamma: 1, tol: 1e-6},
 		{name: "tcp/f32-gamma2", world: 2, host: func(int) string { return "rank" }, steps: []uint64{3, 1}, gamma: 2, tol: 1e-6},
 		{name: "tcp/bf16", world: 3, host: func(int) string { return "rank" }, wire: "bf16", steps: []uint64{1, 2, 3}, gamma: 1, tol: 8e-3},
+		{name: "tcp/f32-tls", world: 3, host: func(int) string { return "rank" }, steps: []uint64{2, 1, 5}, gamma: 1, tol: 1e-6, tls: true},
 		{name: "tcp/all-idle", world: 2, host: func(int) string { return "rank" }, steps: []uint64{0, 0}, gamma: 1},
 		{name: "mixed/2x2-f32", world: 4, host: func(r int) string { return []string{"a", "a", "b", "b"}[r] }, steps: []uint64{1, 4, 0, 2}, gamma: 1, tol: 1e-6},
 		{name: "mixed/2+1-bf16", world: 3, host: func(r int) string { return []string{"a", "b", "a"}[r] }, wire: "bf16", steps: []uint64{3, 3, 1}, gamma: 1, tol: 8e-3},
@@ -54,7 +56,11 @@ func TestWeightedMean(t *testing.T) {
 					sets[r]["wire"] = tc.wire
 				}
 			}
-			c := newCohort(t, cohortOpts{world: tc.world, settings: sets, scale: 3})
+			o := cohortOpts{world: tc.world, settings: sets, scale: 3}
+			if tc.tls {
+				o.tls = tlsCluster(t)
+			}
+			c := newCohort(t, o)
 			for round := uint64(1); round <= 2; round++ {
 				c.fill(round)
 				pre := c.snapshot()

@@ -3,6 +3,7 @@ package averager
 import (
 	"context"
 	"crypto/sha256"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/cohortdl/cohort/plugins/averaging-cpu/internal/shm"
 	"github.com/cohortdl/cohort/shared/arena"
+	"github.com/cohortdl/cohort/shared/mtls"
 	"github.com/cohortdl/cohort/shared/plugin"
 	rdc "github.com/cohortdl/cohort/shared/reduce"
 	"github.com/cohortdl/cohort/shared/reduce/numeric"
@@ -121,6 +123,12 @@ func newClient(ctx context.Context, log hclog.Logger, cfg plugin.AveragerConfig)
 	if err != nil {
 		return nil, fmt.Errorf("averager: %w", err)
 	}
+	var tlsCfg *tls.Config
+	if cfg.TLS != nil {
+		if tlsCfg, err = cfg.TLS.ClientConfigFor(cfg.Endpoint); err != nil {
+			return nil, fmt.Errorf("averager: %w", err)
+		}
+	}
 	nc, err := dial(ctx, cfg.Endpoint, set.connectTimeout)
 	if err != nil {
 		return nil, err
@@ -129,8 +137,14 @@ func newClient(ctx context.Context, log hclog.Logger, cfg plugin.AveragerConfig)
 		Run: rdc.RunDigest(cfg.RunID), Layout: digest, Settings: set.digest(), Host: c.host}
 	hctx, cancel := context.WithTimeout(ctx, set.connectTimeout)
 	defer cancel()
+	if tlsCfg != nil {
+		if nc, err = mtls.Client(hctx, nc, tlsCfg, set.timeout, "the reduce server"); err != nil {
+			return nil, fmt.Errorf("averager: reduce server %s: %w", cfg.Endpoint, err)
+		}
+	}
 	if c.conn, err = rdc.ClientHandshake(hctx, nc, keys, hello, rdc.Options{Timeout: set.timeout}); err != nil {
-		return nil, fmt.Errorf("averager: reduce server %s: %w", cfg.Endpoint, err)
+		// Under TLS 1.3 a refused certificate is an alert in place of the ack.
+		return nil, fmt.Errorf("averager: reduce server %s: %w", cfg.Endpoint, mtls.Explain(err, "the reduce server"))
 	}
 	go c.readLoop()
 	join := rdc.Join{ArenaPath: cfg.Arena.Path, Dev: dev, Ino: ino, PID: uint32(os.Getpid())}

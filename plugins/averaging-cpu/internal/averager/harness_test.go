@@ -2,6 +2,7 @@ package averager
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/cohortdl/cohort/core/reduce"
 	"github.com/cohortdl/cohort/shared/arena"
+	"github.com/cohortdl/cohort/shared/mtls"
 	"github.com/cohortdl/cohort/shared/plugin"
 )
 
@@ -54,6 +56,8 @@ type cohort struct {
 	maps   []*arena.Mapping
 	avgs   []*Averager
 	traits []plugin.AveragerTraits // what each rank's Configure said
+	// rankTLS is every rank's AveragerConfig.TLS.
+	rankTLS *plugin.TLSFiles
 }
 
 type cohortOpts struct {
@@ -62,6 +66,10 @@ type cohortOpts struct {
 	scale    int
 	noServer bool
 	timeout  time.Duration
+	// tls, when set, is a cluster's directory (mtls.WriteCluster, hosts
+	// "coord" and "node"): the server runs mutual TLS with coord's files
+	// and every rank gets node's.
+	tls string
 }
 
 func newCohort(t testing.TB, o cohortOpts) *cohort {
@@ -75,9 +83,18 @@ func newCohort(t testing.TB, o cohortOpts) *cohort {
 	if timeout == 0 {
 		timeout = 5 * time.Second
 	}
+	var serverTLS *tls.Config
+	if o.tls != "" {
+		var err error
+		if serverTLS, err = mtls.HostFiles(o.tls, "coord").ServerConfig(); err != nil {
+			t.Fatal(err)
+		}
+		files := mtls.HostFiles(o.tls, "node")
+		c.rankTLS = &files
+	}
 	srv, err := reduce.Listen(context.Background(), reduce.Config{
 		Addr: "127.0.0.1:0", Key: testKey, RunID: testRun, World: uint32(o.world), Layout: &c.layout,
-		Logger: logger, Timeout: timeout,
+		Logger: logger, Timeout: timeout, TLS: serverTLS,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -134,7 +151,7 @@ func (c *cohort) config(r int, set map[string]any) plugin.AveragerConfig {
 	raw, _ := json.Marshal(set)
 	return plugin.AveragerConfig{
 		Rank: uint32(r), WorldSize: uint32(len(c.maps)), Arena: c.maps[r].Descriptor(),
-		Endpoint: c.srv.Addr(), DataKey: testKey, Settings: raw, RunID: testRun,
+		Endpoint: c.srv.Addr(), DataKey: testKey, Settings: raw, RunID: testRun, TLS: c.rankTLS,
 	}
 }
 

@@ -42,6 +42,9 @@ type AveragerConfigureRequest struct {
 	// The go-plugin broker id on which the host serves the Relay service for
 	// this averager; 0 when the host offers none.
 	RelayBrokerId uint32 `protobuf:"varint,8,opt,name=relay_broker_id,json=relayBrokerId,proto3" json:"relay_broker_id,omitempty"`
+	// The rank's mutual TLS files (absolute paths) when its config turns TLS
+	// on: the reduce server's channel needs them, a vendor's may use them.
+	Tls           *TLSFiles `protobuf:"bytes,9,opt,name=tls,proto3" json:"tls,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -132,6 +135,73 @@ func (x *AveragerConfigureRequest) GetRelayBrokerId() uint32 {
 	return 0
 }
 
+func (x *AveragerConfigureRequest) GetTls() *TLSFiles {
+	if x != nil {
+		return x.Tls
+	}
+	return nil
+}
+
+type TLSFiles struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Ca            string                 `protobuf:"bytes,1,opt,name=ca,proto3" json:"ca,omitempty"`
+	Cert          string                 `protobuf:"bytes,2,opt,name=cert,proto3" json:"cert,omitempty"`
+	Key           string                 `protobuf:"bytes,3,opt,name=key,proto3" json:"key,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TLSFiles) Reset() {
+	*x = TLSFiles{}
+	mi := &file_shared_plugin_internal_pluginpb_averager_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TLSFiles) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TLSFiles) ProtoMessage() {}
+
+func (x *TLSFiles) ProtoReflect() protoreflect.Message {
+	mi := &file_shared_plugin_internal_pluginpb_averager_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TLSFiles.ProtoReflect.Descriptor instead.
+func (*TLSFiles) Descriptor() ([]byte, []int) {
+	return file_shared_plugin_internal_pluginpb_averager_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *TLSFiles) GetCa() string {
+	if x != nil {
+		return x.Ca
+	}
+	return ""
+}
+
+func (x *TLSFiles) GetCert() string {
+	if x != nil {
+		return x.Cert
+	}
+	return ""
+}
+
+func (x *TLSFiles) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
 type AveragerConfigureResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// A round whose session has this rank alone leaves the arena bit for bit
@@ -144,7 +214,7 @@ type AveragerConfigureResponse struct {
 
 func (x *AveragerConfigureResponse) Reset() {
 	*x = AveragerConfigureResponse{}
-	mi := &file_shared_plugin_internal_pluginpb_averager_proto_msgTypes[1]
+	mi := &file_shared_plugin_internal_pluginpb_averager_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -156,7 +226,7 @@ func (x *AveragerConfigureResponse) String() string {
 func (*AveragerConfigureResponse) ProtoMessage() {}
 
 func (x *AveragerConfigureResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_plugin_internal_pluginpb_averager_proto_msgTypes[1]
+	mi := &file_shared_plugin_internal_pluginpb_averager_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -169,7 +239,7 @@ func (x *AveragerConfigureResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AveragerConfigureResponse.ProtoReflect.Descriptor instead.
 func (*AveragerConfigureResponse) Descriptor() ([]byte, []int) {
-	return file_shared_plugin_internal_pluginpb_averager_proto_rawDescGZIP(), []int{1}
+	return file_shared_plugin_internal_pluginpb_averager_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *AveragerConfigureResponse) GetSoloIdentity() bool {
@@ -193,7 +263,7 @@ type AverageRequest struct {
 
 func (x *AverageRequest) Reset() {
 	*x = AverageRequest{}
-	mi := &file_shared_plugin_internal_pluginpb_averager_proto_msgTypes[2]
+	mi := &file_shared_plugin_internal_pluginpb_averager_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -205,7 +275,7 @@ func (x *AverageRequest) String() string {
 func (*AverageRequest) ProtoMessage() {}
 
 func (x *AverageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_plugin_internal_pluginpb_averager_proto_msgTypes[2]
+	mi := &file_shared_plugin_internal_pluginpb_averager_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -218,7 +288,7 @@ func (x *AverageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AverageRequest.ProtoReflect.Descriptor instead.
 func (*AverageRequest) Descriptor() ([]byte, []int) {
-	return file_shared_plugin_internal_pluginpb_averager_proto_rawDescGZIP(), []int{2}
+	return file_shared_plugin_internal_pluginpb_averager_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *AverageRequest) GetRound() uint64 {
@@ -270,7 +340,7 @@ type AverageResponse struct {
 
 func (x *AverageResponse) Reset() {
 	*x = AverageResponse{}
-	mi := &file_shared_plugin_internal_pluginpb_averager_proto_msgTypes[3]
+	mi := &file_shared_plugin_internal_pluginpb_averager_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -282,7 +352,7 @@ func (x *AverageResponse) String() string {
 func (*AverageResponse) ProtoMessage() {}
 
 func (x *AverageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_plugin_internal_pluginpb_averager_proto_msgTypes[3]
+	mi := &file_shared_plugin_internal_pluginpb_averager_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -295,7 +365,7 @@ func (x *AverageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AverageResponse.ProtoReflect.Descriptor instead.
 func (*AverageResponse) Descriptor() ([]byte, []int) {
-	return file_shared_plugin_internal_pluginpb_averager_proto_rawDescGZIP(), []int{3}
+	return file_shared_plugin_internal_pluginpb_averager_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *AverageResponse) GetWeight() float64 {
@@ -376,7 +446,7 @@ type NewSessionIdRequest struct {
 
 func (x *NewSessionIdRequest) Reset() {
 	*x = NewSessionIdRequest{}
-	mi := &file_shared_plugin_internal_pluginpb_averager_proto_msgTypes[4]
+	mi := &file_shared_plugin_internal_pluginpb_averager_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -388,7 +458,7 @@ func (x *NewSessionIdRequest) String() string {
 func (*NewSessionIdRequest) ProtoMessage() {}
 
 func (x *NewSessionIdRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_plugin_internal_pluginpb_averager_proto_msgTypes[4]
+	mi := &file_shared_plugin_internal_pluginpb_averager_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -401,7 +471,7 @@ func (x *NewSessionIdRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NewSessionIdRequest.ProtoReflect.Descriptor instead.
 func (*NewSessionIdRequest) Descriptor() ([]byte, []int) {
-	return file_shared_plugin_internal_pluginpb_averager_proto_rawDescGZIP(), []int{4}
+	return file_shared_plugin_internal_pluginpb_averager_proto_rawDescGZIP(), []int{5}
 }
 
 type NewSessionIdResponse struct {
@@ -413,7 +483,7 @@ type NewSessionIdResponse struct {
 
 func (x *NewSessionIdResponse) Reset() {
 	*x = NewSessionIdResponse{}
-	mi := &file_shared_plugin_internal_pluginpb_averager_proto_msgTypes[5]
+	mi := &file_shared_plugin_internal_pluginpb_averager_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -425,7 +495,7 @@ func (x *NewSessionIdResponse) String() string {
 func (*NewSessionIdResponse) ProtoMessage() {}
 
 func (x *NewSessionIdResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_plugin_internal_pluginpb_averager_proto_msgTypes[5]
+	mi := &file_shared_plugin_internal_pluginpb_averager_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -438,7 +508,7 @@ func (x *NewSessionIdResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NewSessionIdResponse.ProtoReflect.Descriptor instead.
 func (*NewSessionIdResponse) Descriptor() ([]byte, []int) {
-	return file_shared_plugin_internal_pluginpb_averager_proto_rawDescGZIP(), []int{5}
+	return file_shared_plugin_internal_pluginpb_averager_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *NewSessionIdResponse) GetSessionId() []byte {
@@ -461,7 +531,7 @@ type NewSessionRequest struct {
 
 func (x *NewSessionRequest) Reset() {
 	*x = NewSessionRequest{}
-	mi := &file_shared_plugin_internal_pluginpb_averager_proto_msgTypes[6]
+	mi := &file_shared_plugin_internal_pluginpb_averager_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -473,7 +543,7 @@ func (x *NewSessionRequest) String() string {
 func (*NewSessionRequest) ProtoMessage() {}
 
 func (x *NewSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_plugin_internal_pluginpb_averager_proto_msgTypes[6]
+	mi := &file_shared_plugin_internal_pluginpb_averager_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -486,7 +556,7 @@ func (x *NewSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NewSessionRequest.ProtoReflect.Descriptor instead.
 func (*NewSessionRequest) Descriptor() ([]byte, []int) {
-	return file_shared_plugin_internal_pluginpb_averager_proto_rawDescGZIP(), []int{6}
+	return file_shared_plugin_internal_pluginpb_averager_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *NewSessionRequest) GetGeneration() uint64 {
@@ -532,7 +602,7 @@ type NewSessionResponse struct {
 
 func (x *NewSessionResponse) Reset() {
 	*x = NewSessionResponse{}
-	mi := &file_shared_plugin_internal_pluginpb_averager_proto_msgTypes[7]
+	mi := &file_shared_plugin_internal_pluginpb_averager_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -544,7 +614,7 @@ func (x *NewSessionResponse) String() string {
 func (*NewSessionResponse) ProtoMessage() {}
 
 func (x *NewSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_plugin_internal_pluginpb_averager_proto_msgTypes[7]
+	mi := &file_shared_plugin_internal_pluginpb_averager_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -557,7 +627,7 @@ func (x *NewSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NewSessionResponse.ProtoReflect.Descriptor instead.
 func (*NewSessionResponse) Descriptor() ([]byte, []int) {
-	return file_shared_plugin_internal_pluginpb_averager_proto_rawDescGZIP(), []int{7}
+	return file_shared_plugin_internal_pluginpb_averager_proto_rawDescGZIP(), []int{8}
 }
 
 type AbortRequest struct {
@@ -569,7 +639,7 @@ type AbortRequest struct {
 
 func (x *AbortRequest) Reset() {
 	*x = AbortRequest{}
-	mi := &file_shared_plugin_internal_pluginpb_averager_proto_msgTypes[8]
+	mi := &file_shared_plugin_internal_pluginpb_averager_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -581,7 +651,7 @@ func (x *AbortRequest) String() string {
 func (*AbortRequest) ProtoMessage() {}
 
 func (x *AbortRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_plugin_internal_pluginpb_averager_proto_msgTypes[8]
+	mi := &file_shared_plugin_internal_pluginpb_averager_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -594,7 +664,7 @@ func (x *AbortRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbortRequest.ProtoReflect.Descriptor instead.
 func (*AbortRequest) Descriptor() ([]byte, []int) {
-	return file_shared_plugin_internal_pluginpb_averager_proto_rawDescGZIP(), []int{8}
+	return file_shared_plugin_internal_pluginpb_averager_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *AbortRequest) GetReason() string {
@@ -612,7 +682,7 @@ type AbortResponse struct {
 
 func (x *AbortResponse) Reset() {
 	*x = AbortResponse{}
-	mi := &file_shared_plugin_internal_pluginpb_averager_proto_msgTypes[9]
+	mi := &file_shared_plugin_internal_pluginpb_averager_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -624,7 +694,7 @@ func (x *AbortResponse) String() string {
 func (*AbortResponse) ProtoMessage() {}
 
 func (x *AbortResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_plugin_internal_pluginpb_averager_proto_msgTypes[9]
+	mi := &file_shared_plugin_internal_pluginpb_averager_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -637,7 +707,7 @@ func (x *AbortResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbortResponse.ProtoReflect.Descriptor instead.
 func (*AbortResponse) Descriptor() ([]byte, []int) {
-	return file_shared_plugin_internal_pluginpb_averager_proto_rawDescGZIP(), []int{9}
+	return file_shared_plugin_internal_pluginpb_averager_proto_rawDescGZIP(), []int{10}
 }
 
 type LoadStateResponse struct {
@@ -648,7 +718,7 @@ type LoadStateResponse struct {
 
 func (x *LoadStateResponse) Reset() {
 	*x = LoadStateResponse{}
-	mi := &file_shared_plugin_internal_pluginpb_averager_proto_msgTypes[10]
+	mi := &file_shared_plugin_internal_pluginpb_averager_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -660,7 +730,7 @@ func (x *LoadStateResponse) String() string {
 func (*LoadStateResponse) ProtoMessage() {}
 
 func (x *LoadStateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_plugin_internal_pluginpb_averager_proto_msgTypes[10]
+	mi := &file_shared_plugin_internal_pluginpb_averager_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -673,7 +743,7 @@ func (x *LoadStateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadStateResponse.ProtoReflect.Descriptor instead.
 func (*LoadStateResponse) Descriptor() ([]byte, []int) {
-	return file_shared_plugin_internal_pluginpb_averager_proto_rawDescGZIP(), []int{10}
+	return file_shared_plugin_internal_pluginpb_averager_proto_rawDescGZIP(), []int{11}
 }
 
 type RelayExchangeRequest struct {
@@ -686,7 +756,7 @@ type RelayExchangeRequest struct {
 
 func (x *RelayExchangeRequest) Reset() {
 	*x = RelayExchangeRequest{}
-	mi := &file_shared_plugin_internal_pluginpb_averager_proto_msgTypes[11]
+	mi := &file_shared_plugin_internal_pluginpb_averager_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -698,7 +768,7 @@ func (x *RelayExchangeRequest) String() string {
 func (*RelayExchangeRequest) ProtoMessage() {}
 
 func (x *RelayExchangeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_plugin_internal_pluginpb_averager_proto_msgTypes[11]
+	mi := &file_shared_plugin_internal_pluginpb_averager_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -711,7 +781,7 @@ func (x *RelayExchangeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelayExchangeRequest.ProtoReflect.Descriptor instead.
 func (*RelayExchangeRequest) Descriptor() ([]byte, []int) {
-	return file_shared_plugin_internal_pluginpb_averager_proto_rawDescGZIP(), []int{11}
+	return file_shared_plugin_internal_pluginpb_averager_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *RelayExchangeRequest) GetKey() string {
@@ -737,7 +807,7 @@ type RelayExchangeResponse struct {
 
 func (x *RelayExchangeResponse) Reset() {
 	*x = RelayExchangeResponse{}
-	mi := &file_shared_plugin_internal_pluginpb_averager_proto_msgTypes[12]
+	mi := &file_shared_plugin_internal_pluginpb_averager_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -749,7 +819,7 @@ func (x *RelayExchangeResponse) String() string {
 func (*RelayExchangeResponse) ProtoMessage() {}
 
 func (x *RelayExchangeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_plugin_internal_pluginpb_averager_proto_msgTypes[12]
+	mi := &file_shared_plugin_internal_pluginpb_averager_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -762,7 +832,7 @@ func (x *RelayExchangeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelayExchangeResponse.ProtoReflect.Descriptor instead.
 func (*RelayExchangeResponse) Descriptor() ([]byte, []int) {
-	return file_shared_plugin_internal_pluginpb_averager_proto_rawDescGZIP(), []int{12}
+	return file_shared_plugin_internal_pluginpb_averager_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *RelayExchangeResponse) GetEntries() []*RelayEntry {
@@ -782,7 +852,7 @@ type RelayEntry struct {
 
 func (x *RelayEntry) Reset() {
 	*x = RelayEntry{}
-	mi := &file_shared_plugin_internal_pluginpb_averager_proto_msgTypes[13]
+	mi := &file_shared_plugin_internal_pluginpb_averager_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -794,7 +864,7 @@ func (x *RelayEntry) String() string {
 func (*RelayEntry) ProtoMessage() {}
 
 func (x *RelayEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_plugin_internal_pluginpb_averager_proto_msgTypes[13]
+	mi := &file_shared_plugin_internal_pluginpb_averager_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -807,7 +877,7 @@ func (x *RelayEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelayEntry.ProtoReflect.Descriptor instead.
 func (*RelayEntry) Descriptor() ([]byte, []int) {
-	return file_shared_plugin_internal_pluginpb_averager_proto_rawDescGZIP(), []int{13}
+	return file_shared_plugin_internal_pluginpb_averager_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *RelayEntry) GetRank() uint32 {
@@ -828,7 +898,7 @@ var File_shared_plugin_internal_pluginpb_averager_proto protoreflect.FileDescrip
 
 const file_shared_plugin_internal_pluginpb_averager_proto_rawDesc = "" +
 	"\n" +
-	".shared/plugin/internal/pluginpb/averager.proto\x12\tcohort.v1\x1a+shared/plugin/internal/pluginpb/arena.proto\x1a-shared/plugin/internal/pluginpb/trainer.proto\"\x9a\x02\n" +
+	".shared/plugin/internal/pluginpb/averager.proto\x12\tcohort.v1\x1a+shared/plugin/internal/pluginpb/arena.proto\x1a-shared/plugin/internal/pluginpb/trainer.proto\"\xc1\x02\n" +
 	"\x18AveragerConfigureRequest\x12\x12\n" +
 	"\x04rank\x18\x01 \x01(\rR\x04rank\x12\x1d\n" +
 	"\n" +
@@ -838,7 +908,12 @@ const file_shared_plugin_internal_pluginpb_averager_proto_rawDesc = "" +
 	"\bdata_key\x18\x05 \x01(\fR\adataKey\x12#\n" +
 	"\rsettings_json\x18\x06 \x01(\fR\fsettingsJson\x12\x15\n" +
 	"\x06run_id\x18\a \x01(\tR\x05runId\x12&\n" +
-	"\x0frelay_broker_id\x18\b \x01(\rR\rrelayBrokerId\"@\n" +
+	"\x0frelay_broker_id\x18\b \x01(\rR\rrelayBrokerId\x12%\n" +
+	"\x03tls\x18\t \x01(\v2\x13.cohort.v1.TLSFilesR\x03tls\"@\n" +
+	"\bTLSFiles\x12\x0e\n" +
+	"\x02ca\x18\x01 \x01(\tR\x02ca\x12\x12\n" +
+	"\x04cert\x18\x02 \x01(\tR\x04cert\x12\x10\n" +
+	"\x03key\x18\x03 \x01(\tR\x03key\"@\n" +
 	"\x19AveragerConfigureResponse\x12#\n" +
 	"\rsolo_identity\x18\x01 \x01(\bR\fsoloIdentity\"n\n" +
 	"\x0eAverageRequest\x12\x14\n" +
@@ -914,59 +989,61 @@ func file_shared_plugin_internal_pluginpb_averager_proto_rawDescGZIP() []byte {
 	return file_shared_plugin_internal_pluginpb_averager_proto_rawDescData
 }
 
-var file_shared_plugin_internal_pluginpb_averager_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_shared_plugin_internal_pluginpb_averager_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
 var file_shared_plugin_internal_pluginpb_averager_proto_goTypes = []any{
 	(*AveragerConfigureRequest)(nil),  // 0: cohort.v1.AveragerConfigureRequest
-	(*AveragerConfigureResponse)(nil), // 1: cohort.v1.AveragerConfigureResponse
-	(*AverageRequest)(nil),            // 2: cohort.v1.AverageRequest
-	(*AverageResponse)(nil),           // 3: cohort.v1.AverageResponse
-	(*NewSessionIdRequest)(nil),       // 4: cohort.v1.NewSessionIdRequest
-	(*NewSessionIdResponse)(nil),      // 5: cohort.v1.NewSessionIdResponse
-	(*NewSessionRequest)(nil),         // 6: cohort.v1.NewSessionRequest
-	(*NewSessionResponse)(nil),        // 7: cohort.v1.NewSessionResponse
-	(*AbortRequest)(nil),              // 8: cohort.v1.AbortRequest
-	(*AbortResponse)(nil),             // 9: cohort.v1.AbortResponse
-	(*LoadStateResponse)(nil),         // 10: cohort.v1.LoadStateResponse
-	(*RelayExchangeRequest)(nil),      // 11: cohort.v1.RelayExchangeRequest
-	(*RelayExchangeResponse)(nil),     // 12: cohort.v1.RelayExchangeResponse
-	(*RelayEntry)(nil),                // 13: cohort.v1.RelayEntry
-	(*ArenaDescriptor)(nil),           // 14: cohort.v1.ArenaDescriptor
-	(*DescribeRequest)(nil),           // 15: cohort.v1.DescribeRequest
-	(*SaveCheckpointRequest)(nil),     // 16: cohort.v1.SaveCheckpointRequest
-	(*LoadCheckpointRequest)(nil),     // 17: cohort.v1.LoadCheckpointRequest
-	(*ShutdownRequest)(nil),           // 18: cohort.v1.ShutdownRequest
-	(*PluginDescription)(nil),         // 19: cohort.v1.PluginDescription
-	(*SaveCheckpointResponse)(nil),    // 20: cohort.v1.SaveCheckpointResponse
-	(*ShutdownResponse)(nil),          // 21: cohort.v1.ShutdownResponse
+	(*TLSFiles)(nil),                  // 1: cohort.v1.TLSFiles
+	(*AveragerConfigureResponse)(nil), // 2: cohort.v1.AveragerConfigureResponse
+	(*AverageRequest)(nil),            // 3: cohort.v1.AverageRequest
+	(*AverageResponse)(nil),           // 4: cohort.v1.AverageResponse
+	(*NewSessionIdRequest)(nil),       // 5: cohort.v1.NewSessionIdRequest
+	(*NewSessionIdResponse)(nil),      // 6: cohort.v1.NewSessionIdResponse
+	(*NewSessionRequest)(nil),         // 7: cohort.v1.NewSessionRequest
+	(*NewSessionResponse)(nil),        // 8: cohort.v1.NewSessionResponse
+	(*AbortRequest)(nil),              // 9: cohort.v1.AbortRequest
+	(*AbortResponse)(nil),             // 10: cohort.v1.AbortResponse
+	(*LoadStateResponse)(nil),         // 11: cohort.v1.LoadStateResponse
+	(*RelayExchangeRequest)(nil),      // 12: cohort.v1.RelayExchangeRequest
+	(*RelayExchangeResponse)(nil),     // 13: cohort.v1.RelayExchangeResponse
+	(*RelayEntry)(nil),                // 14: cohort.v1.RelayEntry
+	(*ArenaDescriptor)(nil),           // 15: cohort.v1.ArenaDescriptor
+	(*DescribeRequest)(nil),           // 16: cohort.v1.DescribeRequest
+	(*SaveCheckpointRequest)(nil),     // 17: cohort.v1.SaveCheckpointRequest
+	(*LoadCheckpointRequest)(nil),     // 18: cohort.v1.LoadCheckpointRequest
+	(*ShutdownRequest)(nil),           // 19: cohort.v1.ShutdownRequest
+	(*PluginDescription)(nil),         // 20: cohort.v1.PluginDescription
+	(*SaveCheckpointResponse)(nil),    // 21: cohort.v1.SaveCheckpointResponse
+	(*ShutdownResponse)(nil),          // 22: cohort.v1.ShutdownResponse
 }
 var file_shared_plugin_internal_pluginpb_averager_proto_depIdxs = []int32{
-	14, // 0: cohort.v1.AveragerConfigureRequest.arena:type_name -> cohort.v1.ArenaDescriptor
-	13, // 1: cohort.v1.RelayExchangeResponse.entries:type_name -> cohort.v1.RelayEntry
-	15, // 2: cohort.v1.Averager.Describe:input_type -> cohort.v1.DescribeRequest
-	0,  // 3: cohort.v1.Averager.Configure:input_type -> cohort.v1.AveragerConfigureRequest
-	2,  // 4: cohort.v1.Averager.Average:input_type -> cohort.v1.AverageRequest
-	4,  // 5: cohort.v1.Averager.NewSessionId:input_type -> cohort.v1.NewSessionIdRequest
-	6,  // 6: cohort.v1.Averager.NewSession:input_type -> cohort.v1.NewSessionRequest
-	8,  // 7: cohort.v1.Averager.Abort:input_type -> cohort.v1.AbortRequest
-	16, // 8: cohort.v1.Averager.SaveState:input_type -> cohort.v1.SaveCheckpointRequest
-	17, // 9: cohort.v1.Averager.LoadState:input_type -> cohort.v1.LoadCheckpointRequest
-	18, // 10: cohort.v1.Averager.Shutdown:input_type -> cohort.v1.ShutdownRequest
-	11, // 11: cohort.v1.Relay.Exchange:input_type -> cohort.v1.RelayExchangeRequest
-	19, // 12: cohort.v1.Averager.Describe:output_type -> cohort.v1.PluginDescription
-	1,  // 13: cohort.v1.Averager.Configure:output_type -> cohort.v1.AveragerConfigureResponse
-	3,  // 14: cohort.v1.Averager.Average:output_type -> cohort.v1.AverageResponse
-	5,  // 15: cohort.v1.Averager.NewSessionId:output_type -> cohort.v1.NewSessionIdResponse
-	7,  // 16: cohort.v1.Averager.NewSession:output_type -> cohort.v1.NewSessionResponse
-	9,  // 17: cohort.v1.Averager.Abort:output_type -> cohort.v1.AbortResponse
-	20, // 18: cohort.v1.Averager.SaveState:output_type -> cohort.v1.SaveCheckpointResponse
-	10, // 19: cohort.v1.Averager.LoadState:output_type -> cohort.v1.LoadStateResponse
-	21, // 20: cohort.v1.Averager.Shutdown:output_type -> cohort.v1.ShutdownResponse
-	12, // 21: cohort.v1.Relay.Exchange:output_type -> cohort.v1.RelayExchangeResponse
-	12, // [12:22] is the sub-list for method output_type
-	2,  // [2:12] is the sub-list for method input_type
-	2,  // [2:2] is the sub-list for extension type_name
-	2,  // [2:2] is the sub-list for extension extendee
-	0,  // [0:2] is the sub-list for field type_name
+	15, // 0: cohort.v1.AveragerConfigureRequest.arena:type_name -> cohort.v1.ArenaDescriptor
+	1,  // 1: cohort.v1.AveragerConfigureRequest.tls:type_name -> cohort.v1.TLSFiles
+	14, // 2: cohort.v1.RelayExchangeResponse.entries:type_name -> cohort.v1.RelayEntry
+	16, // 3: cohort.v1.Averager.Describe:input_type -> cohort.v1.DescribeRequest
+	0,  // 4: cohort.v1.Averager.Configure:input_type -> cohort.v1.AveragerConfigureRequest
+	3,  // 5: cohort.v1.Averager.Average:input_type -> cohort.v1.AverageRequest
+	5,  // 6: cohort.v1.Averager.NewSessionId:input_type -> cohort.v1.NewSessionIdRequest
+	7,  // 7: cohort.v1.Averager.NewSession:input_type -> cohort.v1.NewSessionRequest
+	9,  // 8: cohort.v1.Averager.Abort:input_type -> cohort.v1.AbortRequest
+	17, // 9: cohort.v1.Averager.SaveState:input_type -> cohort.v1.SaveCheckpointRequest
+	18, // 10: cohort.v1.Averager.LoadState:input_type -> cohort.v1.LoadCheckpointRequest
+	19, // 11: cohort.v1.Averager.Shutdown:input_type -> cohort.v1.ShutdownRequest
+	12, // 12: cohort.v1.Relay.Exchange:input_type -> cohort.v1.RelayExchangeRequest
+	20, // 13: cohort.v1.Averager.Describe:output_type -> cohort.v1.PluginDescription
+	2,  // 14: cohort.v1.Averager.Configure:output_type -> cohort.v1.AveragerConfigureResponse
+	4,  // 15: cohort.v1.Averager.Average:output_type -> cohort.v1.AverageResponse
+	6,  // 16: cohort.v1.Averager.NewSessionId:output_type -> cohort.v1.NewSessionIdResponse
+	8,  // 17: cohort.v1.Averager.NewSession:output_type -> cohort.v1.NewSessionResponse
+	10, // 18: cohort.v1.Averager.Abort:output_type -> cohort.v1.AbortResponse
+	21, // 19: cohort.v1.Averager.SaveState:output_type -> cohort.v1.SaveCheckpointResponse
+	11, // 20: cohort.v1.Averager.LoadState:output_type -> cohort.v1.LoadStateResponse
+	22, // 21: cohort.v1.Averager.Shutdown:output_type -> cohort.v1.ShutdownResponse
+	13, // 22: cohort.v1.Relay.Exchange:output_type -> cohort.v1.RelayExchangeResponse
+	13, // [13:23] is the sub-list for method output_type
+	3,  // [3:13] is the sub-list for method input_type
+	3,  // [3:3] is the sub-list for extension type_name
+	3,  // [3:3] is the sub-list for extension extendee
+	0,  // [0:3] is the sub-list for field type_name
 }
 
 func init() { file_shared_plugin_internal_pluginpb_averager_proto_init() }
@@ -982,7 +1059,7 @@ func file_shared_plugin_internal_pluginpb_averager_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_shared_plugin_internal_pluginpb_averager_proto_rawDesc), len(file_shared_plugin_internal_pluginpb_averager_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   14,
+			NumMessages:   15,
 			NumExtensions: 0,
 			NumServices:   2,
 		},
