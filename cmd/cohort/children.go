@@ -116,6 +116,16 @@ func (c *children) start(exe string, args, env []string, name string, logs io.Wr
 	return nil
 }
 
+// kill kills the process group of the i-th worker started (rank i's),
+// unless it is reaped already or was never started.
+func (c *children) kill(i int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if i >= 0 && i < len(c.procs) && !c.procs[i].reaped {
+		syscall.Kill(-c.procs[i].cmd.Process.Pid, syscall.SIGKILL)
+	}
+}
+
 // killAll kills the process group of every worker not yet reaped (the
 // worker and the plugins it started), waits until all are reaped, and
 // ends the forking goroutine: start fails from then on. A reaped worker's

@@ -141,8 +141,8 @@ func epochLine(pr coordinator.Progress) string {
 
 // outcome prints how a run ended and returns what cohort exits with: nil
 // when it completed, exit status 130 when it stopped, 1 (and err) when it
-// failed. resume is the command that continues a stopped run, less its
-// --resume flag.
+// failed. resume is the command that continues a run that saved a
+// checkpoint, less its --resume flag.
 func outcome(w io.Writer, sum *coordinator.Summary, err error, resume string) error {
 	if sum == nil {
 		return failed(err)
@@ -157,13 +157,15 @@ func outcome(w io.Writer, sum *coordinator.Summary, err error, resume string) er
 		msg += "; last checkpoint " + sum.Checkpoint
 	}
 	fmt.Fprintln(w, msg)
-	switch sum.Status {
-	case coordinator.StatusCompleted:
+	if sum.Status == coordinator.StatusCompleted {
 		return nil
-	case coordinator.StatusStopped:
-		if sum.Checkpoint != "" {
-			fmt.Fprintf(w, "resume with: %s --resume %s\n", resume, sum.Checkpoint)
-		}
+	}
+	// A stopped run, and a failed one that saved first (too few ranks
+	// left, a stalled session), continue from their checkpoint.
+	if sum.Checkpoint != "" {
+		fmt.Fprintf(w, "resume with: %s --resume %s\n", resume, sum.Checkpoint)
+	}
+	if sum.Status == coordinator.StatusStopped {
 		return &exitError{code: exitStopped}
 	}
 	return failed(err)

@@ -179,6 +179,9 @@ func (l *launcher) run() error {
 	formed := make(chan struct{})
 	var formedOnce sync.Once
 	logger := l.g.newLogger(stderr, runLogLevels)
+	kids := newChildren(l.cfg.Run.Ranks)
+	// Whatever happens below, no worker outlives the launcher.
+	defer kids.killAll()
 	coord, err := coordinator.New(coordinator.Options{
 		Config:   l.cfg,
 		Keys:     keys,
@@ -188,6 +191,12 @@ func (l *launcher) run() error {
 		Progress: func(p coordinator.Progress) {
 			if p.Kind == coordinator.ProgressFormed {
 				formedOnce.Do(func() { close(formed) })
+			}
+			if p.Kind == coordinator.ProgressMembership && p.Event != nil && p.Event.Event == coordinator.EventDead {
+				// A rank the run has given up on may be stopped or hung, and
+				// would hold the run's end for the whole exit grace; its
+				// samples are the survivors' now.
+				kids.kill(int(p.Event.Rank))
 			}
 			prog.report(p)
 		},
@@ -224,9 +233,6 @@ func (l *launcher) run() error {
 	arenaLog := logger.Named("arenas")
 	worker.SweepArenas("", arenaLog)
 	defer worker.SweepArenas("", arenaLog)
-	kids := newChildren(l.cfg.Run.Ranks)
-	// Whatever happens below, no worker outlives the launcher.
-	defer kids.killAll()
 
 	type runResult struct {
 		sum *coordinator.Summary

@@ -706,6 +706,8 @@ func TestOutcome(t *testing.T) {
 			[]string{"run stopped"}},
 		{"failed", &coordinator.Summary{Status: "failed"}, errors.New("every rank lost"), exitFailed,
 			[]string{"run failed"}},
+		{"failed after saving", &coordinator.Summary{Status: "failed", Checkpoint: "out/ck/2"}, errors.New("1 live rank, min_ranks is 2"), exitFailed,
+			[]string{"run failed; last checkpoint out/ck/2", "resume with: cohort run --resume out/ck/2"}},
 		{"never ran", nil, errors.New("listen: address in use"), exitFailed, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

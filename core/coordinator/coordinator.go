@@ -70,6 +70,10 @@ type Options struct {
 	// advances; it must return quickly.
 	Progress func(Progress)
 
+	// HandshakeTimeout bounds a connection's handshake: one that has not
+	// sent a valid hello by then is dropped (default
+	// wire.DefaultHandshakeTimeout).
+	HandshakeTimeout time.Duration
 	// HeartbeatInterval is the CoordinatorHeartbeat period (default 1 s).
 	HeartbeatInterval time.Duration
 	// ExitTimeout bounds the wait for Exiting after Shutdown (default 30 s).

@@ -172,7 +172,7 @@ func (r *runner) run(parent context.Context) (*Summary, error) {
 		ln:     r.c.ln,
 		keys:   r.c.opts.Keys,
 		slots:  r.slots,
-		opts:   []wire.Option{wire.WithIdleTimeout(r.hbTimeout), wire.WithTLS(r.c.tls)},
+		opts:   r.wireOptions(),
 		events: r.events,
 		log:    r.log,
 		wg:     &r.wg,
@@ -464,4 +464,14 @@ func (r *runner) onMessage(rs *rankState, msg proto.Message) {
 	default:
 		r.log.Warn("ignoring an unexpected frame", "rank", rs.id, "type", fmt.Sprintf("%T", msg))
 	}
+}
+
+// wireOptions are the options of every rank connection's handshake and
+// frames.
+func (r *runner) wireOptions() []wire.Option {
+	opts := []wire.Option{wire.WithIdleTimeout(r.hbTimeout), wire.WithTLS(r.c.tls)}
+	if d := r.c.opts.HandshakeTimeout; d > 0 {
+		opts = append(opts, wire.WithHandshakeTimeout(d))
+	}
+	return opts
 }

@@ -86,7 +86,7 @@ func (r *runner) onExiting(rs *rankState) {
 		r.log.Debug("rank exited", "rank", rs.id)
 		return
 	}
-	r.depart(rs, "left", "sent Exiting before the run ended", stExited)
+	r.depart(rs, EventLeft, "sent Exiting before the run ended", stExited)
 }
 
 // lose handles a rank found dead (its link broke, or it fell silent, or it
@@ -98,7 +98,7 @@ func (r *runner) lose(rs *rankState, reason string) {
 		r.dropUnformed(rs)
 		return
 	case stLive:
-		r.depart(rs, "dead", reason, stDead)
+		r.depart(rs, EventDead, reason, stDead)
 	}
 }
 

@@ -111,6 +111,12 @@ type MembershipEvent struct {
 	Time   time.Time `json:"time"`
 }
 
+// MembershipEvent.Event values.
+const (
+	EventLeft = "left" // the rank said Exiting before the run ended
+	EventDead = "dead" // its link broke or it fell silent
+)
+
 // AveragingSummary describes the averaging rounds of this process (a
 // resumed run counts its own; RoundsTotal adds the rounds before it).
 type AveragingSummary struct {

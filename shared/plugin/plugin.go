@@ -203,7 +203,10 @@ type ClientOptions struct {
 }
 
 // ClientConfig builds the host side of one plugin: cohort's handshake,
-// every protocol version of Protocols with both kinds, gRPC only, and the
+// every protocol version of Protocols with both kinds, gRPC only, mutual
+// TLS on the plugin's socket (AutoMTLS: the host makes a fresh key pair per
+// plugin and hands the plugin its certificate, so no other process on the
+// machine can call the plugin even when it can reach the socket), and the
 // MaxMessageBytes call limits. Pass it to goplugin.NewClient; the host owns
 // the client and ends it with Kill after the application's Shutdown RPC.
 func ClientConfig(o ClientOptions) *goplugin.ClientConfig {
@@ -218,6 +221,7 @@ func ClientConfig(o ClientOptions) *goplugin.ClientConfig {
 		SecureConfig:     o.SecureConfig,
 		StartTimeout:     o.StartTimeout,
 		AllowedProtocols: []goplugin.Protocol{goplugin.ProtocolGRPC},
+		AutoMTLS:         true,
 		Logger:           logger,
 		GRPCDialOptions:  dialOptions(),
 	}

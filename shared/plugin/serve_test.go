@@ -144,6 +144,9 @@ func TestClientConfig(t *testing.T) {
 	if h := Handshake(); h.MagicCookieKey == "" || h.MagicCookieValue == "" {
 		t.Error("empty magic cookie")
 	}
+	if !cfg.AutoMTLS {
+		t.Error("AutoMTLS off: any local process could call the plugin over its socket")
+	}
 	if !reflect.DeepEqual(cfg.AllowedProtocols, []goplugin.Protocol{goplugin.ProtocolGRPC}) {
 		t.Errorf("allowed protocols %v, want gRPC only", cfg.AllowedProtocols)
 	}

@@ -58,6 +58,7 @@ type Averager struct {
 	roundMu sync.Mutex
 	relay   plugin.Relay
 	gamma   float64
+	sleep   time.Duration // before each round's exchange (sleep_per_round)
 	mapping *arena.Mapping
 	floats  []int // layout indices of f32 entries
 	count   int   // f32 values in all of them
@@ -147,7 +148,8 @@ func (a *Averager) Configure(_ context.Context, cfg plugin.AveragerConfig) (plug
 			a.logger.Warn("closing the previous arena", "error", err)
 		}
 	}
-	a.relay, a.gamma = cfg.Relay, s.Gamma
+	sleep, _ := s.roundSleep() // checked by parseAveragerSettings
+	a.relay, a.gamma, a.sleep = cfg.Relay, s.Gamma, sleep
 	a.mapping, a.floats, a.count, a.digest = m, floats, count, cfg.Arena.Layout.Digest()
 	a.buf = make([]byte, contribHeader+4*count)
 	a.pre = make([]byte, 4*count)
@@ -297,6 +299,15 @@ func (a *Averager) Average(ctx context.Context, r plugin.Round) (plugin.RoundRes
 	}
 	if s.me < 0 {
 		return fail(fmt.Errorf("rank %d is not a member of the session", s.rank))
+	}
+	if a.sleep > 0 {
+		select {
+		case <-time.After(a.sleep):
+		case <-s.abort.done:
+			return fail(fmt.Errorf("%w: %s", ErrAborted, a.why(s.abort)))
+		case <-ctx.Done():
+			return fail(ctx.Err())
+		}
 	}
 	if r.Broadcast && int(r.Root) >= len(s.members) {
 		return fail(fmt.Errorf("broadcast root %d is not a rank of a session of %d", r.Root, len(s.members)))

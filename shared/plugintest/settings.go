@@ -123,6 +123,10 @@ type AveragerSettings struct {
 	// identity (it is, for this plain mean), so the core runs the rounds of
 	// a one-rank cohort instead of skipping them: for testing that path.
 	LoneRounds bool `json:"lone_rounds"`
+	// SleepPerRound (a Go duration) holds every round that long before it
+	// exchanges anything, so a test can land a fault inside a round. An
+	// abort or the call's end cuts the wait short.
+	SleepPerRound string `json:"sleep_per_round,omitempty"`
 }
 
 // DefaultAveragerSettings are the settings of an empty config block.
@@ -147,5 +151,20 @@ func parseAveragerSettings(raw json.RawMessage) (AveragerSettings, error) {
 	if !(s.Gamma >= 0) || math.IsInf(s.Gamma, 0) {
 		return AveragerSettings{}, fmt.Errorf("mock averager settings: gamma = %v, want a finite number, 0 or more", s.Gamma)
 	}
+	if _, err := s.roundSleep(); err != nil {
+		return AveragerSettings{}, fmt.Errorf("mock averager settings: %w", err)
+	}
 	return s, nil
+}
+
+// roundSleep is SleepPerRound parsed; 0 when unset.
+func (s AveragerSettings) roundSleep() (time.Duration, error) {
+	if s.SleepPerRound == "" {
+		return 0, nil
+	}
+	d, err := time.ParseDuration(s.SleepPerRound)
+	if err != nil || d < 0 {
+		return 0, fmt.Errorf("sleep_per_round = %q, want a duration of 0 or more", s.SleepPerRound)
+	}
+	return d, nil
 }
