@@ -183,6 +183,7 @@ func (r *runner) run(parent context.Context) (*Summary, error) {
 	deadline := time.NewTimer(time.Hour)
 	defer deadline.Stop()
 	stopCh := r.c.stopCh
+	timer := r.c.opts.LoopTimer
 
 	for r.phase != phDone {
 		if next, ok := r.nextDeadline(); ok {
@@ -190,20 +191,33 @@ func (r *runner) run(parent context.Context) (*Summary, error) {
 		} else {
 			deadline.Stop()
 		}
+		var ev event
+		var start time.Time
+		what := ""
 		select {
-		case ev := <-r.events:
+		case ev = <-r.events:
+			start = time.Now()
 			r.onEvent(ev)
 		case <-hb.C:
+			start, what = time.Now(), "tick"
 			r.heartbeat()
 		case <-deadline.C:
-			r.checkDeadlines(time.Now())
+			start, what = time.Now(), "deadline"
+			r.checkDeadlines(start)
 		case <-stopCh:
+			start, what = time.Now(), "stop"
 			stopCh = nil
 			r.requestStop()
 		case <-parent.Done():
 			r.finish(StatusFailed, fmt.Errorf("coordinator: run abandoned: %w", context.Cause(parent)))
 		}
 		r.advance()
+		if timer != nil && !start.IsZero() {
+			if what == "" {
+				what = ev.String()
+			}
+			timer(what, time.Since(start))
+		}
 	}
 
 	// Teardown: close every link (which ends readers and senders), stop

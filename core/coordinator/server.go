@@ -32,6 +32,21 @@ type event struct {
 	err  error
 }
 
+// String names the event for Options.LoopTimer: a frame by its message
+// name.
+func (ev event) String() string {
+	switch ev.kind {
+	case evJoined:
+		return "joined"
+	case evLinkDown:
+		return "link down"
+	}
+	if ev.msg == nil {
+		return "frame"
+	}
+	return string(ev.msg.ProtoReflect().Descriptor().Name())
+}
+
 // slots records which ranks hold a connection, for the handshake's
 // duplicate check. The loop releases a slot when it drops a rank that may
 // connect again (before the cohort is formed).
