@@ -259,7 +259,13 @@ func (s *simRank) work(ctx context.Context, send func(proto.Message) error, cmds
 		var err error
 		switch v := m.(type) {
 		case *wirepb.Admit:
-			if err = send(&wirepb.MeetRequest{Kind: "relay", Averager: "scale"}); err == nil {
+			// An averager that meets through the relay exchanges a blob
+			// with every peer (an address, a communicator id) before Ready.
+			err = send(&wirepb.MeetRequest{Kind: "relay", Averager: "scale"})
+			if err == nil {
+				err = send(&wirepb.RelayPost{Key: "scale/setup", Blob: fmt.Appendf(nil, "rank-%d", s.id)})
+			}
+			if err == nil {
 				err = send(&wirepb.Ready{Rank: s.id, Samples: s.spec.samples, EvalSamples: 32, LayoutDigest: []byte("scale-layout"),
 					BatchSize: s.spec.batch, Trainer: "scale", Averager: "scale"})
 			}
