@@ -24,7 +24,7 @@ export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 # chromium: the status page's browser test (cmd/cohort/status_test.go).
 DEB_PACKAGES := protobuf-compiler g++ libtorch-dev libopenblas0-pthread python3-torch dataset-fashion-mnist chromium
 
-.PHONY: all build test run proto proto-check bench fuzz deps clean tools slurm-check multihost
+.PHONY: all build test run proto proto-check bench fuzz deps clean tools slurm-check multihost scale
 
 all: build
 
@@ -97,6 +97,13 @@ fuzz:
 bench: build
 	$(GO) run ./bench/averaging -plugin $(PLUGINS)/cohort-averaging-cpu
 	$(GO) run ./bench/training -cohort $(BIN)/cohort
+
+# scale runs one coordinator (a child process) against 10, 100 and 1000
+# simulated ranks speaking the control protocol, kills 1% of them, and
+# prints one JSON line per size: formation, rounds, death detection,
+# heartbeat handling, the coordinator's peak RSS and CPU time.
+scale:
+	$(GO) run ./bench/scale
 
 # multihost runs cohort across three network namespaces on this machine
 # (root): a mock run, libtorch with averaging-cpu, and a host killed

@@ -69,6 +69,13 @@ type Options struct {
 	// Progress, when set, is called on the coordinator's loop as the run
 	// advances; it must return quickly.
 	Progress func(Progress)
+	// LoopTimer, when set, is called on the loop after each thing it woke
+	// for, with what that was (a rank's frame by its message name, such as
+	// "Heartbeat" or "Batch"; else "joined", "link down", "tick",
+	// "deadline" or "stop") and how long the loop spent on it, the moves it
+	// caused included: the loop's cost per event, for measuring how the
+	// coordinator scales. It must return quickly.
+	LoopTimer func(what string, d time.Duration)
 
 	// HandshakeTimeout bounds a connection's handshake: one that has not
 	// sent a valid hello by then is dropped (default

@@ -20,7 +20,7 @@ func (r *runner) onJoined(rs *rankState, conn *wire.Conn) {
 		return
 	}
 	rs.link = newLink(rs.id, conn)
-	rs.status = stJoined
+	r.setStatus(rs, stJoined)
 	r.wg.Add(1)
 	go func() {
 		defer r.wg.Done()
@@ -43,7 +43,7 @@ func (r *runner) onReady(rs *rankState, m *wirepb.Ready) {
 		return
 	}
 	rs.ready = m
-	rs.status = stReady
+	r.setStatus(rs, stReady)
 	ref := r.ranks[0]
 	if rs.id == 0 {
 		if m.GetSamples() == 0 || m.GetBatchSize() == 0 {
@@ -99,7 +99,7 @@ func (r *runner) tryForm() bool {
 		return true
 	}
 	for _, rs := range r.ranks {
-		rs.status = stLive
+		r.setStatus(rs, stLive)
 	}
 	r.phase = phTraining
 	r.log.Info("cohort formed", "ranks", r.world, "samples", r.pickSpace, "batch_size", r.batch,
@@ -139,7 +139,7 @@ func (r *runner) dropUnformed(rs *rankState) {
 		rs.link.close()
 		rs.link = nil
 	}
-	rs.status = stAbsent
+	r.setStatus(rs, stAbsent)
 	rs.ready = nil
 	r.slots.release(rs.id)
 	r.relay.rankGone(rs.id, "", false)

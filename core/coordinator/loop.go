@@ -133,7 +133,10 @@ type runner struct {
 	hbSeq  uint64      // the last CoordinatorHeartbeat's sequence
 	deathQ []deathNote // deaths found by the current handler, for advance
 
-	lv liveState
+	lv        liveState
+	liveIDs   []uint32 // live()'s answer while liveOK
+	liveOK    bool
+	everyRank []uint32 // 0..world-1, what a relay exchange waits for before formation
 }
 
 func newRunner(c *Coordinator) *runner {
@@ -199,6 +202,7 @@ func (r *runner) run(parent context.Context) (*Summary, error) {
 	pub := time.NewTicker(publishEvery)
 	defer pub.Stop()
 	r.publish(true)
+	timer := r.c.opts.LoopTimer
 
 	for r.phase != phDone {
 		if next, ok := r.nextDeadline(); ok {
@@ -206,15 +210,22 @@ func (r *runner) run(parent context.Context) (*Summary, error) {
 		} else {
 			deadline.Stop()
 		}
+		var ev event
+		var start time.Time
+		what := ""
 		select {
-		case ev := <-r.events:
+		case ev = <-r.events:
+			start = time.Now()
 			r.onEvent(ev)
 		case <-hb.C:
+			start, what = time.Now(), "tick"
 			r.heartbeat()
 		case <-pub.C:
 		case <-deadline.C:
-			r.checkDeadlines(time.Now())
+			start, what = time.Now(), "deadline"
+			r.checkDeadlines(start)
 		case <-stopCh:
+			start, what = time.Now(), "stop"
 			stopCh = nil
 			r.requestStop()
 		case <-parent.Done():
@@ -222,6 +233,12 @@ func (r *runner) run(parent context.Context) (*Summary, error) {
 		}
 		r.advance()
 		r.publish(r.phase == phDone)
+		if timer != nil && !start.IsZero() {
+			if what == "" {
+				what = ev.String()
+			}
+			timer(what, time.Since(start))
+		}
 	}
 
 	// Teardown: close every link (which ends readers and senders), stop
@@ -338,15 +355,30 @@ func (r *runner) send(rs *rankState, msg proto.Message) {
 }
 
 // live returns the ranks of the formed cohort that are still in it, in
-// ascending order.
+// ascending order. The state machine asks after every event, so the list
+// is kept between changes to it: a slice made anew on each change and
+// never modified after, so a caller may hold it (a NewSession's members)
+// but must not change it.
 func (r *runner) live() []uint32 {
-	var out []uint32
-	for _, rs := range r.ranks {
-		if rs.status == stLive {
-			out = append(out, rs.id)
+	if !r.liveOK {
+		var out []uint32
+		for _, rs := range r.ranks {
+			if rs.status == stLive {
+				out = append(out, rs.id)
+			}
 		}
+		r.liveIDs, r.liveOK = out, true
 	}
-	return out
+	return r.liveIDs
+}
+
+// setStatus moves rs to st, the only way a rank's status changes, so that
+// live() knows when to look again.
+func (r *runner) setStatus(rs *rankState, st rankStatus) {
+	if (rs.status == stLive) != (st == stLive) {
+		r.liveOK = false
+	}
+	rs.status = st
 }
 
 func (r *runner) broadcast(msg proto.Message) {

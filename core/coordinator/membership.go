@@ -82,7 +82,7 @@ func (r *runner) onExiting(rs *rankState) {
 		return
 	}
 	if r.phase == phShutdown || r.phase == phSaving {
-		rs.status = stExited
+		r.setStatus(rs, stExited)
 		r.log.Debug("rank exited", "rank", rs.id)
 		return
 	}
@@ -108,7 +108,7 @@ func (r *runner) lose(rs *rankState, reason string) {
 // survivors, and re-form the averaging group; below min_ranks survivors,
 // save and stop instead.
 func (r *runner) depart(rs *rankState, event, reason string, status rankStatus) {
-	rs.status = status
+	r.setStatus(rs, status)
 	rs.reason = reason
 	if rs.link != nil {
 		rs.link.close()

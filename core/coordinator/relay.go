@@ -42,14 +42,15 @@ type relaySend struct {
 }
 
 // post records rank's blob under key. expected is the ranks the exchange
-// waits for (the live ranks; before formation, the whole world) and
+// waits for, ascending (the live ranks; before formation, the whole
+// world), and
 // replace lets a rank post again (before formation a rank that left may
 // rejoin and redo its setup). It returns the results to send.
 func (h *relayHub) post(rank uint32, key string, blob []byte, expected []uint32, replace bool) []relaySend {
 	if why, ok := h.failed[key]; ok {
 		return []relaySend{{rank, &wirepb.RelayResult{Key: key, Error: why}}}
 	}
-	if !slices.Contains(expected, rank) {
+	if _, ok := slices.BinarySearch(expected, rank); !ok {
 		return []relaySend{{rank, &wirepb.RelayResult{Key: key, Error: fmt.Sprintf("rank %d is not a live rank of the cohort", rank)}}}
 	}
 	ex := h.pending[key]
@@ -77,6 +78,11 @@ func (h *relayHub) post(rank uint32, key string, blob []byte, expected []uint32,
 // complete sends key's result when every expected rank has posted.
 func (h *relayHub) complete(key string, expected []uint32) []relaySend {
 	ex := h.pending[key]
+	if len(ex.posts) < len(expected) {
+		// Not everyone has posted: checking each expected rank on every
+		// post would make an exchange among n ranks cost n².
+		return nil
+	}
 	for _, r := range expected {
 		if _, ok := ex.posts[r]; !ok {
 			return nil
@@ -147,15 +153,16 @@ func (h *relayHub) failAll(why string) []relaySend {
 // the exchange waits for the whole world (a rank still setting up has not
 // posted yet); after, for the live ranks.
 func (r *runner) onRelayPost(rs *rankState, m *wirepb.RelayPost) {
-	var expected []uint32
+	expected := r.live()
 	forming := r.phase == phForming
 	if forming {
-		expected = make([]uint32, r.world)
-		for i := range expected {
-			expected[i] = uint32(i)
+		if len(r.everyRank) == 0 {
+			r.everyRank = make([]uint32, r.world)
+			for i := range r.everyRank {
+				r.everyRank[i] = uint32(i)
+			}
 		}
-	} else {
-		expected = r.live()
+		expected = r.everyRank
 	}
 	r.sendRelay(r.relay.post(rs.id, m.GetKey(), m.GetBlob(), expected, forming))
 }

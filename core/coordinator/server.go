@@ -32,6 +32,21 @@ type event struct {
 	err  error
 }
 
+// String names the event for Options.LoopTimer: a frame by its message
+// name.
+func (ev event) String() string {
+	switch ev.kind {
+	case evJoined:
+		return "joined"
+	case evLinkDown:
+		return "link down"
+	}
+	if ev.msg == nil {
+		return "frame"
+	}
+	return string(ev.msg.ProtoReflect().Descriptor().Name())
+}
+
 // slots records which ranks hold a connection, for the handshake's
 // duplicate check. The loop releases a slot when it drops a rank that may
 // connect again (before the cohort is formed).
@@ -155,11 +170,17 @@ const outboxSize = 4096
 
 // link is the loop's handle on one rank connection: a queue drained by one
 // sender goroutine, so the loop never blocks on a slow peer and frames
-// reach the rank in the order the loop queued them.
+// reach the rank in the order the loop queued them. The queue is a slice
+// that grows with what is queued, not a channel of outboxSize slots: a
+// thousand ranks' outboxes would hold 64 MB that a reading rank never
+// uses.
 type link struct {
 	rank uint32
 	conn *wire.Conn
-	out  chan proto.Message
+
+	mu   sync.Mutex
+	out  []proto.Message
+	wake chan struct{} // holds a token while out may be non-empty
 	stop chan struct{}
 	done chan struct{}
 	once sync.Once
@@ -169,7 +190,7 @@ func newLink(rank uint32, conn *wire.Conn) *link {
 	return &link{
 		rank: rank,
 		conn: conn,
-		out:  make(chan proto.Message, outboxSize),
+		wake: make(chan struct{}, 1),
 		stop: make(chan struct{}),
 		done: make(chan struct{}),
 	}
@@ -179,9 +200,20 @@ func newLink(rank uint32, conn *wire.Conn) *link {
 // link going down.
 func (l *link) run(ctx context.Context, events chan<- event) {
 	defer close(l.done)
+	var batch []proto.Message
 	for {
 		select {
-		case msg := <-l.out:
+		case <-l.wake:
+		case <-l.stop:
+			return
+		case <-ctx.Done():
+			return
+		}
+		l.mu.Lock()
+		batch, l.out = l.out, batch[:0]
+		l.mu.Unlock()
+		for i, msg := range batch {
+			batch[i] = nil // sent frames are not kept alive by the reused slice
 			if err := l.conn.Send(ctx, msg); err != nil {
 				select {
 				case events <- event{kind: evLinkDown, rank: l.rank, conn: l.conn, err: fmt.Errorf("send: %w", err)}:
@@ -190,10 +222,9 @@ func (l *link) run(ctx context.Context, events chan<- event) {
 				}
 				return
 			}
-		case <-l.stop:
-			return
-		case <-ctx.Done():
-			return
+		}
+		if cap(batch) > 64 {
+			batch = nil // a burst's array goes back to the heap
 		}
 	}
 }
@@ -201,12 +232,20 @@ func (l *link) run(ctx context.Context, events chan<- event) {
 // queue hands msg to the sender without blocking; false means the queue
 // is full.
 func (l *link) queue(msg proto.Message) bool {
-	select {
-	case l.out <- msg:
-		return true
-	default:
+	l.mu.Lock()
+	n := len(l.out)
+	if n < outboxSize {
+		l.out = append(l.out, msg)
+	}
+	l.mu.Unlock()
+	if n >= outboxSize {
 		return false
 	}
+	select {
+	case l.wake <- struct{}{}:
+	default: // a token is already there
+	}
+	return true
 }
 
 // close stops the sender, waits for it and closes the connection, which
