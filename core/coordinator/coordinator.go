@@ -86,7 +86,7 @@ const (
 	// ProgressFormed: every rank is ready and the run starts.
 	ProgressFormed ProgressKind = iota
 	// ProgressSamples: Done of Total samples of Epoch are trained (at most
-	// every 100 ms).
+	// every 100 ms); Loss is the latest batch loss a rank reported.
 	ProgressSamples
 	// ProgressEpoch: Epoch finished; Summary describes it.
 	ProgressEpoch
@@ -103,6 +103,7 @@ type Progress struct {
 	Epochs     int
 	Done       uint64
 	Total      uint64
+	Loss       *float64
 	Live       int
 	World      int
 	Summary    *EpochSummary

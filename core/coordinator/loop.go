@@ -113,6 +113,7 @@ type runner struct {
 	status       string
 	err          error
 	lastProgress time.Time
+	lastLoss     *float64 // the latest batch loss reported, for the progress bar
 
 	// Run totals for the summary.
 	memberEvents []MembershipEvent
