@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -54,9 +55,24 @@ func TestConsoleOnATerminal(t *testing.T) {
 	if lines >= 30 || lines < 6 {
 		t.Errorf("%d lines stay on the screen, want 6 to 29", lines)
 	}
-	for _, want := range []string{"samples/s", "ETA", "loss", "epoch 3/3  loss", "run completed"} {
+	for _, want := range []string{"samples/s", "ETA", "loss", "epoch 3/3  loss", "trained model kept in " + filepath.Join(out, coordinator.ModelDir), "run completed"} {
 		if !strings.Contains(text, want) {
 			t.Errorf("the screen never shows %q", want)
+		}
+	}
+	// The mock trainer's checkpoint files, saved by one rank after the
+	// last epoch.
+	if names, err := os.ReadDir(filepath.Join(out, coordinator.ModelDir)); err != nil || len(names) == 0 {
+		t.Errorf("OUT/model holds %d files (%v), want the trained model", len(names), err)
+	}
+	s := readSummary(t, out)
+	if s.Model != filepath.Join(out, coordinator.ModelDir) {
+		t.Errorf("summary.json names model %q", s.Model)
+	}
+	// summary.json numbers the epochs as the console does, from 1.
+	for i, e := range s.Epochs {
+		if e.Epoch != uint64(i+1) || !strings.Contains(text, fmt.Sprintf("epoch %d/3  loss %.4f", e.Epoch, e.Loss)) {
+			t.Errorf("summary.json's epoch %d (loss %.4f) is not the console's", e.Epoch, e.Loss)
 		}
 	}
 	if strings.Contains(text, "[INFO]") {
@@ -84,7 +100,7 @@ func TestProgressLinesWithoutATerminal(t *testing.T) {
 		p.report(coordinator.Progress{Kind: coordinator.ProgressSamples, Epochs: 2, Done: uint64(i+1) * 100, Total: 1000, Loss: &loss})
 		time.Sleep(20 * time.Millisecond)
 	}
-	p.report(coordinator.Progress{Kind: coordinator.ProgressEpoch, Epochs: 2, Summary: &coordinator.EpochSummary{Samples: 1000, Seconds: 0.2}})
+	p.report(coordinator.Progress{Kind: coordinator.ProgressEpoch, Epochs: 2, Summary: &coordinator.EpochSummary{Epoch: 1, Samples: 1000, Seconds: 0.2}})
 	time.Sleep(100 * time.Millisecond) // no epoch in progress: no line
 	p.close()
 	lines := strings.Split(strings.TrimSpace(w.String()), "\n")

@@ -157,7 +157,8 @@ func (p *progressPrinter) newBar(pr coordinator.Progress) (*mpb.Progress, *mpb.B
 	return bars, bar
 }
 
-// epochName is an epoch as the console and summary.json number it: from 1.
+// epochName is the epoch of index epoch (from 0, as the coordinator counts)
+// as the console and summary.json number it: from 1.
 func epochName(epoch uint64, epochs int) string {
 	return fmt.Sprintf("epoch %d/%d", epoch+1, epochs)
 }
@@ -235,9 +236,11 @@ func (p *progressPrinter) report(pr coordinator.Progress) {
 		p.send(progressMsg{line: epochLine(pr), endsBar: true})
 	case coordinator.ProgressMembership:
 		e := pr.Event
-		p.line(fmt.Sprintf("rank %d %s in epoch %d: %s (%d of %d ranks live)", e.Rank, e.Event, e.Epoch+1, e.Reason, pr.Live, pr.World))
+		p.line(fmt.Sprintf("rank %d %s in epoch %d: %s (%d of %d ranks live)", e.Rank, e.Event, e.Epoch, e.Reason, pr.Live, pr.World))
 	case coordinator.ProgressCheckpoint:
 		p.line("checkpoint " + pr.Checkpoint)
+	case coordinator.ProgressModel:
+		p.line("trained model kept in " + pr.Model)
 	}
 }
 
@@ -246,7 +249,7 @@ func (p *progressPrinter) report(pr coordinator.Progress) {
 func epochLine(pr coordinator.Progress) string {
 	s := pr.Summary
 	var b strings.Builder
-	fmt.Fprintf(&b, "%s  loss %.4f", epochName(s.Epoch, pr.Epochs), s.Loss)
+	fmt.Fprintf(&b, "epoch %d/%d  loss %.4f", s.Epoch, pr.Epochs, s.Loss)
 	if s.EvalLoss != nil {
 		fmt.Fprintf(&b, "  eval loss %.4f", *s.EvalLoss)
 	}

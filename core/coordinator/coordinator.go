@@ -94,6 +94,8 @@ const (
 	ProgressMembership
 	// ProgressCheckpoint: Checkpoint is a new complete checkpoint.
 	ProgressCheckpoint
+	// ProgressModel: the completed run's trained model is kept in Model.
+	ProgressModel
 )
 
 // Progress is one report of a run's advance.
@@ -109,6 +111,7 @@ type Progress struct {
 	Summary    *EpochSummary
 	Event      *MembershipEvent
 	Checkpoint string
+	Model      string
 }
 
 // Coordinator runs one training run. Make it with New, then call Run once.

@@ -23,6 +23,7 @@ const (
 	phTraining                // round 0, then windows and rounds of an epoch
 	phEval                    // waiting for the epoch's EvalResult
 	phCheckpoint              // waiting for the epoch's CheckpointResults
+	phExport                  // after the last epoch, waiting for one rank's model
 	phShutdown                // Shutdown sent, waiting for Exiting
 	phSaving                  // ShutdownWithSave sent, waiting for saves and Exiting
 	phDone
@@ -102,7 +103,9 @@ type runner struct {
 	cad          *cadence
 	snap         progress
 
-	evalTarget   int64 // -1: no evaluation pending
+	evalTarget   int64  // -1: no evaluation pending
+	exportRank   int64  // the rank saving the trained model; -1: none
+	model        string // the trained model's directory, once kept
 	ckpt         *ckptWait
 	save         *ckptWait
 	exitDeadline time.Time
@@ -140,6 +143,7 @@ func newRunner(c *Coordinator) *runner {
 		policy:     cfg.Coordinator.Policy,
 		hbTimeout:  cfg.Coordinator.HeartbeatTimeout,
 		evalTarget: -1,
+		exportRank: -1,
 		lastCkpt:   c.lastCkpt,
 		relay:      newRelayHub(),
 	}
