@@ -363,13 +363,19 @@ func (h *Host) start(ctx context.Context, loc Located) (*Process, error) {
 		StartTimeout: h.opts.StartTimeout,
 	})
 	cfg.SkipHostEnv = true
+	stderr := &stderrTail{}
+	cfg.Stderr = stderr
 	client := goplugin.NewClient(cfg)
 	if _, err := client.Start(); err != nil {
 		client.Kill()
 		if errors.Is(err, goplugin.ErrChecksumsDoNotMatch) {
 			return nil, fmt.Errorf("%s plugin %q: %s does not match its SHA256SUMS entry: %w", kind, name, loc.Path, err)
 		}
-		return nil, fmt.Errorf("start %s plugin %q (%s): %w", kind, name, loc.Path, plugin.ExplainStart(filepath.Base(loc.Path), err))
+		err = plugin.ExplainStart(filepath.Base(loc.Path), err)
+		if tail := stderr.String(); tail != "" {
+			err = fmt.Errorf("%w; its stderr:\n%s", err, tail)
+		}
+		return nil, fmt.Errorf("start %s plugin %q (%s): %w", kind, name, loc.Path, err)
 	}
 	return &Process{Located: loc, client: client}, nil
 }
