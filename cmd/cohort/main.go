@@ -77,6 +77,7 @@ them and sets the run's keys.`,
 		newCoordinatorCommand(g),
 		newWorkerCommand(g),
 		newPluginsCommand(g),
+		newValidateCommand(g),
 		&cobra.Command{
 			Use:   "version",
 			Short: "Print cohort's version and the plugin protocol versions it speaks",
