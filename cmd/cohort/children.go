@@ -75,13 +75,14 @@ func newChildren(n int) *children {
 
 var errChildrenDone = errors.New("the run's workers are all reaped; no more start")
 
-// start runs a worker whose output lines go to logs, each prefixed with
-// its name.
-func (c *children) start(exe string, args, env []string, name string, logs io.Writer) error {
+// start runs a worker whose output goes to log, and the lines console
+// keeps to its writer.
+func (c *children) start(exe string, args, env []string, name string, log io.Writer, console *prefixWriter) error {
 	cmd := exec.Command(exe, args...)
 	cmd.Env = env
-	pw := &prefixWriter{prefix: "[" + name + "] ", w: logs}
-	cmd.Stdout, cmd.Stderr = pw, pw
+	pw := console
+	out := io.MultiWriter(log, pw)
+	cmd.Stdout, cmd.Stderr = out, out
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
 	// A plugin that inherited the output pipe must not hold up Wait.
 	cmd.WaitDelay = 2 * time.Second
@@ -169,11 +170,13 @@ func (c *children) waitAll(ctx context.Context, grace time.Duration) {
 }
 
 // prefixWriter writes whole lines, each with a prefix, so the workers'
-// logs can share one stream and stay readable.
+// logs can share one stream and stay readable. When keep is set, only the
+// lines it keeps.
 type prefixWriter struct {
 	mu     sync.Mutex
 	prefix string
 	w      io.Writer
+	keep   func(line []byte) bool
 	buf    []byte
 }
 
@@ -186,7 +189,9 @@ func (p *prefixWriter) Write(b []byte) (int, error) {
 		if i < 0 {
 			break
 		}
-		p.w.Write(append([]byte(p.prefix), p.buf[:i+1]...))
+		if p.keep == nil || p.keep(p.buf[:i]) {
+			p.w.Write(append([]byte(p.prefix), p.buf[:i+1]...))
+		}
 		p.buf = p.buf[i+1:]
 	}
 	return len(b), nil
@@ -195,10 +200,10 @@ func (p *prefixWriter) Write(b []byte) (int, error) {
 func (p *prefixWriter) flush() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if len(p.buf) > 0 {
+	if len(p.buf) > 0 && (p.keep == nil || p.keep(p.buf)) {
 		p.w.Write(append(append([]byte(p.prefix), p.buf...), '\n'))
-		p.buf = nil
 	}
+	p.buf = nil
 }
 
 // lockedWriter serialises writes from many goroutines.

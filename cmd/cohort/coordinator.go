@@ -70,7 +70,7 @@ abandons the run. Exit status 0 means the run completed.`,
 		if err != nil {
 			return failed(err)
 		}
-		prog := newProgressPrinter(os.Stdout, false)
+		prog := newProgressPrinter(os.Stdout, false, progressEvery)
 		defer prog.close()
 		coord, err := coordinator.New(coordinator.Options{
 			Config:   cfg,

@@ -79,6 +79,7 @@ them and sets the run's keys.`,
 		newWorkerCommand(g),
 		newPluginsCommand(g),
 		newTLSCommand(),
+		newValidateCommand(g),
 		&cobra.Command{
 			Use:   "version",
 			Short: "Print cohort's version and the plugin protocol versions it speaks",

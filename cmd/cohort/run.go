@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -174,11 +175,26 @@ func (l *launcher) run() error {
 		return failed(fmt.Errorf("listen on 127.0.0.1:0: %w", err))
 	}
 
-	prog := newProgressPrinter(os.Stdout, isTerminal(os.Stdout))
+	tty := isTerminal(os.Stdout)
+	prog := newProgressPrinter(os.Stdout, tty, progressEvery)
 	defer prog.close()
+	// On a terminal the console's log lines go through the printer, above
+	// the progress bar, instead of through it.
+	var console io.Writer = stderr
+	if tty && isTerminal(os.Stderr) {
+		console = printerWriter{prog}
+	}
+	logs, err := openRunLogs(l.cfg.Run.Out, l.g.verbosity > 0, console)
+	if err != nil {
+		return failed(err)
+	}
+	defer logs.close()
+	logger, err := logs.coordinatorLogger(l.g, runLogLevels)
+	if err != nil {
+		return failed(err)
+	}
 	formed := make(chan struct{})
 	var formedOnce sync.Once
-	logger := l.g.newLogger(stderr, runLogLevels)
 	kids := newChildren(l.cfg.Run.Ranks)
 	// Whatever happens below, no worker outlives the launcher.
 	defer kids.killAll()
@@ -209,8 +225,9 @@ func (l *launcher) run() error {
 		coord.Close()
 		return failed(err)
 	}
-	prog.line(fmt.Sprintf("run %s: %d ranks, %d epochs, policy %s, trainer %s, averager %s; out %s",
-		coord.RunID(), l.cfg.Run.Ranks, l.cfg.Run.Epochs, l.cfg.Coordinator.Policy, l.cfg.Trainer.Name, l.cfg.Averager.Name, coord.Out()))
+	prog.line(fmt.Sprintf("run %s: %d ranks, %d epochs, policy %s, trainer %s, averager %s; out %s (logs in %s)",
+		coord.RunID(), l.cfg.Run.Ranks, l.cfg.Run.Epochs, l.cfg.Coordinator.Policy, l.cfg.Trainer.Name, l.cfg.Averager.Name, coord.Out(),
+		filepath.Join(coord.Out(), LogsDir)))
 	url, stopStatus, err := startStatus(l.cfg.Coordinator.HTTP, coord, logger)
 	if err != nil {
 		coord.Close()
@@ -248,7 +265,11 @@ func (l *launcher) run() error {
 		args := append([]string{"worker", "--coordinator", coord.Addr().String(), "--rank", strconv.Itoa(r),
 			"--world", strconv.Itoa(l.cfg.Run.Ranks), "--local-ranks", strconv.Itoa(l.cfg.Run.Ranks), "--config", cfgFile},
 			l.g.verbosityFlag()...)
-		if err := kids.start(exe, args, childEnv(secret), fmt.Sprintf("rank %d", r), stderr); err != nil {
+		log, console, err := logs.rankOutput(r)
+		if err == nil {
+			err = kids.start(exe, args, childEnv(secret), fmt.Sprintf("rank %d", r), log, console)
+		}
+		if err != nil {
 			cancel(fmt.Errorf("start the worker of rank %d: %w", r, err))
 			break
 		}

@@ -401,7 +401,7 @@ func TestRunSurvivesKilledWorker(t *testing.T) {
 		t.Fatalf("membership events %+v, want the one death", sum.MembershipEvents)
 	}
 	ev := sum.MembershipEvents[0]
-	if ev.Rank != 2 || ev.Event != "dead" || ev.Epoch != 1 || ev.Reason == "" {
+	if ev.Rank != 2 || ev.Event != "dead" || ev.Epoch != 2 || ev.Reason == "" {
 		t.Errorf("event %+v: want rank 2 dead in epoch 1 with a reason", ev)
 	}
 	t.Logf("death recorded: %+v", ev)
@@ -955,9 +955,9 @@ func TestEpochLine(t *testing.T) {
 		s         coordinator.EpochSummary
 		want, not []string
 	}{
-		{"rounds", coordinator.EpochSummary{Epoch: 2, Loss: 0.4066, Accuracy: &acc, Seconds: 1, Samples: 60000, Rounds: 24, MeanRoundMS: 6.5, WaitAtSyncMS: 3.25},
+		{"rounds", coordinator.EpochSummary{Epoch: 3, Loss: 0.4066, Accuracy: &acc, Seconds: 1, Samples: 60000, Rounds: 24, MeanRoundMS: 6.5, WaitAtSyncMS: 3.25},
 			[]string{"epoch 3/3", "accuracy 85.39%", "60000 samples/s", "24 rounds", "sync 6.5 ms/round", "wait 3.2 ms"}, []string{"no rounds"}},
-		{"lone rank", coordinator.EpochSummary{Epoch: 0, Loss: 0.5, Seconds: 2, Samples: 60000},
+		{"lone rank", coordinator.EpochSummary{Epoch: 1, Loss: 0.5, Seconds: 2, Samples: 60000},
 			[]string{"epoch 1/3", "30000 samples/s", "no rounds"}, []string{"accuracy", "ms/round"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -164,6 +164,28 @@ func Load(path string) (*Config, error) {
 // and becomes Path. The error lists every problem found, one a line; each
 // is an *Error (errors.As finds the first).
 func Parse(src []byte, filename string) (*Config, error) {
+	c, err := decodeFile(src, filename)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// LoadUnchecked reads and decodes a config file like Load but leaves
+// Validate to the caller: `cohort validate` reports its errors together
+// with the plugins'.
+func LoadUnchecked(path string) (*Config, error) {
+	src, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	return decodeFile(src, path)
+}
+
+func decodeFile(src []byte, filename string) (*Config, error) {
 	if len(src) > MaxFileSize {
 		return nil, &Error{Range: hcl.Range{Filename: filename},
 			Msg: fmt.Sprintf("%d bytes is more than a config file may have (%d)", len(src), MaxFileSize)}
@@ -172,9 +194,6 @@ func Parse(src []byte, filename string) (*Config, error) {
 	c.Path = filename
 	c.where = map[string]hcl.Range{}
 	if err := c.decode(src, filename); err != nil {
-		return nil, err
-	}
-	if err := c.Validate(); err != nil {
 		return nil, err
 	}
 	return c, nil

@@ -376,6 +376,10 @@ func (r *runner) beginSave(reason wirepb.ShutdownReason, metaReason, status stri
 }
 
 func (r *runner) onCheckpointResult(rs *rankState, m *wirepb.CheckpointResult) {
+	if r.isExport(rs, m) {
+		r.onExported(m)
+		return
+	}
 	var w *ckptWait
 	switch {
 	case r.ckpt != nil && r.ckpt.version == m.GetVersion():

@@ -101,7 +101,7 @@ const (
 	// ProgressFormed: every rank is ready and the run starts.
 	ProgressFormed ProgressKind = iota
 	// ProgressSamples: Done of Total samples of Epoch are trained (at most
-	// every 100 ms).
+	// every 100 ms); Loss is the latest batch loss a rank reported.
 	ProgressSamples
 	// ProgressEpoch: Epoch finished; Summary describes it.
 	ProgressEpoch
@@ -109,6 +109,8 @@ const (
 	ProgressMembership
 	// ProgressCheckpoint: Checkpoint is a new complete checkpoint.
 	ProgressCheckpoint
+	// ProgressModel: the completed run's trained model is kept in Model.
+	ProgressModel
 )
 
 // Progress is one report of a run's advance.
@@ -118,11 +120,13 @@ type Progress struct {
 	Epochs     int
 	Done       uint64
 	Total      uint64
+	Loss       *float64
 	Live       int
 	World      int
 	Summary    *EpochSummary
 	Event      *MembershipEvent
 	Checkpoint string
+	Model      string
 }
 
 // Coordinator runs one training run. Make it with New, then call Run once.

@@ -132,7 +132,7 @@ func (r *runner) nextEpoch() {
 	switch {
 	case r.epoch+1 >= uint64(r.cfg.Run.Epochs):
 		r.epoch++
-		r.shutdown()
+		r.exportModel()
 	case r.stopReq:
 		r.epoch++
 		r.beginSave(wirepb.ShutdownReason_SHUTDOWN_REASON_INTERRUPTED, ReasonInterrupted, StatusStopped, nil)

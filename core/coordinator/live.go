@@ -107,7 +107,7 @@ func (r *runner) noteBatchLoss(loss float64, batches uint64) {
 
 // noteRound records a completed round: curve, histogram, metrics.jsonl.
 func (r *runner) noteRound(num uint64, d time.Duration, bytes float64) {
-	p := status.RoundPoint{Round: num, Epoch: r.epoch, Seconds: d.Seconds(), Bytes: bytes, Time: time.Now().UTC()}
+	p := status.RoundPoint{Round: num, Epoch: r.epoch + 1, Seconds: d.Seconds(), Bytes: bytes, Time: time.Now().UTC()}
 	if r.lv.roundLossN > 0 {
 		l := safe(r.lv.roundLoss / float64(r.lv.roundLossN))
 		p.Loss = &l
@@ -175,7 +175,7 @@ func (r *runner) publish(force bool) {
 		Started:    r.started.UTC(),
 		World:      int(r.world),
 		Live:       len(r.live()),
-		Epoch:      r.epoch,
+		Epoch:      r.epoch + 1,
 		Epochs:     r.cfg.Run.Epochs,
 		EpochTotal: r.pickSpace,
 		GlobalStep: r.globalStep(),
@@ -210,7 +210,7 @@ func (r *runner) publish(force bool) {
 		s.Totals.Samples += rs.samples
 		s.Ranks = append(s.Ranks, status.Rank{
 			Rank: rs.id, State: rankStates[rs.status], Reason: rs.reason,
-			Epoch: rs.epoch, Batches: rs.batches, Samples: rs.samples, BatchMS: safe(rs.batchMS),
+			Epoch: rs.epoch + 1, Batches: rs.batches, Samples: rs.samples, BatchMS: safe(rs.batchMS),
 			LastHeard: rs.lastHeard.UTC(), Resources: resourcesOf(rs.res), PluginRestarts: rs.pluginRestarts,
 		})
 	}

@@ -28,8 +28,9 @@ func TestLiveRecords(t *testing.T) {
 			mu.Lock()
 			defer mu.Unlock()
 			snaps = append(snaps, h.coord.Status())
-			if p.Kind == ProgressEpoch && p.Summary.Epoch == 1 {
-				// Epoch 0's rewrite is on disk; epoch 1's comes after this call.
+			if p.Kind == ProgressEpoch && p.Summary.Epoch == 2 {
+				// Epoch 1's rewrite is on disk; epoch 2's comes after this call
+				// (epochs are numbered from 1 in the summary).
 				s, err := ReadSummary(filepath.Join(h.out, SummaryFile))
 				if err != nil {
 					t.Errorf("summary.json during the run: %v", err)
@@ -45,12 +46,12 @@ func TestLiveRecords(t *testing.T) {
 	if midRun == nil {
 		t.Fatal("no summary.json read between the epochs")
 	}
-	if midRun.Status != StatusRunning || len(midRun.Epochs) != 1 || midRun.Epochs[0].Epoch != 0 {
-		t.Errorf("summary.json after epoch 0: status %q, %d epochs; want running with epoch 0", midRun.Status, len(midRun.Epochs))
+	if midRun.Status != StatusRunning || len(midRun.Epochs) != 1 || midRun.Epochs[0].Epoch != 1 {
+		t.Errorf("summary.json after epoch 1: status %q, %d epochs; want running with epoch 1", midRun.Status, len(midRun.Epochs))
 	}
 	for _, r := range midRun.Ranks {
 		if r.State != RankLive {
-			t.Errorf("summary.json after epoch 0: rank %d %q, want live", r.Rank, r.State)
+			t.Errorf("summary.json after epoch 1: rank %d %q, want live", r.Rank, r.State)
 		}
 	}
 
@@ -83,8 +84,8 @@ func TestLiveRecords(t *testing.T) {
 			lastRound = line.Round
 			rounds++
 		case "epoch":
-			if line.Epoch != uint64(epochs) {
-				t.Errorf("epoch line %d, want %d", line.Epoch, epochs)
+			if line.Epoch != uint64(epochs)+1 {
+				t.Errorf("epoch line %d, want %d (from 1, as in the summary)", line.Epoch, epochs+1)
 			}
 			epochs++
 		default:

@@ -24,13 +24,14 @@ const (
 	phTraining                // round 0, then windows and rounds of an epoch
 	phEval                    // waiting for the epoch's EvalResult
 	phCheckpoint              // waiting for the epoch's CheckpointResults
+	phExport                  // after the last epoch, waiting for one rank's model
 	phShutdown                // Shutdown sent, waiting for Exiting
 	phSaving                  // ShutdownWithSave sent, waiting for saves and Exiting
 	phDone
 )
 
 func (p phase) String() string {
-	return [...]string{"forming", "training", "evaluating", "checkpointing", "shutting down", "saving", "done"}[p]
+	return [...]string{"forming", "training", "evaluating", "checkpointing", "exporting", "shutting down", "saving", "done"}[p]
 }
 
 // rankStatus is one rank's place in the run.
@@ -110,7 +111,9 @@ type runner struct {
 	cad          *cadence
 	snap         progress
 
-	evalTarget   int64 // -1: no evaluation pending
+	evalTarget   int64  // -1: no evaluation pending
+	exportRank   int64  // the rank saving the trained model; -1: none
+	model        string // the trained model's directory, once kept
 	ckpt         *ckptWait
 	save         *ckptWait
 	exitDeadline time.Time
@@ -121,6 +124,7 @@ type runner struct {
 	status       string
 	err          error
 	lastProgress time.Time
+	lastLoss     *float64 // the latest batch loss reported, for the progress bar
 
 	// Run totals for the summary.
 	memberEvents []MembershipEvent
@@ -152,6 +156,7 @@ func newRunner(c *Coordinator) *runner {
 		policy:     cfg.Coordinator.Policy,
 		hbTimeout:  cfg.Coordinator.HeartbeatTimeout,
 		evalTarget: -1,
+		exportRank: -1,
 		lastCkpt:   c.lastCkpt,
 		relay:      newRelayHub(),
 		lv:         liveState{hist: status.NewHistogram(status.RoundBounds)},

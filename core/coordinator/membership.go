@@ -113,7 +113,7 @@ func (r *runner) depart(rs *rankState, event, reason string, status rankStatus) 
 	if rs.link != nil {
 		rs.link.close()
 	}
-	ev := MembershipEvent{Rank: rs.id, Event: event, Epoch: r.epoch, Reason: reason, Time: time.Now()}
+	ev := MembershipEvent{Rank: rs.id, Event: event, Epoch: r.epoch + 1, Reason: reason, Time: time.Now()}
 	r.memberEvents = append(r.memberEvents, ev)
 	r.log.Warn("rank removed from the cohort", "rank", rs.id, "event", event, "reason", reason,
 		"epoch", r.epoch, "phase", r.phase.String())
@@ -132,6 +132,9 @@ func (r *runner) depart(rs *rankState, event, reason string, status rankStatus) 
 		return
 	case phSaving:
 		r.ckptRankGone(r.save, rs.id)
+		return
+	case phExport:
+		r.exportRankGone(rs.id)
 		return
 	}
 

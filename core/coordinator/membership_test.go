@@ -57,7 +57,7 @@ func TestDeadRankRedistributed(t *testing.T) {
 				t.Fatalf("membership events %+v, want one", sum.MembershipEvents)
 			}
 			ev := sum.MembershipEvents[0]
-			if ev.Rank != 2 || ev.Event != "dead" || ev.Epoch != 0 || ev.Reason != tc.reason {
+			if ev.Rank != 2 || ev.Event != "dead" || ev.Epoch != 1 || ev.Reason != tc.reason {
 				t.Errorf("event %+v, want rank 2 dead in epoch 0: %q", ev, tc.reason)
 			}
 			if r := sum.Ranks[2]; r.State != RankDead || r.Reason != tc.reason {

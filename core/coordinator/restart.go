@@ -37,7 +37,7 @@ func (r *runner) onPluginRestarted(rs *rankState, m *wirepb.PluginRestarted) {
 	}
 	rs.pluginRestarts++
 	reason := fmt.Sprintf("%s plugin replaced (restart %d): %s", kind, rs.pluginRestarts, m.GetReason())
-	ev := MembershipEvent{Rank: rs.id, Event: eventPluginRestarted, Epoch: r.epoch, Reason: reason, Time: time.Now()}
+	ev := MembershipEvent{Rank: rs.id, Event: eventPluginRestarted, Epoch: r.epoch + 1, Reason: reason, Time: time.Now()}
 	r.memberEvents = append(r.memberEvents, ev)
 	r.noteMembership(ev)
 	r.log.Warn("rank replaced a plugin", "rank", rs.id, "kind", kind, "restarts", rs.pluginRestarts,

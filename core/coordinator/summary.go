@@ -49,10 +49,14 @@ type Summary struct {
 	Averaging        AveragingSummary  `json:"averaging"`
 	// Checkpoint is the last complete checkpoint directory, if any.
 	Checkpoint string `json:"checkpoint"`
+	// Model is the trained model's directory (OUT/model) of a completed
+	// run, when a rank saved it.
+	Model string `json:"model,omitempty"`
 }
 
 // EpochSummary is one finished epoch.
 type EpochSummary struct {
+	// Epoch is the epoch's number, from 1, as the console shows it.
 	Epoch uint64 `json:"epoch"`
 	// Loss is the training loss, the batch-weighted mean of every rank's
 	// Metrics for the epoch.
@@ -106,7 +110,7 @@ type RankSummary struct {
 type MembershipEvent struct {
 	Rank   uint32    `json:"rank"`
 	Event  string    `json:"event"`
-	Epoch  uint64    `json:"epoch"`
+	Epoch  uint64    `json:"epoch"` // from 1, as the console and EpochSummary number it
 	Reason string    `json:"reason"`
 	Time   time.Time `json:"time"`
 }
@@ -212,7 +216,7 @@ func (r *runner) newAgg(prior EpochProgress) *epochAgg {
 func (r *runner) recordEpoch() {
 	a := r.agg
 	s := EpochSummary{
-		Epoch:    r.epoch,
+		Epoch:    r.epoch + 1,
 		EvalLoss: a.evalLoss,
 		Accuracy: a.accuracy,
 		Seconds:  a.prior.Seconds + time.Since(a.started).Seconds(),
@@ -273,6 +277,7 @@ func (r *runner) summary() *Summary {
 		Epochs:           r.finished,
 		MembershipEvents: r.memberEvents,
 		Checkpoint:       r.lastCkpt,
+		Model:            r.model,
 		Averaging: AveragingSummary{
 			Backend:     r.cfg.Averager.Name,
 			Rounds:      r.rounds,

@@ -310,6 +310,9 @@ func (r *runner) onBatch(rs *rankState, m *wirepb.Batch) {
 			p.lossBatches += batches
 		}
 	}
+	if l := m.GetBatchLoss(); finite(l) {
+		r.lastLoss = &l
+	}
 	rs.sinceRound += batches
 	rs.batches += batches
 	rs.epoch = m.GetEpoch()
@@ -334,7 +337,7 @@ func (r *runner) onBatch(rs *rankState, m *wirepb.Batch) {
 		r.agg.trained += n
 		if now := time.Now(); now.Sub(r.lastProgress) >= 100*time.Millisecond {
 			r.lastProgress = now
-			r.emit(Progress{Kind: ProgressSamples, Done: r.agg.prior.Samples + r.agg.trained})
+			r.emit(Progress{Kind: ProgressSamples, Done: r.agg.prior.Samples + r.agg.trained, Loss: r.lastLoss})
 		}
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/cohortdl/cohort/core/pluginhost"
 )
@@ -164,5 +165,40 @@ func TestList(t *testing.T) {
 		if got[i] != want[i] {
 			t.Errorf("row %d = %+v, want %+v", i, got[i], want[i])
 		}
+	}
+}
+
+// A binary that is not a cohort plugin fails to start within seconds, and
+// the error quotes what it wrote to stderr: what it prints instead of the
+// handshake, what it says before exiting, or (silent) the start timeout.
+func TestStartShowsABrokenPluginsStderr(t *testing.T) {
+	cases := []struct {
+		name, script string
+		want         []string
+	}{
+		{"garbage", "#!/bin/sh\necho 'libfoo.so: cannot open shared object' >&2\necho 'hello world'\nexec sleep 30\n",
+			[]string{"hello world", "its stderr:\nlibfoo.so: cannot open shared object"}},
+		{"exits", "#!/bin/sh\necho 'config missing' >&2\nexit 3\n", []string{"its stderr:\nconfig missing"}},
+		{"silent", "#!/bin/sh\necho 'waiting forever' >&2\nexec sleep 30\n", []string{"timeout", "its stderr:\nwaiting forever"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			writeExe(t, dir, "cohort-trainer-broken", tc.script)
+			h := pluginhost.New(pluginhost.Options{Dirs: []string{dir}, StartTimeout: time.Second})
+			start := time.Now()
+			_, _, err := h.StartTrainer(context.Background(), "broken")
+			if err == nil {
+				t.Fatal("a broken plugin started")
+			}
+			if took := time.Since(start); took > 5*time.Second {
+				t.Errorf("failed after %v, want within seconds", took)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q lacks %q", err, w)
+				}
+			}
+		})
 	}
 }

@@ -358,20 +358,36 @@ func (h *Host) start(ctx context.Context, loc Located) (*Process, error) {
 	}
 	cfg := plugin.ClientConfig(plugin.ClientOptions{
 		Cmd:          cmd,
-		Logger:       h.opts.Logger.Named(string(kind) + "." + name),
+		Logger:       h.pluginLogger(kind),
 		SecureConfig: secure,
 		StartTimeout: h.opts.StartTimeout,
 	})
 	cfg.SkipHostEnv = true
+	stderr := &stderrTail{}
+	cfg.Stderr = stderr
 	client := goplugin.NewClient(cfg)
 	if _, err := client.Start(); err != nil {
 		client.Kill()
 		if errors.Is(err, goplugin.ErrChecksumsDoNotMatch) {
 			return nil, fmt.Errorf("%s plugin %q: %s does not match its SHA256SUMS entry: %w", kind, name, loc.Path, err)
 		}
-		return nil, fmt.Errorf("start %s plugin %q (%s): %w", kind, name, loc.Path, plugin.ExplainStart(filepath.Base(loc.Path), err))
+		err = plugin.ExplainStart(filepath.Base(loc.Path), err)
+		if tail := stderr.String(); tail != "" {
+			err = fmt.Errorf("%w; its stderr:\n%s", err, tail)
+		}
+		return nil, fmt.Errorf("start %s plugin %q (%s): %w", kind, name, loc.Path, err)
 	}
 	return &Process{Located: loc, client: client}, nil
+}
+
+// pluginLogger is the logger a plugin's lines go to: the host's name and
+// the kind, short ("rank 2 trainer"), as every line of a plugin repeats it.
+func (h *Host) pluginLogger(kind Kind) hclog.Logger {
+	name := string(kind)
+	if host := h.opts.Logger.Name(); host != "" {
+		name = host + " " + name
+	}
+	return h.opts.Logger.ResetNamed(name)
 }
 
 func (h *Host) env() []string {

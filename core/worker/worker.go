@@ -207,7 +207,7 @@ func (w *worker) setUp(ctx context.Context) error {
 	} else {
 		w.plugins = NewHostPlugins(pluginhost.Options{
 			Dirs:     w.o.PluginDirs,
-			Logger:   w.o.Logger.Named("plugin"),
+			Logger:   w.o.Logger.ResetNamed(fmt.Sprintf("rank %d", w.o.Rank)),
 			Grace:    w.o.ShutdownGrace,
 			Withhold: w.o.Withhold,
 			Lock:     w.o.PluginLock,

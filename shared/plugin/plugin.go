@@ -25,7 +25,6 @@ import (
 	"errors"
 	"fmt"
 	"os/exec"
-	"path/filepath"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -190,9 +189,10 @@ type ClientOptions struct {
 	// Cmd is the unstarted plugin command.
 	Cmd *exec.Cmd
 	// Logger receives go-plugin's own lines and the plugin's log lines
-	// (its hclog JSON on stderr, forwarded under the binary's name) and
-	// anything the plugin writes to os.Stdout or os.Stderr once it serves.
-	// Nil means an info-level logger on stderr.
+	// (its hclog JSON on stderr, re-logged under Logger's own name, without
+	// the plugin's timestamp and logger name) and anything the plugin
+	// writes to os.Stdout or os.Stderr once it serves. Nil means an
+	// info-level logger on stderr.
 	Logger hclog.Logger
 	// SecureConfig, when set, makes the client check the binary's checksum
 	// before starting it.
@@ -214,6 +214,7 @@ func ClientConfig(o ClientOptions) *goplugin.ClientConfig {
 	if logger == nil {
 		logger = hclog.New(&hclog.LoggerOptions{Name: "plugin", Level: hclog.Info})
 	}
+	logger = newRelogger(logger)
 	cfg := &goplugin.ClientConfig{
 		HandshakeConfig:  Handshake(),
 		VersionedPlugins: versionedPluginSets(),
@@ -227,12 +228,8 @@ func ClientConfig(o ClientOptions) *goplugin.ClientConfig {
 	}
 	// go-plugin streams the plugin's os.Stdout and os.Stderr (after Serve
 	// took them over) to these writers and drops them when they are nil;
-	// route them into the log under the plugin's name instead.
-	name := "plugin"
-	if o.Cmd != nil && o.Cmd.Path != "" {
-		name = filepath.Base(o.Cmd.Path)
-	}
-	w := logger.Named(name).StandardWriter(&hclog.StandardLoggerOptions{InferLevels: true})
+	// route them into the log instead.
+	w := logger.StandardWriter(&hclog.StandardLoggerOptions{InferLevels: true})
 	cfg.SyncStdout, cfg.SyncStderr = w, w
 	return cfg
 }

@@ -34,7 +34,7 @@
 extern "C" {
 #endif
 
-#define COHORT_TORCH_SHIM_ABI 1u
+#define COHORT_TORCH_SHIM_ABI 2u
 
 /* Element types: the values of arena.DType in shared/arena. */
 #define CT_DTYPE_F32 1
@@ -154,6 +154,10 @@ typedef struct ct_api {
   /* load restores both, checking every tensor's name, shape and type
    * before it changes anything in the model. */
   int (*load)(ct_model *m, const char *model_path, const char *optim_path, char *err, size_t errlen);
+  /* export_model writes the model as a TorchScript module with a forward
+   * (torch.jit.load in Python, torch::jit::load in C++), its tensors on
+   * the CPU: what the model's forward computes on the input it trains on. */
+  int (*export_model)(ct_model *m, const char *path, char *err, size_t errlen);
 } ct_api;
 
 uint32_t cohort_torch_shim_abi_version(void);

@@ -741,6 +741,56 @@ int load(ct_model *m, const char *model_path, const char *optim_path, char *err,
   });
 }
 
+// The C++ frontend's modules cannot be scripted or traced from C++, so
+// export_model builds the built-in models again as TorchScript: their
+// trained tensors (copied to the CPU) as parameters named after the layer
+// (fc1_weight, ...) and a forward compiled from TorchScript source that
+// computes what MLPImpl / CNNImpl::forward do, with aten ops only.
+torch::jit::Module scripted(const std::shared_ptr<torch::nn::Module> &native) {
+  torch::jit::Module s("CohortModel");
+  auto put = [&s](const std::string &layer, const torch::nn::Module &mod) {
+    for (const auto &p : mod.named_parameters(false)) {
+      s.register_parameter(layer + "_" + p.key(), p.value().detach().to(torch::kCPU).clone(), false);
+    }
+  };
+  std::ostringstream src;
+  src << "def forward(self, x):\n";
+  if (auto mlp = std::dynamic_pointer_cast<MLPImpl>(native)) {
+    src << "    x = x.flatten(1)\n";
+    for (size_t i = 0; i < mlp->layers.size(); ++i) {
+      const std::string fc = "fc" + std::to_string(i + 1);
+      put(fc, *mlp->layers[i]);
+      std::string lin = "torch.addmm(self." + fc + "_bias, x, self." + fc + "_weight.t())";
+      src << (i + 1 < mlp->layers.size() ? "    x = torch.relu(" + lin + ")\n" : "    return " + lin + "\n");
+    }
+  } else if (auto cnn = std::dynamic_pointer_cast<CNNImpl>(native)) {
+    put("conv1", *cnn->conv1);
+    put("conv2", *cnn->conv2);
+    put("fc1", *cnn->fc1);
+    put("fc2", *cnn->fc2);
+    src << "    x = torch.max_pool2d(torch.relu(torch.conv2d(x, self.conv1_weight, self.conv1_bias, [1, 1], [1, 1])), [2, 2])\n"
+        << "    x = torch.max_pool2d(torch.relu(torch.conv2d(x, self.conv2_weight, self.conv2_bias, [1, 1], [1, 1])), [2, 2])\n"
+        << "    x = torch.relu(torch.addmm(self.fc1_bias, x.flatten(1), self.fc1_weight.t()))\n"
+        << "    return torch.addmm(self.fc2_bias, x, self.fc2_weight.t())\n";
+  } else {
+    fail("export: the built-in model is neither the mlp nor the cnn");
+  }
+  s.define(src.str());
+  s.eval();
+  return s;
+}
+
+int export_model(ct_model *m, const char *path, char *err, size_t errlen) {
+  return guard(err, errlen, [&] {
+    use_threads(m->threads);
+    if (m->native) {
+      scripted(m->native).save(path);
+    } else {
+      m->script->save(path);
+    }
+  });
+}
+
 const char *torch_version() { return TORCH_VERSION; }
 
 int32_t cuda_device_count() {
@@ -768,6 +818,7 @@ const ct_api api_table = {
     forward,
     save,
     load,
+    export_model,
 };
 
 } // namespace

@@ -44,6 +44,9 @@ static int go_ct_forward(const ct_api *a, ct_model *m, const float *x, int64_t b
 		int64_t *shape, int32_t *ndim, char *e, size_t n) {
 	return a->forward(m, x, b, out, cap, shape, ndim, e, n);
 }
+static int go_ct_export(const ct_api *a, ct_model *m, const char *p, char *e, size_t n) {
+	return a->export_model(m, p, e, n);
+}
 static int go_ct_save(const ct_api *a, ct_model *m, const char *mp, const char *op, char *e, size_t n) {
 	return a->save(m, mp, op, e, n);
 }
@@ -405,6 +408,14 @@ func (m *Model) Forward(x []float32, rows int, out []float32) ([]int64, error) {
 func (m *Model) Save(modelPath, optimPath string) error {
 	return m.pathCall("save checkpoint", modelPath, optimPath, func(mp, op *C.char, e *C.char, n C.size_t) C.int {
 		return C.go_ct_save(m.s.api, m.m, mp, op, e, n)
+	})
+}
+
+// Export writes the model as a TorchScript module with a forward, its
+// tensors on the CPU.
+func (m *Model) Export(path string) error {
+	return m.pathCall("export the model", path, "", func(p, _ *C.char, e *C.char, n C.size_t) C.int {
+		return C.go_ct_export(m.s.api, m.m, p, e, n)
 	})
 }
 

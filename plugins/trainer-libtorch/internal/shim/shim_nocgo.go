@@ -7,7 +7,7 @@ import "errors"
 // Without cgo the plugin cannot dlopen the shim; it builds (so `go build
 // ./...` and `go vet ./...` pass with CGO_ENABLED=0) and refuses to start.
 
-const ABI = 1
+const ABI = 2
 
 const ErrBufLen = 4096
 
@@ -34,6 +34,7 @@ func (m *Model) Norm() (float64, error)                             { return 0, 
 func (m *Model) Forward([]float32, int, []float32) ([]int64, error) { return nil, errNoCgo }
 func (m *Model) Save(string, string) error                          { return errNoCgo }
 func (m *Model) Load(string, string) error                          { return errNoCgo }
+func (m *Model) Export(string) error                                { return errNoCgo }
 func (m *Model) TrainStep([]float32, int, []int64, []float32, int, float64, []byte) (float64, error) {
 	return 0, errNoCgo
 }

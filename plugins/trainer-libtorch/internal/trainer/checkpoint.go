@@ -27,6 +27,12 @@ const (
 	// CheckpointMeta is written last and names the other two with their
 	// SHA-256, so a directory whose save did not finish is refused.
 	CheckpointMeta = "libtorch-trainer.json"
+	// ExportedModel is the model as a TorchScript module with a forward,
+	// for use outside cohort: torch.jit.load(path) in Python, on inputs
+	// shaped and scaled as the trainer's (pixels / 255 for image data).
+	// Every checkpoint holds one, so the run's final model (OUT/model) and
+	// any checkpoint load without cohort.
+	ExportedModel = "model.pt"
 
 	checkpointFormat = "cohort-libtorch-checkpoint/1"
 	maxMetaBytes     = 1 << 20
@@ -68,14 +74,20 @@ func (t *Trainer) saveLocked(dir string) ([]string, error) {
 		return nil, err
 	}
 	suffix := ".tmp-" + randomHex()
-	names := []string{CheckpointModel, CheckpointOptimizer}
-	tmp := []string{filepath.Join(dir, "."+names[0]+suffix), filepath.Join(dir, "."+names[1]+suffix)}
+	names := []string{CheckpointModel, CheckpointOptimizer, ExportedModel}
+	tmp := make([]string, len(names))
+	for i, n := range names {
+		tmp[i] = filepath.Join(dir, "."+n+suffix)
+	}
 	defer func() {
 		for _, p := range tmp {
 			os.Remove(p) // gone after a successful rename
 		}
 	}()
 	if err := t.model.Save(tmp[0], tmp[1]); err != nil {
+		return nil, err
+	}
+	if err := t.model.Export(tmp[2]); err != nil {
 		return nil, err
 	}
 	digest := t.layout.Digest()
@@ -95,7 +107,7 @@ func (t *Trainer) saveLocked(dir string) ([]string, error) {
 		}
 		meta.Files[names[i]] = f
 	}
-	out := make([]string, 0, 3)
+	out := make([]string, 0, len(names)+1)
 	for i, p := range tmp {
 		final := filepath.Join(dir, names[i])
 		if err := os.Rename(p, final); err != nil {

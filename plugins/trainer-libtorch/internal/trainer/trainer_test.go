@@ -374,7 +374,7 @@ func TestCheckpointRestoresBitwise(t *testing.T) {
 			if ev := evaluate(t, tr2); ev.Loss != contEval.Loss {
 				t.Fatalf("eval loss %v after restore, %v without", ev.Loss, contEval.Loss)
 			}
-			if len(files) != 3 {
+			if len(files) != 4 { // model, optimizer, the exported model.pt, meta
 				t.Fatalf("files %v", files)
 			}
 			// A damaged file is refused, not loaded.

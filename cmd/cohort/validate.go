@@ -1,0 +1,80 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/cohortdl/cohort/core/config"
+	"github.com/cohortdl/cohort/core/pluginhost"
+)
+
+// validateStartTimeout bounds each plugin's start in `cohort validate`: a
+// plugin that does not complete the handshake by then is reported broken.
+const validateStartTimeout = 10 * time.Second
+
+func newValidateCommand(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "validate FILE",
+		Short: "Check a config file and its plugins before a run, reporting every error",
+		Long: `Checks a config file as a run would before any rank starts, and reports
+every error at once: the core's keys, that the trainer and averager plugins
+are found (in worker.plugin_dir, the plugins directory beside the cohort
+binary, then PATH) and pass their SHA256SUMS and lock checks, that each
+completes the plugin handshake, and that its version satisfies the block's
+version constraint. Exit status 0 means the file would run.`,
+		Example: `  cohort validate cohort.hcl`,
+		Args: func(_ *cobra.Command, args []string) error {
+			if len(args) != 1 {
+				return usageError("validate takes one config file, got %d arguments", len(args))
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			cfg, err := config.LoadUnchecked(args[0])
+			if err != nil {
+				// A file that does not parse has nothing more to check.
+				return failed(err)
+			}
+			if err := errors.Join(validate(cmd.Context(), cfg)...); err != nil {
+				return failed(fmt.Errorf("%s is not valid:\n%w", args[0], err))
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "%s: ok (trainer %q, averager %q)\n", args[0], cfg.Trainer.Name, cfg.Averager.Name)
+			return nil
+		},
+	}
+}
+
+// validate runs every check of a loaded config and returns each failure.
+func validate(ctx context.Context, cfg *config.Config) []error {
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	var errs []error
+	if err := cfg.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	h := pluginhost.New(pluginhost.Options{
+		Dirs:         pluginDirs(cfg),
+		StartTimeout: validateStartTimeout,
+		Withhold:     []string{envSecret, envSecretFile},
+		Lock:         cfg.Worker.PluginLock,
+		Versions: map[pluginhost.Kind]string{
+			pluginhost.Trainer:  cfg.Trainer.Version,
+			pluginhost.Averager: cfg.Averager.Version,
+		},
+	})
+	defer h.StopAll(context.Background())
+	// Starting a plugin checks that it is found, its checksums and lock,
+	// its handshake and its version.
+	if _, _, err := h.StartTrainer(ctx, cfg.Trainer.Name); err != nil {
+		errs = append(errs, err)
+	}
+	if _, _, err := h.StartAverager(ctx, cfg.Averager.Name); err != nil {
+		errs = append(errs, err)
+	}
+	return errs
+}
