@@ -89,7 +89,8 @@ func TestAllReduce(t *testing.T) {
 		{2, 1001, nil},
 		{3, 1000, []int{1}},
 		{4, 3, nil},
-		{4, ChunkSize/4*3 + 5, []int{0, 3}},
+		{4, 1003, []int{0, 3}},
+		{2, ChunkSize/2 + 7, []int{1}}, // two chunks per shard
 		{5, 997, []int{2}},
 		{5, 0, nil},
 	}
