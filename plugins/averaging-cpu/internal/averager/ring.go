@@ -84,8 +84,8 @@ func (r *rnd) allReduce(j *job) (uint64, error) {
 		}
 	}
 	// reduce sets dst's elements [lo, hi) to the received partial sum plus
-	// this host's fold, scaled once on the last step as the star's server
-	// did: parameters by 1/Σweight, buffers by 1/Σmovers.
+	// this host's fold, scaled once on the last step: parameters by
+	// 1/Σweight, buffers by 1/Σmovers.
 	reduce := func(lo, hi int, last bool) {
 		for _, part := range [2][2]int{{lo, min(hi, c.np)}, {max(lo, c.np), hi}} {
 			a, b := part[0], part[1]
