@@ -172,24 +172,26 @@ func run(ranksFlag string, mb, crossMB float64, iters int, pluginPath, settings,
 	return nil
 }
 
-// memoryFloor is the median time, over iters copies, of moving the bytes a
-// same-host round must at least move: n ranks' arenas of elems float32,
-// each read once and written once, by n goroutines (one per rank, each
-// taking its slice of every arena, as the fold does). Two buffers larger
-// than any cache stand for the arenas, copied n times over.
+// memoryFloor is the median time, over iters passes, of moving the bytes
+// a same-host round must at least move: n arenas of elems float32, each
+// read once and written once, by n goroutines (one per rank, each taking
+// its slice of every arena, as the fold does). Each pass copies arena i+1's
+// slice into arena i's, so no byte is read twice from cache.
 func memoryFloor(n int, elems int64, iters int) float64 {
-	src, dst := make([]float32, elems), make([]float32, elems)
-	for i := range src {
-		src[i] = 1 // fault the pages in before timing
+	bufs := make([][]float32, n)
+	for i := range bufs {
+		bufs[i] = make([]float32, elems)
+		for k := range bufs[i] {
+			bufs[i][k] = 1 // fault the pages in before timing
+		}
 	}
-	copy(dst, src)
 	var times []float64
 	for range iters {
 		start := time.Now()
 		parallel(n, func(r int) error {
 			lo, hi := elems*int64(r)/int64(n), elems*int64(r+1)/int64(n)
-			for range n {
-				copy(dst[lo:hi], src[lo:hi])
+			for i := range n {
+				copy(bufs[i][lo:hi], bufs[(i+1)%n][lo:hi])
 			}
 			return nil
 		})
