@@ -11,7 +11,14 @@
 // read. For both, one warm-up round precedes the timed ones and the median
 // is reported; the ratio is cohort / gloo (below 1: cohort is faster).
 //
-//	go run ./bench/averaging                 # 2 and 4 ranks, 100 MB, 5 rounds
+// Two kinds of rows, measured in the same run: "same-host" rows average
+// -mb per rank through shared memory, with the memory floor beside them (a
+// plain parallel copy of the bytes the fold reads and writes: every rank's
+// arena read once and written once) and cohort's ratio to it; "cross-host"
+// rows average -cross-mb per rank with every rank its own host, so all
+// bytes cross the host leaders' ring over loopback TCP.
+//
+//	go run ./bench/averaging                 # 2 and 4 ranks, 100 MB same-host and 25 MB cross-host, 5 rounds
 //	go run ./bench/averaging -ranks 4 -mb 100 -iters 7 -plugin bin/plugins/cohort-averaging-cpu
 package main
 
@@ -45,7 +52,8 @@ import (
 
 func main() {
 	ranksFlag := flag.String("ranks", "2,4", "comma-separated rank counts")
-	mb := flag.Float64("mb", 100, "float32 payload per rank, in MB (1e6 bytes)")
+	mb := flag.Float64("mb", 100, "float32 payload per rank of the same-host rows, in MB (1e6 bytes)")
+	crossMB := flag.Float64("cross-mb", 25, "float32 payload per rank of the cross-host rows (every rank its own host), in MB; 0 skips them")
 	iters := flag.Int("iters", 5, "timed rounds per size (after one warm-up)")
 	pluginPath := flag.String("plugin", "", "cohort-averaging-cpu binary (default: build it)")
 	settings := flag.String("settings", "{}", "the averager's settings JSON")
@@ -55,7 +63,7 @@ func main() {
 	flag.BoolVar(&verbose, "v", false, "print every rank's round timings")
 	flag.Parse()
 
-	if err := run(*ranksFlag, *mb, *iters, *pluginPath, *settings, *python, *gloo, *noGloo); err != nil {
+	if err := run(*ranksFlag, *mb, *crossMB, *iters, *pluginPath, *settings, *python, *gloo, *noGloo); err != nil {
 		fmt.Fprintln(os.Stderr, "bench/averaging:", err)
 		os.Exit(1)
 	}
@@ -64,6 +72,7 @@ func main() {
 var verbose bool
 
 type result struct {
+	Kind     string  `json:"kind"`
 	Ranks    int     `json:"ranks"`
 	Bytes    int64   `json:"bytes"`
 	CohortS  float64 `json:"cohort_median_s"`
@@ -71,9 +80,11 @@ type result struct {
 	CohortHi float64 `json:"cohort_max_s"`
 	GlooS    float64 `json:"gloo_median_s,omitempty"`
 	Ratio    float64 `json:"ratio,omitempty"`
+	FloorS   float64 `json:"floor_median_s,omitempty"`
+	XFloor   float64 `json:"ratio_to_floor,omitempty"`
 }
 
-func run(ranksFlag string, mb float64, iters int, pluginPath, settings, python, gloo string, noGloo bool) error {
+func run(ranksFlag string, mb, crossMB float64, iters int, pluginPath, settings, python, gloo string, noGloo bool) error {
 	root, err := repo.Root()
 	if err != nil {
 		return err
@@ -102,29 +113,56 @@ func run(ranksFlag string, mb float64, iters int, pluginPath, settings, python, 
 		}
 		sizes = append(sizes, n)
 	}
-	elems := int64(mb * 1e6 / 4)
-	fmt.Printf("cohort CPU averaging vs gloo all-reduce: %.0f MB of float32 per rank (%d elements), median of %d rounds after a warm-up\n", mb, elems, iters)
-	fmt.Printf("plugin %s, settings %s\n\n", pluginPath, settings)
-	fmt.Printf("%6s  %12s  %12s  %12s  %12s  %8s\n", "ranks", "cohort ms", "min ms", "max ms", "gloo ms", "ratio")
+	type kind struct {
+		name     string
+		mb       float64
+		settings string
+	}
+	kinds := []kind{{"same-host", mb, settings}}
+	if crossMB > 0 {
+		var m map[string]any
+		if err := json.Unmarshal([]byte(settings), &m); err != nil {
+			return fmt.Errorf("bad -settings: %w", err)
+		}
+		if m == nil {
+			m = map[string]any{}
+		}
+		m["host"] = "rank"
+		b, _ := json.Marshal(m)
+		kinds = append(kinds, kind{"cross-host", crossMB, string(b)})
+	}
+	fmt.Printf("cohort CPU averaging vs gloo all-reduce, float32, median of %d rounds after a warm-up; plugin %s\n", iters, pluginPath)
+	for _, k := range kinds {
+		fmt.Printf("%s: %.0f MB per rank, settings %s\n", k.name, k.mb, k.settings)
+	}
+	fmt.Printf("\n%-10s  %5s  %5s  %10s  %10s  %10s  %10s  %7s  %10s  %7s\n", "rows", "ranks", "MB", "cohort ms", "min ms", "max ms", "gloo ms", "ratio", "floor ms", "×floor")
 	var out []result
-	for _, n := range sizes {
-		times, err := benchCohort(n, elems, iters, pluginPath, settings)
-		if err != nil {
-			return fmt.Errorf("%d ranks: %w", n, err)
-		}
-		sort.Float64s(times)
-		r := result{Ranks: n, Bytes: elems * 4, CohortS: times[len(times)/2], CohortLo: times[0], CohortHi: times[len(times)-1]}
-		glooCol, ratioCol := "-", "-"
-		if !noGloo {
-			g, err := benchGloo(python, gloo, n, mb, iters)
+	for _, k := range kinds {
+		elems := int64(k.mb * 1e6 / 4)
+		for _, n := range sizes {
+			times, err := benchCohort(n, elems, iters, pluginPath, k.settings)
 			if err != nil {
-				return fmt.Errorf("gloo, %d ranks: %w", n, err)
+				return fmt.Errorf("%s, %d ranks: %w", k.name, n, err)
 			}
-			r.GlooS, r.Ratio = g, r.CohortS/g
-			glooCol, ratioCol = fmt.Sprintf("%.1f", g*1e3), fmt.Sprintf("%.3f", r.Ratio)
+			sort.Float64s(times)
+			r := result{Kind: k.name, Ranks: n, Bytes: elems * 4, CohortS: times[len(times)/2], CohortLo: times[0], CohortHi: times[len(times)-1]}
+			glooCol, ratioCol, floorCol, xCol := "-", "-", "-", "-"
+			if !noGloo {
+				g, err := benchGloo(python, gloo, n, k.mb, iters)
+				if err != nil {
+					return fmt.Errorf("gloo, %d ranks: %w", n, err)
+				}
+				r.GlooS, r.Ratio = g, r.CohortS/g
+				glooCol, ratioCol = fmt.Sprintf("%.1f", g*1e3), fmt.Sprintf("%.3f", r.Ratio)
+			}
+			if k.name == "same-host" {
+				r.FloorS = memoryFloor(n, elems, iters)
+				r.XFloor = r.CohortS / r.FloorS
+				floorCol, xCol = fmt.Sprintf("%.1f", r.FloorS*1e3), fmt.Sprintf("%.2f", r.XFloor)
+			}
+			fmt.Printf("%-10s  %5d  %5.0f  %10.1f  %10.1f  %10.1f  %10s  %7s  %10s  %7s\n", k.name, n, k.mb, r.CohortS*1e3, r.CohortLo*1e3, r.CohortHi*1e3, glooCol, ratioCol, floorCol, xCol)
+			out = append(out, r)
 		}
-		fmt.Printf("%6d  %12.1f  %12.1f  %12.1f  %12s  %8s\n", n, r.CohortS*1e3, r.CohortLo*1e3, r.CohortHi*1e3, glooCol, ratioCol)
-		out = append(out, r)
 	}
 	fmt.Println()
 	for _, r := range out {
@@ -132,6 +170,35 @@ func run(ranksFlag string, mb float64, iters int, pluginPath, settings, python, 
 		fmt.Println(string(b))
 	}
 	return nil
+}
+
+// memoryFloor is the median time, over iters passes, of moving the bytes
+// a same-host round must at least move: n arenas of elems float32, each
+// read once and written once, by n goroutines (one per rank, each taking
+// its slice of every arena, as the fold does). Each pass copies arena i+1's
+// slice into arena i's, so no byte is read twice from cache.
+func memoryFloor(n int, elems int64, iters int) float64 {
+	bufs := make([][]float32, n)
+	for i := range bufs {
+		bufs[i] = make([]float32, elems)
+		for k := range bufs[i] {
+			bufs[i][k] = 1 // fault the pages in before timing
+		}
+	}
+	var times []float64
+	for range iters {
+		start := time.Now()
+		parallel(n, func(r int) error {
+			lo, hi := elems*int64(r)/int64(n), elems*int64(r+1)/int64(n)
+			for i := range n {
+				copy(bufs[i][lo:hi], bufs[(i+1)%n][lo:hi])
+			}
+			return nil
+		})
+		times = append(times, time.Since(start).Seconds())
+	}
+	sort.Float64s(times)
+	return times[len(times)/2]
 }
 
 // benchCohort runs iters+1 rounds of n plugin processes and returns the

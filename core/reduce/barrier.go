@@ -1,7 +1,9 @@
 package reduce
 
 // The round barrier: gathering every live rank's announce, planning the
-// round, and collecting each participant's done before the next one.
+// round, telling each host's leader when its host folded (it then sums with
+// the other leaders over their ring, shared/reduce/ring), and collecting
+// each participant's done before the next one.
 
 import (
 	"errors"
@@ -15,28 +17,22 @@ import (
 
 type round struct {
 	id        uint64
-	wire      rdc.Wire // of the folds and the consensus
 	broadcast bool
 	root      uint32
 	w, m      float64
 	hosts     []*hostRound
 	hostOf    map[uint32]*hostRound
-	needed    int // folds needed
-	have      int
-	consSent  bool
 	finished  int
-	bytes     uint64
+	// bytes is what the leaders' ring moves: each of H links carries
+	// 2·(H−1)/H of a fold.
+	bytes uint64
 }
 
 type hostRound struct {
 	ranks    []uint32
 	leader   uint32
-	weight   float64
-	movers   float64
-	needFold bool
 	folded   map[uint32]bool
 	sendSent bool
-	fold     *rankConn // holds the fold in its stage
 	applied  bool
 	done     map[uint32]rdc.Done
 	finished bool
@@ -140,28 +136,19 @@ func (e *engine) tryPlan() {
 		e.failGathering(id, "total weight overflows")
 		return
 	}
-	rd := &round{id: id, broadcast: first.Broadcast, root: first.Root, w: w, m: mv, hostOf: map[uint32]*hostRound{}, wire: rdc.WireF32}
-	if !rd.broadcast {
-		rd.wire = e.s.geometryNow().Wire
+	rd := &round{id: id, broadcast: first.Broadcast, root: first.Root, w: w, m: mv, hostOf: map[uint32]*hostRound{}}
+	if h := uint64(len(e.hosts)); h > 1 {
+		geo := e.s.geometryNow()
+		wire := geo.Wire
+		if rd.broadcast {
+			wire = rdc.WireF32
+		}
+		rd.bytes = 2 * (h - 1) * geo.Elements() * wire.Size()
 	}
 	for _, h := range e.hosts {
 		hr := &hostRound{ranks: h, leader: h[0], folded: map[uint32]bool{}, done: map[uint32]rdc.Done{}}
 		for _, r := range h {
-			a := e.announces[r]
-			hr.weight += a.Weight
-			if a.Steps > 0 {
-				hr.movers++
-			}
 			rd.hostOf[r] = hr
-			if rd.broadcast && r == rd.root {
-				hr.needFold = true
-			}
-		}
-		if !rd.broadcast {
-			hr.needFold = hr.weight > 0
-		}
-		if hr.needFold {
-			rd.needed++
 		}
 		rd.hosts = append(rd.hosts, hr)
 	}
@@ -199,9 +186,6 @@ func (e *engine) failRound(reason string) {
 	e.cur = nil
 	e.log.Error("averaging round failed", "round", rd.id, "reason", reason)
 	for _, hr := range rd.hosts {
-		if hr.fold != nil {
-			hr.fold.busy.Store(false)
-		}
 		b := rdc.Fail{Round: rd.id, Reason: reason}.Encode()
 		for _, r := range hr.ranks {
 			if m := e.members[r]; m != nil {
@@ -266,7 +250,7 @@ func (e *engine) folded(m *member, id uint64) error {
 		return fmt.Errorf("folded round %d twice", id)
 	}
 	hr.folded[r] = true
-	if len(hr.folded) == len(hr.ranks) && hr.needFold {
+	if len(hr.folded) == len(hr.ranks) {
 		hr.sendSent = true
 		e.send(e.members[hr.leader], rdc.KindSend, rdc.RoundRef{Round: id}.Encode())
 	}
@@ -278,7 +262,7 @@ func (e *engine) received(m *member, id uint64) error {
 	if rd == nil {
 		return err
 	}
-	if m.rc.rank != hr.leader || !rd.consSent || hr.applied {
+	if m.rc.rank != hr.leader || !hr.sendSent || hr.applied {
 		return fmt.Errorf("received for round %d out of turn", id)
 	}
 	hr.applied = true
@@ -331,6 +315,7 @@ func (e *engine) done(m *member, d rdc.Done) error {
 	rd.finished++
 	if rd.finished == len(rd.hosts) {
 		e.cur = nil
+		e.s.bulk.Add(rd.bytes)
 		e.complete(rd.id)
 		e.log.Debug("round done", "round", rd.id)
 	}

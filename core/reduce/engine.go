@@ -9,7 +9,8 @@ package reduce
 import (
 	"errors"
 	"fmt"
-	"sync"
+	"net"
+	"strconv"
 
 	"github.com/hashicorp/go-hclog"
 
@@ -37,6 +38,9 @@ type event struct {
 type member struct {
 	rc   *rankConn
 	join *rdc.Join
+	// ring is where the rank listens for ring links: the address it
+	// connected from, at the port it joined with.
+	ring string
 }
 
 // engine owns the membership and the rounds; only its goroutine touches
@@ -58,9 +62,6 @@ type engine struct {
 	doneUpTo   uint64
 	anyDone    bool
 	sessionGen uint64
-
-	cons   []byte
-	consWG sync.WaitGroup
 }
 
 func newEngine(s *Server) *engine {
@@ -75,7 +76,6 @@ func (e *engine) run() {
 		for _, m := range e.members {
 			m.rc.conn.Close()
 		}
-		e.consWG.Wait()
 	}()
 	for {
 		select {
@@ -123,11 +123,9 @@ func (e *engine) handle(ev event) {
 	case evFrame:
 		m := e.members[ev.rc.rank]
 		if m == nil || m.rc != ev.rc {
-			ev.rc.busy.Store(false)
 			return
 		}
 		if err := e.frame(m, ev.frame); err != nil {
-			ev.rc.busy.Store(false)
 			e.remove(ev.rc.rank, "broke the protocol", err, true)
 		}
 	}
@@ -165,6 +163,11 @@ func (e *engine) frame(m *member, f rdc.Frame) error {
 			return err
 		}
 		m.join = &j
+		host, _, err := net.SplitHostPort(m.rc.conn.RemoteAddr().String())
+		if err != nil {
+			return fmt.Errorf("rank's address %v: %w", m.rc.conn.RemoteAddr(), err)
+		}
+		m.ring = net.JoinHostPort(host, strconv.Itoa(int(j.RingPort)))
 		e.log.Debug("rank joined", "rank", m.rc.rank, "arena", j.ArenaPath, "pid", j.PID)
 		e.membershipChanged()
 		return nil
@@ -194,12 +197,6 @@ func (e *engine) frame(m *member, f rdc.Frame) error {
 		}
 		e.remove(m.rc.rank, "said goodbye", errBye, false)
 		return nil
-	case rdc.KindFold:
-		h, err := rdc.DecodeBulkHeader(f.Payload)
-		if err != nil {
-			return err
-		}
-		return e.fold(m, h)
 	case rdc.KindFolded, rdc.KindReceived:
 		r, err := rdc.DecodeRoundRef(f.Kind, f.Payload)
 		if err != nil {

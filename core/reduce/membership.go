@@ -84,8 +84,12 @@ func (e *engine) membershipChanged() {
 		}
 		e.hosts[i] = append(e.hosts[i], r)
 	}
+	leaders := make([]string, len(e.hosts))
 	for hi, h := range e.hosts {
-		t := rdc.Topology{Generation: e.topoGen, Hosts: uint32(len(e.hosts)), Host: uint32(hi)}
+		leaders[hi] = e.members[h[0]].ring
+	}
+	for hi, h := range e.hosts {
+		t := rdc.Topology{Generation: e.topoGen, Hosts: uint32(len(e.hosts)), Host: uint32(hi), Leaders: leaders}
 		for _, r := range h {
 			j := e.members[r].join
 			t.Peers = append(t.Peers, rdc.Peer{Rank: r, Dev: j.Dev, Ino: j.Ino, Path: j.ArenaPath})

@@ -73,7 +73,7 @@ type Config struct {
 type Stats struct {
 	Connected      int
 	Rounds, Failed uint64
-	// BulkBytes counts fold and consensus data moved over TCP.
+	// BulkBytes counts the data the host leaders' rings moved over TCP.
 	BulkBytes uint64
 }
 
@@ -334,38 +334,17 @@ type rankConn struct {
 	rank  uint32
 	conn  *rdc.Conn
 	hello rdc.Hello
-
-	// stage receives the rank's fold frames; busy while the engine holds it.
-	stage []byte
-	busy  atomic.Bool
-}
-
-func (rc *rankConn) dest(kind rdc.Kind, n uint64) ([]byte, error) {
-	if kind != rdc.KindFold {
-		return nil, fmt.Errorf("a rank may not send %v", kind)
-	}
-	if !rc.busy.CompareAndSwap(false, true) {
-		return nil, errors.New("a second fold before the first was consumed")
-	}
-	if uint64(cap(rc.stage)) < n {
-		rc.stage = make([]byte, n)
-	}
-	rc.stage = rc.stage[:n]
-	return rc.stage, nil
 }
 
 func (s *Server) readLoop(rc *rankConn) {
 	for {
-		f, err := rc.conn.Receive(rc.dest)
+		f, err := rc.conn.Receive()
 		if err != nil {
 			s.post(event{kind: evLost, rc: rc, err: err})
 			return
 		}
 		ev := event{kind: evFrame, rc: rc, frame: f}
 		ev.frame.Payload = append([]byte(nil), f.Payload...)
-		if f.Kind == rdc.KindFold {
-			s.bulk.Add(uint64(len(f.Data)))
-		}
 		if !s.post(ev) {
 			return
 		}

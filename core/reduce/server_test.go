@@ -105,7 +105,7 @@ func dialRank(t *testing.T, s *Server, h rdc.Hello, k []byte) (*testRank, error)
 	t.Cleanup(func() { conn.Close() })
 	go func() {
 		for {
-			f, err := conn.Receive(nil)
+			f, err := conn.Receive()
 			if err != nil {
 				r.errs <- err
 				return
@@ -128,7 +128,7 @@ func mustRank(t *testing.T, s *Server, rank, world uint32) *testRank {
 }
 
 func (r *testRank) join() {
-	if err := r.conn.Send(context.Background(), rdc.KindJoin, rdc.Join{ArenaPath: fmt.Sprintf("/dev/shm/test-%d", r.rank), PID: 1}.Encode()); err != nil {
+	if err := r.conn.Send(context.Background(), rdc.KindJoin, rdc.Join{ArenaPath: fmt.Sprintf("/dev/shm/test-%d", r.rank), PID: 1, RingPort: 1}.Encode()); err != nil {
 		r.t.Fatal(err)
 	}
 }
@@ -293,14 +293,13 @@ func TestMisbehavingConnections(t *testing.T) {
 			},
 		},
 		{
-			name: "huge bulk frame", joins: true, log: "over the limit",
+			name: "retired fold kind", joins: true, log: "refused",
 			act: func(t *testing.T, s *Server) {
 				r := mustRank(t, s, 2, 3)
 				r.raw.hook = func(n int, b []byte) []byte {
 					hdr := make([]byte, 16)
 					copy(hdr, b[:8])
-					hdr[4] = byte(rdc.KindFold)
-					hdr[13] = 1 // 2^40 bytes
+					hdr[4] = 0x04 // the star's fold, gone with version 2
 					return hdr
 				}
 				r.conn.Send(context.Background(), rdc.KindAnnounce, rdc.Announce{Round: 1}.Encode())

@@ -131,15 +131,21 @@ func (d *dec) end() error {
 
 // Encode returns the payload of j.
 func (j Join) Encode() []byte {
-	return enc(nil).str(trunc(j.ArenaPath, MaxPath)).u64(j.Dev).u64(j.Ino).u32(j.PID)
+	return enc(nil).str(trunc(j.ArenaPath, MaxPath)).u64(j.Dev).u64(j.Ino).u32(j.PID).u32(uint32(j.RingPort))
 }
 
 // DecodeJoin decodes a Join payload.
 func DecodeJoin(b []byte) (Join, error) {
 	d := dec{b: b, what: "join"}
 	j := Join{ArenaPath: d.str("arena path", MaxPath), Dev: d.u64(), Ino: d.u64(), PID: d.u32()}
-	if d.err == nil && j.ArenaPath == "" {
+	port := d.u32()
+	j.RingPort = uint16(port)
+	switch {
+	case d.err != nil:
+	case j.ArenaPath == "":
 		d.fail("empty arena path")
+	case port == 0 || port > 0xFFFF:
+		d.fail("ring port %d", port)
 	}
 	return j, d.end()
 }
@@ -170,24 +176,6 @@ func DecodeRoundRef(kind Kind, b []byte) (RoundRef, error) {
 	d := dec{b: b, what: kind.String()}
 	r := RoundRef{Round: d.u64()}
 	return r, d.end()
-}
-
-// Encode returns the 32 header bytes of a bulk frame.
-func (h BulkHeader) Encode() []byte {
-	return enc(make([]byte, 0, BulkHeaderSize)).u64(h.Round).f64(h.Weight).f64(h.Movers).u32(uint32(h.Wire)).u32(0)
-}
-
-// DecodeBulkHeader decodes a bulk frame's header.
-func DecodeBulkHeader(b []byte) (BulkHeader, error) {
-	d := dec{b: b, what: "bulk header"}
-	h := BulkHeader{Round: d.u64(), Weight: d.f64("weight"), Movers: d.f64("movers"), Wire: Wire(d.u32())}
-	if r := d.u32(); d.err == nil && r != 0 {
-		d.fail("reserved field 0x%x, want 0", r)
-	}
-	if d.err == nil && h.Wire.Size() == 0 {
-		d.fail("unknown wire encoding %d", uint32(h.Wire))
-	}
-	return h, d.end()
 }
 
 // Encode returns the payload of m.
@@ -252,6 +240,9 @@ func (t Topology) Encode() []byte {
 	for _, p := range t.Peers {
 		e = e.u32(p.Rank).u64(p.Dev).u64(p.Ino).str(trunc(p.Path, MaxPath))
 	}
+	for _, a := range t.Leaders {
+		e = e.str(trunc(a, MaxAddr))
+	}
 	return e
 }
 
@@ -271,11 +262,20 @@ func DecodeTopology(b []byte) (Topology, error) {
 	}
 	if d.err == nil {
 		switch {
-		case t.Hosts == 0 || t.Host >= t.Hosts:
+		case t.Hosts == 0 || t.Host >= t.Hosts || t.Hosts > MaxMembers:
 			d.fail("host %d of %d", t.Host, t.Hosts)
 		case n == 0:
 			d.fail("no peers (the receiver is one)")
 		}
+	}
+	// One address per host; each takes at least its length's 4 bytes, so
+	// the slice grows only as input arrives.
+	for i := uint32(0); d.err == nil && i < t.Hosts; i++ {
+		a := d.str("leader address", MaxAddr)
+		if d.err == nil && a == "" {
+			d.fail("host %d's leader has no address", i)
+		}
+		t.Leaders = append(t.Leaders, a)
 	}
 	return t, d.end()
 }

@@ -47,7 +47,7 @@ func (o Options) withDefaults() Options {
 	return o
 }
 
-// chunk is the unit of streamed reads and writes of a bulk payload; each
+// chunk is the unit of streamed reads and writes of a large payload; each
 // gets its own deadline.
 const chunk = authframe.ReadChunk
 

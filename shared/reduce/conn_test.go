@@ -65,33 +65,32 @@ func TestFramesBothWays(t *testing.T) {
 	if err := cc.Send(context.Background(), KindAnnounce, Announce{Round: 1, Steps: 2, Weight: 2}.Encode()); err != nil {
 		t.Fatal(err)
 	}
-	data := bytes.Repeat([]byte{7}, 16) // 8 elements of bf16
-	if err := cc.Send(context.Background(), KindFold, BulkHeader{Round: 1, Weight: 2, Movers: 1, Wire: WireBF16}.Encode(), data); err != nil {
+	big := bytes.Repeat([]byte{7}, MaxControlPayload) // streamed in chunks
+	if err := cc.Send(context.Background(), KindAbort, big[:8], big[8:]); err != nil {
 		t.Fatal(err)
 	}
-	f, err := sc.Receive(nil)
+	f, err := sc.Receive()
 	if err != nil || f.Kind != KindAnnounce {
 		t.Fatal(f.Kind, err)
 	}
 	if a, err := DecodeAnnounce(f.Payload); err != nil || a.Round != 1 {
 		t.Fatal(a, err)
 	}
-	dst := make([]byte, 16)
-	f, err = sc.Receive(func(k Kind, n uint64) ([]byte, error) { return dst[:n], nil })
-	if err != nil || f.Kind != KindFold || !bytes.Equal(dst, data) {
-		t.Fatal(f.Kind, err, dst)
+	f, err = sc.Receive()
+	if err != nil || f.Kind != KindAbort || !bytes.Equal(f.Payload, big) {
+		t.Fatal(f.Kind, err, len(f.Payload))
 	}
 	// Wrong direction and wrong size are refused on the sending side.
 	if _, err := cc.SendAsync(KindPlan, nil); err == nil {
 		t.Fatal("rank sent a server kind")
 	}
-	if _, err := cc.SendAsync(KindFold, make([]byte, BulkHeaderSize+3)); !errors.Is(err, authframe.ErrMalformed) {
-		t.Fatalf("odd bulk size: %v", err)
+	if _, err := cc.SendAsync(KindAbort, make([]byte, MaxControlPayload+1)); !errors.Is(err, authframe.ErrTooLarge) {
+		t.Fatalf("oversized frame: %v", err)
 	}
 	if err := sc.Send(context.Background(), KindResult, Result{Round: 1}.Encode()); err != nil {
 		t.Fatal(err)
 	}
-	if f, err := cc.Receive(nil); err != nil || f.Kind != KindResult {
+	if f, err := cc.Receive(); err != nil || f.Kind != KindResult {
 		t.Fatal(f.Kind, err)
 	}
 }
@@ -116,16 +115,16 @@ func TestReplayRefused(t *testing.T) {
 		t.Fatal(cerr, serr)
 	}
 	cc.Send(context.Background(), KindFolded, RoundRef{Round: 1}.Encode())
-	if _, err := sc.Receive(nil); err != nil {
+	if _, err := sc.Receive(); err != nil {
 		t.Fatal(err)
 	}
 	frame := rec.buf.Bytes()[HelloSize:]
 	rec.Conn.Write(frame) // the same bytes again
-	if _, err := sc.Receive(nil); !errors.Is(err, authframe.ErrBadTag) {
+	if _, err := sc.Receive(); !errors.Is(err, authframe.ErrBadTag) {
 		t.Fatalf("replayed frame: %v", err)
 	}
 	// The stream is over for good.
-	if _, err := sc.Receive(nil); !errors.Is(err, authframe.ErrBadTag) {
+	if _, err := sc.Receive(); !errors.Is(err, authframe.ErrBadTag) {
 		t.Fatalf("after a refusal: %v", err)
 	}
 }
@@ -173,7 +172,7 @@ func TestSilentPeerTimesOut(t *testing.T) {
 	c := newConn(a, testKeys, hello, make([]byte, HelloSize), make([]byte, 32), ToRank, Options{Timeout: 200 * time.Millisecond})
 	defer c.Close()
 	t0 := time.Now()
-	_, err := c.Receive(nil)
+	_, err := c.Receive()
 	if err == nil || time.Since(t0) > 2*time.Second {
 		t.Fatalf("silent peer: %v after %v", err, time.Since(t0))
 	}

@@ -1,6 +1,7 @@
 // Package reduce owns the bytes of the CPU averaging data channel: the TCP
 // connection from each rank's averaging plugin (plugins/averaging-cpu) to the
-// reduce server (core/reduce). It holds the key schedule's labels, the
+// reduce server (core/reduce), which orchestrates membership and rounds; the
+// host leaders sum their hosts' folds among themselves (shared/reduce/ring). It holds the key schedule's labels, the
 // handshake, the frame layout and the codec of every message. The key
 // derivation, the sequence-numbered frame MAC, the deadline helpers and the
 // sentinel errors are the authenticated-framing kernel's (internal/authframe),
@@ -15,8 +16,8 @@
 //	       host [16] | nonce [16] | tag [8]
 //	ack    magic u32 | version u32 | status u32 | reserved u32 | nonce [16] | tag [8]
 //
-// params and buffers count the f32 elements the rank reduces (the geometry
-// of every bulk frame); run, layout and settings are digests that must match
+// params and buffers count the f32 elements the rank reduces (equal across
+// the cohort); run, layout and settings are digests that must match
 // across the cohort; host names the shared-memory domain the rank lives in;
 // the two nonces make every connection's keys unique. The hello's tag is
 // HMAC-SHA256 under the handshake key over its first 136 bytes; the ack's
@@ -40,10 +41,8 @@
 // hashed.
 //
 // A reader checks magic, flags, kind (known, and flowing its way) and length
-// (at most MaxControlPayload for a control kind; exactly the geometry's size
-// for a bulk kind) before it reads or allocates anything, reads the payload
-// into the destination its caller chose, and returns nothing until the tag
-// verifies. Every read has a deadline. One goroutine owns each socket's
+// (at most MaxControlPayload) before it reads or allocates anything, and
+// returns nothing until the tag verifies. Every read has a deadline. One goroutine owns each socket's
 // writes. Every refusal wraps exactly one of the sentinel errors of
 // internal/authframe (the control protocol's too): ErrMalformed, on this
 // channel, means bytes that verified but break a rule of codec.go or the
@@ -60,7 +59,7 @@ import "github.com/cohortdl/cohort/internal/authframe"
 // Protocol constants. The magic values are cohort's own, distinct from the
 // control protocol's, so a peer dialling the wrong port fails at once.
 const (
-	Version uint32 = 1
+	Version uint32 = 2
 
 	HelloMagic uint32 = 0xC04ED001
 	AckMagic   uint32 = 0xC04ED002
@@ -70,7 +69,7 @@ const (
 	HelloSize = 144
 	AckSize   = 40
 
-	// MaxControlPayload bounds the payload of every non-bulk frame.
+	// MaxControlPayload bounds the payload of every frame.
 	MaxControlPayload = 1 << 20
 
 	// MaxElements bounds the f32 elements a hello may declare: the arena's

@@ -13,7 +13,7 @@ import (
 
 var le = binary.LittleEndian
 
-// Wire is the element encoding of bulk frames on the TCP leg.
+// Wire is the element encoding of the host leaders' ring (shared/reduce/ring).
 type Wire uint32
 
 const (
@@ -64,9 +64,6 @@ type Hello struct {
 
 // Elements is Params+Buffers.
 func (h Hello) Elements() uint64 { return h.Params + h.Buffers }
-
-// BulkBytes is the data size of one bulk frame under h's geometry.
-func (h Hello) BulkBytes() uint64 { return h.Elements() * h.Wire.Size() }
 
 // Check refuses a hello that names no valid rank or geometry.
 func (h Hello) Check() error {

@@ -1,7 +1,7 @@
 package reduce
 
-// Frame kinds: which messages exist, which way each flows, and which carry
-// bulk data. A reader refuses any other kind before reading its payload.
+// Frame kinds: which messages exist and which way each flows. A reader
+// refuses any other kind before reading its payload.
 
 import "fmt"
 
@@ -14,8 +14,6 @@ const (
 	KindJoin       Kind = 0x01 // Join: the rank's arena, once, first
 	KindAnnounce   Kind = 0x02 // Announce: the rank enters a round
 	KindFolded     Kind = 0x03 // RoundRef: the rank folded its slice
-	KindFold       Kind = 0x04 // bulk: a host leader's folded sum
-	KindFoldZero   Kind = 0x05 // RoundRef: a host leader's sum is all zero
 	KindReceived   Kind = 0x06 // RoundRef: the leader holds the consensus
 	KindDone       Kind = 0x07 // Done: the rank applied its slice
 	KindAbort      Kind = 0x08 // Abort: the rank abandons a round
@@ -26,14 +24,13 @@ const (
 
 // Server -> rank.
 const (
-	KindTopology  Kind = 0x41 // Topology: who shares the rank's host
-	KindPlan      Kind = 0x42 // Plan: the round's weights and roles
-	KindSend      Kind = 0x43 // RoundRef: the host leader may send its fold
-	KindConsensus Kind = 0x44 // bulk: the consensus, to host leaders
-	KindApply     Kind = 0x45 // RoundRef: the host's consensus is ready
-	KindResult    Kind = 0x46 // Result: the rank's divergence figures
-	KindFail      Kind = 0x47 // Fail: the round failed
-	KindPingRank  Kind = 0x7F // empty: keepalive
+	KindTopology Kind = 0x41 // Topology: who shares the rank's host
+	KindPlan     Kind = 0x42 // Plan: the round's weights and roles
+	KindSend     Kind = 0x43 // RoundRef: the host folded; its leader joins the ring
+	KindApply    Kind = 0x45 // RoundRef: the host's consensus is ready
+	KindResult   Kind = 0x46 // Result: the rank's divergence figures
+	KindFail     Kind = 0x47 // Fail: the round failed
+	KindPingRank Kind = 0x7F // empty: keepalive
 )
 
 // Dir is the direction kind flows in.
@@ -47,24 +44,20 @@ func (k Kind) Dir() Dir {
 // Known reports whether k is a kind of this protocol version.
 func (k Kind) Known() bool {
 	switch k {
-	case KindJoin, KindAnnounce, KindFolded, KindFold, KindFoldZero, KindReceived, KindDone,
+	case KindJoin, KindAnnounce, KindFolded, KindReceived, KindDone,
 		KindAbort, KindSession, KindBye, KindPingServer,
-		KindTopology, KindPlan, KindSend, KindConsensus, KindApply, KindResult, KindFail, KindPingRank:
+		KindTopology, KindPlan, KindSend, KindApply, KindResult, KindFail, KindPingRank:
 		return true
 	}
 	return false
 }
 
-// Bulk reports whether frames of k carry a BulkHeader and the geometry's
-// data.
-func (k Kind) Bulk() bool { return k == KindFold || k == KindConsensus }
-
 func (k Kind) String() string {
 	names := map[Kind]string{
-		KindJoin: "join", KindAnnounce: "announce", KindFolded: "folded", KindFold: "fold",
-		KindFoldZero: "fold-zero", KindReceived: "received", KindDone: "done", KindAbort: "abort",
+		KindJoin: "join", KindAnnounce: "announce", KindFolded: "folded",
+		KindReceived: "received", KindDone: "done", KindAbort: "abort",
 		KindSession: "session", KindBye: "bye", KindPingServer: "ping", KindTopology: "topology",
-		KindPlan: "plan", KindSend: "send", KindConsensus: "consensus", KindApply: "apply",
+		KindPlan: "plan", KindSend: "send", KindApply: "apply",
 		KindResult: "result", KindFail: "fail", KindPingRank: "ping",
 	}
 	if n, ok := names[k]; ok {

@@ -7,6 +7,7 @@ const (
 	MaxPath    = 4096
 	MaxReason  = 1024
 	MaxMembers = 1 << 16
+	MaxAddr    = 256
 )
 
 // Join is a rank's first frame: where its arena lives, so ranks of its host
@@ -17,6 +18,10 @@ type Join struct {
 	// can tell it reached the same file.
 	Dev, Ino uint64
 	PID      uint32
+	// RingPort is where the rank listens for ring links should it lead
+	// its host (shared/reduce/ring); the server pairs it with the address
+	// it sees the rank connect from.
+	RingPort uint16
 }
 
 // Announce enters a round.
@@ -38,19 +43,6 @@ type Announce struct {
 
 // RoundRef names a round.
 type RoundRef struct{ Round uint64 }
-
-// BulkHeaderSize is the size of BulkHeader on the wire.
-const BulkHeaderSize = 32
-
-// BulkHeader opens a bulk frame. In a fold: the host's summed weight and
-// movers; in a consensus: the cohort's. Wire is the data's encoding: the
-// cohort's wire in averaging rounds, always f32 in broadcasts (so a
-// broadcast is exact).
-type BulkHeader struct {
-	Round          uint64
-	Weight, Movers float64
-	Wire           Wire
-}
 
 // Partial is one rank's share of the divergence sums over a slice.
 type Partial struct {
@@ -91,6 +83,9 @@ type Topology struct {
 	Hosts      uint32
 	Host       uint32
 	Peers      []Peer
+	// Leaders are the ring addresses (host:port) of every host's leader,
+	// in host order: a leader's ring successor is the next one.
+	Leaders []string
 }
 
 // PlanPart is one participant of the receiver's host in a round.
@@ -120,7 +115,7 @@ type Plan struct {
 type Result struct {
 	Round              uint64
 	Diff2, Pre2, Post2 float64
-	// Bytes counts the bulk bytes the round moved over TCP, all hosts.
+	// Bytes counts the data the host leaders' ring moved over TCP, all hosts.
 	Bytes uint64
 }
 

@@ -1,8 +1,7 @@
 package reduce
 
 // The receiving half of a Conn: every frame's header is checked before
-// anything is read or allocated, a bulk payload is read straight into the
-// destination its caller chose, and nothing is returned until the tag
+// anything is read or allocated, and nothing is returned until the tag
 // verifies.
 
 import (
@@ -18,27 +17,17 @@ import (
 // Frame is one verified frame.
 type Frame struct {
 	Kind Kind
-	// Payload is a control frame's payload, or a bulk frame's 32-byte
-	// header; it is valid until the next Receive.
+	// Payload is valid until the next Receive.
 	Payload []byte
-	// Data is a bulk frame's data: the slice dest returned, now holding
-	// verified bytes.
-	Data []byte
 }
-
-// Dest chooses where a bulk frame's data goes: a slice of exactly n bytes
-// that nothing else reads until Receive returns, or an error refusing the
-// frame. It is called before any of the data is read.
-type Dest func(kind Kind, n uint64) ([]byte, error)
 
 // Receive reads the next frame, skipping pings. Every read has the
 // connection's timeout as its deadline. It checks the header before reading
-// or allocating anything, reads a bulk frame's data into the slice dest
-// returns, and returns only a frame whose tag verified. A frame that fails
-// any check ends the inbound stream: that call and every later one return
-// the error, and the caller should Close. A clean close between frames is
-// io.EOF.
-func (c *Conn) Receive(dest Dest) (Frame, error) {
+// or allocating anything and returns only a frame whose tag verified. A
+// frame that fails any check ends the inbound stream: that call and every
+// later one return the error, and the caller should Close. A clean close
+// between frames is io.EOF.
+func (c *Conn) Receive() (Frame, error) {
 	if !c.rmu.TryLock() {
 		return Frame{}, errors.New("reduce: concurrent Receive on one Conn")
 	}
@@ -47,7 +36,7 @@ func (c *Conn) Receive(dest Dest) (Frame, error) {
 		if c.rerr != nil {
 			return Frame{}, c.rerr
 		}
-		f, err := c.receive(dest)
+		f, err := c.receive()
 		if err != nil {
 			c.rerr = err
 			return Frame{}, err
@@ -78,7 +67,7 @@ func (c *Conn) readFull(b []byte) (int, error) {
 	return got, nil
 }
 
-func (c *Conn) receive(dest Dest) (Frame, error) {
+func (c *Conn) receive() (Frame, error) {
 	peer := c.nc.RemoteAddr()
 	var hdr [headerSize]byte
 	if n, err := c.readFull(hdr[:]); err != nil {
@@ -104,35 +93,15 @@ func (c *Conn) receive(dest Dest) (Frame, error) {
 		return Frame{}, fmt.Errorf("reduce: %w: kind 0x%04x from %s (expecting %v frames)", authframe.ErrUnknownKind, uint16(kind), peer, recvDir)
 	}
 	n := le.Uint64(hdr[8:])
-	if err := c.checkLength(kind, n); err != nil {
+	if err := checkLength(kind, n); err != nil {
 		return Frame{}, fmt.Errorf("reduce: frame from %s refused: %w", peer, err)
 	}
 	c.rmac.Begin(hdr[:])
-	f := Frame{Kind: kind}
-	var parts [][]byte
-	if kind.Bulk() {
-		if dest == nil {
-			return Frame{}, fmt.Errorf("reduce: %w: unexpected %v frame from %s", authframe.ErrUnknownKind, kind, peer)
-		}
-		data, err := dest(kind, n-BulkHeaderSize)
-		if err != nil {
-			return Frame{}, fmt.Errorf("reduce: %v frame from %s refused: %w", kind, peer, err)
-		}
-		if uint64(len(data)) != n-BulkHeaderSize {
-			return Frame{}, fmt.Errorf("reduce: %v destination holds %d bytes, frame carries %d", kind, len(data), n-BulkHeaderSize)
-		}
-		if cap(c.rbuf) < BulkHeaderSize {
-			c.rbuf = make([]byte, BulkHeaderSize)
-		}
-		f.Payload, f.Data = c.rbuf[:BulkHeaderSize], data
-		parts = [][]byte{f.Payload, data}
-	} else {
-		if uint64(cap(c.rbuf)) < n {
-			c.rbuf = make([]byte, n)
-		}
-		f.Payload = c.rbuf[:n]
-		parts = [][]byte{f.Payload}
+	if uint64(cap(c.rbuf)) < n {
+		c.rbuf = make([]byte, n)
 	}
+	f := Frame{Kind: kind, Payload: c.rbuf[:n]}
+	parts := [][]byte{f.Payload}
 	for _, p := range parts {
 		for len(p) > 0 {
 			k := min(len(p), chunk)

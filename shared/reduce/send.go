@@ -46,7 +46,7 @@ func (c *Conn) SendAsync(kind Kind, parts ...[]byte) (<-chan error, error) {
 	for _, p := range parts {
 		n += uint64(len(p))
 	}
-	if err := c.checkLength(kind, n); err != nil {
+	if err := checkLength(kind, n); err != nil {
 		return nil, fmt.Errorf("reduce: send: %w", err)
 	}
 	req := &sendReq{kind: kind, parts: parts, done: make(chan error, 1)}
@@ -61,23 +61,10 @@ func (c *Conn) SendAsync(kind Kind, parts ...[]byte) (<-chan error, error) {
 	return req.done, nil
 }
 
-// checkLength refuses a payload length kind may not have: a control
-// frame's is at most MaxControlPayload; a bulk frame's is exactly the
-// header and the geometry's elements, in f32 or in the hello's wire.
-func (c *Conn) checkLength(k Kind, n uint64) error {
-	if !k.Bulk() {
-		if n > MaxControlPayload {
-			return fmt.Errorf("%w: %v frame of %d bytes, limit %d", authframe.ErrTooLarge, k, n, MaxControlPayload)
-		}
-		return nil
-	}
-	e := c.hello.Elements()
-	f32, wire := BulkHeaderSize+e*WireF32.Size(), BulkHeaderSize+e*c.hello.Wire.Size()
-	if n != f32 && n != wire {
-		if n > f32 {
-			return fmt.Errorf("%w: %v frame of %d bytes, the layout's is %d (f32) or %d (%v)", authframe.ErrTooLarge, k, n, f32, wire, c.hello.Wire)
-		}
-		return fmt.Errorf("%w: %v frame of %d bytes, the layout's is %d (f32) or %d (%v)", authframe.ErrMalformed, k, n, f32, wire, c.hello.Wire)
+// checkLength refuses a payload over MaxControlPayload.
+func checkLength(k Kind, n uint64) error {
+	if n > MaxControlPayload {
+		return fmt.Errorf("%w: %v frame of %d bytes, limit %d", authframe.ErrTooLarge, k, n, MaxControlPayload)
 	}
 	return nil
 }

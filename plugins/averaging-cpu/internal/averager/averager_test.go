@@ -42,6 +42,9 @@ func TestWeightedMean(t *testing.T) {
 		{name: "tcp/f32-tls", world: 3, host: func(int) string { return "rank" }, steps: []uint64{2, 1, 5}, gamma: 1, tol: 1e-6, tls: true},
 		{name: "tcp/all-idle", world: 2, host: func(int) string { return "rank" }, steps: []uint64{0, 0}, gamma: 1},
 		{name: "mixed/2x2-f32", world: 4, host: func(r int) string { return []string{"a", "a", "b", "b"}[r] }, steps: []uint64{1, 4, 0, 2}, gamma: 1, tol: 1e-6},
+		{name: "tcp/4-hosts", world: 4, host: func(int) string { return "rank" }, steps: []uint64{1, 2, 3, 4}, gamma: 1, tol: 1e-6},
+		{name: "tcp/5-hosts-idle", world: 5, host: func(int) string { return "rank" }, steps: []uint64{0, 3, 0, 1, 2}, gamma: 1, tol: 1e-6},
+		{name: "mixed/4-hosts-bf16-idle-host", world: 5, host: func(r int) string { return []string{"a", "b", "c", "d", "a"}[r] }, wire: "bf16", steps: []uint64{1, 0, 2, 5, 3}, gamma: 1, tol: 8e-3},
 		{name: "mixed/2+1-bf16", world: 3, host: func(r int) string { return []string{"a", "b", "a"}[r] }, wire: "bf16", steps: []uint64{3, 3, 1}, gamma: 1, tol: 8e-3},
 	}
 	for _, tc := range cases {
@@ -458,6 +461,33 @@ func TestPeerDiesMidRound(t *testing.T) {
 			}
 		case <-time.After(5 * time.Second):
 			t.Fatal("round hung on a dead peer")
+		}
+	}
+}
+
+// TestRingLinkLost: when a host leader cannot be reached by its ring
+// predecessor (it died between rounds; its listener is gone), every leader
+// fails the round within the data timeout instead of waiting for it.
+func TestRingLinkLost(t *testing.T) {
+	set := map[string]any{"host": "rank", "timeout": "1s"}
+	c := newCohort(t, cohortOpts{world: 3, settings: []map[string]any{set, set, set}})
+	c.avgs[2].c.ring.Close()
+	errs := make(chan error, 3)
+	start := time.Now()
+	for r := range 3 {
+		go func() {
+			_, err := c.avgs[r].Average(context.Background(), plugin.Round{Round: 1, Steps: 1})
+			errs <- err
+		}()
+	}
+	for range 3 {
+		select {
+		case err := <-errs:
+			if err == nil {
+				t.Fatal("a round completed without host 2's leader in the ring")
+			}
+		case <-time.After(3 * time.Second):
+			t.Fatalf("a leader still waits %v after the ring broke", time.Since(start))
 		}
 	}
 }

@@ -11,7 +11,6 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
@@ -23,6 +22,7 @@ import (
 	"github.com/cohortdl/cohort/shared/plugin"
 	rdc "github.com/cohortdl/cohort/shared/reduce"
 	"github.com/cohortdl/cohort/shared/reduce/numeric"
+	"github.com/cohortdl/cohort/shared/reduce/ring"
 )
 
 // span is one f32 tensor of the arena in the reduce order: elements
@@ -48,6 +48,9 @@ type client struct {
 	segTag string
 
 	conn       *rdc.Conn
+	ring       *ring.Listener
+	ringKeys   ring.Keys
+	run        [16]byte
 	inbox      chan inMsg
 	quit       chan struct{}
 	readerDone chan struct{}
@@ -58,17 +61,16 @@ type client struct {
 	outer *shm.Region // prev | vel, host-shared
 	fold  *shm.Region // see sendArea; host-shared, several hosts only
 
-	destMu sync.Mutex
-	recv   []byte // where a consensus lands (host leader only)
-
 	outerSteps uint64
 	outerID    [8]byte
 }
 
 type topology struct {
-	gen   uint64
-	hosts uint32
-	ranks []uint32 // the host's ranks, leader first
+	gen     uint64
+	hosts   uint32
+	host    uint32   // this host's place in the ring
+	ranks   []uint32 // the host's ranks, leader first
+	leaders []string // every host leader's ring address, in host order
 }
 
 func newClient(ctx context.Context, log hclog.Logger, cfg plugin.AveragerConfig) (_ *client, err error) {
@@ -83,6 +85,12 @@ func newClient(ctx context.Context, log hclog.Logger, cfg plugin.AveragerConfig)
 	if err != nil {
 		return nil, fmt.Errorf("averager: %w", err)
 	}
+	ringKeys, err := ring.DeriveKeys(cfg.DataKey)
+	if err != nil {
+		return nil, fmt.Errorf("averager: %w", err)
+	}
+	// The leaders' links run inside the run's mutual TLS too.
+	ringKeys = ringKeys.WithTLS(cfg.TLS)
 	if cfg.Endpoint == "" {
 		return nil, errors.New("averager: no reduce server endpoint")
 	}
@@ -96,7 +104,7 @@ func newClient(ctx context.Context, log hclog.Logger, cfg plugin.AveragerConfig)
 	}
 	c := &client{
 		log: log, cfg: set, rank: cfg.Rank, world: cfg.WorldSize, own: own, layout: cfg.Arena.Layout,
-		spans: spans, np: np, nb: nb, peers: map[uint32]*shm.Region{},
+		spans: spans, np: np, nb: nb, peers: map[uint32]*shm.Region{}, ringKeys: ringKeys, run: rdc.RunDigest(cfg.RunID),
 		inbox: make(chan inMsg, 64), quit: make(chan struct{}), readerDone: make(chan struct{}),
 	}
 	defer func() {
@@ -129,12 +137,15 @@ func newClient(ctx context.Context, log hclog.Logger, cfg plugin.AveragerConfig)
 			return nil, fmt.Errorf("averager: %w", err)
 		}
 	}
+	if c.ring, err = listenRing(set.ringPort, ringKeys, c.run, set.timeout); err != nil {
+		return nil, err
+	}
 	nc, err := dial(ctx, cfg.Endpoint, set.connectTimeout)
 	if err != nil {
 		return nil, err
 	}
 	hello := rdc.Hello{Rank: cfg.Rank, World: cfg.WorldSize, Wire: set.wire, Params: uint64(np), Buffers: uint64(nb),
-		Run: rdc.RunDigest(cfg.RunID), Layout: digest, Settings: set.digest(), Host: c.host}
+		Run: c.run, Layout: digest, Settings: set.digest(), Host: c.host}
 	hctx, cancel := context.WithTimeout(ctx, set.connectTimeout)
 	defer cancel()
 	if tlsCfg != nil {
@@ -147,7 +158,7 @@ func newClient(ctx context.Context, log hclog.Logger, cfg plugin.AveragerConfig)
 		return nil, fmt.Errorf("averager: reduce server %s: %w", cfg.Endpoint, mtls.Explain(err, "the reduce server"))
 	}
 	go c.readLoop()
-	join := rdc.Join{ArenaPath: cfg.Arena.Path, Dev: dev, Ino: ino, PID: uint32(os.Getpid())}
+	join := rdc.Join{ArenaPath: cfg.Arena.Path, Dev: dev, Ino: ino, PID: uint32(os.Getpid()), RingPort: c.ring.Port()}
 	if err := c.conn.Send(ctx, rdc.KindJoin, join.Encode()); err != nil {
 		return nil, fmt.Errorf("averager: join: %w", err)
 	}
@@ -238,7 +249,6 @@ type inMsg struct {
 	round uint64
 	topo  rdc.Topology
 	plan  rdc.Plan
-	bulk  rdc.BulkHeader
 	res   rdc.Result
 	fail  rdc.Fail
 	err   error
@@ -247,16 +257,10 @@ type inMsg struct {
 func (c *client) readLoop() {
 	defer close(c.readerDone)
 	for {
-		f, err := c.conn.Receive(c.dest)
+		f, err := c.conn.Receive()
 		var m inMsg
 		if err == nil {
 			m, err = decode(f)
-		}
-		if err == nil && m.kind == rdc.KindTopology {
-			// The consensus destination must be ready before the round's
-			// consensus can arrive, which may be before the round's own
-			// goroutine reads this topology.
-			err = c.prepareDest(m.topo)
 		}
 		if err != nil {
 			c.conn.Close()
@@ -287,9 +291,6 @@ func decode(f rdc.Frame) (inMsg, error) {
 		var r rdc.RoundRef
 		r, err = rdc.DecodeRoundRef(f.Kind, f.Payload)
 		m.round = r.Round
-	case rdc.KindConsensus:
-		m.bulk, err = rdc.DecodeBulkHeader(f.Payload)
-		m.round = m.bulk.Round
 	case rdc.KindResult:
 		m.res, err = rdc.DecodeResult(f.Payload)
 		m.round = m.res.Round
@@ -302,48 +303,16 @@ func decode(f rdc.Frame) (inMsg, error) {
 	return m, err
 }
 
-// dest places a consensus frame: only a host leader of a multi-host
-// cohort gets one.
-func (c *client) dest(kind rdc.Kind, n uint64) ([]byte, error) {
-	c.destMu.Lock()
-	defer c.destMu.Unlock()
-	if kind != rdc.KindConsensus || c.recv == nil {
-		return nil, fmt.Errorf("%v frame, but this rank leads no host of a multi-host cohort", kind)
-	}
-	// An f32 consensus fills the upper half of the segment; a bf16 one its
-	// last quarter (see sendArea).
-	e := uint64(c.np + c.nb)
-	if n != 4*e && n != 2*e {
-		return nil, fmt.Errorf("%v frame of %d bytes for %d elements", kind, n, e)
-	}
-	return c.recv[uint64(len(c.recv))-n:], nil
-}
-
-// prepareDest runs on the reader goroutine for every topology: when the
-// cohort spans hosts it opens the host's fold segment (kept until close)
-// and, on the host's leader, points consensus frames at its receive area.
-func (c *client) prepareDest(t rdc.Topology) error {
-	c.destMu.Lock()
-	defer c.destMu.Unlock()
+// applyTopology maps the arenas of the host's other ranks and, when the
+// cohort spans hosts, the host's fold segment (kept until close).
+func (c *client) applyTopology(t rdc.Topology) error {
 	if t.Hosts > 1 && c.fold == nil {
-		n := uint64(c.np + c.nb)
-		f, err := shm.OpenShared(c.dir, c.segTag+".fold", n*8)
+		f, err := shm.OpenShared(c.dir, c.segTag+".fold", uint64(c.np+c.nb)*8)
 		if err != nil {
 			return fmt.Errorf("host fold segment: %w", err)
 		}
 		c.fold = f
 	}
-	c.recv = nil
-	if t.Hosts > 1 && len(t.Peers) > 0 && t.Peers[0].Rank == c.rank {
-		n := c.np + c.nb
-		c.recv = c.fold.Bytes()[4*n : 8*n]
-	}
-	return nil
-}
-
-// applyTopology maps the arenas of the host's other ranks and, when the
-// cohort spans hosts, the host's fold segment.
-func (c *client) applyTopology(t rdc.Topology) error {
 	me := -1
 	keep := map[uint32]bool{}
 	for i, p := range t.Peers {
@@ -370,7 +339,7 @@ func (c *client) applyTopology(t rdc.Topology) error {
 			delete(c.peers, r)
 		}
 	}
-	tp := &topology{gen: t.Generation, hosts: t.Hosts}
+	tp := &topology{gen: t.Generation, hosts: t.Hosts, host: t.Host, leaders: t.Leaders}
 	for _, p := range t.Peers {
 		tp.ranks = append(tp.ranks, p.Rank)
 	}
@@ -406,9 +375,9 @@ func (c *client) close() error {
 		close(c.quit)
 		<-c.readerDone
 	}
-	c.destMu.Lock()
-	c.recv = nil
-	c.destMu.Unlock()
+	if c.ring != nil {
+		errs = append(errs, c.ring.Close())
+	}
 	for r, p := range c.peers {
 		errs = append(errs, p.Close())
 		delete(c.peers, r)

@@ -50,24 +50,31 @@ func (r *rnd) next(want ...rdc.Kind) (inMsg, error) {
 		case <-r.ctx.Done():
 			return inMsg{}, r.ctx.Err()
 		}
-		switch {
-		case m.err != nil:
-			c.fatal = fmt.Errorf("data channel to the reduce server lost: %w", m.err)
-			return inMsg{}, c.fatal
-		case m.kind == rdc.KindTopology:
-			if err := c.applyTopology(m.topo); err != nil {
-				return inMsg{}, err
-			}
-			continue
-		case m.round < r.id:
-			continue // the tail of a round that ended here earlier
-		case m.round == r.id && m.kind == rdc.KindFail:
-			return inMsg{}, &serverFail{reason: "the reduce server failed the round: " + m.fail.Reason}
-		case m.round == r.id && slices.Contains(want, m.kind):
-			return m, nil
+		if ok, err := r.take(m, want...); ok || err != nil {
+			return m, err
 		}
-		return inMsg{}, fmt.Errorf("reduce server sent %v for round %d while this rank waits for %v of round %d", m.kind, m.round, want, r.id)
 	}
+}
+
+// take handles one message from the server: true when it is one of the
+// wanted kinds for this round, an error when it ends the round, neither
+// when it is a topology (applied) or what is left of an earlier round.
+func (r *rnd) take(m inMsg, want ...rdc.Kind) (bool, error) {
+	c := r.c
+	switch {
+	case m.err != nil:
+		c.fatal = fmt.Errorf("data channel to the reduce server lost: %w", m.err)
+		return false, c.fatal
+	case m.kind == rdc.KindTopology:
+		return false, c.applyTopology(m.topo)
+	case m.round < r.id:
+		return false, nil // the tail of a round that ended here earlier
+	case m.round == r.id && m.kind == rdc.KindFail:
+		return false, &serverFail{reason: "the reduce server failed the round: " + m.fail.Reason}
+	case m.round == r.id && slices.Contains(want, m.kind):
+		return true, nil
+	}
+	return false, fmt.Errorf("reduce server sent %v for round %d while this rank waits for %v of round %d", m.kind, m.round, want, r.id)
 }
 
 func (r *rnd) send(kind rdc.Kind, parts ...[]byte) error {
@@ -140,6 +147,7 @@ func (c *client) round(ctx context.Context, rq plugin.Round, root uint32, sess u
 	j := c.job(plan, seed)
 	var reduce time.Duration
 	var st numeric.Stats
+	var ringBytes uint64
 	if plan.Hosts == 1 {
 		t := time.Now()
 		st = j.run(phaseApply)
@@ -154,27 +162,15 @@ func (c *client) round(ctx context.Context, rq plugin.Round, root uint32, sess u
 		if err := r.send(rdc.KindFolded, rdc.RoundRef{Round: r.id}.Encode()); err != nil {
 			return res, err
 		}
-		if me == 0 { // the host's leader
-			if j.needFold {
-				if _, err := r.next(rdc.KindSend); err != nil {
-					return res, err
-				}
-				hdr := rdc.BulkHeader{Round: r.id, Weight: j.hostWeight, Movers: j.hostMovers, Wire: j.wire}
-				if err := r.send(rdc.KindFold, hdr.Encode(), c.sendArea(j.wire)); err != nil {
-					return res, err
-				}
+		if me == 0 { // the host's leader: the host folded, sum with the others
+			if _, err := r.next(rdc.KindSend); err != nil {
+				return res, err
 			}
-			m, err := r.next(rdc.KindConsensus)
+			moved, err := r.allReduce(j)
 			if err != nil {
 				return res, err
 			}
-			want := rdc.BulkHeader{Round: r.id, Weight: plan.TotalWeight, Movers: plan.TotalMovers, Wire: j.wire}
-			if plan.Broadcast {
-				want.Weight, want.Movers = 1, 1
-			}
-			if m.bulk != want {
-				return res, fmt.Errorf("consensus of round %d is %+v, the plan said %+v", r.id, m.bulk, want)
-			}
+			ringBytes = moved
 			if err := r.send(rdc.KindReceived, rdc.RoundRef{Round: r.id}.Encode()); err != nil {
 				return res, err
 			}
@@ -210,7 +206,7 @@ func (c *client) round(ctx context.Context, rq plugin.Round, root uint32, sess u
 		res.Divergence = math.Sqrt(m.res.Diff2) / res.PostNorm
 	}
 	res.ReduceMS, res.WaitMS, res.TotalMS = ms(reduce), ms(r.wait), ms(time.Since(start))
-	res.BytesMoved = c.conn.BytesSent() + c.conn.BytesReceived() - bytes0
+	res.BytesMoved = c.conn.BytesSent() + c.conn.BytesReceived() - bytes0 + ringBytes
 	return res, nil
 }
 
@@ -270,11 +266,11 @@ func (c *client) pieces(lo, hi int, f func(sp span, x0, x1 int)) {
 //
 //	[0, 4n)   the f32 fold, sent as is on an f32 wire and in broadcasts
 //	[4n, 6n)  its bf16 encoding, sent on a bf16 wire
-//	[4n, 8n)  an f32 consensus, received by the leader
+//	[4n, 8n)  an f32 consensus, summed by the leader's ring
 //	[6n, 8n)  a bf16 consensus
 //
-// A consensus arrives only after the fold went out, so the areas may
-// overlap.
+// Each wire's fold and consensus areas are disjoint: the ring reads the one
+// while it writes the other.
 func (c *client) sendArea(w rdc.Wire) []byte {
 	n := c.np + c.nb
 	b := c.fold.Bytes()
@@ -282,6 +278,15 @@ func (c *client) sendArea(w rdc.Wire) []byte {
 		return b[4*n : 6*n]
 	}
 	return b[:4*n]
+}
+
+func (c *client) consArea(w rdc.Wire) []byte {
+	n := c.np + c.nb
+	b := c.fold.Bytes()
+	if w == rdc.WireBF16 {
+		return b[6*n : 8*n]
+	}
+	return b[4*n : 8*n]
 }
 
 type phase int
@@ -303,7 +308,6 @@ type job struct {
 	rootIdx    int       // the broadcast root among the host's ranks, or -1
 	needFold   bool
 	hostWeight float64
-	hostMovers float64
 	seed       bool
 	wire       rdc.Wire // of this round's folds and consensus
 }
@@ -323,7 +327,6 @@ func (c *client) job(p rdc.Plan, seed bool) *job {
 		}
 		j.m = append(j.m, mv)
 		j.hostWeight += q.Weight
-		j.hostMovers += mv
 		if q.Rank == c.rank {
 			j.p = i
 		}
@@ -421,11 +424,10 @@ func (j *job) fold(src [][]float32, sp span, x0, x1 int) {
 
 // consensus points ap at the received consensus for elements [x0, x1).
 func (j *job) consensus(ap *numeric.Apply, x0, x1 int) {
-	n := j.c.np + j.c.nb
-	seg := j.c.fold.Bytes()
+	cons := j.c.consArea(j.wire)
 	if j.wire == rdc.WireBF16 {
-		ap.ConsBF16 = numeric.Uint16s(seg[6*n : 8*n])[x0:x1]
+		ap.ConsBF16 = numeric.Uint16s(cons)[x0:x1]
 	} else {
-		ap.ConsF32 = numeric.Float32s(seg[4*n : 8*n])[x0:x1]
+		ap.ConsF32 = numeric.Float32s(cons)[x0:x1]
 	}
 }

@@ -54,6 +54,12 @@ type Settings struct {
 	// ShmDir is where the host's shared segments live; default the
 	// directory of the rank's arena.
 	ShmDir string `json:"shm_dir"`
+	// RingPort is the first TCP port a rank tries for the links of the
+	// host leaders' ring (a cohort across hosts sums host folds leader to
+	// leader); ranks of one host take the next free one of the 64 from
+	// there. Default 0: any free port. Every rank listens, since any may
+	// come to lead its host.
+	RingPort int `json:"ring_port"`
 }
 
 // config is Settings validated, with defaults filled in.
@@ -67,6 +73,7 @@ type config struct {
 	timeout        time.Duration
 	connectTimeout time.Duration
 	shmDir         string
+	ringPort       int
 }
 
 func parseSettings(raw json.RawMessage) (config, error) {
@@ -75,7 +82,7 @@ func parseSettings(raw json.RawMessage) (config, error) {
 		return config{}, fmt.Errorf("averager settings: %w", err)
 	}
 	c := config{gamma: 1, wire: rdc.WireF32, host: s.Host, threads: s.Threads, timeout: rdc.DefaultTimeout,
-		connectTimeout: 60 * time.Second, shmDir: s.ShmDir}
+		connectTimeout: 60 * time.Second, shmDir: s.ShmDir, ringPort: s.RingPort}
 	bad := func(format string, a ...any) (config, error) {
 		return config{}, fmt.Errorf("averager settings: "+format, a...)
 	}
@@ -123,6 +130,9 @@ func parseSettings(raw json.RawMessage) (config, error) {
 			return bad("outer_momentum = %v: want a value in [0, 1)", v)
 		}
 		c.outer.Mu = float32(*s.OuterMomentum)
+	}
+	if s.RingPort < 0 || s.RingPort > 65535-63 {
+		return bad("ring_port = %d: want 0 (any) to %d", s.RingPort, 65535-63)
 	}
 	if s.Threads < 0 || s.Threads > 1024 {
 		return bad("threads = %d: want 0 (auto) to 1024", s.Threads)

@@ -73,6 +73,7 @@ func TestConfigureErrors(t *testing.T) {
 		{"bad rank", func(c *plugin.AveragerConfig) { c.Rank = 5 }, "out of range"},
 		{"no endpoint", func(c *plugin.AveragerConfig) { c.Endpoint = "" }, "endpoint"},
 		{"bad settings", func(c *plugin.AveragerConfig) { c.Settings = []byte(`{"nope":1}`) }, "unknown key"},
+		{"bad ring port", func(c *plugin.AveragerConfig) { c.Settings = []byte(`{"ring_port": 70000}`) }, "ring_port"},
 		{"wrong key", func(c *plugin.AveragerConfig) {
 			c.DataKey = []byte("another key, thirty-two bytes!!!")
 			c.Settings = []byte(`{"connect_timeout": "1s"}`)

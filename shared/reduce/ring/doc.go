@@ -1,0 +1,69 @@
+// Package ring owns the bytes between host leaders: when a cohort spans
+// hosts, each host's leader (plugins/averaging-cpu) sums its host's fold
+// with the other leaders' by a ring all-reduce (reduce-scatter, then
+// all-gather) over direct TCP links, so no link carries more than
+// 2·(H−1)/H of a fold per round. The reduce server (core/reduce) only
+// orchestrates: it tells each leader its peers' addresses and when its host
+// folded, and fails the round everywhere when a leader aborts.
+//
+// A link is one TCP connection from a leader to its successor in the ring,
+// opened for one round. All integers are little-endian. The dialer opens
+// with an 80-byte hello; the listener answers a hello whose tag verifies
+// with a 32-byte ack:
+//
+//	hello  magic u32 | version u32 | from u32 | to u32 | hosts u32 | reserved u32 |
+//	       topology u64 | round u64 | run [16] | nonce [16] | tag [8]
+//	ack    magic u32 | reserved u32 | nonce [16] | tag [8]
+//
+// from and to are host indices (the topology's order), topology and round
+// name the round the link serves. The hello's tag is HMAC-SHA256 under the
+// handshake key over its first 72 bytes; the ack's covers its first 24
+// bytes followed by the whole hello. The link's key is
+// HMAC-SHA256(forward key, hello | ack[0:24]), unique per link since both
+// nonces are fresh.
+//
+// Then the dialer sends frames, the listener only reads:
+//
+//	frame  magic u32 | step u32 | length u64 | payload | tag [16]
+//
+// A step's shard travels as frames of at most ChunkSize bytes. The tag is
+// the frame's GMAC (internal/authframe): AES-GCM under the link key over an
+// empty plaintext with the payload as additional data and the frame's
+// sequence number as nonce, so a tampered, dropped, replayed or reordered
+// frame fails. The reader knows every frame's step and length before it
+// arrives and refuses any other header before reading the payload. The
+// sender tags chunk i+1 while chunk i is on the wire, the receiver verifies
+// and reduces chunk i while chunk i+1 arrives; every read and write has a
+// deadline.
+//
+// Where is: handshake.go the keys, hello, ack, Dial and Listener; link.go
+// the frames and the pipelined Send and Receive; allreduce.go the ring
+// schedule.
+package ring
+
+import (
+	"encoding/binary"
+
+	"github.com/cohortdl/cohort/internal/authframe"
+)
+
+// Protocol constants; the magics differ from the data channel's, so a
+// leader dialling the reduce server's port fails at once.
+const (
+	Version    uint32 = 1
+	HelloMagic uint32 = 0xC04ED101
+	AckMagic   uint32 = 0xC04ED102
+	FrameMagic uint32 = 0xC04ED103
+
+	HelloSize  = 80
+	AckSize    = 32
+	HeaderSize = 16
+
+	// ChunkSize bounds a frame's payload: the unit of the MAC pipeline.
+	ChunkSize = 1 << 20
+
+	tagSize  = authframe.TagSize
+	gtagSize = authframe.GMACTagSize
+)
+
+var le = binary.LittleEndian
