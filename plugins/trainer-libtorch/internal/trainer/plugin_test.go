@@ -95,8 +95,10 @@ func TestPluginProcess(t *testing.T) {
 	if err != nil || ev.Accuracy == nil || ev.Samples != 128 {
 		t.Fatalf("Evaluate %+v %v", ev, err)
 	}
+	// The model, the optimizer, the trainer's state and the TorchScript
+	// export.
 	files, err := tr.SaveCheckpoint(ctx, t.TempDir())
-	if err != nil || len(files) != 3 {
+	if err != nil || len(files) != 4 {
 		t.Fatalf("SaveCheckpoint %v %v", files, err)
 	}
 	if _, err := tr.Configure(ctx, plugin.TrainerConfig{WorldSize: 1, Settings: []byte(`{"optimiser": "sgd"}`)}); err == nil || !strings.Contains(err.Error(), "unknown key \"optimiser\"") {
