@@ -111,7 +111,9 @@ func (e *engine) handle(ev event) {
 	case evDead:
 		e.remove(ev.rank, "was declared dead", nil, false)
 	case evLost:
-		if m := e.members[ev.who()]; m != nil && m.rc == ev.rc {
+		if m := e.members[ev.who()]; m != nil && m.rc == ev.rc && errors.Is(ev.err, rdc.ErrByeCut) {
+			e.remove(ev.rc.rank, "said goodbye as its connection closed", errBye, false)
+		} else if m != nil && m.rc == ev.rc {
 			why := "lost its data channel"
 			for _, bad := range []error{authframe.ErrBadTag, authframe.ErrTruncated, authframe.ErrTooLarge, authframe.ErrBadMagic, authframe.ErrUnknownKind, authframe.ErrMalformed} {
 				if errors.Is(ev.err, bad) {

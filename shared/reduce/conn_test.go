@@ -188,3 +188,32 @@ func TestKeysNeverPrint(t *testing.T) {
 }
 
 func fmtSprint(v any) string { return fmt.Sprintf("%v %x", v, v)[:len("reduce.Keys{redacted}")] }
+
+// A frame cut off before its tag is refused as truncated, except a
+// goodbye: the rank is leaving either way, and saying so keeps a rank's
+// ordinary exit out of the error log.
+func TestCutGoodbye(t *testing.T) {
+	cases := []struct {
+		name string
+		kind Kind
+		want error
+	}{
+		{"goodbye", KindBye, ErrByeCut},
+		{"announce", KindAnnounce, authframe.ErrTruncated},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			var payload []byte
+			if c.kind == KindAnnounce {
+				payload = Announce{Round: 1, Steps: 1, Weight: 1}.Encode()
+			}
+			stream := signedStream([]any{c.kind, payload})
+			conn := newConn(&bytesConn{r: bytes.NewReader(stream[:len(stream)-3])}, fuzzKeys, fuzzHello, fuzzHelloB[:], fuzzAckCore, ToRank, Options{Timeout: time.Second})
+			defer conn.Close()
+			_, err := conn.Receive()
+			if !errors.Is(err, c.want) {
+				t.Fatalf("Receive = %v, want %v", err, c.want)
+			}
+		})
+	}
+}

@@ -67,6 +67,10 @@ func (c *Conn) readFull(b []byte) (int, error) {
 	return got, nil
 }
 
+// ErrByeCut is a goodbye frame whose tag never arrived: the connection
+// closed under it, which at a rank's exit is a goodbye all the same.
+var ErrByeCut = errors.New("goodbye frame cut off by the connection closing")
+
 func (c *Conn) receive() (Frame, error) {
 	peer := c.nc.RemoteAddr()
 	var hdr [headerSize]byte
@@ -118,6 +122,11 @@ func (c *Conn) receive() (Frame, error) {
 	}
 	var tag [tagSize]byte
 	if _, err := c.readFull(tag[:]); err != nil {
+		if kind == KindBye {
+			// The peer said goodbye and closed, and a write to it closed
+			// this end before the tag was read: it left either way.
+			return Frame{}, fmt.Errorf("reduce: %w: from %s: %w", ErrByeCut, peer, err)
+		}
 		return Frame{}, fmt.Errorf("reduce: %w: %v frame from %s ended before its tag: %w", authframe.ErrTruncated, kind, peer, err)
 	}
 	if err := c.rmac.Verify(tag[:]); err != nil {
