@@ -81,6 +81,7 @@ func TestRunReplacesKilledPlugin(t *testing.T) {
 	const samples, batch, victim = 2048, 16, 2
 	for _, tc := range []struct {
 		kind, binary, policy string
+		averager             string // the --averaging flag; "" keeps the mock
 		trainer              map[string]any
 		// inLog is a worker log line that shows where the plugin was lost.
 		inLog string
@@ -92,8 +93,15 @@ func TestRunReplacesKilledPlugin(t *testing.T) {
 		{kind: "averager", binary: "cohort-averaging-mock", policy: "async",
 			trainer: map[string]any{"sleep_per_batch": "2ms", "sleep_per_batch_by_rank": map[string]string{"0": "25ms"}},
 			inLog:   "averaging round aborted"},
+		// averaging-cpu's replacement dials the reduce server again and
+		// takes its rank's slot back.
+		{kind: "averager", binary: "cohort-averaging-cpu", policy: "sync", averager: "cpu",
+			trainer: map[string]any{"sleep_per_batch": "4ms"}, inLog: "averager"},
 	} {
-		t.Run(tc.kind, func(t *testing.T) {
+		t.Run(tc.kind+"/"+tc.binary, func(t *testing.T) {
+			if tc.averager == "cpu" {
+				buildCPUAverager(t)
+			}
 			dir := t.TempDir()
 			out, ledger := filepath.Join(dir, "run"), filepath.Join(dir, "ledger")
 			settings := map[string]any{"samples": samples, "batch_size": batch, "ledger": ledger}
@@ -101,7 +109,11 @@ func TestRunReplacesKilledPlugin(t *testing.T) {
 				settings[k] = v
 			}
 			cfg := writeRunConfig(t, "coordinator {\n  policy = \""+tc.policy+"\"\n  sync_every = 4\n}\nworker {\n  plugin_restarts = 1\n}", settings)
-			p := startCohort(t, "run", "--config", cfg, "--ranks", "3", "--epochs", "2", "--out", out, "-v")
+			args := []string{"run", "--config", cfg, "--ranks", "3", "--epochs", "2", "--out", out, "-v"}
+			if tc.averager != "" {
+				args = append(args, "--averaging", tc.averager)
+			}
+			p := startCohort(t, args...)
 			p.waitLine("epoch 1/2", 60*time.Second)
 			time.Sleep(100 * time.Millisecond)
 			pid := pluginPID(t, workerPID(t, p.cmd.Process.Pid, victim), tc.binary, 0)

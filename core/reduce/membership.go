@@ -11,16 +11,26 @@ import (
 	rdc "github.com/cohortdl/cohort/shared/reduce"
 )
 
-// remove takes rank out of the membership for good.
+// remove takes rank out of the membership. A rank that said goodbye or was
+// declared dead is gone for good; a rank whose connection was lost is only
+// absent: the coordinator owns deaths (it says so with MarkDead), and a rank
+// whose averager was replaced dials again and takes its slot back.
 func (e *engine) remove(r uint32, why string, err error, lost bool) {
 	if e.gone[r] {
 		return
 	}
-	e.gone[r] = true
-	e.s.mu.Lock()
-	e.s.dead[r] = true
-	e.s.mu.Unlock()
 	m := e.members[r]
+	if lost && m == nil {
+		return
+	}
+	e.s.mu.Lock()
+	if lost {
+		delete(e.s.present, r)
+	} else {
+		e.gone[r] = true
+		e.s.dead[r] = true
+	}
+	e.s.mu.Unlock()
 	delete(e.members, r)
 	if m != nil {
 		m.rc.conn.Close()
