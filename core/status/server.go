@@ -48,12 +48,21 @@ func Handler(src Source) http.Handler {
 	return mux
 }
 
+// readHeaderTimeout bounds a request's headers: a client that trickles
+// them (slowloris) is dropped after it.
+var readHeaderTimeout = 5 * time.Second
+
+// maxHeaderBytes bounds a request's headers; larger ones are refused (431)
+// before anything is kept of them.
+const maxHeaderBytes = 64 << 10
+
 // Serve serves Handler(src) on ln until ctx ends, then shuts down, giving
 // requests in flight a second; it closes ln.
 func Serve(ctx context.Context, ln net.Listener, src Source) error {
 	srv := &http.Server{
 		Handler:           Handler(src),
-		ReadHeaderTimeout: 5 * time.Second,
+		MaxHeaderBytes:    maxHeaderBytes,
+		ReadHeaderTimeout: readHeaderTimeout,
 		ReadTimeout:       10 * time.Second,
 		WriteTimeout:      10 * time.Second,
 		IdleTimeout:       60 * time.Second,
