@@ -177,8 +177,10 @@ func quote(s string) string {
 func unknownKey(name, block string, known []string) string {
 	best, bestDist := "", 3
 	for _, k := range known {
-		k, _, _ = strings.Cut(k, " ")                                       // "tls { }" suggests as "tls"
-		if d := levenshtein.Distance(name, k, nil); d > 0 && d < bestDist { // 0: a block written as a key
+		// "tls { }" suggests as "tls", except for tls itself: a block
+		// written as a key is told what the block takes.
+		k, _, _ = strings.Cut(k, " ")
+		if d := levenshtein.Distance(name, k, nil); d > 0 && d < bestDist {
 			best, bestDist = k, d
 		}
 	}
