@@ -63,29 +63,41 @@ func TestValidate(t *testing.T) {
 	}
 }
 
-// cohort run checks the plugins' settings before any rank starts: a
-// mistaken block ends it with exit status 2, naming the file, line and
-// key, with no worker started and no out directory made.
-func TestRunRefusesBadPluginSettings(t *testing.T) {
+// cohort run checks the plugins before any rank starts: a mistaken block
+// (or a missing plugin) ends it with exit status 2, naming the file, line
+// and key, with no worker started and no out directory made.
+func TestRunRefusesBadPluginsBeforeAnyRank(t *testing.T) {
 	cfg := writeRunConfig(t, "", map[string]any{"lr": "fast"})
-	out := filepath.Join(t.TempDir(), "out")
-	p := startCohort(t, "run", "--config", cfg, "--ranks", "2", "--out", out)
-	start := time.Now()
-	if code := p.wait(60 * time.Second); code != exitUsage {
-		t.Errorf("exit %d, want %d", code, exitUsage)
+	cases := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"lr = \"fast\"", []string{"--config", cfg}, cfg + `:3,3-5: trainer.lr: a number, got the string "fast"`},
+		{"no such plugin", []string{"--trainer", "nosuch", "--averaging", "mock"}, "no executable cohort-trainer-nosuch"},
 	}
-	t.Logf("refused in %v", time.Since(start).Round(time.Millisecond))
-	if want := cfg + `:3,3-5: trainer.lr: a number, got the string "fast"`; !strings.Contains(p.stderrText(), want) {
-		t.Errorf("stderr lacks %q:\n%s", want, p.stderrText())
-	}
-	if strings.Contains(p.stderrText(), "Usage:") {
-		t.Errorf("a config error printed the usage text:\n%s", p.stderrText())
-	}
-	if rank := regexp.MustCompile(`(?m)\brank \d`); rank.MatchString(p.output()) || rank.MatchString(p.stderrText()) {
-		t.Errorf("a rank started:\n%s\n%s", p.output(), p.stderrText())
-	}
-	if _, err := os.Stat(out); !os.IsNotExist(err) {
-		logs, _ := filepath.Glob(filepath.Join(out, LogsDir, "rank-*.log"))
-		t.Errorf("out directory %s was made (%v; rank logs %q)", out, err, logs)
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			out := filepath.Join(t.TempDir(), "out")
+			p := startCohort(t, append([]string{"run", "--ranks", "2", "--out", out}, tc.args...)...)
+			start := time.Now()
+			if code := p.wait(60 * time.Second); code != exitUsage {
+				t.Errorf("exit %d, want %d", code, exitUsage)
+			}
+			t.Logf("refused in %v", time.Since(start).Round(time.Millisecond))
+			if !strings.Contains(p.stderrText(), tc.want) {
+				t.Errorf("stderr lacks %q:\n%s", tc.want, p.stderrText())
+			}
+			if strings.Contains(p.stderrText(), "Usage:") {
+				t.Errorf("a config error printed the usage text:\n%s", p.stderrText())
+			}
+			if rank := regexp.MustCompile(`(?m)\brank \d`); rank.MatchString(p.output()) || rank.MatchString(p.stderrText()) {
+				t.Errorf("a rank started:\n%s\n%s", p.output(), p.stderrText())
+			}
+			if _, err := os.Stat(out); !os.IsNotExist(err) {
+				logs, _ := filepath.Glob(filepath.Join(out, LogsDir, "rank-*.log"))
+				t.Errorf("out directory %s was made (%v; rank logs %q)", out, err, logs)
+			}
+		})
 	}
 }
