@@ -26,7 +26,12 @@ func newCoordinatorCommand(g *globals) *cobra.Command {
 names the address it listens on. The run secret comes from --secret-file,
 $COHORT_SECRET_FILE or $COHORT_SECRET, never the command line. SIGINT or
 SIGTERM saves a checkpoint and stops (exit status 130); a second one
-abandons the run. Exit status 0 means the run completed.`,
+abandons the run. Exit status 0 means the run completed.
+
+It starts no plugins, so it cannot see the workers' plugins and does not
+check the trainer and averager blocks against their settings schemas: each
+worker does, right after starting its plugins and before configuring them,
+and 'cohort validate FILE' on a worker's host checks them ahead of the run.`,
 		Example: `  COHORT_SECRET_FILE=secret cohort coordinator --config cohort.hcl --listen 10.0.0.1:7000 --out runs/a`,
 		Args:    noArgs,
 	}

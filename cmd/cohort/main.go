@@ -69,7 +69,7 @@ them and sets the run's keys.`,
 	}
 	root.CompletionOptions.DisableDefaultCmd = true
 	root.SetVersionTemplate("cohort {{.Version}}\n")
-	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &exitError{exitUsage, err} })
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &exitError{code: exitUsage, err: err} })
 	f := root.PersistentFlags()
 	f.StringVar(&g.configPath, "config", "", "HCL config file (default: the built-in configuration; cohort coordinator needs one)")
 	f.CountVarP(&g.verbosity, "verbose", "v", "log more: -v, -vv, -vvv (up to trace)")
@@ -154,6 +154,9 @@ func relayOnOneP() {
 type exitError struct {
 	code int
 	err  error
+	// noUsage leaves the usage text out after a usage error whose
+	// message says all (one that names lines of a config file).
+	noUsage bool
 }
 
 func (e *exitError) Error() string {
@@ -166,11 +169,15 @@ func (e *exitError) Error() string {
 func (e *exitError) Unwrap() error { return e.err }
 
 // failed is a command that failed with err (nil: already reported).
-func failed(err error) error { return &exitError{exitFailed, err} }
+func failed(err error) error { return &exitError{code: exitFailed, err: err} }
+
+// configError is a config cohort cannot run with: exit status 2, like a
+// usage error, but err (file, line and key) says what to fix.
+func configError(err error) error { return &exitError{code: exitUsage, err: err, noUsage: true} }
 
 // usageError is a command line cohort cannot run.
 func usageError(format string, a ...any) error {
-	return &exitError{exitUsage, fmt.Errorf(format, a...)}
+	return &exitError{code: exitUsage, err: fmt.Errorf(format, a...)}
 }
 
 // noArgs refuses positional arguments: every command takes flags only.
@@ -190,11 +197,11 @@ func exitStatus(cmd *cobra.Command, err error) int {
 	}
 	var e *exitError
 	if !errors.As(err, &e) {
-		e = &exitError{exitUsage, err}
+		e = &exitError{code: exitUsage, err: err}
 	}
 	if e.err != nil {
 		fmt.Fprintf(os.Stderr, "%s: %v\n", cmd.CommandPath(), e.err)
-		if e.code == exitUsage {
+		if e.code == exitUsage && !e.noUsage {
 			fmt.Fprintf(os.Stderr, "\n%s", cmd.UsageString())
 		}
 	}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -42,7 +43,10 @@ func newRunCommand(g *globals) *cobra.Command {
 		Short: "Train on this machine: a coordinator and N rank workers",
 		Long: `Trains on this machine: a coordinator in this process and N rank workers
 ('cohort worker' subprocesses). Flags given on the command line override the
-config file. Ctrl-C saves a checkpoint and stops (exit status 130); a second
+config file. Before any rank starts it starts the trainer and averager
+plugins briefly and checks the config's blocks against the settings each
+declares; a mistake there (or a missing plugin) ends it with exit status 2,
+as a config error does. Ctrl-C saves a checkpoint and stops (exit status 130); a second
 Ctrl-C kills the workers. Exit status 0 means the run completed.
 
 --resume continues a run: with no --config it reads the run's own config
@@ -100,6 +104,12 @@ that holds something, unless --force.`,
 			}
 			if resume == "" && !force && nonEmptyDir(cfg.Run.Out) {
 				return usageError("out directory %s already holds a run; resume it with --resume %s, pick another --out, or pass --force", cfg.Run.Out, cfg.Run.Out)
+			}
+			// Before any rank starts (or the out directory is made): a
+			// plugin that is missing or refuses its block fails the run
+			// here, every problem at once, instead of in each worker.
+			if errs := checkPlugins(cmd.Context(), cfg); len(errs) > 0 {
+				return configError(fmt.Errorf("the run's plugins:\n%w", errors.Join(errs...)))
 			}
 			l := &launcher{g: g, cfg: cfg, resume: resume}
 			return l.run()

@@ -929,10 +929,12 @@ func TestCoordinatorCommandWithSeparateWorkers(t *testing.T) {
 	}
 }
 
-// A worker that cannot start (here: no such trainer plugin) fails the run
-// at once, naming the rank, instead of waiting out the formation timeout.
+// A worker that cannot start (here: its trainer refuses a value its schema
+// lets through, so only Configure sees it) fails the run at once, naming
+// the rank, instead of waiting out the formation timeout.
 func TestRunFailsFastWhenAWorkerCannotStart(t *testing.T) {
-	p := startCohort(t, "run", "--trainer", "nosuch", "--averaging", "mock", "--ranks", "2", "--epochs", "1", "--out", filepath.Join(t.TempDir(), "run"))
+	cfg := writeRunConfig(t, "", map[string]any{"features": 0})
+	p := startCohort(t, "run", "--config", cfg, "--ranks", "2", "--epochs", "1", "--out", filepath.Join(t.TempDir(), "run"))
 	start := time.Now()
 	if code := p.wait(30 * time.Second); code != exitFailed {
 		t.Fatalf("exit %d, want %d", code, exitFailed)

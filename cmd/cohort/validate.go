@@ -10,6 +10,7 @@ import (
 
 	"github.com/cohortdl/cohort/core/config"
 	"github.com/cohortdl/cohort/core/pluginhost"
+	"github.com/cohortdl/cohort/shared/plugin"
 )
 
 // validateStartTimeout bounds each plugin's start in `cohort validate`: a
@@ -24,8 +25,10 @@ func newValidateCommand(g *globals) *cobra.Command {
 every error at once: the core's keys, that the trainer and averager plugins
 are found (in worker.plugin_dir, the plugins directory beside the cohort
 binary, then PATH) and pass their SHA256SUMS and lock checks, that each
-completes the plugin handshake, and that its version satisfies the block's
-version constraint. Exit status 0 means the file would run.`,
+completes the plugin handshake, that its version satisfies the block's
+version constraint, and that the block's settings fit the schema the plugin
+declares (each key known, of its type, the required ones set). Each error
+names the file, line and key. Exit status 0 means the file would run.`,
 		Example: `  cohort validate cohort.hcl`,
 		Args: func(_ *cobra.Command, args []string) error {
 			if len(args) != 1 {
@@ -50,12 +53,21 @@ version constraint. Exit status 0 means the file would run.`,
 
 // validate runs every check of a loaded config and returns each failure.
 func validate(ctx context.Context, cfg *config.Config) []error {
-	if ctx == nil {
-		ctx = context.Background()
-	}
 	var errs []error
 	if err := cfg.Validate(); err != nil {
 		errs = append(errs, err)
+	}
+	return append(errs, checkPlugins(ctx, cfg)...)
+}
+
+// checkPlugins starts the configured trainer and averager briefly, as a
+// worker would, and returns each failure: not found, refused by its
+// checksums or lock, no handshake, a version outside the block's
+// constraint, or settings its declared schema refuses (those name the
+// file, line and key).
+func checkPlugins(ctx context.Context, cfg *config.Config) []error {
+	if ctx == nil {
+		ctx = context.Background()
 	}
 	h := pluginhost.New(pluginhost.Options{
 		Dirs:         pluginDirs(cfg),
@@ -68,13 +80,23 @@ func validate(ctx context.Context, cfg *config.Config) []error {
 		},
 	})
 	defer h.StopAll(context.Background())
-	// Starting a plugin checks that it is found, its checksums and lock,
-	// its handshake and its version.
-	if _, _, err := h.StartTrainer(ctx, cfg.Trainer.Name); err != nil {
-		errs = append(errs, err)
+	var errs []error
+	check := func(kind string, p interface {
+		Describe(context.Context) (plugin.Description, error)
+	}, err error) {
+		if err == nil {
+			var d plugin.Description
+			if d, err = p.Describe(ctx); err == nil {
+				err = cfg.CheckPluginSettings(kind, d.Settings)
+			}
+		}
+		if err != nil {
+			errs = append(errs, err)
+		}
 	}
-	if _, _, err := h.StartAverager(ctx, cfg.Averager.Name); err != nil {
-		errs = append(errs, err)
-	}
+	t, _, err := h.StartTrainer(ctx, cfg.Trainer.Name)
+	check(plugin.KindTrainer, t, err)
+	a, _, err := h.StartAverager(ctx, cfg.Averager.Name)
+	check(plugin.KindAverager, a, err)
 	return errs
 }

@@ -4,8 +4,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
+	"time"
 )
 
 // cohort validate reports every mistake of a file at once, each naming
@@ -25,6 +27,19 @@ func TestValidate(t *testing.T) {
 			"averager plugin \"mock\" is version 1, which does not satisfy the config's constraint \">= 9\"",
 		}},
 		{"syntax", "run {\n  ranks = \n}\n", 1, []string{"cohort.hcl:2"}},
+		// The plugins' settings are checked against the schemas they
+		// declare, reported with the core's errors, each on its line.
+		{"plugin settings", "run {\n  ranks = 0\n}\ntrainer \"mock\" {\n  lr = \"fast\"\n  batch_size = 1.5\n  sample = 10\n  optimizer = \"sgd\"\n}\n" +
+			"averager \"mock\" {\n  sleep_per_round = \"soon\"\n}\n", 1, []string{
+			"cohort.hcl:2,3-8: run.ranks: must be at least 1, got 0",
+			`cohort.hcl:5,3-5: trainer.lr: a number, got the string "fast"`,
+			"cohort.hcl:6,3-13: trainer.batch_size: an integer, got the number 1.5",
+			`cohort.hcl:7,3-9: trainer.sample: unknown key; did you mean "samples"? trainer "mock" takes batch_size, eval_samples,`,
+			`cohort.hcl:8,3-12: trainer.optimizer: unknown key; trainer "mock" takes batch_size,`,
+			`cohort.hcl:11,3-18: averager.sleep_per_round: "soon" is not a duration like "30s" or "1m30s"`,
+		}},
+		{"plugin settings of the right types", "trainer \"mock\" {\n  lr = 0.5\n  batch_size = 8.0\n  sleep_per_batch = \"1ms\"\n  sleep_per_batch_by_rank = { \"1\" = \"2ms\" }\n}\n" +
+			"averager \"mock\" {\n  lone_rounds = true\n}\n", 0, []string{"ok"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -43,6 +58,45 @@ func TestValidate(t *testing.T) {
 				if !strings.Contains(string(out), w) {
 					t.Errorf("output lacks %q:\n%s", w, out)
 				}
+			}
+		})
+	}
+}
+
+// cohort run checks the plugins before any rank starts: a mistaken block
+// (or a missing plugin) ends it with exit status 2, naming the file, line
+// and key, with no worker started and no out directory made.
+func TestRunRefusesBadPluginsBeforeAnyRank(t *testing.T) {
+	cfg := writeRunConfig(t, "", map[string]any{"lr": "fast"})
+	cases := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"lr = \"fast\"", []string{"--config", cfg}, cfg + `:3,3-5: trainer.lr: a number, got the string "fast"`},
+		{"no such plugin", []string{"--trainer", "nosuch", "--averaging", "mock"}, "no executable cohort-trainer-nosuch"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			out := filepath.Join(t.TempDir(), "out")
+			p := startCohort(t, append([]string{"run", "--ranks", "2", "--out", out}, tc.args...)...)
+			start := time.Now()
+			if code := p.wait(60 * time.Second); code != exitUsage {
+				t.Errorf("exit %d, want %d", code, exitUsage)
+			}
+			t.Logf("refused in %v", time.Since(start).Round(time.Millisecond))
+			if !strings.Contains(p.stderrText(), tc.want) {
+				t.Errorf("stderr lacks %q:\n%s", tc.want, p.stderrText())
+			}
+			if strings.Contains(p.stderrText(), "Usage:") {
+				t.Errorf("a config error printed the usage text:\n%s", p.stderrText())
+			}
+			if rank := regexp.MustCompile(`(?m)\brank \d`); rank.MatchString(p.output()) || rank.MatchString(p.stderrText()) {
+				t.Errorf("a rank started:\n%s\n%s", p.output(), p.stderrText())
+			}
+			if _, err := os.Stat(out); !os.IsNotExist(err) {
+				logs, _ := filepath.Glob(filepath.Join(out, LogsDir, "rank-*.log"))
+				t.Errorf("out directory %s was made (%v; rank logs %q)", out, err, logs)
 			}
 		})
 	}

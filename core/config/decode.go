@@ -235,7 +235,7 @@ func (c *Config) decodeCore(b *hcl.Block, path string, cb coreBlock, errs *errLi
 		name := path + "." + a.Name
 		i := slices.IndexFunc(cb.keys, func(k key) bool { return k.name == a.Name })
 		if i < 0 {
-			errs.add(a.NameRange, name, fmt.Sprintf("unknown key; %s takes %s", path, strings.Join(known, ", ")))
+			errs.add(a.NameRange, name, unknownKey(a.Name, path, known))
 			continue
 		}
 		c.where[name] = a.NameRange
@@ -306,6 +306,7 @@ func (c *Config) decodePlugin(b *hcl.Block, p *Plugin, errs *errList) {
 	slices.Sort(names)
 	for _, name := range names {
 		a := attrs[name]
+		c.where[b.Type+"."+name] = a.NameRange // for CheckPluginSettings
 		v, diags := eval(a)
 		if diags.HasErrors() {
 			errs.diags(b.Type+"."+name, diags)

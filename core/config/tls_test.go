@@ -79,7 +79,7 @@ func TestTLSErrorsNameFileLineAndKey(t *testing.T) {
 		{"a key left out", block("worker", "    ca = \""+host.CA+"\"\n    cert = \""+host.Cert+"\"\n"),
 			"cohort.hcl:2,3-6: worker.tls: ", "needs ca, cert and key"},
 		{"unknown key", block("worker", files(host.CA, host.Cert, host.Key)+"    crt = \"x\"\n"),
-			"cohort.hcl:6,5-8: worker.tls.crt: ", "unknown key; worker.tls takes ca, cert, key"},
+			"cohort.hcl:6,5-8: worker.tls.crt: ", "unknown key; did you mean \"cert\"? worker.tls takes ca, cert, key"},
 		{"two tls blocks", "worker {\n  tls {\n  }\n  tls {\n  }\n}\n",
 			"cohort.hcl:4,3-6: worker.tls: ", "a second tls block"},
 		{"unknown sub-block", "worker {\n  ssl {\n  }\n}\n",

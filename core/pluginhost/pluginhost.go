@@ -216,7 +216,8 @@ type Options struct {
 	// Grace is how long Stop waits for the plugin's Shutdown RPC before it
 	// kills the process.
 	Grace time.Duration
-	// StartTimeout bounds the go-plugin handshake.
+	// StartTimeout bounds the go-plugin handshake (default
+	// DefaultStartTimeout).
 	StartTimeout time.Duration
 	// Env is added to the plugin's environment. The host's own environment
 	// is passed on without variables named in Withhold.
@@ -232,6 +233,12 @@ type Options struct {
 	// its kind's constraint is stopped and refused before it is used.
 	Versions map[Kind]string
 }
+
+// DefaultStartTimeout bounds a plugin's handshake when Options leave it
+// out: long enough for a plugin's factory, which runs first, and short
+// enough that a binary that is not a cohort plugin, and never answers,
+// is refused within seconds.
+const DefaultStartTimeout = 10 * time.Second
 
 // Host launches plugins and stops every one of them.
 type Host struct {
@@ -250,7 +257,7 @@ func New(o Options) *Host {
 		o.Grace = 5 * time.Second
 	}
 	if o.StartTimeout <= 0 {
-		o.StartTimeout = 30 * time.Second
+		o.StartTimeout = DefaultStartTimeout
 	}
 	return &Host{opts: o}
 }

@@ -40,6 +40,11 @@ type Options struct {
 	// Trainer and Averager name the plugins and carry their settings,
 	// passed through uninterpreted.
 	Trainer, Averager config.Plugin
+	// CheckSettings, when set, checks a plugin's settings (kind is
+	// plugin.KindTrainer or KindAverager) against the schema its Describe
+	// declares, before Configure: FromConfig's names the config file's
+	// line and key. Its error ends the rank.
+	CheckSettings func(kind string, schema []plugin.SettingSpec) error
 
 	// Plugins launches and stops the plugins. Nil: real plugin processes
 	// found in PluginDirs (then PATH) through core/pluginhost, with
@@ -104,6 +109,7 @@ func FromConfig(c *config.Config) Options {
 	o := Options{
 		Trainer:         c.Trainer,
 		Averager:        c.Averager,
+		CheckSettings:   c.CheckPluginSettings,
 		LivenessTimeout: c.Worker.LivenessTimeout,
 		ConnectTimeout:  c.Worker.ConnectTimeout,
 		ShutdownGrace:   c.Worker.ShutdownGrace,

@@ -227,14 +227,24 @@ func (w *worker) setUp(ctx context.Context) error {
 		return fmt.Errorf("start averager plugin %q: %w", w.o.Averager.Name, err)
 	}
 	w.averager = a
-	if d, err := t.Describe(ctx); err == nil {
-		w.log.Debug("trainer plugin", "name", d.Name, "version", d.Version, "capabilities", d.Capabilities)
+	td, err := t.Describe(ctx)
+	if err != nil {
+		return fmt.Errorf("describe trainer plugin %q: %w", w.o.Trainer.Name, err)
 	}
+	w.log.Debug("trainer plugin", "name", td.Name, "version", td.Version, "capabilities", td.Capabilities)
 	ad, err := a.Describe(ctx)
 	if err != nil {
 		return fmt.Errorf("describe averager plugin %q: %w", w.o.Averager.Name, err)
 	}
 	w.log.Debug("averager plugin", "name", ad.Name, "version", ad.Version, "capabilities", ad.Capabilities, "meeting", ad.MeetingKind())
+	// Checked before anything is configured, so a standalone worker with a
+	// mistaken block fails at once, naming the line and key.
+	if w.o.CheckSettings != nil {
+		if err := errors.Join(w.o.CheckSettings(plugin.KindTrainer, td.Settings),
+			w.o.CheckSettings(plugin.KindAverager, ad.Settings)); err != nil {
+			return fmt.Errorf("plugin settings:\n%w", err)
+		}
+	}
 	// Asked before the trainer's Configure, which may load for long: a
 	// coordinator that serves no such meeting point fails the rank at once.
 	endpoint, err := w.relay.meet(ctx, ad.MeetingKind(), w.o.Averager.Name)

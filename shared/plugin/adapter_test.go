@@ -80,6 +80,22 @@ func TestTrainerRoundTrip(t *testing.T) {
 			invoke: func(ctx context.Context, c Trainer, _ any) (any, error) { return c.Describe(ctx) },
 		},
 		{
+			name: "Describe/settings schema", op: "Trainer.Describe", method: "Describe",
+			out: Description{Name: "libtorch", Settings: []SettingSpec{
+				{Key: "lr", Type: SettingNumber, Doc: "learning rate"},
+				{Key: "data", Type: SettingString, Required: true},
+				{Key: "timeout", Type: SettingDuration},
+			}},
+			invoke: func(ctx context.Context, c Trainer, _ any) (any, error) { return c.Describe(ctx) },
+		},
+		{
+			// Empty is not nil: the plugin takes no settings, and the core
+			// refuses any.
+			name: "Describe/empty settings schema", op: "Trainer.Describe", method: "Describe",
+			out:    Description{Name: "plain", Settings: []SettingSpec{}},
+			invoke: func(ctx context.Context, c Trainer, _ any) (any, error) { return c.Describe(ctx) },
+		},
+		{
 			name: "Configure", op: "Trainer.Configure", method: "Configure",
 			in: TrainerConfig{Rank: 3, WorldSize: 8, LocalRanks: 2, Seed: math.MaxUint64,
 				Settings: json.RawMessage(`{"model":"mlp","lr":0.05,"layers":[784,128,10]}`)},
@@ -170,7 +186,8 @@ func TestAveragerRoundTrip(t *testing.T) {
 	cases := []rpcCase[Averager]{
 		{
 			name: "Describe", op: "Averager.Describe", method: "Describe",
-			out:    Description{Name: "nccl", Version: "2.21", Capabilities: []string{"cuda", "bf16-wire"}},
+			out: Description{Name: "nccl", Version: "2.21", Capabilities: []string{"cuda", "bf16-wire"},
+				Settings: []SettingSpec{{Key: "gamma", Type: SettingNumber}, {Key: "hosts", Type: SettingArray, Required: true}}},
 			invoke: func(ctx context.Context, c Averager, _ any) (any, error) { return c.Describe(ctx) },
 		},
 		{

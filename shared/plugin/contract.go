@@ -19,6 +19,11 @@ type Description struct {
 	// asks the coordinator for a meeting point of this kind and hands its
 	// endpoint to Configure. Trainers leave it empty.
 	Meeting string
+	// Settings is the schema of the plugin's config block, which the core
+	// checks before any rank starts (SchemaOf derives it from a settings
+	// struct). Nil declares none, and the block is not checked; an empty,
+	// non-nil schema declares that the plugin takes no settings.
+	Settings []SettingSpec
 }
 
 // The meeting kinds an averager can declare in Description.Meeting.

@@ -20,11 +20,23 @@ import (
 // files, layout entries, a scalar's shape) arrive as nil.
 
 func toprotoDescription(d Description) *pb.PluginDescription {
-	return &pb.PluginDescription{Name: d.Name, Version: d.Version, Capabilities: d.Capabilities, Meeting: d.Meeting}
+	m := &pb.PluginDescription{Name: d.Name, Version: d.Version, Capabilities: d.Capabilities, Meeting: d.Meeting,
+		SettingsDeclared: d.Settings != nil}
+	for _, s := range d.Settings {
+		m.Settings = append(m.Settings, &pb.SettingSpec{Key: s.Key, Type: string(s.Type), Required: s.Required, Doc: s.Doc})
+	}
+	return m
 }
 
 func fromprotoDescription(m *pb.PluginDescription) Description {
-	return Description{Name: m.GetName(), Version: m.GetVersion(), Capabilities: m.GetCapabilities(), Meeting: m.GetMeeting()}
+	d := Description{Name: m.GetName(), Version: m.GetVersion(), Capabilities: m.GetCapabilities(), Meeting: m.GetMeeting()}
+	if m.GetSettingsDeclared() {
+		d.Settings = make([]SettingSpec, 0, len(m.GetSettings()))
+		for _, s := range m.GetSettings() {
+			d.Settings = append(d.Settings, SettingSpec{Key: s.GetKey(), Type: SettingType(s.GetType()), Required: s.GetRequired(), Doc: s.GetDoc()})
+		}
+	}
+	return d
 }
 
 func toprotoDType(d arena.DType) (pb.DType, error) {

@@ -107,6 +107,14 @@ func SettingKeys(v any) []string {
 // structKeys appends t's JSON keys to keys, those of untagged embedded
 // structs included, as encoding/json promotes them.
 func structKeys(t reflect.Type, keys []string) []string {
+	walkFields(t, func(name string, _ reflect.StructField) { keys = append(keys, name) })
+	return keys
+}
+
+// walkFields calls fn with each JSON key of struct type t and its field,
+// in field order, descending into untagged embedded structs as
+// encoding/json promotes their fields.
+func walkFields(t reflect.Type, fn func(name string, f reflect.StructField)) {
 	for i := range t.NumField() {
 		f := t.Field(i)
 		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
@@ -114,16 +122,15 @@ func structKeys(t reflect.Type, keys []string) []string {
 		case name == "-":
 			continue
 		case name == "" && f.Anonymous && f.Type.Kind() == reflect.Struct:
-			keys = structKeys(f.Type, keys)
+			walkFields(f.Type, fn)
 			continue
 		case !f.IsExported():
 			continue
 		case name == "":
 			name = f.Name
 		}
-		keys = append(keys, name)
+		fn(name, f)
 	}
-	return keys
 }
 
 func syntaxError(err error) error {

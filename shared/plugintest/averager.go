@@ -106,7 +106,8 @@ func NewAverager(logger hclog.Logger) *Averager {
 
 // Describe names the mock.
 func (a *Averager) Describe(context.Context) (plugin.Description, error) {
-	return plugin.Description{Name: AveragerName, Version: "1", Capabilities: []string{"cpu"}, Meeting: plugin.MeetRelay}, nil
+	return plugin.Description{Name: AveragerName, Version: "1", Capabilities: []string{"cpu"}, Meeting: plugin.MeetRelay,
+		Settings: plugin.SchemaOf(AveragerSettings{})}, nil
 }
 
 func hash64(b []byte) uint64 {

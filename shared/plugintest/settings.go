@@ -27,10 +27,10 @@ type TrainerSettings struct {
 	EvalSamples uint64  `json:"eval_samples"`
 	Features    int     `json:"features"`
 	BatchSize   uint32  `json:"batch_size"`
-	LR          float64 `json:"lr"`
+	LR          float64 `json:"lr" doc:"the learning rate, above 0"`
 	// SleepPerBatch is a time.Duration string: every batch takes at least
 	// this long, to make a slow rank.
-	SleepPerBatch string `json:"sleep_per_batch,omitempty"`
+	SleepPerBatch string `json:"sleep_per_batch,omitempty" setting:"duration"`
 	// SleepPerBatchByRank overrides SleepPerBatch for the ranks it names
 	// (keys are decimal ranks): one config file, ranks of unequal speed.
 	SleepPerBatchByRank map[string]string `json:"sleep_per_batch_by_rank,omitempty"`
@@ -126,7 +126,7 @@ type AveragerSettings struct {
 	// SleepPerRound (a Go duration) holds every round that long before it
 	// exchanges anything, so a test can land a fault inside a round. An
 	// abort or the call's end cuts the wait short.
-	SleepPerRound string `json:"sleep_per_round,omitempty"`
+	SleepPerRound string `json:"sleep_per_round,omitempty" setting:"duration"`
 }
 
 // DefaultAveragerSettings are the settings of an empty config block.

@@ -83,7 +83,8 @@ func NewTrainer(logger hclog.Logger) *Trainer {
 
 // Describe names the mock.
 func (t *Trainer) Describe(context.Context) (plugin.Description, error) {
-	return plugin.Description{Name: TrainerName, Version: "1", Capabilities: []string{"cpu", "deterministic"}}, nil
+	return plugin.Description{Name: TrainerName, Version: "1", Capabilities: []string{"cpu", "deterministic"},
+		Settings: plugin.SchemaOf(TrainerSettings{})}, nil
 }
 
 // Configure parses the settings, generates the data set's true weights from

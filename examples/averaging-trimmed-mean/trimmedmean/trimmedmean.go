@@ -133,7 +133,8 @@ func New(log hclog.Logger) *Averager {
 
 // Describe names the averager and asks for the relay as its meeting point.
 func (a *Averager) Describe(context.Context) (plugin.Description, error) {
-	return plugin.Description{Name: Name, Version: Version, Meeting: plugin.MeetRelay}, nil
+	return plugin.Description{Name: Name, Version: Version, Meeting: plugin.MeetRelay,
+		Settings: plugin.SchemaOf(Settings{})}, nil
 }
 
 // Configure decodes the settings, maps the arena and starts the first

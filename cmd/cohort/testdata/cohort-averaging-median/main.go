@@ -46,7 +46,8 @@ type median struct {
 }
 
 func (a *median) Describe(context.Context) (plugin.Description, error) {
-	return plugin.Description{Name: "median", Version: "1.0.0", Meeting: plugin.MeetRelay}, nil
+	// It takes no settings: an empty schema, so the core refuses any.
+	return plugin.Description{Name: "median", Version: "1.0.0", Meeting: plugin.MeetRelay, Settings: []plugin.SettingSpec{}}, nil
 }
 
 func (a *median) Configure(_ context.Context, cfg plugin.AveragerConfig) (plugin.AveragerTraits, error) {

@@ -77,7 +77,7 @@ var _ plugin.Averager = (*Averager)(nil)
 // server.
 func (a *Averager) Describe(context.Context) (plugin.Description, error) {
 	return plugin.Description{Name: Name, Version: Version, Capabilities: []string{"shm-fold", "bf16-wire", "outer-slowmo", "outer-diloco", "easgd"},
-		Meeting: plugin.MeetReduceServer}, nil
+		Meeting: plugin.MeetReduceServer, Settings: plugin.SchemaOf(Settings{})}, nil
 }
 
 // Configure joins the cohort: it opens the arena, connects to the reduce

@@ -47,10 +47,10 @@ type Settings struct {
 	// Timeout bounds every read and write of the data channel (the server
 	// and the rank ping each other while idle), as a duration string.
 	// Default "30s".
-	Timeout string `json:"timeout"`
+	Timeout string `json:"timeout" setting:"duration"`
 	// ConnectTimeout bounds reaching the reduce server at Configure.
 	// Default "60s".
-	ConnectTimeout string `json:"connect_timeout"`
+	ConnectTimeout string `json:"connect_timeout" setting:"duration"`
 	// ShmDir is where the host's shared segments live; default the
 	// directory of the rank's arena.
 	ShmDir string `json:"shm_dir"`

@@ -111,6 +111,7 @@ func (t *Trainer) Describe(context.Context) (plugin.Description, error) {
 		Name:         pluginName,
 		Version:      fmt.Sprintf("%s (libtorch %s, shim ABI %d)", pluginVersion, t.shim.TorchVersion, shim.ABI),
 		Capabilities: caps,
+		Settings:     plugin.SchemaOf(Settings{}),
 	}, nil
 }
 

@@ -69,9 +69,15 @@ type PluginDescription struct {
 	Capabilities []string `protobuf:"bytes,3,rep,name=capabilities,proto3" json:"capabilities,omitempty"`
 	// An averager's meeting kind: how its ranks find each other ("relay",
 	// the default when empty, or "reduce-server").
-	Meeting       string `protobuf:"bytes,4,opt,name=meeting,proto3" json:"meeting,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Meeting string `protobuf:"bytes,4,opt,name=meeting,proto3" json:"meeting,omitempty"`
+	// The settings schema: the keys the plugin's config block takes. It is
+	// checked only when settings_declared is set, so a plugin that declares
+	// none (an older one) is not checked, and one that declares an empty
+	// schema takes no settings.
+	SettingsDeclared bool           `protobuf:"varint,5,opt,name=settings_declared,json=settingsDeclared,proto3" json:"settings_declared,omitempty"`
+	Settings         []*SettingSpec `protobuf:"bytes,6,rep,name=settings,proto3" json:"settings,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *PluginDescription) Reset() {
@@ -132,6 +138,92 @@ func (x *PluginDescription) GetMeeting() string {
 	return ""
 }
 
+func (x *PluginDescription) GetSettingsDeclared() bool {
+	if x != nil {
+		return x.SettingsDeclared
+	}
+	return false
+}
+
+func (x *PluginDescription) GetSettings() []*SettingSpec {
+	if x != nil {
+		return x.Settings
+	}
+	return nil
+}
+
+// SettingSpec is one key of a plugin's config block.
+type SettingSpec struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Key   string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	// One of "string", "number", "integer", "bool", "duration" (a Go
+	// duration string such as "30s"), "object", "array", "any".
+	Type     string `protobuf:"bytes,2,opt,name=type,proto3" json:"type,omitempty"`
+	Required bool   `protobuf:"varint,3,opt,name=required,proto3" json:"required,omitempty"`
+	// A one-line description, for error messages and listings.
+	Doc           string `protobuf:"bytes,4,opt,name=doc,proto3" json:"doc,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SettingSpec) Reset() {
+	*x = SettingSpec{}
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SettingSpec) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SettingSpec) ProtoMessage() {}
+
+func (x *SettingSpec) ProtoReflect() protoreflect.Message {
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SettingSpec.ProtoReflect.Descriptor instead.
+func (*SettingSpec) Descriptor() ([]byte, []int) {
+	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *SettingSpec) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *SettingSpec) GetType() string {
+	if x != nil {
+		return x.Type
+	}
+	return ""
+}
+
+func (x *SettingSpec) GetRequired() bool {
+	if x != nil {
+		return x.Required
+	}
+	return false
+}
+
+func (x *SettingSpec) GetDoc() string {
+	if x != nil {
+		return x.Doc
+	}
+	return ""
+}
+
 type TrainerConfigureRequest struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	Rank      uint32                 `protobuf:"varint,1,opt,name=rank,proto3" json:"rank,omitempty"`
@@ -147,7 +239,7 @@ type TrainerConfigureRequest struct {
 
 func (x *TrainerConfigureRequest) Reset() {
 	*x = TrainerConfigureRequest{}
-	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[2]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -159,7 +251,7 @@ func (x *TrainerConfigureRequest) String() string {
 func (*TrainerConfigureRequest) ProtoMessage() {}
 
 func (x *TrainerConfigureRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[2]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -172,7 +264,7 @@ func (x *TrainerConfigureRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TrainerConfigureRequest.ProtoReflect.Descriptor instead.
 func (*TrainerConfigureRequest) Descriptor() ([]byte, []int) {
-	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{2}
+	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *TrainerConfigureRequest) GetRank() uint32 {
@@ -222,7 +314,7 @@ type TrainerConfigureResponse struct {
 
 func (x *TrainerConfigureResponse) Reset() {
 	*x = TrainerConfigureResponse{}
-	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[3]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -234,7 +326,7 @@ func (x *TrainerConfigureResponse) String() string {
 func (*TrainerConfigureResponse) ProtoMessage() {}
 
 func (x *TrainerConfigureResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[3]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -247,7 +339,7 @@ func (x *TrainerConfigureResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TrainerConfigureResponse.ProtoReflect.Descriptor instead.
 func (*TrainerConfigureResponse) Descriptor() ([]byte, []int) {
-	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{3}
+	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *TrainerConfigureResponse) GetLayout() *Layout {
@@ -287,7 +379,7 @@ type AttachRequest struct {
 
 func (x *AttachRequest) Reset() {
 	*x = AttachRequest{}
-	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[4]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -299,7 +391,7 @@ func (x *AttachRequest) String() string {
 func (*AttachRequest) ProtoMessage() {}
 
 func (x *AttachRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[4]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -312,7 +404,7 @@ func (x *AttachRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttachRequest.ProtoReflect.Descriptor instead.
 func (*AttachRequest) Descriptor() ([]byte, []int) {
-	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{4}
+	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *AttachRequest) GetArena() *ArenaDescriptor {
@@ -333,7 +425,7 @@ type AttachResponse struct {
 
 func (x *AttachResponse) Reset() {
 	*x = AttachResponse{}
-	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[5]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -345,7 +437,7 @@ func (x *AttachResponse) String() string {
 func (*AttachResponse) ProtoMessage() {}
 
 func (x *AttachResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[5]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -358,7 +450,7 @@ func (x *AttachResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttachResponse.ProtoReflect.Descriptor instead.
 func (*AttachResponse) Descriptor() ([]byte, []int) {
-	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{5}
+	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *AttachResponse) GetZeroCopy() bool {
@@ -382,7 +474,7 @@ type TrainRequest struct {
 
 func (x *TrainRequest) Reset() {
 	*x = TrainRequest{}
-	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[6]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -394,7 +486,7 @@ func (x *TrainRequest) String() string {
 func (*TrainRequest) ProtoMessage() {}
 
 func (x *TrainRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[6]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -407,7 +499,7 @@ func (x *TrainRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TrainRequest.ProtoReflect.Descriptor instead.
 func (*TrainRequest) Descriptor() ([]byte, []int) {
-	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{6}
+	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *TrainRequest) GetEpoch() uint64 {
@@ -462,7 +554,7 @@ type TrainReports struct {
 
 func (x *TrainReports) Reset() {
 	*x = TrainReports{}
-	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[7]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -474,7 +566,7 @@ func (x *TrainReports) String() string {
 func (*TrainReports) ProtoMessage() {}
 
 func (x *TrainReports) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[7]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -487,7 +579,7 @@ func (x *TrainReports) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TrainReports.ProtoReflect.Descriptor instead.
 func (*TrainReports) Descriptor() ([]byte, []int) {
-	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{7}
+	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *TrainReports) GetReports() []*BatchReport {
@@ -512,7 +604,7 @@ type BatchReport struct {
 
 func (x *BatchReport) Reset() {
 	*x = BatchReport{}
-	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[8]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -524,7 +616,7 @@ func (x *BatchReport) String() string {
 func (*BatchReport) ProtoMessage() {}
 
 func (x *BatchReport) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[8]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -537,7 +629,7 @@ func (x *BatchReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchReport.ProtoReflect.Descriptor instead.
 func (*BatchReport) Descriptor() ([]byte, []int) {
-	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{8}
+	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *BatchReport) GetBatch() uint64 {
@@ -597,7 +689,7 @@ type PublishRequest struct {
 
 func (x *PublishRequest) Reset() {
 	*x = PublishRequest{}
-	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[9]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -609,7 +701,7 @@ func (x *PublishRequest) String() string {
 func (*PublishRequest) ProtoMessage() {}
 
 func (x *PublishRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[9]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -622,7 +714,7 @@ func (x *PublishRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PublishRequest.ProtoReflect.Descriptor instead.
 func (*PublishRequest) Descriptor() ([]byte, []int) {
-	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{9}
+	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{10}
 }
 
 type PublishResponse struct {
@@ -637,7 +729,7 @@ type PublishResponse struct {
 
 func (x *PublishResponse) Reset() {
 	*x = PublishResponse{}
-	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[10]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -649,7 +741,7 @@ func (x *PublishResponse) String() string {
 func (*PublishResponse) ProtoMessage() {}
 
 func (x *PublishResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[10]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -662,7 +754,7 @@ func (x *PublishResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PublishResponse.ProtoReflect.Descriptor instead.
 func (*PublishResponse) Descriptor() ([]byte, []int) {
-	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{10}
+	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *PublishResponse) GetSteps() uint64 {
@@ -696,7 +788,7 @@ type AdoptRequest struct {
 
 func (x *AdoptRequest) Reset() {
 	*x = AdoptRequest{}
-	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[11]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -708,7 +800,7 @@ func (x *AdoptRequest) String() string {
 func (*AdoptRequest) ProtoMessage() {}
 
 func (x *AdoptRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[11]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -721,7 +813,7 @@ func (x *AdoptRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdoptRequest.ProtoReflect.Descriptor instead.
 func (*AdoptRequest) Descriptor() ([]byte, []int) {
-	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{11}
+	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *AdoptRequest) GetBlendAlpha() float64 {
@@ -740,7 +832,7 @@ type AdoptResponse struct {
 
 func (x *AdoptResponse) Reset() {
 	*x = AdoptResponse{}
-	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[12]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -752,7 +844,7 @@ func (x *AdoptResponse) String() string {
 func (*AdoptResponse) ProtoMessage() {}
 
 func (x *AdoptResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[12]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -765,7 +857,7 @@ func (x *AdoptResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdoptResponse.ProtoReflect.Descriptor instead.
 func (*AdoptResponse) Descriptor() ([]byte, []int) {
-	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{12}
+	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *AdoptResponse) GetParamNorm() float64 {
@@ -783,7 +875,7 @@ type EvaluateRequest struct {
 
 func (x *EvaluateRequest) Reset() {
 	*x = EvaluateRequest{}
-	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[13]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -795,7 +887,7 @@ func (x *EvaluateRequest) String() string {
 func (*EvaluateRequest) ProtoMessage() {}
 
 func (x *EvaluateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[13]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -808,7 +900,7 @@ func (x *EvaluateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EvaluateRequest.ProtoReflect.Descriptor instead.
 func (*EvaluateRequest) Descriptor() ([]byte, []int) {
-	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{13}
+	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{14}
 }
 
 type EvaluateResponse struct {
@@ -822,7 +914,7 @@ type EvaluateResponse struct {
 
 func (x *EvaluateResponse) Reset() {
 	*x = EvaluateResponse{}
-	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[14]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -834,7 +926,7 @@ func (x *EvaluateResponse) String() string {
 func (*EvaluateResponse) ProtoMessage() {}
 
 func (x *EvaluateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[14]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -847,7 +939,7 @@ func (x *EvaluateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EvaluateResponse.ProtoReflect.Descriptor instead.
 func (*EvaluateResponse) Descriptor() ([]byte, []int) {
-	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{14}
+	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *EvaluateResponse) GetLoss() float64 {
@@ -880,7 +972,7 @@ type SaveCheckpointRequest struct {
 
 func (x *SaveCheckpointRequest) Reset() {
 	*x = SaveCheckpointRequest{}
-	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[15]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -892,7 +984,7 @@ func (x *SaveCheckpointRequest) String() string {
 func (*SaveCheckpointRequest) ProtoMessage() {}
 
 func (x *SaveCheckpointRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[15]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -905,7 +997,7 @@ func (x *SaveCheckpointRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SaveCheckpointRequest.ProtoReflect.Descriptor instead.
 func (*SaveCheckpointRequest) Descriptor() ([]byte, []int) {
-	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{15}
+	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *SaveCheckpointRequest) GetDir() string {
@@ -924,7 +1016,7 @@ type SaveCheckpointResponse struct {
 
 func (x *SaveCheckpointResponse) Reset() {
 	*x = SaveCheckpointResponse{}
-	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[16]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -936,7 +1028,7 @@ func (x *SaveCheckpointResponse) String() string {
 func (*SaveCheckpointResponse) ProtoMessage() {}
 
 func (x *SaveCheckpointResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[16]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -949,7 +1041,7 @@ func (x *SaveCheckpointResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SaveCheckpointResponse.ProtoReflect.Descriptor instead.
 func (*SaveCheckpointResponse) Descriptor() ([]byte, []int) {
-	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{16}
+	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *SaveCheckpointResponse) GetFiles() []string {
@@ -968,7 +1060,7 @@ type LoadCheckpointRequest struct {
 
 func (x *LoadCheckpointRequest) Reset() {
 	*x = LoadCheckpointRequest{}
-	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[17]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -980,7 +1072,7 @@ func (x *LoadCheckpointRequest) String() string {
 func (*LoadCheckpointRequest) ProtoMessage() {}
 
 func (x *LoadCheckpointRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[17]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -993,7 +1085,7 @@ func (x *LoadCheckpointRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadCheckpointRequest.ProtoReflect.Descriptor instead.
 func (*LoadCheckpointRequest) Descriptor() ([]byte, []int) {
-	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{17}
+	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *LoadCheckpointRequest) GetDir() string {
@@ -1012,7 +1104,7 @@ type LoadCheckpointResponse struct {
 
 func (x *LoadCheckpointResponse) Reset() {
 	*x = LoadCheckpointResponse{}
-	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[18]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1024,7 +1116,7 @@ func (x *LoadCheckpointResponse) String() string {
 func (*LoadCheckpointResponse) ProtoMessage() {}
 
 func (x *LoadCheckpointResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[18]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1037,7 +1129,7 @@ func (x *LoadCheckpointResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadCheckpointResponse.ProtoReflect.Descriptor instead.
 func (*LoadCheckpointResponse) Descriptor() ([]byte, []int) {
-	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{18}
+	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *LoadCheckpointResponse) GetStepCount() uint64 {
@@ -1055,7 +1147,7 @@ type ShutdownRequest struct {
 
 func (x *ShutdownRequest) Reset() {
 	*x = ShutdownRequest{}
-	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[19]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1067,7 +1159,7 @@ func (x *ShutdownRequest) String() string {
 func (*ShutdownRequest) ProtoMessage() {}
 
 func (x *ShutdownRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[19]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1080,7 +1172,7 @@ func (x *ShutdownRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShutdownRequest.ProtoReflect.Descriptor instead.
 func (*ShutdownRequest) Descriptor() ([]byte, []int) {
-	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{19}
+	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{20}
 }
 
 type ShutdownResponse struct {
@@ -1091,7 +1183,7 @@ type ShutdownResponse struct {
 
 func (x *ShutdownResponse) Reset() {
 	*x = ShutdownResponse{}
-	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[20]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1103,7 +1195,7 @@ func (x *ShutdownResponse) String() string {
 func (*ShutdownResponse) ProtoMessage() {}
 
 func (x *ShutdownResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[20]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1116,7 +1208,7 @@ func (x *ShutdownResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShutdownResponse.ProtoReflect.Descriptor instead.
 func (*ShutdownResponse) Descriptor() ([]byte, []int) {
-	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{20}
+	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{21}
 }
 
 var File_shared_plugin_internal_pluginpb_trainer_proto protoreflect.FileDescriptor
@@ -1124,12 +1216,19 @@ var File_shared_plugin_internal_pluginpb_trainer_proto protoreflect.FileDescript
 const file_shared_plugin_internal_pluginpb_trainer_proto_rawDesc = "" +
 	"\n" +
 	"-shared/plugin/internal/pluginpb/trainer.proto\x12\tcohort.v1\x1a+shared/plugin/internal/pluginpb/arena.proto\"\x11\n" +
-	"\x0fDescribeRequest\"\x7f\n" +
+	"\x0fDescribeRequest\"\xe0\x01\n" +
 	"\x11PluginDescription\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x12\"\n" +
 	"\fcapabilities\x18\x03 \x03(\tR\fcapabilities\x12\x18\n" +
-	"\ameeting\x18\x04 \x01(\tR\ameeting\"\xa6\x01\n" +
+	"\ameeting\x18\x04 \x01(\tR\ameeting\x12+\n" +
+	"\x11settings_declared\x18\x05 \x01(\bR\x10settingsDeclared\x122\n" +
+	"\bsettings\x18\x06 \x03(\v2\x16.cohort.v1.SettingSpecR\bsettings\"a\n" +
+	"\vSettingSpec\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x12\n" +
+	"\x04type\x18\x02 \x01(\tR\x04type\x12\x1a\n" +
+	"\brequired\x18\x03 \x01(\bR\brequired\x12\x10\n" +
+	"\x03doc\x18\x04 \x01(\tR\x03doc\"\xa6\x01\n" +
 	"\x17TrainerConfigureRequest\x12\x12\n" +
 	"\x04rank\x18\x01 \x01(\rR\x04rank\x12\x1d\n" +
 	"\n" +
@@ -1224,61 +1323,63 @@ func file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP() []byte {
 	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescData
 }
 
-var file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
+var file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
 var file_shared_plugin_internal_pluginpb_trainer_proto_goTypes = []any{
 	(*DescribeRequest)(nil),          // 0: cohort.v1.DescribeRequest
 	(*PluginDescription)(nil),        // 1: cohort.v1.PluginDescription
-	(*TrainerConfigureRequest)(nil),  // 2: cohort.v1.TrainerConfigureRequest
-	(*TrainerConfigureResponse)(nil), // 3: cohort.v1.TrainerConfigureResponse
-	(*AttachRequest)(nil),            // 4: cohort.v1.AttachRequest
-	(*AttachResponse)(nil),           // 5: cohort.v1.AttachResponse
-	(*TrainRequest)(nil),             // 6: cohort.v1.TrainRequest
-	(*TrainReports)(nil),             // 7: cohort.v1.TrainReports
-	(*BatchReport)(nil),              // 8: cohort.v1.BatchReport
-	(*PublishRequest)(nil),           // 9: cohort.v1.PublishRequest
-	(*PublishResponse)(nil),          // 10: cohort.v1.PublishResponse
-	(*AdoptRequest)(nil),             // 11: cohort.v1.AdoptRequest
-	(*AdoptResponse)(nil),            // 12: cohort.v1.AdoptResponse
-	(*EvaluateRequest)(nil),          // 13: cohort.v1.EvaluateRequest
-	(*EvaluateResponse)(nil),         // 14: cohort.v1.EvaluateResponse
-	(*SaveCheckpointRequest)(nil),    // 15: cohort.v1.SaveCheckpointRequest
-	(*SaveCheckpointResponse)(nil),   // 16: cohort.v1.SaveCheckpointResponse
-	(*LoadCheckpointRequest)(nil),    // 17: cohort.v1.LoadCheckpointRequest
-	(*LoadCheckpointResponse)(nil),   // 18: cohort.v1.LoadCheckpointResponse
-	(*ShutdownRequest)(nil),          // 19: cohort.v1.ShutdownRequest
-	(*ShutdownResponse)(nil),         // 20: cohort.v1.ShutdownResponse
-	(*Layout)(nil),                   // 21: cohort.v1.Layout
-	(*ArenaDescriptor)(nil),          // 22: cohort.v1.ArenaDescriptor
+	(*SettingSpec)(nil),              // 2: cohort.v1.SettingSpec
+	(*TrainerConfigureRequest)(nil),  // 3: cohort.v1.TrainerConfigureRequest
+	(*TrainerConfigureResponse)(nil), // 4: cohort.v1.TrainerConfigureResponse
+	(*AttachRequest)(nil),            // 5: cohort.v1.AttachRequest
+	(*AttachResponse)(nil),           // 6: cohort.v1.AttachResponse
+	(*TrainRequest)(nil),             // 7: cohort.v1.TrainRequest
+	(*TrainReports)(nil),             // 8: cohort.v1.TrainReports
+	(*BatchReport)(nil),              // 9: cohort.v1.BatchReport
+	(*PublishRequest)(nil),           // 10: cohort.v1.PublishRequest
+	(*PublishResponse)(nil),          // 11: cohort.v1.PublishResponse
+	(*AdoptRequest)(nil),             // 12: cohort.v1.AdoptRequest
+	(*AdoptResponse)(nil),            // 13: cohort.v1.AdoptResponse
+	(*EvaluateRequest)(nil),          // 14: cohort.v1.EvaluateRequest
+	(*EvaluateResponse)(nil),         // 15: cohort.v1.EvaluateResponse
+	(*SaveCheckpointRequest)(nil),    // 16: cohort.v1.SaveCheckpointRequest
+	(*SaveCheckpointResponse)(nil),   // 17: cohort.v1.SaveCheckpointResponse
+	(*LoadCheckpointRequest)(nil),    // 18: cohort.v1.LoadCheckpointRequest
+	(*LoadCheckpointResponse)(nil),   // 19: cohort.v1.LoadCheckpointResponse
+	(*ShutdownRequest)(nil),          // 20: cohort.v1.ShutdownRequest
+	(*ShutdownResponse)(nil),         // 21: cohort.v1.ShutdownResponse
+	(*Layout)(nil),                   // 22: cohort.v1.Layout
+	(*ArenaDescriptor)(nil),          // 23: cohort.v1.ArenaDescriptor
 }
 var file_shared_plugin_internal_pluginpb_trainer_proto_depIdxs = []int32{
-	21, // 0: cohort.v1.TrainerConfigureResponse.layout:type_name -> cohort.v1.Layout
-	22, // 1: cohort.v1.AttachRequest.arena:type_name -> cohort.v1.ArenaDescriptor
-	8,  // 2: cohort.v1.TrainReports.reports:type_name -> cohort.v1.BatchReport
-	0,  // 3: cohort.v1.Trainer.Describe:input_type -> cohort.v1.DescribeRequest
-	2,  // 4: cohort.v1.Trainer.Configure:input_type -> cohort.v1.TrainerConfigureRequest
-	4,  // 5: cohort.v1.Trainer.Attach:input_type -> cohort.v1.AttachRequest
-	6,  // 6: cohort.v1.Trainer.Train:input_type -> cohort.v1.TrainRequest
-	9,  // 7: cohort.v1.Trainer.Publish:input_type -> cohort.v1.PublishRequest
-	11, // 8: cohort.v1.Trainer.Adopt:input_type -> cohort.v1.AdoptRequest
-	13, // 9: cohort.v1.Trainer.Evaluate:input_type -> cohort.v1.EvaluateRequest
-	15, // 10: cohort.v1.Trainer.SaveCheckpoint:input_type -> cohort.v1.SaveCheckpointRequest
-	17, // 11: cohort.v1.Trainer.LoadCheckpoint:input_type -> cohort.v1.LoadCheckpointRequest
-	19, // 12: cohort.v1.Trainer.Shutdown:input_type -> cohort.v1.ShutdownRequest
-	1,  // 13: cohort.v1.Trainer.Describe:output_type -> cohort.v1.PluginDescription
-	3,  // 14: cohort.v1.Trainer.Configure:output_type -> cohort.v1.TrainerConfigureResponse
-	5,  // 15: cohort.v1.Trainer.Attach:output_type -> cohort.v1.AttachResponse
-	7,  // 16: cohort.v1.Trainer.Train:output_type -> cohort.v1.TrainReports
-	10, // 17: cohort.v1.Trainer.Publish:output_type -> cohort.v1.PublishResponse
-	12, // 18: cohort.v1.Trainer.Adopt:output_type -> cohort.v1.AdoptResponse
-	14, // 19: cohort.v1.Trainer.Evaluate:output_type -> cohort.v1.EvaluateResponse
-	16, // 20: cohort.v1.Trainer.SaveCheckpoint:output_type -> cohort.v1.SaveCheckpointResponse
-	18, // 21: cohort.v1.Trainer.LoadCheckpoint:output_type -> cohort.v1.LoadCheckpointResponse
-	20, // 22: cohort.v1.Trainer.Shutdown:output_type -> cohort.v1.ShutdownResponse
-	13, // [13:23] is the sub-list for method output_type
-	3,  // [3:13] is the sub-list for method input_type
-	3,  // [3:3] is the sub-list for extension type_name
-	3,  // [3:3] is the sub-list for extension extendee
-	0,  // [0:3] is the sub-list for field type_name
+	2,  // 0: cohort.v1.PluginDescription.settings:type_name -> cohort.v1.SettingSpec
+	22, // 1: cohort.v1.TrainerConfigureResponse.layout:type_name -> cohort.v1.Layout
+	23, // 2: cohort.v1.AttachRequest.arena:type_name -> cohort.v1.ArenaDescriptor
+	9,  // 3: cohort.v1.TrainReports.reports:type_name -> cohort.v1.BatchReport
+	0,  // 4: cohort.v1.Trainer.Describe:input_type -> cohort.v1.DescribeRequest
+	3,  // 5: cohort.v1.Trainer.Configure:input_type -> cohort.v1.TrainerConfigureRequest
+	5,  // 6: cohort.v1.Trainer.Attach:input_type -> cohort.v1.AttachRequest
+	7,  // 7: cohort.v1.Trainer.Train:input_type -> cohort.v1.TrainRequest
+	10, // 8: cohort.v1.Trainer.Publish:input_type -> cohort.v1.PublishRequest
+	12, // 9: cohort.v1.Trainer.Adopt:input_type -> cohort.v1.AdoptRequest
+	14, // 10: cohort.v1.Trainer.Evaluate:input_type -> cohort.v1.EvaluateRequest
+	16, // 11: cohort.v1.Trainer.SaveCheckpoint:input_type -> cohort.v1.SaveCheckpointRequest
+	18, // 12: cohort.v1.Trainer.LoadCheckpoint:input_type -> cohort.v1.LoadCheckpointRequest
+	20, // 13: cohort.v1.Trainer.Shutdown:input_type -> cohort.v1.ShutdownRequest
+	1,  // 14: cohort.v1.Trainer.Describe:output_type -> cohort.v1.PluginDescription
+	4,  // 15: cohort.v1.Trainer.Configure:output_type -> cohort.v1.TrainerConfigureResponse
+	6,  // 16: cohort.v1.Trainer.Attach:output_type -> cohort.v1.AttachResponse
+	8,  // 17: cohort.v1.Trainer.Train:output_type -> cohort.v1.TrainReports
+	11, // 18: cohort.v1.Trainer.Publish:output_type -> cohort.v1.PublishResponse
+	13, // 19: cohort.v1.Trainer.Adopt:output_type -> cohort.v1.AdoptResponse
+	15, // 20: cohort.v1.Trainer.Evaluate:output_type -> cohort.v1.EvaluateResponse
+	17, // 21: cohort.v1.Trainer.SaveCheckpoint:output_type -> cohort.v1.SaveCheckpointResponse
+	19, // 22: cohort.v1.Trainer.LoadCheckpoint:output_type -> cohort.v1.LoadCheckpointResponse
+	21, // 23: cohort.v1.Trainer.Shutdown:output_type -> cohort.v1.ShutdownResponse
+	14, // [14:24] is the sub-list for method output_type
+	4,  // [4:14] is the sub-list for method input_type
+	4,  // [4:4] is the sub-list for extension type_name
+	4,  // [4:4] is the sub-list for extension extendee
+	0,  // [0:4] is the sub-list for field type_name
 }
 
 func init() { file_shared_plugin_internal_pluginpb_trainer_proto_init() }
@@ -1287,15 +1388,15 @@ func file_shared_plugin_internal_pluginpb_trainer_proto_init() {
 		return
 	}
 	file_shared_plugin_internal_pluginpb_arena_proto_init()
-	file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[8].OneofWrappers = []any{}
-	file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[14].OneofWrappers = []any{}
+	file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[9].OneofWrappers = []any{}
+	file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[15].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_shared_plugin_internal_pluginpb_trainer_proto_rawDesc), len(file_shared_plugin_internal_pluginpb_trainer_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   21,
+			NumMessages:   22,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
