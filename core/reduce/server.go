@@ -321,6 +321,11 @@ func (s *Server) admit(nc net.Conn) {
 	}
 	rc := &rankConn{rank: h.Rank, conn: conn, hello: h}
 	s.connected.Add(1)
+	// Closing the server ends this connection whatever the engine knows of
+	// it: a connection posted just as the engine stopped is in no member
+	// list, and its reader would otherwise hold Close forever.
+	stop := context.AfterFunc(s.ctx, func() { conn.Close() })
+	defer stop()
 	if !s.post(event{kind: evConnected, rc: rc}) {
 		conn.Close()
 		return
