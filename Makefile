@@ -6,7 +6,7 @@ BIN         := bin
 PLUGINS     := $(BIN)/plugins
 # The plugin binaries `make build` writes; their checksums go into
 # $(PLUGINS)/SHA256SUMS, which workers check before starting them.
-BUILTIN_PLUGINS := cohort-trainer-mock cohort-averaging-mock cohort-averaging-cpu cohort-trainer-libtorch
+BUILTIN_PLUGINS := cohort-trainer-mock cohort-averaging-mock cohort-averaging-cpu cohort-averaging-nccl cohort-trainer-libtorch
 TOOLS       := $(CURDIR)/.tools
 # The control protocol is the core's own (core/wire/wirepb); the plugin
 # contracts' generated code is internal to shared/plugin. Both generate from
@@ -24,7 +24,7 @@ export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 # chromium: the status page's browser test (cmd/cohort/status_test.go).
 DEB_PACKAGES := protobuf-compiler g++ libtorch-dev libopenblas0-pthread python3-torch dataset-fashion-mnist chromium
 
-.PHONY: all build test run proto proto-check bench fuzz deps clean tools slurm-check multihost scale
+.PHONY: all build test run proto proto-check bench fuzz deps clean tools slurm-check multihost scale gpu-prep gpu-check
 
 all: build
 
@@ -66,6 +66,7 @@ build: deps
 	$(GO) build -o $(BIN)/ ./cmd/cohort
 	$(GO) build -o $(PLUGINS)/ ./cmd/cohort-trainer-mock ./cmd/cohort-averaging-mock
 	$(GO) build -o $(PLUGINS)/cohort-averaging-cpu ./plugins/averaging-cpu
+	$(GO) build -o $(PLUGINS)/cohort-averaging-nccl ./plugins/averaging-nccl
 	$(GO) build -o $(PLUGINS)/cohort-trainer-libtorch ./plugins/trainer-libtorch
 	$(MAKE) --no-print-directory -f plugins/trainer-libtorch/shim.mk SHIM_OUT=$(CURDIR)/$(PLUGINS)/libcohort_torch_shim.so
 	@# Refresh the built plugins' lines, keeping those of plugins installed
@@ -115,6 +116,19 @@ multihost: build
 # it starts on this machine (root; installs slurm-wlm and munge if missing).
 slurm-check: build
 	deploy/slurm/check.sh
+
+# gpu-prep builds what plugins/averaging-nccl/gpu-check.sh runs: cohort,
+# the plugins, and the NCCL backend's GPU tests as a test binary, so a GPU
+# host without Go runs them from a copy of $(BIN) and the repository.
+gpu-prep: build
+	@mkdir -p $(BIN)/gpu
+	$(GO) test -c -tags gpu -o $(BIN)/gpu/backend.test ./plugins/averaging-nccl/internal/backend
+
+# gpu-check runs the NCCL averager's checks on this host's GPUs (a CUDA
+# PyTorch from pip supplies libtorch, NCCL and the CUDA runtime); one JSON
+# line per check.
+gpu-check: gpu-prep
+	plugins/averaging-nccl/gpu-check.sh $(BIN)
 
 clean:
 	rm -rf $(BIN) $(TOOLS)

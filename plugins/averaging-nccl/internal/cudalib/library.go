@@ -47,6 +47,7 @@ func (l Library) spec() spec {
 				// older NCCL only has the blocking call.
 				{"ncclCommInitRankConfig", "ncclCommInitRank"},
 				{"ncclAllReduce"},
+				{"ncclBroadcast"},
 				{"ncclCommAbort"},
 				{"ncclCommDestroy"},
 				{"ncclCommGetAsyncError"},
@@ -70,6 +71,11 @@ func (l Library) spec() spec {
 				{"cudaIpcCloseMemHandle"},
 				{"cudaStreamCreate"},
 				{"cudaStreamSynchronize"},
+				{"cudaStreamDestroy"},
+				{"cudaStreamQuery"},
+				{"cudaMalloc"},
+				{"cudaFree"},
+				{"cudaMemcpy"},
 			},
 			install: "install the CUDA runtime 12 or 13 (the CUDA toolkit, or `pip install nvidia-cuda-runtime-cu12` / `nvidia-cuda-runtime`, which a CUDA build of PyTorch brings along)",
 		}

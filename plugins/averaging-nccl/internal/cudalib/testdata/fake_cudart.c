@@ -23,3 +23,8 @@ int cudaIpcOpenMemHandle(void) { return 0; }
 int cudaIpcCloseMemHandle(void) { return 0; }
 int cudaStreamCreate(void) { return 0; }
 int cudaStreamSynchronize(void) { return 0; }
+int cudaStreamDestroy(void) { return 0; }
+int cudaStreamQuery(void) { return 0; }
+int cudaMalloc(void) { return 0; }
+int cudaFree(void) { return 0; }
+int cudaMemcpy(void) { return 0; }

@@ -22,6 +22,7 @@ int ncclCommInitRank(void) { return 0; }
 #ifndef OMIT_ncclAllReduce
 int ncclAllReduce(void) { return 0; }
 #endif
+int ncclBroadcast(void) { return 0; }
 int ncclCommAbort(void) { return 0; }
 int ncclCommDestroy(void) { return 0; }
 int ncclCommGetAsyncError(void) { return 0; }

@@ -1,0 +1,261 @@
+// Package averager is the averaging-nccl plugin's Averager: it averages
+// the arena's f32 parameters with the other ranks by an NCCL all-reduce
+// on a GPU. Its ranks meet through the coordinator's relay alone: a
+// session's lowest member makes the NCCL unique id and posts it under a
+// key naming the session's generation, and every member builds its part
+// of the session's communicator from it. CUDA and NCCL are reached
+// through internal/backend, so the state machine is tested on a fake.
+//
+// The parameters stay in the CPU arena for now: each round copies them to
+// a device buffer and back.
+package averager
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/cohortdl/cohort/plugins/averaging-nccl/internal/backend"
+	"github.com/cohortdl/cohort/plugins/averaging-nccl/internal/cudalib"
+	"github.com/cohortdl/cohort/shared/arena"
+	"github.com/cohortdl/cohort/shared/plugin"
+)
+
+// Name is the plugin's name (binary cohort-averaging-nccl).
+const Name = "nccl"
+
+// Version is the plugin's version.
+const Version = "0.1.0"
+
+// ErrAborted is wrapped by the error of a round that Abort or Shutdown
+// stopped, and of every Average after it until NewSession or Configure.
+var ErrAborted = fmt.Errorf("%w by Abort", plugin.ErrRoundAborted)
+
+// OpenFunc loads the backend; New's caller picks the real one or a fake.
+type OpenFunc func(cudalib.Options) (backend.Backend, error)
+
+// OpenNCCL is the OpenFunc of the real libraries.
+func OpenNCCL(o cudalib.Options) (backend.Backend, error) { return backend.OpenNCCL(o) }
+
+// Averager is the NCCL averager. Configure, Average, NewSession, Shutdown
+// run one at a time; Abort and Describe may run concurrently with them.
+type Averager struct {
+	log  hclog.Logger
+	open OpenFunc
+
+	opMu    sync.Mutex
+	cfg     config
+	be      backend.Backend
+	arena   *arena.Mapping
+	relay   plugin.Relay
+	rank    uint32
+	device  int
+	spans   []span
+	np, nb  int // f32 elements of parameters and of buffers
+	staging []byte
+	sess    session
+
+	// mu guards the abort state and the in-flight round's cancel.
+	mu       sync.Mutex
+	aborted  bool
+	reason   string
+	cancel   context.CancelFunc
+	shutdown bool
+}
+
+// session is one membership and its communicator, built at its first
+// round.
+type session struct {
+	gen     uint64
+	members []uint32
+	rank    int
+	comm    backend.Comm
+	data    backend.Buffer
+	weights backend.Buffer
+	// failed is why the communicator could not be built or was aborted:
+	// rounds are refused until the next session.
+	failed error
+}
+
+// New returns an unconfigured averager loading its backend with open.
+func New(log hclog.Logger, open OpenFunc) *Averager {
+	if log == nil {
+		log = hclog.NewNullLogger()
+	}
+	return &Averager{log: log, open: open}
+}
+
+var _ plugin.Averager = (*Averager)(nil)
+
+// Describe names the plugin; its ranks meet through the relay.
+func (a *Averager) Describe(context.Context) (plugin.Description, error) {
+	return plugin.Description{Name: Name, Version: Version, Capabilities: []string{"cuda"},
+		Meeting: plugin.MeetRelay, Settings: plugin.SchemaOf(Settings{})}, nil
+}
+
+// Configure loads NCCL and the CUDA runtime (failing at once, naming
+// every place it looked, on a host without them), picks the GPU and maps
+// the arena. The communicator is built at the first round, when every
+// rank has come. A second Configure replaces the first.
+func (a *Averager) Configure(ctx context.Context, cfg plugin.AveragerConfig) (plugin.AveragerTraits, error) {
+	a.opMu.Lock()
+	defer a.opMu.Unlock()
+	if err := a.teardown(); err != nil {
+		a.log.Warn("releasing the previous configuration", "error", err)
+	}
+	if err := a.configure(cfg); err != nil {
+		return plugin.AveragerTraits{}, errors.Join(err, a.teardown())
+	}
+	a.mu.Lock()
+	a.aborted, a.reason, a.shutdown = false, "", false
+	a.mu.Unlock()
+	return plugin.AveragerTraits{SoloIdentity: true}, nil
+}
+
+func (a *Averager) configure(cfg plugin.AveragerConfig) error {
+	c, err := parseSettings(cfg.Settings)
+	if err != nil {
+		return err
+	}
+	if cfg.WorldSize == 0 || cfg.Rank >= cfg.WorldSize {
+		return fmt.Errorf("averager: rank %d of a world of %d", cfg.Rank, cfg.WorldSize)
+	}
+	if cfg.Relay == nil && cfg.WorldSize > 1 {
+		return errors.New("averager: no relay to meet the other ranks through")
+	}
+	spans, np, nb, err := buildSpans(cfg.Arena.Layout)
+	if err != nil {
+		return err
+	}
+	be, err := a.open(c.libs)
+	if err != nil {
+		return fmt.Errorf("averaging-nccl: %w", err)
+	}
+	a.be = be
+	n, err := be.DeviceCount()
+	if err != nil {
+		return fmt.Errorf("averaging-nccl: no usable GPU: %w", err)
+	}
+	dev := c.device
+	if dev < 0 {
+		dev = int(cfg.Rank) % n
+	}
+	if dev >= n {
+		return fmt.Errorf("averaging-nccl: device = %d, but this process sees %d GPUs", dev, n)
+	}
+	m, err := arena.Open(cfg.Arena)
+	if err != nil {
+		return fmt.Errorf("averager: %w", err)
+	}
+	a.cfg, a.arena, a.relay, a.rank, a.device = c, m, cfg.Relay, cfg.Rank, dev
+	a.spans, a.np, a.nb = spans, np, nb
+	a.staging = make([]byte, 4*(np+nb))
+	members := make([]uint32, cfg.WorldSize)
+	for i := range members {
+		members[i] = uint32(i)
+	}
+	a.sess = session{members: members, rank: int(cfg.Rank)}
+	a.log.Info("configured", "device", dev, "devices", n, "elements", np+nb)
+	return nil
+}
+
+// teardown aborts the communicator and releases the arena and libraries.
+func (a *Averager) teardown() error {
+	errs := []error{a.dropComm()}
+	if a.arena != nil {
+		errs = append(errs, a.arena.Close())
+		a.arena = nil
+	}
+	if a.be != nil {
+		errs = append(errs, a.be.Close())
+		a.be = nil
+	}
+	return errors.Join(errs...)
+}
+
+// dropComm aborts the session's communicator, if any: ncclCommAbort
+// never waits on peers, which after a membership change may be gone.
+func (a *Averager) dropComm() error {
+	if a.sess.comm == nil {
+		return nil
+	}
+	err := a.sess.comm.Abort()
+	a.sess.comm, a.sess.data, a.sess.weights = nil, nil, nil
+	return err
+}
+
+// NewSessionID returns a fresh unique id's bytes; it only names the
+// session, since the communicator's own id goes through the relay.
+func (a *Averager) NewSessionID(context.Context) ([]byte, error) {
+	id := make([]byte, 16)
+	_, err := rand.Read(id)
+	return id, err
+}
+
+// NewSession adopts a new membership: a round still in flight is
+// aborted, the old communicator with it, and the session's communicator
+// is built among s.Members at its first round. A session of one has no
+// communicator. The averager leaves the aborted state.
+func (a *Averager) NewSession(_ context.Context, s plugin.Session) error {
+	if len(s.Members) == 0 || int(s.NewRank) >= len(s.Members) || uint32(len(s.Members)) != s.NewWorldSize {
+		return fmt.Errorf("averager: session %d: new rank %d, world %d and %d members do not agree", s.Generation, s.NewRank, s.NewWorldSize, len(s.Members))
+	}
+	a.abort(fmt.Sprintf("superseded by session %d", s.Generation))
+	a.opMu.Lock()
+	defer a.opMu.Unlock()
+	if a.arena != nil && s.Members[s.NewRank] != a.rank {
+		return fmt.Errorf("averager: session %d names global rank %d as new rank %d, this averager is rank %d", s.Generation, s.Members[s.NewRank], s.NewRank, a.rank)
+	}
+	err := a.dropComm()
+	a.sess = session{gen: s.Generation, members: append([]uint32(nil), s.Members...), rank: int(s.NewRank)}
+	a.mu.Lock()
+	if !a.shutdown {
+		a.aborted, a.reason = false, ""
+	}
+	a.mu.Unlock()
+	if err != nil {
+		a.log.Warn("aborting the previous session's communicator", "generation", s.Generation, "error", err)
+	}
+	return nil
+}
+
+// Abort makes the in-flight round fail promptly (its collective's
+// communicator is aborted) and keeps the averager aborted until
+// NewSession or Configure. Idempotent; safe concurrently with Average.
+func (a *Averager) Abort(_ context.Context, reason string) error {
+	a.abort(reason)
+	return nil
+}
+
+func (a *Averager) abort(reason string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if !a.aborted {
+		a.aborted, a.reason = true, reason
+	}
+	if a.cancel != nil {
+		a.cancel()
+	}
+}
+
+// SaveState writes nothing: a plain mean keeps no state.
+func (a *Averager) SaveState(context.Context, string) ([]string, error) { return nil, nil }
+
+// LoadState has nothing to restore.
+func (a *Averager) LoadState(context.Context, string) error { return nil }
+
+// Shutdown ends a round in flight, aborts the communicator and releases
+// the arena and libraries. Idempotent.
+func (a *Averager) Shutdown(context.Context) error {
+	a.mu.Lock()
+	a.shutdown = true
+	a.mu.Unlock()
+	a.abort("shut down")
+	a.opMu.Lock()
+	defer a.opMu.Unlock()
+	return a.teardown()
+}
