@@ -29,12 +29,16 @@ func Shard(n, hosts, k int) (lo, hi int) { return numeric.Split(n, hosts, k) }
 // all-gather steps (pass the finished shards on). Each step sends and
 // receives at once. When ctx ends, or either link fails, both links close,
 // so the neighbours fail their steps too and the whole ring stops within a
-// read deadline. It returns the frame bytes moved on both links.
+// read deadline. It returns the frame bytes moved on both links by this
+// call. Links that served a successful call serve the next one: the
+// frames' sequence numbers run on, so no frame of one call passes as
+// another's; after an error both are closed.
 func AllReduce(ctx context.Context, out, in *Link, j Job) (uint64, error) {
 	h, i := j.Hosts, j.Host
 	if h < 2 || i < 0 || i >= h || len(j.Own) != len(j.Dst) || j.ElemSize <= 0 || len(j.Dst)%j.ElemSize != 0 {
 		return 0, fmt.Errorf("ring: job of host %d of %d with %d and %d bytes of %d-byte elements", i, h, len(j.Own), len(j.Dst), j.ElemSize)
 	}
+	moved0 := out.Bytes() + in.Bytes()
 	stop := closeOn(ctx, out, in)
 	defer stop()
 	n := len(j.Dst) / j.ElemSize
@@ -88,5 +92,5 @@ func AllReduce(ctx context.Context, out, in *Link, j Job) (uint64, error) {
 			return 0, fmt.Errorf("ring: step %d of host %d: %w", s, i, rerr)
 		}
 	}
-	return out.Bytes() + in.Bytes(), nil
+	return out.Bytes() + in.Bytes() - moved0, nil
 }

@@ -7,7 +7,9 @@
 // folded, and fails the round everywhere when a leader aborts.
 //
 // A link is one TCP connection from a leader to its successor in the ring,
-// opened for one round. All integers are little-endian. The dialer opens
+// opened by the first round of a topology that needs it and kept for the
+// topology's later rounds until one fails (the averager drops a failed
+// round's links on every leader). All integers are little-endian. The dialer opens
 // with an 80-byte hello; the listener answers a hello whose tag verifies
 // with a 32-byte ack:
 //
@@ -16,7 +18,7 @@
 //	ack    magic u32 | reserved u32 | nonce [16] | tag [8]
 //
 // from and to are host indices (the topology's order), topology and round
-// name the round the link serves. The hello's tag is HMAC-SHA256 under the
+// name the round that opened the link. The hello's tag is HMAC-SHA256 under the
 // handshake key over its first 72 bytes; the ack's covers its first 24
 // bytes followed by the whole hello. The link's key is
 // HMAC-SHA256(forward key, hello | ack[0:24]), unique per link since both
@@ -30,7 +32,8 @@
 // the frame's GMAC (internal/authframe): AES-GCM under the link key over an
 // empty plaintext with the payload as additional data and the frame's
 // sequence number as nonce, so a tampered, dropped, replayed or reordered
-// frame fails. The reader knows every frame's step and length before it
+// frame fails; the sequence runs on across the link's rounds, so a frame
+// never passes for another round's either. The reader knows every frame's step and length before it
 // arrives and refuses any other header before reading the payload. The
 // sender tags chunk i+1 while chunk i is on the wire, the receiver verifies
 // and reduces chunk i while chunk i+1 arrives; every read and write has a

@@ -13,7 +13,7 @@ import (
 	"github.com/cohortdl/cohort/internal/authframe"
 )
 
-// Link is one direction of the ring for one round: the dialer Sends, the
+// Link is one direction of the ring for one or more rounds: the dialer Sends, the
 // listener Receives. Send and Receive are each called from one goroutine at
 // a time (the one that owns that end's socket).
 type Link struct {

@@ -101,6 +101,9 @@ func (c *client) round(ctx context.Context, rq plugin.Round, root uint32, sess u
 		if err == nil {
 			return
 		}
+		// The round may have left frames of its ring in flight: its links
+		// are of no use to the next.
+		c.dropLinks()
 		var sf *serverFail
 		if !errors.As(err, &sf) && !errors.Is(err, ErrAborted) && c.fatal == nil {
 			// Tell the server, so no peer waits for this rank.
