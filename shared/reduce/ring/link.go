@@ -69,22 +69,46 @@ func (l *Link) fail(what string, err error) error {
 
 func (l *Link) peer() uint32 { return l.other }
 
+// errStopped is a Send's when its ready channel closed before a chunk was
+// ready: the receive side of the ring failed.
+var errStopped = errors.New("ring: the receive side stopped before the data to send was ready")
+
 // Send sends data as step's frames. A goroutine tags chunk i+1 while this
-// one writes chunk i; Send joins it before returning. The link is unusable
+// one writes chunk i; Send joins it before returning. With ready not nil,
+// chunk i is tagged and sent only after the i-th value from ready (the
+// chunk is final then); a closed ready stops Send. The link is unusable
 // after an error.
-func (l *Link) Send(step uint32, data []byte) error {
+func (l *Link) Send(step uint32, data []byte, ready <-chan struct{}) error {
 	n := (len(data) + ChunkSize - 1) / ChunkSize
-	tags := make(chan []byte, 2)
+	type tagged struct {
+		tag []byte
+		err error
+	}
+	tags := make(chan tagged, 2)
 	quit := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
 		for i := range n {
-			t := append([]byte(nil), l.mac.Seal(data[i*ChunkSize:min(len(data), (i+1)*ChunkSize)])...)
+			ok := true
+			if ready != nil {
+				select {
+				case _, ok = <-ready:
+				case <-quit:
+					return
+				}
+			}
+			t := tagged{err: errStopped}
+			if ok {
+				t = tagged{tag: append([]byte(nil), l.mac.Seal(data[i*ChunkSize:min(len(data), (i+1)*ChunkSize)])...)}
+			}
 			select {
 			case tags <- t:
 			case <-quit:
+				return
+			}
+			if t.err != nil {
 				return
 			}
 		}
@@ -96,10 +120,13 @@ func (l *Link) Send(step uint32, data []byte) error {
 	for i := range n {
 		c := data[i*ChunkSize : min(len(data), (i+1)*ChunkSize)]
 		t := <-tags
+		if t.err != nil {
+			return t.err
+		}
 		if err := l.nc.SetWriteDeadline(time.Now().Add(l.timeout)); err != nil {
 			return l.fail("send to", err)
 		}
-		bufs := net.Buffers{EncodeHeader(step, uint64(len(c))), c, t}
+		bufs := net.Buffers{EncodeHeader(step, uint64(len(c))), c, t.tag}
 		m, err := bufs.WriteTo(l.nc)
 		l.bytes += uint64(m)
 		if err != nil {
