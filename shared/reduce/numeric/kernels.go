@@ -1,6 +1,9 @@
 package numeric
 
-import "unsafe"
+import (
+	"math"
+	"unsafe"
+)
 
 // blk is the block the kernels work in: a block of every source stays in
 // L1 between a kernel's passes over it.
@@ -499,6 +502,14 @@ func Combine(dst []float32, src [][]float32, scale float32) {
 func CombineBF16(dst []uint16, src [][]uint16, scale float32) {
 	if len(src) == 0 {
 		clear(dst)
+		return
+	}
+	if len(src) == 2 {
+		// The ring's reduce: one pass, no buffer.
+		x, y := src[0][:len(dst)], src[1][:len(dst)]
+		for i := range dst {
+			dst[i] = toBF16(math.Float32bits((FromBF16(x[i]) + FromBF16(y[i])) * scale))
+		}
 		return
 	}
 	var v [blk]float32
