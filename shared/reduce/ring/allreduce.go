@@ -67,7 +67,7 @@ func AllReduce(ctx context.Context, out, in *Link, j Job) (uint64, error) {
 	chunks := 0
 	for s := range steps {
 		lo, hi := shard(recvShard(s))
-		chunks += (hi - lo + ChunkSize - 1) / ChunkSize
+		chunks += (hi - lo + Chunk(hi-lo) - 1) / Chunk(hi-lo)
 	}
 	ready := make(chan struct{}, chunks)
 	sent := make(chan error, 1)

@@ -28,7 +28,8 @@
 //
 //	frame  magic u32 | step u32 | length u64 | payload | tag [16]
 //
-// A step's shard travels as frames of at most ChunkSize bytes. The tag is
+// A step's shard of n bytes travels as frames of Chunk(n) bytes (the last
+// may be shorter): about n/32, within [MinChunk, ChunkSize]. The tag is
 // the frame's GMAC (internal/authframe): AES-GCM under the link key over an
 // empty plaintext with the payload as additional data and the frame's
 // sequence number as nonce, so a tampered, dropped, replayed or reordered
@@ -64,10 +65,12 @@ const (
 	AckSize    = 32
 	HeaderSize = 16
 
-	// ChunkSize bounds a frame's payload: the unit of the MAC and step
-	// pipeline. 256 KiB keeps a chunk in cache from its read through its
-	// verify and reduce; loopback rings ran 1.6× faster than at 1 MiB.
+	// ChunkSize and MinChunk bound a frame's payload (see Chunk), the unit
+	// of the MAC and step pipeline. 256 KiB keeps a chunk in cache from its
+	// read through its verify and reduce: loopback rings ran 1.6× faster
+	// than at 1 MiB.
 	ChunkSize = 1 << 18
+	MinChunk  = 1 << 16
 
 	tagSize  = authframe.TagSize
 	gtagSize = authframe.GMACTagSize

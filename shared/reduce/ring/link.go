@@ -79,7 +79,8 @@ var errStopped = errors.New("ring: the receive side stopped before the data to s
 // chunk is final then); a closed ready stops Send. The link is unusable
 // after an error.
 func (l *Link) Send(step uint32, data []byte, ready <-chan struct{}) error {
-	n := (len(data) + ChunkSize - 1) / ChunkSize
+	cs := Chunk(len(data))
+	n := (len(data) + cs - 1) / cs
 	type tagged struct {
 		tag []byte
 		err error
@@ -101,7 +102,7 @@ func (l *Link) Send(step uint32, data []byte, ready <-chan struct{}) error {
 			}
 			t := tagged{err: errStopped}
 			if ok {
-				t = tagged{tag: append([]byte(nil), l.mac.Seal(data[i*ChunkSize:min(len(data), (i+1)*ChunkSize)])...)}
+				t = tagged{tag: append([]byte(nil), l.mac.Seal(data[i*cs:min(len(data), (i+1)*cs)])...)}
 			}
 			select {
 			case tags <- t:
@@ -118,7 +119,7 @@ func (l *Link) Send(step uint32, data []byte, ready <-chan struct{}) error {
 		wg.Wait()
 	}()
 	for i := range n {
-		c := data[i*ChunkSize : min(len(data), (i+1)*ChunkSize)]
+		c := data[i*cs : min(len(data), (i+1)*cs)]
 		t := <-tags
 		if t.err != nil {
 			return t.err
@@ -136,6 +137,16 @@ func (l *Link) Send(step uint32, data []byte, ready <-chan struct{}) error {
 	return nil
 }
 
+// Chunk is the payload of each frame (the last may be shorter) of an
+// n-byte shard: n/32 rounded up to 4 KiB, within [MinChunk, ChunkSize].
+// Each step delays the ring by one chunk's time on the wire, so about 32
+// chunks a shard keep that under 1/32 of the transfer, while chunks of
+// 64 KiB or more keep the per-frame costs (syscalls, tags) small.
+func Chunk(n int) int {
+	c := (n/32 + 4095) &^ 4095
+	return min(ChunkSize, max(MinChunk, c))
+}
+
 type chunkIn struct {
 	lo, hi int
 	tag    [gtagSize]byte
@@ -146,7 +157,7 @@ type chunkIn struct {
 // the next chunk arrives; Receive joins it before returning. Nothing of dst
 // may be used unless Receive returned nil.
 func (l *Link) Receive(step uint32, dst []byte, reduce func(lo, hi int)) error {
-	n := (len(dst) + ChunkSize - 1) / ChunkSize
+	n := (len(dst) + Chunk(len(dst)) - 1) / Chunk(len(dst))
 	in := make(chan chunkIn, 2)
 	verr := make(chan error, 1)
 	go func() {
@@ -173,8 +184,9 @@ func (l *Link) Receive(step uint32, dst []byte, reduce func(lo, hi int)) error {
 
 func (l *Link) read(step uint32, dst []byte, n int, in chan<- chunkIn) error {
 	var hdr [HeaderSize]byte
+	cs := Chunk(len(dst))
 	for i := range n {
-		c := chunkIn{lo: i * ChunkSize, hi: min(len(dst), (i+1)*ChunkSize)}
+		c := chunkIn{lo: i * cs, hi: min(len(dst), (i+1)*cs)}
 		if err := l.readFull(hdr[:]); err != nil {
 			return l.fail("receive from", err)
 		}

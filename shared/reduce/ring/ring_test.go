@@ -90,7 +90,7 @@ func TestAllReduce(t *testing.T) {
 		{3, 1000, []int{1}},
 		{4, 3, nil},
 		{4, 1003, []int{0, 3}},
-		{2, ChunkSize/2 + 7, []int{1}}, // two chunks per shard
+		{2, ChunkSize/2 + 7, []int{1}}, // several chunks per shard
 		{5, 997, []int{2}},
 		{5, 0, nil},
 	}
@@ -145,7 +145,7 @@ func TestAllReduce(t *testing.T) {
 				perLink := uint64(2*(c.hosts-1)) * uint64(4*c.n) / uint64(c.hosts)
 				for i := range c.hosts {
 					got := b.out[i].Bytes() - sent0[i]
-					if got+uint64(4*c.hosts) < perLink || got > perLink+uint64(4*c.hosts)+uint64(2*c.hosts)*(HeaderSize+gtagSize)*uint64(1+4*c.n/ChunkSize) {
+					if got+uint64(4*c.hosts) < perLink || got > perLink+uint64(4*c.hosts)+uint64(2*c.hosts)*(HeaderSize+gtagSize)*uint64(1+4*c.n/MinChunk) {
 						t.Fatalf("call %d: host %d sent %d bytes, want about %d", call, i, got, perLink)
 					}
 					if in := b.in[i].Bytes() - got0[i]; moved[i] != got+in {
@@ -308,5 +308,19 @@ func BenchmarkAllReduce(b *testing.B) {
 				wg.Wait()
 			}
 		})
+	}
+}
+
+// TestChunk: frames are about a 32nd of a shard, on 4 KiB, within the
+// bounds, and never empty for a non-empty shard.
+func TestChunk(t *testing.T) {
+	cases := []struct{ n, want int }{
+		{0, MinChunk}, {1, MinChunk}, {32 * MinChunk, MinChunk}, {32*MinChunk + 1, MinChunk}, {32 * (MinChunk + 1), MinChunk + 4096},
+		{3_125_000, 98304}, {32 * ChunkSize, ChunkSize}, {100 * ChunkSize, ChunkSize},
+	}
+	for _, c := range cases {
+		if got := Chunk(c.n); got != c.want {
+			t.Errorf("Chunk(%d) = %d, want %d", c.n, got, c.want)
+		}
 	}
 }
