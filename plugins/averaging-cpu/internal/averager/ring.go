@@ -104,9 +104,13 @@ func (r *rnd) allReduce(j *job) (uint64, error) {
 		}
 	}
 	// reduce sets dst's elements [lo, hi) to the received partial sum plus
-	// this host's fold, scaled once on the last step: parameters by
-	// 1/Σweight, buffers by 1/Σmovers.
+	// this host's fold (folded here first on a one-rank host), scaled once
+	// on the last step: parameters by 1/Σweight, buffers by 1/Σmovers.
+	lazy := j.needFold && j.lazyFold()
 	reduce := func(lo, hi int, last bool) {
+		if lazy {
+			j.foldRange(lo, hi)
+		}
 		for _, part := range [2][2]int{{lo, min(hi, c.np)}, {max(lo, c.np), hi}} {
 			a, b := part[0], part[1]
 			if a >= b {
