@@ -213,37 +213,24 @@ func fused2(x0, x1 []float32, w0, w1, inv float32, st *Stats) {
 // fusedBlock bounds fused2's float32 sums.
 const fusedBlock = 256
 
-// pair updates two destinations from v and returns their sums; even and
-// odd elements keep sums of their own.
+// pair updates two destinations from v and returns their sums.
 func pair(y0, y1, v []float32) (d0, d1, p0, p1 float32) {
-	return pairBlend(y0, y1, v, 1)
-}
-
-// pairBlend is pair with y + al·(v − y) written (al 1 overwrites).
-func pairBlend(y0, y1, v []float32, al float32) (d0, d1, p0, p1 float32) {
 	y0, y1 = y0[:len(v)], y1[:len(v)]
-	var d0b, d1b, p0b, p1b float32
-	i := 0
-	for ; i+1 < len(v); i += 2 {
-		s, t := v[i], v[i+1]
-		a0, a1, b0, b1 := y0[i], y1[i], y0[i+1], y1[i+1]
-		e0, e1, f0, f1 := a0-s, a1-s, b0-t, b1-t
+	for i, s := range v {
+		a0, a1 := y0[i], y1[i]
+		e0, e1 := a0-s, a1-s
 		d0 += e0 * e0
 		d1 += e1 * e1
 		p0 += a0 * a0
 		p1 += a1 * a1
-		d0b += f0 * f0
-		d1b += f1 * f1
-		p0b += b0 * b0
-		p1b += b1 * b1
-		if al == 1 {
-			y0[i], y1[i], y0[i+1], y1[i+1] = s, s, t, t
-		} else {
-			y0[i], y1[i], y0[i+1], y1[i+1] = a0-al*e0, a1-al*e1, b0-al*f0, b1-al*f1
-		}
+		y0[i], y1[i] = s, s
 	}
-	if i < len(v) {
-		s := v[i]
+	return
+}
+
+func pairBlend(y0, y1, v []float32, al float32) (d0, d1, p0, p1 float32) {
+	y0, y1 = y0[:len(v)], y1[:len(v)]
+	for i, s := range v {
 		a0, a1 := y0[i], y1[i]
 		e0, e1 := a0-s, a1-s
 		d0 += e0 * e0
@@ -251,11 +238,8 @@ func pairBlend(y0, y1, v []float32, al float32) (d0, d1, p0, p1 float32) {
 		p0 += a0 * a0
 		p1 += a1 * a1
 		y0[i], y1[i] = a0-al*e0, a1-al*e1
-		if al == 1 {
-			y0[i], y1[i] = s, s
-		}
 	}
-	return d0 + d0b, d1 + d1b, p0 + p0b, p1 + p1b
+	return
 }
 
 // single updates one destination: y + al·(v − y) (al 1 overwrites). Four
@@ -381,22 +365,20 @@ func (ws weighted) sum(v []float32, b, e int) {
 
 // scaleSquares multiplies v by scale (the one division) and returns Σ v².
 func scaleSquares(v []float32, scale float32) float64 {
-	var q0, q1, q2, q3 float32
+	var q0, q1 float32
 	i := 0
-	for ; i+3 < len(v); i += 4 {
-		a, b, c, d := v[i]*scale, v[i+1]*scale, v[i+2]*scale, v[i+3]*scale
-		v[i], v[i+1], v[i+2], v[i+3] = a, b, c, d
+	for ; i+1 < len(v); i += 2 {
+		a, b := v[i]*scale, v[i+1]*scale
+		v[i], v[i+1] = a, b
 		q0 += a * a
 		q1 += b * b
-		q2 += c * c
-		q3 += d * d
 	}
-	for ; i < len(v); i++ {
+	if i < len(v) {
 		a := v[i] * scale
 		v[i] = a
 		q0 += a * a
 	}
-	return float64(q0+q1) + float64(q2+q3)
+	return float64(q0) + float64(q1)
 }
 
 // Fold writes the host sum Σ w[j]·src[j] (float32, zero weights skipped)
