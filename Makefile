@@ -94,9 +94,11 @@ fuzz:
 	done
 
 # bench prints cohort's figures next to the peers' (../shared/peers),
-# measured in the same run, as ratios.
+# measured in the same run, as ratios. The -netns rows (hosts as network
+# namespaces on 1 Gbit/s shaped links) need root and say so when skipped.
 bench: build
 	$(GO) run ./bench/averaging -plugin $(PLUGINS)/cohort-averaging-cpu
+	$(GO) run ./bench/averaging -netns -plugin $(PLUGINS)/cohort-averaging-cpu
 	$(GO) run ./bench/training -cohort $(BIN)/cohort
 
 # scale runs one coordinator (a child process) against 10, 100 and 1000

@@ -61,7 +61,18 @@ func main() {
 	gloo := flag.String("gloo", "", "gloo peer script (default: ../shared/peers/gloo_allreduce.py from the repository root)")
 	noGloo := flag.Bool("no-gloo", false, "skip the gloo peer")
 	flag.BoolVar(&verbose, "v", false, "print every rank's round timings")
+	netns := flag.Bool("netns", false, "instead, the rows of hosts as network namespaces with shaped links (root): 2 hosts × 2 ranks and 4 × 1, f32 and bf16 wires, against gloo and the link floor")
+	netnsMB := flag.Float64("netns-mb", 25, "float32 payload per rank of the -netns rows, in MB")
+	netnsRate := flag.String("netns-rate", "1gbit", "each namespace host's link rate, as tc writes it (bits per second)")
 	flag.Parse()
+
+	if *netns {
+		if err := netnsRows(*netnsMB, *iters, *netnsRate, *pluginPath, *settings, *python, *gloo, *noGloo); err != nil {
+			fmt.Fprintln(os.Stderr, "bench/averaging:", err)
+			os.Exit(1)
+		}
+		return
+	}
 
 	if err := run(*ranksFlag, *mb, *crossMB, *iters, *pluginPath, *settings, *python, *gloo, *noGloo); err != nil {
 		fmt.Fprintln(os.Stderr, "bench/averaging:", err)
@@ -84,27 +95,40 @@ type result struct {
 	XFloor   float64 `json:"ratio_to_floor,omitempty"`
 }
 
-func run(ranksFlag string, mb, crossMB float64, iters int, pluginPath, settings, python, gloo string, noGloo bool) error {
+// resolve builds the plugin when pluginPath is empty (cleanup removes it)
+// and defaults gloo's script to the peers' copy beside the repository.
+func resolve(pluginPath, gloo string) (string, string, func(), error) {
 	root, err := repo.Root()
 	if err != nil {
-		return err
+		return "", "", nil, err
 	}
+	cleanup := func() {}
 	if pluginPath == "" {
 		dir, err := os.MkdirTemp("", "cohort-bench-")
 		if err != nil {
-			return err
+			return "", "", nil, err
 		}
-		defer os.RemoveAll(dir)
+		cleanup = func() { os.RemoveAll(dir) }
 		pluginPath = filepath.Join(dir, "cohort-averaging-cpu")
 		cmd := exec.Command("go", "build", "-o", pluginPath, "./plugins/averaging-cpu")
 		cmd.Dir, cmd.Stdout, cmd.Stderr = root, os.Stderr, os.Stderr
 		if err := cmd.Run(); err != nil {
-			return fmt.Errorf("build the plugin: %w", err)
+			cleanup()
+			return "", "", nil, fmt.Errorf("build the plugin: %w", err)
 		}
 	}
 	if gloo == "" {
 		gloo = filepath.Join(root, "..", "shared", "peers", "gloo_allreduce.py")
 	}
+	return pluginPath, gloo, cleanup, nil
+}
+
+func run(ranksFlag string, mb, crossMB float64, iters int, pluginPath, settings, python, gloo string, noGloo bool) error {
+	pluginPath, gloo, cleanup, err := resolve(pluginPath, gloo)
+	if err != nil {
+		return err
+	}
+	defer cleanup()
 	var sizes []int
 	for _, s := range strings.Split(ranksFlag, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(s))
@@ -201,21 +225,35 @@ func memoryFloor(n int, elems int64, iters int) float64 {
 	return times[len(times)/2]
 }
 
-// benchCohort runs iters+1 rounds of n plugin processes and returns the
-// timed rounds' wall times in seconds.
+// benchCohort runs iters+1 rounds of n plugin processes on loopback and
+// returns the timed rounds' wall times in seconds.
 func benchCohort(n int, elems int64, iters int, pluginPath, settings string) ([]float64, error) {
+	times, _, err := benchOn(nil, n, elems, iters, pluginPath, func(int) string { return settings })
+	return times, err
+}
+
+// benchOn runs iters+1 rounds of n plugin processes, on bed's hosts (nil:
+// loopback), rank r with settings(r), and returns the timed rounds' wall
+// times in seconds and the most bytes one rank moved in a timed round.
+func benchOn(bed *nsBed, n int, elems int64, iters int, pluginPath string, settings func(r int) string) ([]float64, uint64, error) {
 	ctx := context.Background()
 	layout, err := arena.Pack([]arena.Entry{{Name: "params", DType: arena.F32, Shape: []int64{elems}, Role: arena.Parameter}})
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	key := make([]byte, 32)
 	rand.Read(key)
 	runID := fmt.Sprintf("bench-%d-%d", os.Getpid(), n)
 	logger := hclog.New(&hclog.LoggerOptions{Name: "bench", Level: hclog.Warn, Output: os.Stderr})
-	srv, err := reduce.Listen(ctx, reduce.Config{Addr: "127.0.0.1:0", Key: key, RunID: runID, World: uint32(n), Layout: &layout, Logger: logger})
+	cfg := reduce.Config{Addr: "127.0.0.1:0", Key: key, RunID: runID, World: uint32(n), Layout: &layout, Logger: logger}
+	var srv *reduce.Server
+	if bed != nil {
+		srv, err = bed.listen(ctx, cfg)
+	} else {
+		srv, err = reduce.Listen(ctx, cfg)
+	}
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	defer srv.Close()
 
@@ -239,23 +277,28 @@ func benchCohort(n int, elems int64, iters int, pluginPath, settings string) ([]
 	}()
 	for r := 0; r < n; r++ {
 		if arenas[r], err = arena.Create("", fmt.Sprintf("cohort-bench-r%d", r), layout); err != nil {
-			return nil, err
+			return nil, 0, err
 		}
-		clients[r] = goplugin.NewClient(plugin.ClientConfig(plugin.ClientOptions{Cmd: exec.Command(pluginPath), Logger: logger}))
+		cmd := exec.Command(pluginPath)
+		if bed != nil {
+			cmd = bed.command(r, pluginPath)
+		}
+		clients[r] = goplugin.NewClient(plugin.ClientConfig(plugin.ClientOptions{Cmd: cmd, Logger: logger}))
 		if avgs[r], err = plugin.DispenseAverager(clients[r]); err != nil {
-			return nil, err
+			return nil, 0, err
 		}
 	}
 	if err := parallel(n, func(r int) error {
 		_, err := avgs[r].Configure(ctx, plugin.AveragerConfig{
 			Rank: uint32(r), WorldSize: uint32(n), Arena: arenas[r].Descriptor(), Endpoint: srv.Addr(),
-			DataKey: key, Settings: json.RawMessage(settings), RunID: runID,
+			DataKey: key, Settings: json.RawMessage(settings(r)), RunID: runID,
 		})
 		return err
 	}); err != nil {
-		return nil, fmt.Errorf("configure: %w", err)
+		return nil, 0, fmt.Errorf("configure: %w", err)
 	}
 	var times []float64
+	var moved uint64
 	for round := 0; round <= iters; round++ {
 		for r, a := range arenas {
 			f, _ := a.Float32s(0)
@@ -271,18 +314,21 @@ func benchCohort(n int, elems int64, iters int, pluginPath, settings string) ([]
 			res[r], err = avgs[r].Average(ctx, plugin.Round{Round: uint64(round), Steps: 1})
 			return err
 		}); err != nil {
-			return nil, fmt.Errorf("round %d: %w", round, err)
+			return nil, 0, fmt.Errorf("round %d: %w", round, err)
 		}
 		d := time.Since(start).Seconds()
 		want := float32(n+1) / 2
 		for r, a := range arenas {
 			f, _ := a.Float32s(0)
 			if math.Abs(float64(f[0]-want)) > 1e-4 || math.Abs(float64(f[len(f)-1]-want)) > 1e-4 {
-				return nil, fmt.Errorf("round %d: rank %d holds %v, want %v", round, r, f[0], want)
+				return nil, 0, fmt.Errorf("round %d: rank %d holds %v, want %v", round, r, f[0], want)
 			}
 		}
 		if round > 0 {
 			times = append(times, d)
+			for _, x := range res {
+				moved = max(moved, x.BytesMoved)
+			}
 		}
 		if verbose {
 			for r, x := range res {
@@ -290,7 +336,7 @@ func benchCohort(n int, elems int64, iters int, pluginPath, settings string) ([]
 			}
 		}
 	}
-	return times, nil
+	return times, moved, nil
 }
 
 func parallel(n int, f func(int) error) error {

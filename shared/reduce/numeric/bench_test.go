@@ -36,3 +36,34 @@ func BenchmarkApply(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkBF16 measures a bf16 wire's kernels on 8M elements: the fold's
+// encode, the ring's decode-add-encode of two frames, and the decode.
+func BenchmarkBF16(b *testing.B) {
+	const n = 8 << 20
+	src := make([]float32, n)
+	for i := range src {
+		src[i] = float32(i%977) * 1e-3
+	}
+	x, y := make([]uint16, n), make([]uint16, n)
+	EncodeBF16(x, src)
+	EncodeBF16(y, src)
+	b.Run("encode", func(b *testing.B) {
+		b.SetBytes(4 * n)
+		for b.Loop() {
+			EncodeBF16(x, src)
+		}
+	})
+	b.Run("combine2", func(b *testing.B) {
+		b.SetBytes(2 * n)
+		for b.Loop() {
+			CombineBF16(y, [][]uint16{y, x}, 0.5)
+		}
+	})
+	b.Run("decode", func(b *testing.B) {
+		b.SetBytes(2 * n)
+		for b.Loop() {
+			DecodeBF16(src, x)
+		}
+	})
+}

@@ -1,6 +1,9 @@
 package numeric
 
-import "unsafe"
+import (
+	"math"
+	"unsafe"
+)
 
 // blk is the block the kernels work in: a block of every source stays in
 // L1 between a kernel's passes over it.
@@ -152,6 +155,8 @@ func sole(w []float64) (int, bool) {
 
 // fused2 is Run for two destinations and plain weights, in one pass:
 // (x0·w0 + x1·w1)·inv, as the weighted path, with the same float32 sums.
+// Even and odd elements keep sums of their own, so the adds of one
+// element do not wait for the previous one's.
 func fused2(x0, x1 []float32, w0, w1, inv float32, st *Stats) {
 	n := len(x0)
 	x1 = x1[:n]
@@ -160,9 +165,29 @@ func fused2(x0, x1 []float32, w0, w1, inv float32, st *Stats) {
 		e := min(b+fusedBlock, n)
 		y0, y1 := x0[b:e], x1[b:e]
 		y1 = y1[:len(y0)]
-		var d0, d1, p0, p1, q float32
-		for i, a0 := range y0 {
-			a1 := y1[i]
+		var d0, d1, p0, p1, q, d0b, d1b, p0b, p1b, qb float32
+		i := 0
+		for ; i+1 < len(y0); i += 2 {
+			a0, a1 := y0[i], y1[i]
+			b0, b1 := y0[i+1], y1[i+1]
+			s := (a0*w0 + a1*w1) * inv
+			t := (b0*w0 + b1*w1) * inv
+			e0, e1 := a0-s, a1-s
+			f0, f1 := b0-t, b1-t
+			d0 += e0 * e0
+			d1 += e1 * e1
+			p0 += a0 * a0
+			p1 += a1 * a1
+			q += s * s
+			d0b += f0 * f0
+			d1b += f1 * f1
+			p0b += b0 * b0
+			p1b += b1 * b1
+			qb += t * t
+			y0[i], y1[i], y0[i+1], y1[i+1] = s, s, t, t
+		}
+		if i < len(y0) {
+			a0, a1 := y0[i], y1[i]
 			s := (a0*w0 + a1*w1) * inv
 			e0, e1 := a0-s, a1-s
 			d0 += e0 * e0
@@ -172,7 +197,11 @@ func fused2(x0, x1 []float32, w0, w1, inv float32, st *Stats) {
 			q += s * s
 			y0[i], y1[i] = s, s
 		}
-		D0, D1, P0, P1, Q = D0+float64(d0), D1+float64(d1), P0+float64(p0), P1+float64(p1), Q+float64(q)
+		D0 += float64(d0) + float64(d0b)
+		D1 += float64(d1) + float64(d1b)
+		P0 += float64(p0) + float64(p0b)
+		P1 += float64(p1) + float64(p1b)
+		Q += float64(q) + float64(qb)
 	}
 	st.Diff2[0] += D0
 	st.Diff2[1] += D1
@@ -213,27 +242,41 @@ func pairBlend(y0, y1, v []float32, al float32) (d0, d1, p0, p1 float32) {
 	return
 }
 
-// single updates one destination: y + al·(v − y) (al 1 overwrites).
+// single updates one destination: y + al·(v − y) (al 1 overwrites). Four
+// elements a step, each with sums of its own, so the adds do not wait on
+// each other.
 func single(y, v []float32, al float32) (d0, p0 float32) {
 	y = y[:len(v)]
-	if al == 1 {
-		for i, s := range v {
-			a := y[i]
-			e := a - s
-			d0 += e * e
-			p0 += a * a
-			y[i] = s
+	var d1, d2, d3, p1, p2, p3 float32
+	i := 0
+	for ; i+3 < len(v); i += 4 {
+		a0, a1, a2, a3 := y[i], y[i+1], y[i+2], y[i+3]
+		e0, e1, e2, e3 := a0-v[i], a1-v[i+1], a2-v[i+2], a3-v[i+3]
+		d0 += e0 * e0
+		d1 += e1 * e1
+		d2 += e2 * e2
+		d3 += e3 * e3
+		p0 += a0 * a0
+		p1 += a1 * a1
+		p2 += a2 * a2
+		p3 += a3 * a3
+		if al == 1 {
+			y[i], y[i+1], y[i+2], y[i+3] = v[i], v[i+1], v[i+2], v[i+3]
+		} else {
+			y[i], y[i+1], y[i+2], y[i+3] = a0-al*e0, a1-al*e1, a2-al*e2, a3-al*e3
 		}
-		return
 	}
-	for i, s := range v {
+	for ; i < len(v); i++ {
 		a := y[i]
-		e := a - s
+		e := a - v[i]
 		d0 += e * e
 		p0 += a * a
 		y[i] = a - al*e
+		if al == 1 {
+			y[i] = v[i]
+		}
 	}
-	return
+	return (d0 + d1) + (d2 + d3), (p0 + p1) + (p2 + p3)
 }
 
 // weighted is a set of sources with their non-zero weights, as float32.
@@ -391,16 +434,18 @@ func addSquares(pre2 []float64, src [][]float32, b, e int) {
 // block is short enough for that to be exact to ~1e-5 relative) and
 // returned as float64.
 func blockSquares(x []float32) float64 {
-	var p0, p1 float32
+	var p0, p1, p2, p3 float32
 	i := 0
-	for ; i+1 < len(x); i += 2 {
+	for ; i+3 < len(x); i += 4 {
 		p0 += x[i] * x[i]
 		p1 += x[i+1] * x[i+1]
+		p2 += x[i+2] * x[i+2]
+		p3 += x[i+3] * x[i+3]
 	}
-	if i < len(x) {
+	for ; i < len(x); i++ {
 		p0 += x[i] * x[i]
 	}
-	return float64(p0) + float64(p1)
+	return float64(p0+p1) + float64(p2+p3)
 }
 
 // SumSquares returns Σ x², block sums in float32 added in float64.
@@ -439,6 +484,14 @@ func Combine(dst []float32, src [][]float32, scale float32) {
 func CombineBF16(dst []uint16, src [][]uint16, scale float32) {
 	if len(src) == 0 {
 		clear(dst)
+		return
+	}
+	if len(src) == 2 {
+		// The ring's reduce: one pass, no buffer.
+		x, y := src[0][:len(dst)], src[1][:len(dst)]
+		for i := range dst {
+			dst[i] = toBF16(math.Float32bits((FromBF16(x[i]) + FromBF16(y[i])) * scale))
+		}
 		return
 	}
 	var v [blk]float32

@@ -2,7 +2,9 @@ package ring
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net"
 
 	"github.com/cohortdl/cohort/shared/reduce/numeric"
 )
@@ -26,67 +28,100 @@ func Shard(n, hosts, k int) (lo, hi int) { return numeric.Split(n, hosts, k) }
 
 // AllReduce runs the ring: Hosts−1 reduce-scatter steps (send a shard to
 // out, receive the next into Dst and reduce it with Own), then Hosts−1
-// all-gather steps (pass the finished shards on). Each step sends and
-// receives at once. When ctx ends, or either link fails, both links close,
-// so the neighbours fail their steps too and the whole ring stops within a
-// read deadline. It returns the frame bytes moved on both links.
+// all-gather steps (pass the finished shards on). Sending and receiving
+// run on goroutines of their own with no barrier between steps: a step
+// sends the shard the previous one received, chunk by chunk as each
+// chunk is verified and reduced, so the ring is one pipeline from the first
+// frame to the last. When ctx ends, or either link fails, both links
+// close, so the neighbours fail their steps too and the whole ring stops
+// within a read deadline. It returns the frame bytes moved on both links by
+// this call. Links that served a successful call serve the next one: the
+// frames' sequence numbers run on, so no frame of one call passes as
+// another's; after an error both are closed.
 func AllReduce(ctx context.Context, out, in *Link, j Job) (uint64, error) {
 	h, i := j.Hosts, j.Host
 	if h < 2 || i < 0 || i >= h || len(j.Own) != len(j.Dst) || j.ElemSize <= 0 || len(j.Dst)%j.ElemSize != 0 {
 		return 0, fmt.Errorf("ring: job of host %d of %d with %d and %d bytes of %d-byte elements", i, h, len(j.Own), len(j.Dst), j.ElemSize)
 	}
+	moved0 := out.Bytes() + in.Bytes()
 	stop := closeOn(ctx, out, in)
 	defer stop()
 	n := len(j.Dst) / j.ElemSize
 	es := j.ElemSize
-	bytes := func(k int) (int, int) {
+	shard := func(k int) (int, int) {
 		lo, hi := Shard(n, h, k)
 		return lo * es, hi * es
 	}
 	mod := func(x int) int { return ((x % h) + h) % h }
-	for s := range 2 * (h - 1) {
-		var send []byte
-		var rk int
-		rs := s < h-1
-		if rs {
-			lo, hi := bytes(mod(i - s))
-			send = j.Dst[lo:hi]
-			if s == 0 {
-				send = j.Own[lo:hi]
-			}
-			rk = mod(i - s - 1)
-		} else {
-			g := s - (h - 1)
-			lo, hi := bytes(mod(i + 1 - g))
-			send = j.Dst[lo:hi]
-			rk = mod(i - g)
+	steps := 2 * (h - 1)
+	// recvShard is the shard step s receives; step s+1 sends it on.
+	recvShard := func(s int) int {
+		if s < h-1 {
+			return mod(i - s - 1)
 		}
-		lo, hi := bytes(rk)
-		var reduce func(a, b int)
-		if rs {
-			last := s == h-2
-			reduce = func(a, b int) { j.Reduce((lo+a)/es, (lo+b)/es, last) }
-		} else {
-			reduce = func(int, int) {}
-		}
-		sent := make(chan error, 1)
-		go func() { sent <- out.Send(uint32(s), send) }()
-		rerr := in.Receive(uint32(s), j.Dst[lo:hi], reduce)
-		if rerr != nil {
-			out.Close() // fail the send at once
-		}
-		serr := <-sent
-		if rerr == nil {
-			rerr = serr
-		}
-		if rerr != nil {
-			in.Close()
-			out.Close()
-			if cerr := ctx.Err(); cerr != nil {
-				return 0, fmt.Errorf("ring: step %d of host %d: %w (%w)", s, i, cerr, rerr)
-			}
-			return 0, fmt.Errorf("ring: step %d of host %d: %w", s, i, rerr)
-		}
+		return mod(i - (s - (h - 1)))
 	}
-	return out.Bytes() + in.Bytes(), nil
+	// ready carries one value per chunk received, verified and reduced, for
+	// the next step to send; it holds them all, so the receiver never
+	// waits on the sender.
+	chunks := 0
+	for s := range steps {
+		lo, hi := shard(recvShard(s))
+		chunks += (hi - lo + Chunk(hi-lo) - 1) / Chunk(hi-lo)
+	}
+	ready := make(chan struct{}, chunks)
+	sent := make(chan error, 1)
+	go func() {
+		var err error
+		for s := range steps {
+			var send []byte
+			var rdy <-chan struct{}
+			if s == 0 {
+				lo, hi := shard(i)
+				send = j.Own[lo:hi]
+			} else {
+				lo, hi := shard(recvShard(s - 1))
+				send, rdy = j.Dst[lo:hi], ready
+			}
+			if err = out.Send(uint32(s), send, rdy); err != nil {
+				err = fmt.Errorf("step %d: %w", s, err)
+				in.Close() // the ring is broken: fail the receive at once
+				break
+			}
+		}
+		sent <- err
+	}()
+	rerr := func() error {
+		defer close(ready) // stops a sender waiting for what will not come
+		for s := range steps {
+			lo, hi := shard(recvShard(s))
+			reduce := func(int, int) { ready <- struct{}{} }
+			if s < h-1 {
+				last := s == h-2
+				reduce = func(a, b int) {
+					j.Reduce((lo+a)/es, (lo+b)/es, last)
+					ready <- struct{}{}
+				}
+			}
+			if err := in.Receive(uint32(s), j.Dst[lo:hi], reduce); err != nil {
+				out.Close() // fail the send at once
+				return fmt.Errorf("step %d: %w", s, err)
+			}
+		}
+		return nil
+	}()
+	serr := <-sent
+	err := rerr
+	if err == nil || errors.Is(err, net.ErrClosed) && serr != nil {
+		err = serr // the sender's error is the cause when it closed the receive
+	}
+	if err != nil {
+		in.Close()
+		out.Close()
+		if cerr := ctx.Err(); cerr != nil {
+			return 0, fmt.Errorf("ring: host %d: %w (%w)", i, cerr, err)
+		}
+		return 0, fmt.Errorf("ring: host %d: %w", i, err)
+	}
+	return out.Bytes() + in.Bytes() - moved0, nil
 }

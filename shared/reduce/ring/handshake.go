@@ -48,7 +48,7 @@ func DeriveKeys(dataKey []byte) (Keys, error) {
 // Format keeps key material out of logs.
 func (k Keys) Format(f fmt.State, verb rune) { k.k.Format(f, verb) }
 
-// Hello names the round a link serves.
+// Hello names a link's ends and the round that opened it.
 type Hello struct {
 	From, To, Hosts uint32
 	Topology, Round uint64
@@ -120,8 +120,8 @@ func (k Keys) link(nc net.Conn, hello, ackb []byte, h Hello, other uint32, timeo
 	return &Link{nc: nc, mac: g, hello: h, other: other, timeout: timeout}, nil
 }
 
-// Dial opens the link from host h.From to its successor at addr, for one
-// round, within timeout.
+// Dial opens the link from host h.From to its successor at addr, for
+// round h.Round and the later rounds it serves, within timeout.
 func Dial(ctx context.Context, addr string, k Keys, h Hello, timeout time.Duration) (*Link, error) {
 	if !k.k.Valid() {
 		return nil, errors.New("ring: keys not derived")

@@ -13,7 +13,7 @@ import (
 	"github.com/cohortdl/cohort/internal/authframe"
 )
 
-// Link is one direction of the ring for one round: the dialer Sends, the
+// Link is one direction of the ring for one or more rounds: the dialer Sends, the
 // listener Receives. Send and Receive are each called from one goroutine at
 // a time (the one that owns that end's socket).
 type Link struct {
@@ -69,22 +69,47 @@ func (l *Link) fail(what string, err error) error {
 
 func (l *Link) peer() uint32 { return l.other }
 
+// errStopped is a Send's when its ready channel closed before a chunk was
+// ready: the receive side of the ring failed.
+var errStopped = errors.New("ring: the receive side stopped before the data to send was ready")
+
 // Send sends data as step's frames. A goroutine tags chunk i+1 while this
-// one writes chunk i; Send joins it before returning. The link is unusable
+// one writes chunk i; Send joins it before returning. With ready not nil,
+// chunk i is tagged and sent only after the i-th value from ready (the
+// chunk is final then); a closed ready stops Send. The link is unusable
 // after an error.
-func (l *Link) Send(step uint32, data []byte) error {
-	n := (len(data) + ChunkSize - 1) / ChunkSize
-	tags := make(chan []byte, 2)
+func (l *Link) Send(step uint32, data []byte, ready <-chan struct{}) error {
+	cs := Chunk(len(data))
+	n := (len(data) + cs - 1) / cs
+	type tagged struct {
+		tag []byte
+		err error
+	}
+	tags := make(chan tagged, 2)
 	quit := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
 		for i := range n {
-			t := append([]byte(nil), l.mac.Seal(data[i*ChunkSize:min(len(data), (i+1)*ChunkSize)])...)
+			ok := true
+			if ready != nil {
+				select {
+				case _, ok = <-ready:
+				case <-quit:
+					return
+				}
+			}
+			t := tagged{err: errStopped}
+			if ok {
+				t = tagged{tag: append([]byte(nil), l.mac.Seal(data[i*cs:min(len(data), (i+1)*cs)])...)}
+			}
 			select {
 			case tags <- t:
 			case <-quit:
+				return
+			}
+			if t.err != nil {
 				return
 			}
 		}
@@ -94,12 +119,15 @@ func (l *Link) Send(step uint32, data []byte) error {
 		wg.Wait()
 	}()
 	for i := range n {
-		c := data[i*ChunkSize : min(len(data), (i+1)*ChunkSize)]
+		c := data[i*cs : min(len(data), (i+1)*cs)]
 		t := <-tags
+		if t.err != nil {
+			return t.err
+		}
 		if err := l.nc.SetWriteDeadline(time.Now().Add(l.timeout)); err != nil {
 			return l.fail("send to", err)
 		}
-		bufs := net.Buffers{EncodeHeader(step, uint64(len(c))), c, t}
+		bufs := net.Buffers{EncodeHeader(step, uint64(len(c))), c, t.tag}
 		m, err := bufs.WriteTo(l.nc)
 		l.bytes += uint64(m)
 		if err != nil {
@@ -107,6 +135,16 @@ func (l *Link) Send(step uint32, data []byte) error {
 		}
 	}
 	return nil
+}
+
+// Chunk is the payload of each frame (the last may be shorter) of an
+// n-byte shard: n/32 rounded up to 4 KiB, within [MinChunk, ChunkSize].
+// Each step delays the ring by one chunk's time on the wire, so about 32
+// chunks a shard keep that under 1/32 of the transfer, while chunks of
+// 64 KiB or more keep the per-frame costs (syscalls, tags) small.
+func Chunk(n int) int {
+	c := (n/32 + 4095) &^ 4095
+	return min(ChunkSize, max(MinChunk, c))
 }
 
 type chunkIn struct {
@@ -119,7 +157,7 @@ type chunkIn struct {
 // the next chunk arrives; Receive joins it before returning. Nothing of dst
 // may be used unless Receive returned nil.
 func (l *Link) Receive(step uint32, dst []byte, reduce func(lo, hi int)) error {
-	n := (len(dst) + ChunkSize - 1) / ChunkSize
+	n := (len(dst) + Chunk(len(dst)) - 1) / Chunk(len(dst))
 	in := make(chan chunkIn, 2)
 	verr := make(chan error, 1)
 	go func() {
@@ -146,8 +184,9 @@ func (l *Link) Receive(step uint32, dst []byte, reduce func(lo, hi int)) error {
 
 func (l *Link) read(step uint32, dst []byte, n int, in chan<- chunkIn) error {
 	var hdr [HeaderSize]byte
+	cs := Chunk(len(dst))
 	for i := range n {
-		c := chunkIn{lo: i * ChunkSize, hi: min(len(dst), (i+1)*ChunkSize)}
+		c := chunkIn{lo: i * cs, hi: min(len(dst), (i+1)*cs)}
 		if err := l.readFull(hdr[:]); err != nil {
 			return l.fail("receive from", err)
 		}

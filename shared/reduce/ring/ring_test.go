@@ -90,7 +90,7 @@ func TestAllReduce(t *testing.T) {
 		{3, 1000, []int{1}},
 		{4, 3, nil},
 		{4, 1003, []int{0, 3}},
-		{2, ChunkSize/2 + 7, []int{1}}, // two chunks per shard
+		{2, ChunkSize/2 + 7, []int{1}}, // several chunks per shard
 		{5, 997, []int{2}},
 		{5, 0, nil},
 	}
@@ -98,47 +98,59 @@ func TestAllReduce(t *testing.T) {
 		t.Run(fmt.Sprintf("hosts=%d/n=%d/idle=%v", c.hosts, c.n, c.idle), func(t *testing.T) {
 			b := newBed(t, c.hosts, 5*time.Second)
 			rng := rand.New(rand.NewPCG(uint64(c.hosts), uint64(c.n)))
-			own := make([][]float32, c.hosts)
-			ref := make([]float64, c.n)
-			for i := range own {
-				own[i] = make([]float32, c.n)
-				idle := false
-				for _, x := range c.idle {
-					idle = idle || x == i
-				}
-				for k := range own[i] {
-					if !idle {
-						own[i][k] = float32(rng.NormFloat64())
+			// Two calls on the same links, as a topology's rounds: the
+			// second must not mistake anything of the first for its own.
+			for call := range 2 {
+				own := make([][]float32, c.hosts)
+				ref := make([]float64, c.n)
+				for i := range own {
+					own[i] = make([]float32, c.n)
+					idle := false
+					for _, x := range c.idle {
+						idle = idle || x == i
 					}
-					ref[k] += float64(own[i][k])
-				}
-			}
-			const scale = 0.25
-			dsts := make([][]float32, c.hosts)
-			errs := make([]error, c.hosts)
-			var wg sync.WaitGroup
-			for i := range c.hosts {
-				j, dst := f32Job(i, c.hosts, own[i], scale)
-				dsts[i] = dst
-				wg.Go(func() { _, errs[i] = AllReduce(context.Background(), b.out[i], b.in[i], j) })
-			}
-			wg.Wait()
-			for i := range c.hosts {
-				if errs[i] != nil {
-					t.Fatalf("host %d: %v", i, errs[i])
-				}
-				for k, v := range dsts[i] {
-					if want := ref[k] * scale; math.Abs(float64(v)-want) > 1e-5*(1+math.Abs(want)) {
-						t.Fatalf("host %d element %d = %v, want %v", i, k, v, want)
+					for k := range own[i] {
+						if !idle {
+							own[i][k] = float32(rng.NormFloat64())
+						}
+						ref[k] += float64(own[i][k])
 					}
 				}
-			}
-			// Each link carries 2(H-1)/H of the data, plus framing.
-			perLink := uint64(2*(c.hosts-1)) * uint64(4*c.n) / uint64(c.hosts)
-			for i := range c.hosts {
-				got := b.out[i].Bytes()
-				if got+uint64(4*c.hosts) < perLink || got > perLink+uint64(4*c.hosts)+uint64(2*c.hosts)*(HeaderSize+gtagSize)*uint64(1+4*c.n/ChunkSize) {
-					t.Fatalf("host %d sent %d bytes, want about %d", i, got, perLink)
+				const scale = 0.25
+				dsts := make([][]float32, c.hosts)
+				errs := make([]error, c.hosts)
+				moved := make([]uint64, c.hosts)
+				sent0, got0 := make([]uint64, c.hosts), make([]uint64, c.hosts)
+				var wg sync.WaitGroup
+				for i := range c.hosts {
+					j, dst := f32Job(i, c.hosts, own[i], scale)
+					dsts[i] = dst
+					sent0[i], got0[i] = b.out[i].Bytes(), b.in[i].Bytes()
+					wg.Go(func() { moved[i], errs[i] = AllReduce(context.Background(), b.out[i], b.in[i], j) })
+				}
+				wg.Wait()
+				for i := range c.hosts {
+					if errs[i] != nil {
+						t.Fatalf("call %d, host %d: %v", call, i, errs[i])
+					}
+					for k, v := range dsts[i] {
+						if want := ref[k] * scale; math.Abs(float64(v)-want) > 1e-5*(1+math.Abs(want)) {
+							t.Fatalf("call %d, host %d element %d = %v, want %v", call, i, k, v, want)
+						}
+					}
+				}
+				// Each link carries 2(H-1)/H of the data, plus framing, and
+				// a call reports its own bytes (both links), not the links'
+				// totals.
+				perLink := uint64(2*(c.hosts-1)) * uint64(4*c.n) / uint64(c.hosts)
+				for i := range c.hosts {
+					got := b.out[i].Bytes() - sent0[i]
+					if got+uint64(4*c.hosts) < perLink || got > perLink+uint64(4*c.hosts)+uint64(2*c.hosts)*(HeaderSize+gtagSize)*uint64(1+4*c.n/MinChunk) {
+						t.Fatalf("call %d: host %d sent %d bytes, want about %d", call, i, got, perLink)
+					}
+					if in := b.in[i].Bytes() - got0[i]; moved[i] != got+in {
+						t.Fatalf("call %d: host %d reports %d bytes moved, its links %d and %d this call", call, i, moved[i], got, in)
+					}
 				}
 			}
 		})
@@ -272,7 +284,8 @@ func FuzzCheckHeader(f *testing.F) {
 }
 
 // BenchmarkAllReduce: the ring alone, 25 MB of f32 per leader over
-// loopback.
+// loopback, on links kept across iterations as the averager keeps them
+// across a topology's rounds.
 func BenchmarkAllReduce(b *testing.B) {
 	for _, h := range []int{2, 4} {
 		b.Run(fmt.Sprintf("hosts=%d", h), func(b *testing.B) {
@@ -282,8 +295,8 @@ func BenchmarkAllReduce(b *testing.B) {
 				jobs[i], _ = f32Job(i, h, make([]float32, n), 1)
 			}
 			b.SetBytes(4 * n)
+			bd := newBed(b, h, 5*time.Second)
 			for b.Loop() {
-				bd := newBed(b, h, 5*time.Second)
 				var wg sync.WaitGroup
 				for i := range h {
 					wg.Go(func() {
@@ -295,5 +308,19 @@ func BenchmarkAllReduce(b *testing.B) {
 				wg.Wait()
 			}
 		})
+	}
+}
+
+// TestChunk: frames are about a 32nd of a shard, on 4 KiB, within the
+// bounds, and never empty for a non-empty shard.
+func TestChunk(t *testing.T) {
+	cases := []struct{ n, want int }{
+		{0, MinChunk}, {1, MinChunk}, {32 * MinChunk, MinChunk}, {32*MinChunk + 1, MinChunk}, {32 * (MinChunk + 1), MinChunk + 4096},
+		{3_125_000, 98304}, {32 * ChunkSize, ChunkSize}, {100 * ChunkSize, ChunkSize},
+	}
+	for _, c := range cases {
+		if got := Chunk(c.n); got != c.want {
+			t.Errorf("Chunk(%d) = %d, want %d", c.n, got, c.want)
+		}
 	}
 }

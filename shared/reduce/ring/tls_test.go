@@ -56,7 +56,7 @@ func TestLinksUnderTLS(t *testing.T) {
 	defer in.Close()
 	payload := []byte("a shard of the round, under TLS and GMAC")
 	errc := make(chan error, 1)
-	go func() { errc <- out.Send(5, payload) }()
+	go func() { errc <- out.Send(5, payload, nil) }()
 	got := make([]byte, len(payload))
 	if err := in.Receive(5, got, func(int, int) {}); err != nil {
 		t.Fatal(err)

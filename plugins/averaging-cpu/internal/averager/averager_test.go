@@ -5,12 +5,14 @@ import (
 	"errors"
 	"math"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/cohortdl/cohort/shared/arena"
 	"github.com/cohortdl/cohort/shared/plugin"
+	"github.com/cohortdl/cohort/shared/reduce/ring"
 )
 
 // TestWeightedMean runs rounds on one host (shared memory) and on ranks
@@ -488,6 +490,55 @@ func TestRingLinkLost(t *testing.T) {
 			}
 		case <-time.After(3 * time.Second):
 			t.Fatalf("a leader still waits %v after the ring broke", time.Since(start))
+		}
+	}
+}
+
+// TestRingLinksKept: leaders keep their ring links across a topology's
+// rounds (no connect and handshake per round); when a link breaks between
+// rounds, the next round fails on every leader promptly and the one after
+// runs on fresh links.
+func TestRingLinksKept(t *testing.T) {
+	set := map[string]any{"host": "rank", "timeout": "1s"}
+	c := newCohort(t, cohortOpts{world: 3, settings: []map[string]any{set, set, set}})
+	round := func(id uint64) []error {
+		_, errs := c.roundAll(context.Background(), sameRound(3, plugin.Round{Round: id}, []uint64{1, 2, 3}))
+		return errs
+	}
+	links := func() (out []*ring.Link) {
+		for _, a := range c.avgs {
+			out = append(out, a.c.links.out, a.c.links.in)
+		}
+		return out
+	}
+	for id := uint64(1); id <= 2; id++ {
+		if err := errors.Join(round(id)...); err != nil {
+			t.Fatalf("round %d: %v", id, err)
+		}
+	}
+	first := links()
+	if err := errors.Join(round(3)...); err != nil {
+		t.Fatalf("round 3: %v", err)
+	}
+	if got := links(); !slices.Equal(got, first) || slices.Contains(got, nil) {
+		t.Fatalf("links changed between rounds of one topology: %p, then %p", first, got)
+	}
+	c.avgs[2].c.links.out.Close() // host 2's link to host 0 breaks
+	start := time.Now()
+	for r, err := range round(4) {
+		if err == nil {
+			t.Fatalf("rank %d: round 4 completed over a broken link", r)
+		}
+	}
+	if d := time.Since(start); d > 3*time.Second {
+		t.Fatalf("round 4 took %v to fail", d)
+	}
+	if err := errors.Join(round(5)...); err != nil {
+		t.Fatalf("round 5, after the broken link: %v", err)
+	}
+	for i, l := range links() {
+		if l == nil || l == first[i] {
+			t.Fatalf("link %d was not reopened after the failed round", i)
 		}
 	}
 }

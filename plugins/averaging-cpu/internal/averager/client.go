@@ -50,6 +50,7 @@ type client struct {
 	conn       *rdc.Conn
 	ring       *ring.Listener
 	ringKeys   ring.Keys
+	links      ringLinks // this leader's ring links, kept across rounds
 	run        [16]byte
 	inbox      chan inMsg
 	quit       chan struct{}
@@ -339,6 +340,9 @@ func (c *client) applyTopology(t rdc.Topology) error {
 			delete(c.peers, r)
 		}
 	}
+	if c.links.gen != t.Generation {
+		c.dropLinks() // the ring's members or order may have changed
+	}
 	tp := &topology{gen: t.Generation, hosts: t.Hosts, host: t.Host, leaders: t.Leaders}
 	for _, p := range t.Peers {
 		tp.ranks = append(tp.ranks, p.Rank)
@@ -375,6 +379,7 @@ func (c *client) close() error {
 		close(c.quit)
 		<-c.readerDone
 	}
+	c.dropLinks()
 	if c.ring != nil {
 		errs = append(errs, c.ring.Close())
 	}

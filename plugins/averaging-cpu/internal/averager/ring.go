@@ -17,6 +17,26 @@ import (
 	"github.com/cohortdl/cohort/shared/reduce/ring"
 )
 
+// ringLinks are a leader's links to its ring neighbours for the rounds of
+// topology gen: opening them costs a TCP connect and a handshake (a TLS one
+// too when configured), so they stay up until a round fails or the
+// topology changes. A failed round drops them on every leader (the server
+// fails it everywhere), so no leader reads a frame its neighbour sent for
+// an abandoned round: those die with the socket.
+type ringLinks struct {
+	gen     uint64
+	out, in *ring.Link
+}
+
+// dropLinks closes the leader's ring links, if any.
+func (c *client) dropLinks() {
+	if c.links.out != nil {
+		c.links.out.Close()
+		c.links.in.Close()
+	}
+	c.links = ringLinks{}
+}
+
 // listenRing listens for ring links on the first free port of
 // [port, port+64), or on any port when port is 0.
 func listenRing(port int, k ring.Keys, run [16]byte, timeout time.Duration) (*ring.Listener, error) {
@@ -84,9 +104,13 @@ func (r *rnd) allReduce(j *job) (uint64, error) {
 		}
 	}
 	// reduce sets dst's elements [lo, hi) to the received partial sum plus
-	// this host's fold, scaled once on the last step: parameters by
-	// 1/Σweight, buffers by 1/Σmovers.
+	// this host's fold (folded here first on a one-rank host), scaled once
+	// on the last step: parameters by 1/Σweight, buffers by 1/Σmovers.
+	lazy := j.needFold && j.lazyFold()
 	reduce := func(lo, hi int, last bool) {
+		if lazy {
+			j.foldRange(lo, hi)
+		}
 		for _, part := range [2][2]int{{lo, min(hi, c.np)}, {max(lo, c.np), hi}} {
 			a, b := part[0], part[1]
 			if a >= b {
@@ -113,22 +137,27 @@ func (r *rnd) allReduce(j *job) (uint64, error) {
 	pred := (t.host + t.hosts - 1) % t.hosts
 	var moved uint64
 	err := r.during(func(ctx context.Context) error {
-		out, err := ring.Dial(ctx, t.leaders[h.To], c.ringKeys, h, c.cfg.timeout)
-		if err != nil {
-			return err
+		if c.links.out == nil || c.links.gen != t.gen {
+			c.dropLinks()
+			out, err := ring.Dial(ctx, t.leaders[h.To], c.ringKeys, h, c.cfg.timeout)
+			if err != nil {
+				return err
+			}
+			actx, cancel := context.WithTimeout(ctx, c.cfg.timeout)
+			in, err := c.ring.Accept(actx, pred, t.gen, r.id)
+			cancel()
+			if err != nil {
+				out.Close()
+				return err
+			}
+			c.links = ringLinks{gen: t.gen, out: out, in: in}
 		}
-		defer out.Close()
-		actx, cancel := context.WithTimeout(ctx, c.cfg.timeout)
-		in, err := c.ring.Accept(actx, pred, t.gen, r.id)
-		cancel()
-		if err != nil {
-			return err
-		}
-		defer in.Close()
-		moved, err = ring.AllReduce(ctx, out, in, rj)
+		var err error
+		moved, err = ring.AllReduce(ctx, c.links.out, c.links.in, rj)
 		return err
 	})
 	if err != nil {
+		c.dropLinks()
 		return 0, fmt.Errorf("round %d across %d hosts: %w", r.id, t.hosts, err)
 	}
 	return moved, nil

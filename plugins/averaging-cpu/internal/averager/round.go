@@ -12,6 +12,7 @@ import (
 	"github.com/cohortdl/cohort/shared/plugin"
 	rdc "github.com/cohortdl/cohort/shared/reduce"
 	"github.com/cohortdl/cohort/shared/reduce/numeric"
+	"github.com/cohortdl/cohort/shared/reduce/ring"
 )
 
 // errServer marks an error the server decided (a failed round): no need to
@@ -101,6 +102,9 @@ func (c *client) round(ctx context.Context, rq plugin.Round, root uint32, sess u
 		if err == nil {
 			return
 		}
+		// The round may have left frames of its ring in flight: its links
+		// are of no use to the next.
+		c.dropLinks()
 		var sf *serverFail
 		if !errors.As(err, &sf) && !errors.Is(err, ErrAborted) && c.fatal == nil {
 			// Tell the server, so no peer waits for this rank.
@@ -154,7 +158,16 @@ func (c *client) round(ctx context.Context, rq plugin.Round, root uint32, sess u
 		reduce += time.Since(t)
 	} else {
 		me := j.p
-		if j.needFold {
+		switch {
+		case j.needFold && j.lazyFold():
+			// A host of one rank: fold only the shard the ring sends
+			// first; the ring folds the rest chunk by chunk as it adds
+			// them, while the network moves the others.
+			t := time.Now()
+			lo, hi := ring.Shard(c.np+c.nb, int(plan.Hosts), int(c.topo.host))
+			j.foldRange(lo, hi)
+			reduce += time.Since(t)
+		case j.needFold:
 			t := time.Now()
 			j.run(phaseFold)
 			reduce += time.Since(t)
@@ -392,6 +405,20 @@ func (j *job) run(ph phase) numeric.Stats {
 		mu.Unlock()
 	})
 	return total
+}
+
+// lazyFold reports whether the ring folds as it goes: on a host of one
+// rank, whose leader is the only one folding.
+func (j *job) lazyFold() bool { return len(j.ranks) == 1 }
+
+// foldRange folds reduce elements [lo, hi) of a one-rank host, on the
+// calling goroutine.
+func (j *job) foldRange(lo, hi int) {
+	ar := j.arenas[0]
+	j.c.pieces(lo, hi, func(sp span, x0, x1 int) {
+		o := sp.off + x0 - sp.idx
+		j.fold([][]float32{ar[o : o+x1-x0]}, sp, x0, x1)
+	})
 }
 
 // fold writes the host's weighted sum of reduce elements [x0, x1) into the

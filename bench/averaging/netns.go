@@ -1,0 +1,290 @@
+package main
+
+// The -netns rows: hosts as network namespaces on this machine, joined by a
+// bridge, each host's link shaped to a real bandwidth with tc, so the
+// cross-host rows measure what a network costs rather than loopback's
+// memory copies. Needs root (ip netns, tc); every namespace is deleted when
+// the rows are done.
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/cohortdl/cohort/core/reduce"
+)
+
+// nsBed is hosts namespaces behind one bridge (a namespace of its own);
+// host i has address addr(i) on its eth0, shaped to rate.
+type nsBed struct {
+	id      string
+	hosts   []string
+	perHost int
+	net     int
+}
+
+func (b *nsBed) addr(i int) string { return fmt.Sprintf("10.78.%d.%d", b.net, 10+i) }
+
+// host is the host of rank r: ranks fill hosts in order.
+func (b *nsBed) host(r int) int { return r / b.perHost }
+
+func sh(args ...string) error {
+	if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
+		return fmt.Errorf("%s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// newNSBed builds hosts namespaces with perHost ranks each, every host's
+// egress shaped by tbf to rate (a tc rate, "1gbit").
+func newNSBed(hosts, perHost int, rate string) (*nsBed, error) {
+	b := &nsBed{id: fmt.Sprintf("cohort-bench-%d", os.Getpid()), perHost: perHost, net: os.Getpid() % 250}
+	sw := b.id + "-sw"
+	if err := sh("ip", "netns", "add", sw); err != nil {
+		return nil, err
+	}
+	steps := [][]string{
+		{"ip", "-n", sw, "link", "add", "br0", "type", "bridge"},
+		{"ip", "-n", sw, "link", "set", "br0", "up"},
+	}
+	for i := range hosts {
+		ns := fmt.Sprintf("%s-h%d", b.id, i)
+		b.hosts = append(b.hosts, ns)
+		steps = append(steps,
+			[]string{"ip", "netns", "add", ns},
+			[]string{"ip", "-n", ns, "link", "set", "lo", "up"},
+			// Both veth ends are made in the host and one moved into the
+			// switch: no interface appears in the machine's own namespace.
+			[]string{"ip", "-n", ns, "link", "add", "eth0", "type", "veth", "peer", "name", fmt.Sprintf("p%d", i), "netns", sw},
+			[]string{"ip", "-n", sw, "link", "set", fmt.Sprintf("p%d", i), "master", "br0", "up"},
+			[]string{"ip", "-n", ns, "addr", "add", b.addr(i) + "/24", "dev", "eth0"},
+			[]string{"ip", "-n", ns, "link", "set", "eth0", "up"},
+			[]string{"ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "eth0", "root", "tbf", "rate", rate, "burst", "256kb", "latency", "50ms"},
+		)
+	}
+	for _, s := range steps {
+		if err := sh(s...); err != nil {
+			b.close()
+			return nil, err
+		}
+	}
+	return b, nil
+}
+
+// close kills what still runs in the bed's namespaces and deletes them.
+func (b *nsBed) close() {
+	for _, ns := range append([]string{b.id + "-sw"}, b.hosts...) {
+		if pids, err := exec.Command("ip", "netns", "pids", ns).Output(); err == nil {
+			for _, p := range strings.Fields(string(pids)) {
+				if n, err := strconv.Atoi(p); err == nil && n != os.Getpid() {
+					syscall.Kill(n, syscall.SIGKILL)
+				}
+			}
+		}
+		exec.Command("ip", "netns", "del", ns).Run()
+	}
+}
+
+// listen starts the reduce server in host 0's namespace: a goroutine locked
+// to a thread enters it, creates the listening socket (which stays there)
+// and returns the thread to the machine's namespace before unlocking it.
+// Should the way back fail, the thread stays locked and ends with the
+// goroutine, so no other goroutine ever runs in the namespace.
+func (b *nsBed) listen(ctx context.Context, cfg reduce.Config) (*reduce.Server, error) {
+	cfg.Addr = b.addr(0) + ":0"
+	type got struct {
+		s   *reduce.Server
+		err error
+	}
+	c := make(chan got, 1)
+	go func() {
+		runtime.LockOSThread()
+		home, err := unix.Open(fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid()), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			c <- got{err: fmt.Errorf("open this thread's namespace: %w", err)}
+			return
+		}
+		defer unix.Close(home)
+		fd, err := unix.Open("/var/run/netns/"+b.hosts[0], unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			c <- got{err: fmt.Errorf("open host 0's namespace: %w", err)}
+			return
+		}
+		defer unix.Close(fd)
+		if err := unix.Setns(fd, unix.CLONE_NEWNET); err != nil {
+			c <- got{err: fmt.Errorf("enter host 0's namespace: %w", err)}
+			return
+		}
+		s, err := reduce.Listen(ctx, cfg)
+		if unix.Setns(home, unix.CLONE_NEWNET) == nil {
+			runtime.UnlockOSThread()
+		}
+		c <- got{s, err}
+	}()
+	g := <-c
+	return g.s, g.err
+}
+
+// command runs the plugin for rank r in its host's namespace.
+func (b *nsBed) command(r int, plugin string) *exec.Cmd {
+	return exec.Command("ip", "netns", "exec", b.hosts[b.host(r)], plugin)
+}
+
+// gloo runs gloo_allreduce.py one rank per process, each in its host's
+// namespace, and returns rank 0's median.
+func (b *nsBed) gloo(python, script string, n int, mb float64, iters int) (float64, error) {
+	master := fmt.Sprintf("%s:%d", b.addr(0), 29500+os.Getpid()%1000)
+	cmds := make([]*exec.Cmd, n)
+	var out strings.Builder
+	for r := range n {
+		cmds[r] = exec.Command("ip", "netns", "exec", b.hosts[b.host(r)], python, script, "--rank", strconv.Itoa(r), "--world", strconv.Itoa(n),
+			"--master", master, "--iface", "eth0", "--mb", strconv.FormatFloat(mb, 'f', -1, 64), "--iters", strconv.Itoa(iters))
+		cmds[r].Stderr = os.Stderr
+		if r == 0 {
+			cmds[r].Stdout = &out
+		}
+		if err := cmds[r].Start(); err != nil {
+			return 0, err
+		}
+	}
+	var errs []error
+	for _, c := range cmds {
+		if err := c.Wait(); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", strings.Join(c.Args, " "), err))
+		}
+	}
+	if len(errs) > 0 {
+		return 0, errs[0]
+	}
+	for _, line := range strings.Split(out.String(), "\n") {
+		var r struct {
+			Peer    string  `json:"peer"`
+			MedianS float64 `json:"median_s"`
+		}
+		if json.Unmarshal([]byte(line), &r) == nil && r.Peer == "gloo" {
+			return r.MedianS, nil
+		}
+	}
+	return 0, fmt.Errorf("no JSON result line from gloo rank 0: %q", out.String())
+}
+
+// tcRate is a tc rate ("1gbit", "500mbit", "100kbit") in bits per second.
+func tcRate(s string) (float64, error) {
+	for _, u := range []struct {
+		suffix string
+		mult   float64
+	}{{"gbit", 1e9}, {"mbit", 1e6}, {"kbit", 1e3}, {"bit", 1}} {
+		if v, ok := strings.CutSuffix(s, u.suffix); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil || f <= 0 {
+				break
+			}
+			return f * u.mult, nil
+		}
+	}
+	return 0, fmt.Errorf("bad -netns-rate %q: want a tc rate such as 1gbit or 500mbit", s)
+}
+
+type netnsResult struct {
+	Kind      string  `json:"kind"`
+	Hosts     int     `json:"hosts"`
+	PerHost   int     `json:"ranks_per_host"`
+	Wire      string  `json:"wire"`
+	Bytes     int64   `json:"bytes"`
+	Rate      string  `json:"rate"`
+	CohortS   float64 `json:"cohort_median_s"`
+	GlooS     float64 `json:"gloo_median_s,omitempty"`
+	Ratio     float64 `json:"ratio,omitempty"`
+	FloorS    float64 `json:"link_floor_s"`
+	XFloor    float64 `json:"ratio_to_floor"`
+	LinkBytes uint64  `json:"link_bytes"`
+}
+
+// netnsRows prints the shaped-link rows: for each layout (hosts × ranks
+// per host) cohort on an f32 and a bf16 wire against gloo (f32), and the
+// link floor 2·(H−1)/H·S/B of the bytes the wire carries.
+func netnsRows(mb float64, iters int, rate, pluginPath, settings, python, gloo string, noGloo bool) error {
+	if os.Geteuid() != 0 {
+		fmt.Println("netns rows skipped: they need root (ip netns, tc)")
+		return nil
+	}
+	rateBits, err := tcRate(rate)
+	if err != nil {
+		return err
+	}
+	pluginPath, gloo, cleanup, err := resolve(pluginPath, gloo)
+	if err != nil {
+		return err
+	}
+	defer cleanup()
+	var base map[string]any
+	if err := json.Unmarshal([]byte(settings), &base); err != nil {
+		return fmt.Errorf("bad -settings: %w", err)
+	}
+	elems := int64(mb * 1e6 / 4)
+	fmt.Printf("\nnetns: hosts are network namespaces, each host's link shaped by tc tbf to %s; %.0f MB float32 per rank\n", rate, mb)
+	fmt.Printf("%-6s  %5s  %8s  %5s  %10s  %10s  %7s  %10s  %7s  %12s\n", "rows", "hosts", "per host", "wire", "cohort ms", "gloo ms", "ratio", "floor ms", "×floor", "link MB")
+	var out []netnsResult
+	for _, l := range []struct{ hosts, perHost int }{{2, 2}, {4, 1}} {
+		bed, err := newNSBed(l.hosts, l.perHost, rate)
+		if err != nil {
+			return err
+		}
+		n := l.hosts * l.perHost
+		var g float64
+		if !noGloo {
+			if g, err = bed.gloo(python, gloo, n, mb, iters); err != nil {
+				bed.close()
+				return fmt.Errorf("gloo, %d hosts × %d: %w", l.hosts, l.perHost, err)
+			}
+		}
+		for _, wire := range []string{"f32", "bf16"} {
+			set := func(r int) string {
+				m := map[string]any{}
+				for k, v := range base {
+					m[k] = v
+				}
+				m["host"], m["wire"] = fmt.Sprintf("h%d", bed.host(r)), wire
+				b, _ := json.Marshal(m)
+				return string(b)
+			}
+			times, moved, err := benchOn(bed, n, elems, iters, pluginPath, set)
+			if err != nil {
+				bed.close()
+				return fmt.Errorf("netns %d hosts × %d, %s: %w", l.hosts, l.perHost, wire, err)
+			}
+			sort.Float64s(times)
+			wireBytes := float64(elems) * 4
+			if wire == "bf16" {
+				wireBytes /= 2
+			}
+			h := float64(l.hosts)
+			r := netnsResult{Kind: "netns", Hosts: l.hosts, PerHost: l.perHost, Wire: wire, Bytes: elems * 4, Rate: rate,
+				CohortS: times[len(times)/2], FloorS: 2 * (h - 1) / h * wireBytes * 8 / rateBits, LinkBytes: moved / 2}
+			r.XFloor = r.CohortS / r.FloorS
+			glooCol, ratioCol := "-", "-"
+			if g > 0 {
+				r.GlooS, r.Ratio = g, r.CohortS/g
+				glooCol, ratioCol = fmt.Sprintf("%.1f", g*1e3), fmt.Sprintf("%.3f", r.Ratio)
+			}
+			fmt.Printf("%-6s  %5d  %8d  %5s  %10.1f  %10s  %7s  %10.1f  %7.2f  %12.1f\n", "netns", l.hosts, l.perHost, wire,
+				r.CohortS*1e3, glooCol, ratioCol, r.FloorS*1e3, r.XFloor, float64(r.LinkBytes)/1e6)
+			out = append(out, r)
+		}
+		bed.close()
+	}
+	for _, r := range out {
+		b, _ := json.Marshal(r)
+		fmt.Println(string(b))
+	}
+	return nil
+}
