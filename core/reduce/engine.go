@@ -109,18 +109,21 @@ func (e *engine) handle(ev event) {
 		}
 		e.members[r] = &member{rc: ev.rc}
 	case evDead:
-		e.remove(ev.rank, "was declared dead", nil, false)
+		e.remove(ev.rank, "was declared dead", nil, false, false)
 	case evLost:
 		if m := e.members[ev.who()]; m != nil && m.rc == ev.rc && errors.Is(ev.err, rdc.ErrByeCut) {
-			e.remove(ev.rc.rank, "said goodbye as its connection closed", errBye, false)
+			e.remove(ev.rc.rank, "said goodbye as its connection closed", errBye, false, false)
 		} else if m != nil && m.rc == ev.rc {
-			why := "lost its data channel"
-			for _, bad := range []error{authframe.ErrBadTag, authframe.ErrTruncated, authframe.ErrTooLarge, authframe.ErrBadMagic, authframe.ErrUnknownKind, authframe.ErrMalformed} {
+			why, refused := "lost its data channel", false
+			for _, bad := range []error{authframe.ErrBadTag, authframe.ErrTooLarge, authframe.ErrBadMagic, authframe.ErrUnknownKind, authframe.ErrMalformed} {
 				if errors.Is(ev.err, bad) {
-					why = "sent a frame that was refused"
+					why, refused = "sent a frame that was refused", true
 				}
 			}
-			e.remove(ev.rc.rank, why, ev.err, true)
+			// A formed cohort's rank whose link merely broke (a frame cut
+			// short included: its process died mid-send) may dial again;
+			// one that sent what no honest rank sends may not.
+			e.remove(ev.rc.rank, why, ev.err, true, e.formed && !refused)
 		}
 	case evFrame:
 		m := e.members[ev.rc.rank]
@@ -128,7 +131,7 @@ func (e *engine) handle(ev event) {
 			return
 		}
 		if err := e.frame(m, ev.frame); err != nil {
-			e.remove(ev.rc.rank, "broke the protocol", err, true)
+			e.remove(ev.rc.rank, "broke the protocol", err, true, false)
 		}
 	}
 }
@@ -197,7 +200,7 @@ func (e *engine) frame(m *member, f rdc.Frame) error {
 		if err := rdc.DecodeEmpty(f.Kind, f.Payload); err != nil {
 			return err
 		}
-		e.remove(m.rc.rank, "said goodbye", errBye, false)
+		e.remove(m.rc.rank, "said goodbye", errBye, false, false)
 		return nil
 	case rdc.KindFolded, rdc.KindReceived:
 		r, err := rdc.DecodeRoundRef(f.Kind, f.Payload)

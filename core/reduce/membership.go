@@ -11,20 +11,22 @@ import (
 	rdc "github.com/cohortdl/cohort/shared/reduce"
 )
 
-// remove takes rank out of the membership. A rank that said goodbye or was
-// declared dead is gone for good; a rank whose connection was lost is only
-// absent: the coordinator owns deaths (it says so with MarkDead), and a rank
-// whose averager was replaced dials again and takes its slot back.
-func (e *engine) remove(r uint32, why string, err error, lost bool) {
+// remove takes rank out of the membership. lost says its connection
+// failed (the coordinator may hear of it); absent keeps its slot open: a
+// formed cohort's rank whose link merely broke is absent, not dead, since
+// the coordinator owns deaths (it says so with MarkDead) and a rank whose
+// averager was replaced dials again and takes its slot back. Every other
+// removal is for good.
+func (e *engine) remove(r uint32, why string, err error, lost, absent bool) {
 	if e.gone[r] {
 		return
 	}
 	m := e.members[r]
-	if lost && m == nil {
+	if absent && m == nil {
 		return
 	}
 	e.s.mu.Lock()
-	if lost {
+	if absent {
 		delete(e.s.present, r)
 	} else {
 		e.gone[r] = true
@@ -124,7 +126,7 @@ func (e *engine) session(from uint32, s rdc.Session) {
 	}
 	for r := uint32(0); r < e.s.cfg.World; r++ {
 		if !in[r] && !e.gone[r] {
-			e.remove(r, fmt.Sprintf("is not in session %d (announced by rank %d)", s.Generation, from), nil, false)
+			e.remove(r, fmt.Sprintf("is not in session %d (announced by rank %d)", s.Generation, from), nil, false, false)
 		}
 	}
 }
