@@ -2,6 +2,7 @@ package config
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -144,7 +145,7 @@ func TestCheckPluginSettingsWithoutLines(t *testing.T) {
 		t.Fatal(err)
 	}
 	err = c.CheckPluginSettings(plugin.KindAverager, []plugin.SettingSpec{{Key: "wire", Type: plugin.SettingString, Required: true}})
-	checkErrors(t, err, []string{`cohort.hcl: averager.wire: required by averager "cpu", and not set`})
+	checkErrors(t, err, []string{fmt.Sprintf(`cohort.hcl: averager.wire: required by averager %q, and not set`, blockLabel(t, "averager"))})
 	if err := c.CheckPluginSettings("reducer", []plugin.SettingSpec{}); err == nil {
 		t.Error("kind \"reducer\" accepted")
 	}

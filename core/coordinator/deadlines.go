@@ -1,0 +1,64 @@
+package coordinator
+
+import (
+	"fmt"
+	"time"
+)
+
+// The clock's say in a run: the deadlines the loop sleeps until (formation,
+// the exit after Shutdown, a session-id request), and what happens when
+// one passes.
+
+// checkDeadlines enforces every timeout the loop owns.
+func (r *runner) checkDeadlines(now time.Time) {
+	switch r.phase {
+	case phForming:
+		if !now.Before(r.formDeadline) {
+			r.finish(StatusFailed, r.formationError())
+		}
+	case phShutdown, phSaving:
+		if !now.Before(r.exitDeadline) {
+			what := "Shutdown"
+			if r.phase == phSaving {
+				what = "ShutdownWithSave"
+			}
+			for _, id := range r.live() {
+				r.noteDeath(id, fmt.Sprintf("no Exiting within %v of %s", r.exitTimeout(), what))
+			}
+		}
+	}
+	if s := r.session; s != nil && !s.haveID && !now.Before(s.deadline) {
+		r.retrySession()
+	}
+}
+
+// nextDeadline is the nearest time checkDeadlines acts on in this state;
+// ok is false when nothing waits on the clock (training with no session
+// being established).
+func (r *runner) nextDeadline() (next time.Time, ok bool) {
+	switch r.phase {
+	case phForming:
+		next, ok = r.formDeadline, true
+	case phShutdown, phSaving:
+		next, ok = r.exitDeadline, true
+	}
+	if s := r.session; s != nil && !s.haveID && (!ok || s.deadline.Before(next)) {
+		next, ok = s.deadline, true
+	}
+	return next, ok
+}
+
+// exitTimeout bounds the wait for Exiting after Shutdown, or for the saves
+// and exits after ShutdownWithSave.
+func (r *runner) exitTimeout() time.Duration {
+	if r.phase == phSaving {
+		if d := r.c.opts.SaveTimeout; d > 0 {
+			return d
+		}
+		return 5 * time.Minute
+	}
+	if d := r.c.opts.ExitTimeout; d > 0 {
+		return d
+	}
+	return 30 * time.Second
+}
