@@ -90,19 +90,13 @@ and 'cohort validate FILE' on a worker's host checks them ahead of the run.`,
 		}
 		// A script that asked for port 0 reads the address from here.
 		prog.line(fmt.Sprintf("coordinator listening on %s (run %s, %d ranks, out %s)", coord.Addr(), coord.RunID(), cfg.Run.Ranks, coord.Out()))
-		log := g.newLogger(os.Stderr, coordinatorLogLevels)
-		url, stopStatus, err := startStatus(cfg.Coordinator.HTTP, coord, log)
-		if err != nil {
-			coord.Close()
-			return failed(err)
-		}
-		defer stopStatus()
-		if url != "" {
-			prog.line("status page: " + url)
-		}
-
 		ctx, release := onSignals(context.Background(), stopRun(prog, coord.Stop, "abandon"))
 		defer release()
+		stopStatus, err := startStatus(cfg.Coordinator.HTTP, coord, g.newLogger(os.Stderr, coordinatorLogLevels), prog)
+		if err != nil {
+			return err
+		}
+		defer stopStatus()
 		sum, err := coord.Run(ctx)
 		prog.close()
 		return outcome(os.Stdout, sum, err, fmt.Sprintf("%s --config %s --listen %s", cmd.CommandPath(), g.configPath, listen))

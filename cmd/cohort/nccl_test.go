@@ -2,37 +2,12 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 )
-
-var ncclAverager struct {
-	once sync.Once
-	err  error
-}
-
-// buildNCCLAverager builds cohort-averaging-nccl into the test cohort's
-// plugins directory.
-func buildNCCLAverager(t *testing.T) {
-	t.Helper()
-	bin := cohortBinary(t)
-	ncclAverager.once.Do(func() {
-		out, err := exec.Command("go", "build", "-o", filepath.Join(filepath.Dir(bin), "plugins", "cohort-averaging-nccl"),
-			"github.com/cohortdl/cohort/plugins/averaging-nccl").CombinedOutput()
-		if err != nil {
-			ncclAverager.err = fmt.Errorf("build averaging-nccl: %w\n%s", err, out)
-		}
-	})
-	if ncclAverager.err != nil {
-		t.Fatal(ncclAverager.err)
-	}
-}
 
 // On a host without NCCL, `cohort run --averaging nccl` ends within
 // seconds with the averager's error, naming the library and every place
@@ -41,7 +16,7 @@ func TestRunNCCLWithoutLibraries(t *testing.T) {
 	if _, err := os.Stat("/dev/nvidiactl"); err == nil {
 		t.Skip("this host has an NVIDIA driver: the run may well find NCCL")
 	}
-	buildNCCLAverager(t)
+	buildPlugin(t, "averaging-nccl")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, cohortBinary(t), "run", "--trainer", "mock", "--averaging", "nccl", "--ranks", "2", "--epochs", "1")

@@ -100,7 +100,7 @@ func TestRunReplacesKilledPlugin(t *testing.T) {
 	} {
 		t.Run(tc.kind+"/"+tc.binary, func(t *testing.T) {
 			if tc.averager == "cpu" {
-				buildCPUAverager(t)
+				buildPlugin(t, "averaging-cpu")
 			}
 			dir := t.TempDir()
 			out, ledger := filepath.Join(dir, "run"), filepath.Join(dir, "ledger")
@@ -116,17 +116,7 @@ func TestRunReplacesKilledPlugin(t *testing.T) {
 			p := startCohort(t, args...)
 			p.waitLine("epoch 1/2", 60*time.Second)
 			time.Sleep(100 * time.Millisecond)
-			pid := pluginPID(t, workerPID(t, p.cmd.Process.Pid, victim), tc.binary, 0)
-			if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
-				t.Fatal(err)
-			}
-			if code := p.wait(90 * time.Second); code != 0 {
-				t.Fatalf("exit %d, want 0", code)
-			}
-			sum := readSummary(t, out)
-			if sum.Status != coordinator.StatusCompleted || len(sum.Epochs) != 2 {
-				t.Fatalf("status %s, %d epochs", sum.Status, len(sum.Epochs))
-			}
+			sum := killAndComplete(t, p, pluginPID(t, workerPID(t, p.cmd.Process.Pid, victim), tc.binary, 0), out, 2)
 			for _, r := range sum.Ranks {
 				want := uint32(0)
 				if r.Rank == victim {
@@ -197,4 +187,22 @@ func TestRunPluginRestartBudget(t *testing.T) {
 		t.Errorf("the logs do not say the restart budget was spent")
 	}
 	checkEveryoneTrained(t, sum, ledger, samples, 2)
+}
+
+// killAndComplete SIGKILLs pid (a worker or a plugin of the run p) and
+// expects the run to complete anyway, with all its epochs; it returns the
+// summary.
+func killAndComplete(t *testing.T, p *proc, pid int, out string, epochs int) *coordinator.Summary {
+	t.Helper()
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	if code := p.wait(90 * time.Second); code != 0 {
+		t.Fatalf("exit %d, want 0", code)
+	}
+	sum := readSummary(t, out)
+	if sum.Status != coordinator.StatusCompleted || len(sum.Epochs) != epochs {
+		t.Fatalf("status %s, %d epochs; want completed with %d", sum.Status, len(sum.Epochs), epochs)
+	}
+	return sum
 }

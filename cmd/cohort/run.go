@@ -238,15 +238,11 @@ func (l *launcher) run() error {
 	prog.line(fmt.Sprintf("run %s: %d ranks, %d epochs, policy %s, trainer %s, averager %s; out %s (logs in %s)",
 		coord.RunID(), l.cfg.Run.Ranks, l.cfg.Run.Epochs, l.cfg.Coordinator.Policy, l.cfg.Trainer.Name, l.cfg.Averager.Name, coord.Out(),
 		filepath.Join(coord.Out(), LogsDir)))
-	url, stopStatus, err := startStatus(l.cfg.Coordinator.HTTP, coord, logger)
+	stopStatus, err := startStatus(l.cfg.Coordinator.HTTP, coord, logger, prog)
 	if err != nil {
-		coord.Close()
-		return failed(err)
+		return err
 	}
 	defer stopStatus()
-	if url != "" {
-		prog.line("status page: " + url)
-	}
 
 	// From here on Ctrl-C belongs to the run: the first stops it cleanly,
 	// the second abandons it.

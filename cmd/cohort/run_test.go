@@ -386,17 +386,7 @@ func TestRunSurvivesKilledWorker(t *testing.T) {
 	p := startCohort(t, "run", "--config", cfg, "--ranks", "4", "--epochs", "2", "--out", out)
 	p.waitLine("epoch 1/2", 60*time.Second)
 	time.Sleep(100 * time.Millisecond)
-	victim := workerPID(t, p.cmd.Process.Pid, 2)
-	if err := syscall.Kill(victim, syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	if code := p.wait(90 * time.Second); code != 0 {
-		t.Fatalf("exit %d, want 0", code)
-	}
-	sum := readSummary(t, out)
-	if sum.Status != coordinator.StatusCompleted || len(sum.Epochs) != 2 {
-		t.Fatalf("status %s, %d epochs", sum.Status, len(sum.Epochs))
-	}
+	sum := killAndComplete(t, p, workerPID(t, p.cmd.Process.Pid, 2), out, 2)
 	if len(sum.MembershipEvents) != 1 {
 		t.Fatalf("membership events %+v, want the one death", sum.MembershipEvents)
 	}

@@ -30,16 +30,17 @@ func applyHTTPFlag(cmd *cobra.Command, cfg *config.Config, addr string) error {
 	return nil
 }
 
-// startStatus serves coord's status on addr until stop is called; with
-// addr "" it serves nothing and url is "". stop ends the server and waits
-// for it.
-func startStatus(addr string, coord *coordinator.Coordinator, log hclog.Logger) (url string, stop func(), err error) {
+// startStatus serves coord's status on addr until stop is called and says
+// where on prog; with addr "" it serves nothing. On error coord is closed
+// (it will not run). stop ends the server and waits for it.
+func startStatus(addr string, coord *coordinator.Coordinator, log hclog.Logger, prog *progressPrinter) (stop func(), err error) {
 	if addr == "" {
-		return "", func() {}, nil
+		return func() {}, nil
 	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return "", nil, fmt.Errorf("status server: listen on %s: %w", addr, err)
+		coord.Close()
+		return nil, failed(fmt.Errorf("status server: listen on %s: %w", addr, err))
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -49,5 +50,6 @@ func startStatus(addr string, coord *coordinator.Coordinator, log hclog.Logger) 
 			log.Warn("status server ended", "error", err)
 		}
 	}()
-	return status.URL(ln.Addr()), func() { cancel(); <-done }, nil
+	prog.line("status page: " + status.URL(ln.Addr()))
+	return func() { cancel(); <-done }, nil
 }

@@ -13,25 +13,32 @@ import (
 	"github.com/cohortdl/cohort/core/coordinator"
 )
 
-// cpuAverager builds averaging-cpu into the test cohort's plugins, once:
-// the reduce server's channel is the one that needs it.
-var cpuAverager struct {
+// pluginBuilds are the built-in plugins built into the test cohort's
+// plugins directory, each once per test binary.
+var pluginBuilds sync.Map // name -> *pluginBuild
+
+type pluginBuild struct {
 	once sync.Once
 	err  error
 }
 
-func buildCPUAverager(t *testing.T) {
+// buildPlugin builds plugins/NAME as cohort-NAME beside the test cohort's
+// mock plugins (averaging-cpu for the reduce server's channel,
+// averaging-nccl for its refusal on a host without NCCL).
+func buildPlugin(t *testing.T, name string) {
 	t.Helper()
 	bin := cohortBinary(t)
-	cpuAverager.once.Do(func() {
-		out, err := exec.Command("go", "build", "-o", filepath.Join(filepath.Dir(bin), "plugins", "cohort-averaging-cpu"),
-			"github.com/cohortdl/cohort/plugins/averaging-cpu").CombinedOutput()
+	v, _ := pluginBuilds.LoadOrStore(name, &pluginBuild{})
+	b := v.(*pluginBuild)
+	b.once.Do(func() {
+		out, err := exec.Command("go", "build", "-o", filepath.Join(filepath.Dir(bin), "plugins", "cohort-"+name),
+			"github.com/cohortdl/cohort/plugins/"+name).CombinedOutput()
 		if err != nil {
-			cpuAverager.err = fmt.Errorf("build averaging-cpu: %w\n%s", err, out)
+			b.err = fmt.Errorf("build %s: %w\n%s", name, err, out)
 		}
 	})
-	if cpuAverager.err != nil {
-		t.Fatal(cpuAverager.err)
+	if b.err != nil {
+		t.Fatal(b.err)
 	}
 }
 
@@ -49,7 +56,7 @@ func tlsInit(t *testing.T, dir string, args ...string) {
 // wrote, found beside the config; a worker holding another CA's files is
 // refused, and both the coordinator and the worker say why.
 func TestRunWithTLS(t *testing.T) {
-	buildCPUAverager(t)
+	buildPlugin(t, "averaging-cpu")
 	dir, foreign := t.TempDir(), t.TempDir()
 	tlsInit(t, dir, "--hosts", "head,node", "--localhost")
 	tlsInit(t, foreign, "--hosts", "node", "--localhost")

@@ -135,3 +135,25 @@ func ReadHello(ctx context.Context, nc net.Conn, hello []byte, proto string) err
 func IsEOF(err error) bool {
 	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
 }
+
+// ReadFullWithin reads all of b from nc in reads of at most ReadChunk, each
+// under a deadline of timeout from its start (a peer that moves nothing
+// for that long is gone; one that moves slowly is not), adding the bytes
+// read to *n. A stream that ends early is io.ErrUnexpectedEOF.
+func ReadFullWithin(nc net.Conn, b []byte, timeout time.Duration, n *uint64) error {
+	for len(b) > 0 {
+		if err := nc.SetReadDeadline(time.Now().Add(timeout)); err != nil {
+			return err
+		}
+		m, err := nc.Read(b[:min(len(b), ReadChunk)])
+		*n += uint64(m)
+		b = b[m:]
+		if err != nil && len(b) > 0 {
+			if err == io.EOF {
+				err = io.ErrUnexpectedEOF
+			}
+			return err
+		}
+	}
+	return nil
+}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"sync"
@@ -206,23 +205,7 @@ func (l *Link) read(step uint32, dst []byte, n int, in chan<- chunkIn) error {
 
 // readFull reads all of b, each read under the link's deadline.
 func (l *Link) readFull(b []byte) error {
-	for len(b) > 0 {
-		if err := l.nc.SetReadDeadline(time.Now().Add(l.timeout)); err != nil {
-			return err
-		}
-		m, err := l.nc.Read(b[:min(len(b), authframe.ReadChunk)])
-		l.bytes += uint64(m)
-		b = b[m:]
-		if err != nil {
-			if err == io.EOF && len(b) > 0 {
-				err = io.ErrUnexpectedEOF
-			}
-			if len(b) > 0 {
-				return err
-			}
-		}
-	}
-	return nil
+	return authframe.ReadFullWithin(l.nc, b, l.timeout, &l.bytes)
 }
 
 // closeOn closes links when ctx ends, so a blocked read or write fails at
