@@ -2,7 +2,6 @@ package worker
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 
@@ -96,9 +95,6 @@ func (r *relayClient) deliverMeeting(m *wirepb.Meeting) {
 	}
 }
 
-// errNoMeeting wraps the coordinator's refusal of a meeting kind.
-var errNoMeeting = errors.New("the coordinator serves no meeting point for this averager")
-
 // meet asks the coordinator for the meeting point of kind and returns its
 // endpoint as the coordinator gave it.
 func (r *relayClient) meet(ctx context.Context, kind, averager string) (string, error) {
@@ -108,7 +104,7 @@ func (r *relayClient) meet(ctx context.Context, kind, averager string) (string, 
 	select {
 	case m := <-r.meeting:
 		if m.GetError() != "" {
-			return "", fmt.Errorf("%w (averager %q, meeting kind %q): %s", errNoMeeting, averager, kind, m.GetError())
+			return "", fmt.Errorf("the coordinator serves no meeting point for averager %q (meeting kind %q): %s", averager, kind, m.GetError())
 		}
 		if m.GetKind() != kind {
 			return "", fmt.Errorf("asked for a %q meeting point, the coordinator answered for %q", kind, m.GetKind())
