@@ -429,12 +429,26 @@ func TestRunSurvivesKilledWorker(t *testing.T) {
 // The third must-show: SIGINT mid-epoch stops the run within seconds with
 // a complete checkpoint; --resume finishes it, and the model equals an
 // uninterrupted run's bit for bit (same seed, sync policy).
+//
+// The second case keeps the controller busy (a divergence target no round
+// reaches, so the interval grows every few rounds across the epochs): the
+// resumed run must make the original's decisions from the save point on.
 func TestRunInterruptAndResume(t *testing.T) {
+	for _, tc := range []struct{ name, coordinator string }{
+		{"default controller", ""},
+		{"controller moving", "divergence_target = 100\n  sync_every_max = 16"},
+	} {
+		t.Run(tc.name, func(t *testing.T) { interruptAndResume(t, tc.coordinator) })
+	}
+}
+
+func interruptAndResume(t *testing.T, coordinatorKeys string) {
 	trainer := map[string]any{"samples": 1024, "batch_size": 16, "sleep_per_batch": "5ms"}
 	cfg := writeRunConfig(t, `run { seed = 11 }
 coordinator {
   sync_every       = 4
   checkpoint_every = 3
+  `+coordinatorKeys+`
 }`, trainer)
 	args := func(out string, extra ...string) []string {
 		return append([]string{"run", "--config", cfg, "--ranks", "2", "--epochs", "3", "--out", out}, extra...)
@@ -444,7 +458,11 @@ coordinator {
 	if code := startCohort(t, args(straight)...).wait(120 * time.Second); code != 0 {
 		t.Fatalf("uninterrupted run: exit %d", code)
 	}
-	want, wantSteps := mockParams(t, filepath.Join(readSummary(t, straight).Checkpoint, "rank-0"), trainer)
+	straightSum := readSummary(t, straight)
+	want, wantSteps := mockParams(t, filepath.Join(straightSum.Checkpoint, "rank-0"), trainer)
+	if coordinatorKeys != "" && len(straightSum.Controller.Decisions) == 0 {
+		t.Fatalf("the controller made no decision in the uninterrupted run: %+v", straightSum.Controller)
+	}
 
 	cut := filepath.Join(t.TempDir(), "cut")
 	p := startCohort(t, args(cut)...)
@@ -501,6 +519,12 @@ coordinator {
 			t.Errorf("rank %d: the resumed model differs from the uninterrupted one (steps %d vs %d)", r, steps, wantSteps)
 		}
 	}
+	if a, b := resumed.Controller, straightSum.Controller; a.Interval != b.Interval || a.LRScale != b.LRScale {
+		t.Errorf("resumed controller ends at interval %d, lr scale %g; the uninterrupted one at %d, %g",
+			a.Interval, a.LRScale, b.Interval, b.LRScale)
+	}
+	t.Logf("controller decisions: %d uninterrupted, %d before the cut, %d after", len(straightSum.Controller.Decisions),
+		len(sum.Controller.Decisions), len(resumed.Controller.Decisions))
 }
 
 // A new run refuses an out directory that already holds a run, naming the

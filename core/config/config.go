@@ -76,6 +76,28 @@ type Coordinator struct {
 	ChunkBatches     int     // progressive dispatch chunk size; 0: the policy's default
 	OverheadTarget   float64 // cadence: sync overhead share that grows the window, in (0,1)
 	EASGDAlpha       float64 // async: elastic averaging strength, in (0,1]
+	// AdaptiveSync lets the divergence the ranks report after each round
+	// move the sync interval (sync, async) between SyncEveryMin and
+	// SyncEveryMax: tighter when ranks drift past DivergenceTarget, looser
+	// when they stay well inside it.
+	AdaptiveSync     bool
+	SyncEveryMin     int     // at least 1
+	SyncEveryMax     int     // 0: 4 × SyncEvery
+	DivergenceTarget float64 // the relative distance from the average the interval aims at, > 0
+	// GuardFactor: a round whose divergence exceeds GuardFactor times the
+	// running mean is a spike: the interval drops to SyncEveryMin and the
+	// learning rate is scaled by GuardLRFactor until divergence settles.
+	// 0: no guard.
+	GuardFactor   float64
+	GuardLRFactor float64 // in (0, 1]
+	// LRPlateauPatience: epochs without a better eval loss after which the
+	// learning rate is scaled by LRPlateauFactor; 0: no plateau rule.
+	LRPlateauPatience int
+	LRPlateauFactor   float64 // in (0, 1)
+	// MaxBatchDiff (async): a rank more than this many batches ahead of the
+	// slowest busy rank since the last round is throttled until the
+	// round; 0: never.
+	MaxBatchDiff int
 	// TLS, when set (the tls sub-block), puts the control server and the
 	// reduce server behind mutual TLS: ranks must present a certificate
 	// from TLS.CA. Paths are absolute (a file's relative ones are resolved

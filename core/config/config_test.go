@@ -30,6 +30,15 @@ coordinator {
   chunk_batches     = 16
   overhead_target   = 0.05
   easgd_alpha       = 0.25
+  adaptive_sync     = false
+  sync_every_min    = 5
+  sync_every_max    = 80
+  divergence_target = 0.02
+  guard_factor      = 4
+  guard_lr_factor   = 0.25
+  lr_plateau_patience = 2
+  lr_plateau_factor   = 0.1
+  max_batch_diff    = 30
 }
 worker {
   liveness_timeout = "15s"
@@ -65,17 +74,25 @@ func TestParseFull(t *testing.T) {
 	want := Config{
 		Run: Run{Ranks: 8, Epochs: 5, Seed: 42, Out: "runs/exp1"},
 		Coordinator: Coordinator{
-			Listen:           "0.0.0.0:7700",
-			HTTP:             "0.0.0.0:7780",
-			HeartbeatTimeout: 10 * time.Second,
-			FormationTimeout: 2 * time.Minute,
-			Policy:           PolicyCadence,
-			SyncEvery:        20,
-			MinRanks:         2,
-			CheckpointEvery:  1,
-			ChunkBatches:     16,
-			OverheadTarget:   0.05,
-			EASGDAlpha:       0.25,
+			Listen:            "0.0.0.0:7700",
+			HTTP:              "0.0.0.0:7780",
+			HeartbeatTimeout:  10 * time.Second,
+			FormationTimeout:  2 * time.Minute,
+			Policy:            PolicyCadence,
+			SyncEvery:         20,
+			MinRanks:          2,
+			CheckpointEvery:   1,
+			ChunkBatches:      16,
+			OverheadTarget:    0.05,
+			EASGDAlpha:        0.25,
+			SyncEveryMin:      5,
+			SyncEveryMax:      80,
+			DivergenceTarget:  0.02,
+			GuardFactor:       4,
+			GuardLRFactor:     0.25,
+			LRPlateauPatience: 2,
+			LRPlateauFactor:   0.1,
+			MaxBatchDiff:      30,
 		},
 		Worker: Worker{
 			LivenessTimeout: 15 * time.Second,
@@ -178,6 +195,12 @@ func TestDefaults(t *testing.T) {
 			MinRanks:         1,
 			OverheadTarget:   0.1,
 			EASGDAlpha:       0.5,
+			AdaptiveSync:     true,
+			SyncEveryMin:     1,
+			DivergenceTarget: 0.05,
+			GuardFactor:      3,
+			GuardLRFactor:    0.5,
+			LRPlateauFactor:  0.5,
 		},
 		Worker: Worker{
 			LivenessTimeout: 30 * time.Second,
@@ -245,6 +268,16 @@ func TestValidationErrors(t *testing.T) {
 		{"overhead out of range", "coordinator {\n  overhead_target = 1e999\n}\n", "cohort.hcl:2,21-26: coordinator.overhead_target: ", "number is out of a float64's range"},
 		{"alpha zero", "coordinator {\n  easgd_alpha = 0\n}\n", "cohort.hcl:2,3-14: coordinator.easgd_alpha: ", "0 is outside (0, 1]"},
 		{"alpha above one", "coordinator {\n  easgd_alpha = 1.5\n}\n", "cohort.hcl:2,3-14: coordinator.easgd_alpha: ", "1.5 is outside (0, 1]"},
+		{"sync_every_min zero", "coordinator {\n  sync_every_min = 0\n}\n", "cohort.hcl:2,3-17: coordinator.sync_every_min: ", "at least 1"},
+		{"sync_every_min above sync_every", "coordinator {\n  sync_every_min = 12\n}\n", "cohort.hcl:2,3-17: coordinator.sync_every_min: ", "12 is above sync_every (10)"},
+		{"sync_every_max below sync_every", "coordinator {\n  sync_every_max = 5\n}\n", "cohort.hcl:2,3-17: coordinator.sync_every_max: ", "5 is below sync_every_min (1) or sync_every (10)"},
+		{"divergence_target zero", "coordinator {\n  divergence_target = 0\n}\n", "cohort.hcl:2,3-20: coordinator.divergence_target: ", "not a finite number above 0"},
+		{"guard_factor one", "coordinator {\n  guard_factor = 1\n}\n", "cohort.hcl:2,3-15: coordinator.guard_factor: ", "want 0 (no guard) or a finite number above 1"},
+		{"guard_lr_factor zero", "coordinator {\n  guard_lr_factor = 0\n}\n", "cohort.hcl:2,3-18: coordinator.guard_lr_factor: ", "0 is outside (0, 1]"},
+		{"lr_plateau_patience negative", "coordinator {\n  lr_plateau_patience = -1\n}\n", "cohort.hcl:2,3-22: coordinator.lr_plateau_patience: ", "at least 0"},
+		{"lr_plateau_factor one", "coordinator {\n  lr_plateau_factor = 1\n}\n", "cohort.hcl:2,3-20: coordinator.lr_plateau_factor: ", "1 is outside (0, 1)"},
+		{"max_batch_diff negative", "coordinator {\n  max_batch_diff = -3\n}\n", "cohort.hcl:2,3-17: coordinator.max_batch_diff: ", "at least 0"},
+		{"adaptive_sync not a bool", "coordinator {\n  adaptive_sync = \"yes\"\n}\n", "cohort.hcl:2,", "coordinator.adaptive_sync"},
 		{"listen no port", "coordinator {\n  listen = \"localhost\"\n}\n", "cohort.hcl:2,3-9: coordinator.listen: ", "missing port"},
 		{"listen bad port", "coordinator {\n  listen = \"127.0.0.1:99999\"\n}\n", "cohort.hcl:2,3-9: coordinator.listen: ", `port "99999"`},
 		{"unknown coordinator key", "coordinator {\n  polcy = \"sync\"\n}\n", "cohort.hcl:2,3-8: coordinator.polcy: ", "unknown key; did you mean \"policy\"?"},

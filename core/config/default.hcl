@@ -21,6 +21,15 @@ coordinator {
   chunk_batches     = 0             # progressive dispatch chunk; 0: the policy's default
   overhead_target   = 0.1           # cadence: grow the window when sync overhead exceeds it
   easgd_alpha       = 0.5           # async: elastic averaging strength
+  adaptive_sync     = true          # sync, async: the ranks' divergence moves the interval
+  sync_every_min    = 1             #   between these bounds (max 0: 4 × sync_every),
+  sync_every_max    = 0
+  divergence_target = 0.05          #   aiming at this distance of a rank from the average
+  guard_factor      = 3             # a divergence spike (this × its running mean; 0: off) drops
+  guard_lr_factor   = 0.5           #   the interval to its minimum and scales the rate by this
+  lr_plateau_patience = 0           # epochs without a better eval loss before the rate
+  lr_plateau_factor   = 0.5         #   is scaled by this (0: no plateau rule)
+  max_batch_diff    = 0             # async: batches a rank may run ahead before it is throttled (0: off)
   # tls {                           # mutual TLS 1.3 on the control and reduce servers;
   #   ca   = "tls/ca.pem"           # ranks must present a certificate from this CA
   #   cert = "tls/head.pem"         # (`cohort tls init` makes the files; relative

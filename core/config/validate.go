@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"regexp"
 	"slices"
@@ -79,6 +80,28 @@ func (c *Config) Validate() error {
 	if !(co.EASGDAlpha > 0 && co.EASGDAlpha <= 1) {
 		bad("coordinator.easgd_alpha", "%g is outside (0, 1]", co.EASGDAlpha)
 	}
+	atLeast("coordinator.sync_every_min", co.SyncEveryMin, 1)
+	atLeast("coordinator.sync_every_max", co.SyncEveryMax, 0)
+	if mx := co.SyncEveryMax; mx > 0 && (mx < co.SyncEveryMin || mx < co.SyncEvery) {
+		bad("coordinator.sync_every_max", "%d is below sync_every_min (%d) or sync_every (%d)", mx, co.SyncEveryMin, co.SyncEvery)
+	}
+	if co.SyncEveryMin > co.SyncEvery && co.SyncEvery >= 1 {
+		bad("coordinator.sync_every_min", "%d is above sync_every (%d)", co.SyncEveryMin, co.SyncEvery)
+	}
+	if !(co.DivergenceTarget > 0) || math.IsInf(co.DivergenceTarget, 0) {
+		bad("coordinator.divergence_target", "%g is not a finite number above 0", co.DivergenceTarget)
+	}
+	if !(co.GuardFactor == 0 || co.GuardFactor > 1) || math.IsInf(co.GuardFactor, 0) {
+		bad("coordinator.guard_factor", "%g: want 0 (no guard) or a finite number above 1", co.GuardFactor)
+	}
+	if !(co.GuardLRFactor > 0 && co.GuardLRFactor <= 1) {
+		bad("coordinator.guard_lr_factor", "%g is outside (0, 1]", co.GuardLRFactor)
+	}
+	atLeast("coordinator.lr_plateau_patience", co.LRPlateauPatience, 0)
+	if !(co.LRPlateauFactor > 0 && co.LRPlateauFactor < 1) {
+		bad("coordinator.lr_plateau_factor", "%g is outside (0, 1)", co.LRPlateauFactor)
+	}
+	atLeast("coordinator.max_batch_diff", co.MaxBatchDiff, 0)
 
 	c.checkTLS("coordinator.tls", co.TLS, bad)
 

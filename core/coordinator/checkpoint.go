@@ -63,10 +63,14 @@ type Meta struct {
 	// Partial is what the epoch in progress had done before the save.
 	Partial EpochProgress `json:"partial"`
 	// Rounds and GlobalStep count the whole run so far.
-	Rounds     uint64         `json:"rounds"`
-	GlobalStep uint64         `json:"global_step"`
-	Cadence    *CadenceState  `json:"cadence,omitempty"`
-	Finished   []EpochSummary `json:"finished_epochs"`
+	Rounds     uint64        `json:"rounds"`
+	GlobalStep uint64        `json:"global_step"`
+	Cadence    *CadenceState `json:"cadence,omitempty"`
+	// Controller is the controller's state as of the save point, and
+	// ControllerWindow what the first window after it gets.
+	Controller       *ControllerState  `json:"controller,omitempty"`
+	ControllerWindow *ControllerWindow `json:"controller_window,omitempty"`
+	Finished         []EpochSummary    `json:"finished_epochs"`
 }
 
 // RankRanges is one rank's share of the samples left in an epoch.
@@ -268,12 +272,16 @@ type progress struct {
 	remaining map[uint32][]Range
 	pool      []Range
 	partial   EpochProgress
+	// ctl is the controller's state as of the last round, and win what it
+	// handed (or will hand) the first window after the snapshot.
+	ctl ControllerState
+	win ControllerWindow
 }
 
 // progressNow is the state of the epoch as the models of the last round
 // see it: everything not yet dispatched plus every plan still open.
 func (r *runner) progressNow() progress {
-	p := progress{epoch: r.epoch, remaining: map[uint32][]Range{}}
+	p := progress{epoch: r.epoch, remaining: map[uint32][]Range{}, ctl: r.ctl.state(), win: r.ctl.window()}
 	if r.work == nil {
 		return p
 	}
@@ -300,7 +308,7 @@ func (r *runner) progressNow() progress {
 
 // freshProgress is the start of epoch e, split over the live ranks.
 func (r *runner) freshProgress(e uint64) progress {
-	p := progress{epoch: e, remaining: map[uint32][]Range{}}
+	p := progress{epoch: e, remaining: map[uint32][]Range{}, ctl: r.ctl.state(), win: r.ctl.window()}
 	if e >= uint64(r.cfg.Run.Epochs) {
 		return p
 	}
@@ -469,6 +477,8 @@ func (r *runner) meta(w *ckptWait) *Meta {
 		GlobalStep:    r.globalStep(),
 		Finished:      r.finished,
 	}
+	ctl, win := p.ctl, p.win
+	m.Controller, m.ControllerWindow = &ctl, &win
 	ids := make([]uint32, 0, len(p.remaining))
 	for id := range p.remaining {
 		ids = append(ids, id)

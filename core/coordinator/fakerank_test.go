@@ -182,6 +182,9 @@ type rankScript struct {
 	// restartAfterBatches > 0: after that many batches the rank reports
 	// that it replaced its trainer, with no plan lost.
 	restartAfterBatches int
+	// divergence, when set, is the divergence the rank reports for each
+	// completed round (with weight 1).
+	divergence func(round uint64) float64
 }
 
 // planRec is one plan a rank received.
@@ -645,6 +648,10 @@ func (f *fakeRank) syncRound(ctx context.Context, v *wirepb.Sync, send func(prot
 		}
 	}
 	ack.RoundMs = float64(time.Since(start)) / 1e6
+	if s.divergence != nil && !ack.Aborted {
+		d := s.divergence(v.GetRound())
+		ack.Divergence, ack.Weight = &d, 1
+	}
 	if !ack.Aborted {
 		f.mu.Lock()
 		f.roundsDone++

@@ -52,6 +52,7 @@ func (r *runner) startTraining() {
 	}
 	r.work = w
 	r.agg = r.newAgg(m.Partial)
+	r.ctl.restore(m.Controller, m.ControllerWindow)
 	r.snap = r.progressNow()
 	r.log.Info("resumed", "checkpoint", r.c.resume, "epoch", m.Epoch, "samples_left", w.remaining(),
 		"same_partitions", same)

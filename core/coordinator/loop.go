@@ -56,6 +56,8 @@ type rankState struct {
 
 	outstanding []*plan // dispatched, not yet closed by Metrics, in order
 	sinceRound  uint64  // batches not yet averaged in a completed round
+	// throttled: sent Throttle (async, max_batch_diff) since the last Sync.
+	throttled   bool
 	lastMetrics time.Time
 	batches     uint64
 	samples     uint64
@@ -109,6 +111,7 @@ type runner struct {
 	meetKind     string // the meeting kind the first MeetRequest named
 	role         uint32
 	cad          *cadence
+	ctl          *controller
 	snap         progress
 
 	evalTarget   int64  // -1: no evaluation pending
@@ -164,6 +167,7 @@ func newRunner(c *Coordinator) *runner {
 	for i := range world {
 		r.ranks = append(r.ranks, &rankState{id: i})
 	}
+	r.ctl = newController(cfg.Coordinator, r.logDecision)
 	return r
 }
 

@@ -1,6 +1,7 @@
 package coordinator
 
 import (
+	"fmt"
 	"math"
 	"time"
 
@@ -57,6 +58,7 @@ func (r *runner) issueRound(mode wirepb.SyncMode, root uint32, initial bool) {
 		plans = r.windowPlans(live)
 	}
 	for _, id := range live {
+		r.ranks[id].throttled = false // the Sync releases it
 		rd.waiting[id] = true
 		msg := &wirepb.Sync{Round: rd.num, Mode: mode, Root: root}
 		if p := plans[id]; p != nil {
@@ -191,8 +193,14 @@ func (r *runner) completeRound(rd *round) {
 			}
 			r.lastWindowMS = 0
 		}
+		if rd.mode == wirepb.SyncMode_SYNC_MODE_AVERAGE {
+			r.ctl.observeRound(rd.num, r.epoch+1, r.roundDivergences(rd))
+		}
 		if rd.snap != nil {
+			// The work as of the round's issue (the plans it carried are
+			// still to train), the controller as of its end.
 			r.snap = *rd.snap
+			r.snap.ctl = r.ctl.state()
 		} else {
 			r.snap = r.progressNow()
 		}
@@ -226,16 +234,44 @@ func (r *runner) unsynced() uint64 {
 	return n
 }
 
-// asyncRoundDue: the slowest busy rank has trained sync_every batches
-// since the last round.
+// asyncRoundDue: the slowest busy rank has trained the controller's
+// interval since the last round, or every busy rank is throttled (only the
+// round's Sync releases them).
 func (r *runner) asyncRoundDue() bool {
 	slowest := uint64(math.MaxUint64)
+	allThrottled := true
 	for _, id := range r.live() {
 		if rs := r.ranks[id]; len(rs.outstanding) > 0 {
 			slowest = min(slowest, rs.sinceRound)
+			allThrottled = allThrottled && rs.throttled
 		}
 	}
-	return slowest != math.MaxUint64 && slowest >= uint64(r.cfg.Coordinator.SyncEvery)
+	return slowest != math.MaxUint64 && (slowest >= r.ctl.st.Interval || allThrottled)
+}
+
+// throttleAhead parks rs (async, coordinator.max_batch_diff) when it has
+// trained more than max_batch_diff batches beyond the slowest busy rank
+// since the last round: its next plans wait for the round, so no rank's
+// model runs far ahead of the average it will be folded into.
+func (r *runner) throttleAhead(rs *rankState) {
+	limit := uint64(r.cfg.Coordinator.MaxBatchDiff)
+	if r.windowed() || limit == 0 || rs.throttled || r.round != nil {
+		return
+	}
+	slowest := uint64(math.MaxUint64)
+	for _, id := range r.live() {
+		if o := r.ranks[id]; o != rs && len(o.outstanding) > 0 {
+			slowest = min(slowest, o.sinceRound)
+		}
+	}
+	if slowest == math.MaxUint64 || rs.sinceRound <= slowest+limit {
+		return
+	}
+	rs.throttled = true
+	r.ctl.throttles++
+	r.send(rs, &wirepb.Throttle{})
+	r.log.Debug("throttled a rank ahead of the slowest", "rank", rs.id, "since_round", rs.sinceRound,
+		"slowest", slowest, "max_batch_diff", limit)
 }
 
 // globalStep is the cohort's optimizer step count in one rank's terms: the
@@ -249,4 +285,24 @@ func (r *runner) globalStep() uint64 {
 		batches += rs.batches
 	}
 	return r.stepsBefore + batches/uint64(r.world)
+}
+
+// roundDivergences lists the divergence each live rank that trained
+// reported for rd, in rank order (so their mean is the same in a resumed
+// run).
+func (r *runner) roundDivergences(rd *round) []float64 {
+	var divs []float64
+	for _, id := range r.live() {
+		if ack := rd.acks[id]; ack != nil && ack.Divergence != nil && ack.GetWeight() > 0 {
+			divs = append(divs, ack.GetDivergence())
+		}
+	}
+	return divs
+}
+
+// logDecision logs a controller decision.
+func (r *runner) logDecision(d ControllerDecision) {
+	r.log.Info("controller: "+d.Rule, "round", d.Round, "epoch", d.Epoch, "divergence", d.Divergence,
+		"eval_loss", d.EvalLoss, "interval", fmt.Sprintf("%d -> %d", d.From, d.To),
+		"lr_scale", fmt.Sprintf("%g -> %g", d.LRFrom, d.LRTo))
 }

@@ -47,6 +47,9 @@ type Summary struct {
 	Ranks            []RankSummary     `json:"ranks"`
 	MembershipEvents []MembershipEvent `json:"membership_events"`
 	Averaging        AveragingSummary  `json:"averaging"`
+	// Controller is what the sync-interval and learning-rate controller
+	// did in this process.
+	Controller *ControllerSummary `json:"controller,omitempty"`
 	// Checkpoint is the last complete checkpoint directory, if any.
 	Checkpoint string `json:"checkpoint"`
 	// Model is the trained model's directory (OUT/model) of a completed
@@ -250,6 +253,9 @@ func (r *runner) recordEpoch() {
 		s.Ranks = append(s.Ranks, er)
 	}
 	r.finished = append(r.finished, s)
+	if s.EvalLoss != nil {
+		r.ctl.observeEval(r.roundSeq, r.epoch+1, *s.EvalLoss)
+	}
 	r.snap = r.freshProgress(r.epoch + 1)
 	r.log.Info("epoch finished", "epoch", r.epoch, "loss", s.Loss, "seconds", s.Seconds,
 		"samples", s.Samples, "rounds", s.Rounds, "wait_at_sync_ms", s.WaitAtSyncMS)
@@ -276,6 +282,7 @@ func (r *runner) summary() *Summary {
 		GlobalStep:       r.globalStep(),
 		Epochs:           r.finished,
 		MembershipEvents: r.memberEvents,
+		Controller:       r.ctl.summary(),
 		Checkpoint:       r.lastCkpt,
 		Model:            r.model,
 		Averaging: AveragingSummary{

@@ -132,7 +132,9 @@ func (r *runner) stepSolo() bool {
 			batches = max(batches, uint64(float64(soloPlanTime/time.Millisecond)/rs.batchMS))
 		}
 		if c := r.work.take(id, batches*r.batch); c.Size > 0 {
-			r.deliver([]uint32{id}, map[uint32]*plan{id: {epoch: r.epoch, rng: c, reportMS: soloReportMS}}, nil)
+			lr := r.ctl.window().LRScale
+			r.ctl.handed()
+			r.deliver([]uint32{id}, map[uint32]*plan{id: {epoch: r.epoch, rng: c, reportMS: soloReportMS, lrScale: lr}}, nil)
 			return true
 		}
 	}
@@ -182,6 +184,7 @@ func (r *runner) nextWindow(version *uint64) {
 // work left and opens the window.
 func (r *runner) windowPlans(live []uint32) map[uint32]*plan {
 	want := map[uint32]uint64{}
+	cw := r.ctl.window()
 	switch r.policy {
 	case config.PolicyCadence:
 		counts := r.cad.plan(live)
@@ -196,15 +199,16 @@ func (r *runner) windowPlans(live []uint32) map[uint32]*plan {
 		}
 	default:
 		for _, id := range live {
-			want[id] = uint64(r.cfg.Coordinator.SyncEvery) * r.batch
+			want[id] = cw.Interval * r.batch
 		}
 	}
 	plans := map[uint32]*plan{}
 	for _, id := range live {
 		if c := r.work.take(id, want[id]); c.Size > 0 {
-			plans[id] = &plan{epoch: r.epoch, rng: c}
+			plans[id] = &plan{epoch: r.epoch, rng: c, lrScale: cw.LRScale}
 		}
 	}
+	r.ctl.handed()
 	if len(plans) > 0 {
 		r.win = &window{opened: time.Now(), ranks: map[uint32]bool{}}
 		for id := range plans {
@@ -219,13 +223,17 @@ func (r *runner) windowPlans(live []uint32) map[uint32]*plan {
 func (r *runner) dispatchIdle(version *uint64) bool {
 	live := r.live()
 	plans := map[uint32]*plan{}
+	lr := r.ctl.window().LRScale
 	for _, id := range live {
 		if len(r.ranks[id].outstanding) > 0 {
 			continue
 		}
 		if c := r.work.take(id, r.asyncChunk()*r.batch); c.Size > 0 {
-			plans[id] = &plan{epoch: r.epoch, rng: c}
+			plans[id] = &plan{epoch: r.epoch, rng: c, lrScale: lr}
 		}
+	}
+	if len(plans) > 0 {
+		r.ctl.handed()
 	}
 	if version == nil && len(plans) == 0 {
 		return false
@@ -273,6 +281,7 @@ func (r *runner) epochPlan(p *plan) *wirepb.EpochPlan {
 		Seed:             uint64(r.cfg.Run.Seed),
 		PickSpace:        r.pickSpace,
 		ReportIntervalMs: p.reportMS,
+		LrScale:          p.lrScale,
 	}
 }
 
@@ -314,6 +323,7 @@ func (r *runner) onBatch(rs *rankState, m *wirepb.Batch) {
 		r.lastLoss = &l
 	}
 	rs.sinceRound += batches
+	r.throttleAhead(rs)
 	rs.batches += batches
 	rs.epoch = m.GetEpoch()
 	r.noteBatchLoss(m.GetBatchLoss(), batches)

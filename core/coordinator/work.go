@@ -184,6 +184,8 @@ type plan struct {
 	held bool
 	// reportMS lets the rank merge the plan's Batch reports (solo only).
 	reportMS uint32
+	// lrScale is the controller's learning-rate scale for the plan.
+	lrScale float64
 }
 
 // unfinished is the part of p that no Batch report covers: batches run in

@@ -60,7 +60,12 @@ type queuedPlan struct {
 	reportEvery time.Duration
 }
 
-type planShape struct{ seed, pickSpace uint64 }
+// planShape is what an ExtendPartition of an epoch does not repeat: it
+// takes them from a plan of that epoch.
+type planShape struct {
+	seed, pickSpace uint64
+	lrScale         float64
+}
 
 func newLoopState(world uint32) loopState {
 	members := make([]uint32, world)
@@ -149,7 +154,7 @@ func (w *worker) handle(ctx context.Context, c command) (exit, clean bool, err e
 }
 
 func (w *worker) queuePlan(p *wirepb.EpochPlan) {
-	shape := planShape{seed: p.GetSeed(), pickSpace: p.GetPickSpace()}
+	shape := planShape{seed: p.GetSeed(), pickSpace: p.GetPickSpace(), lrScale: p.GetLrScale()}
 	w.shapes[p.GetEpoch()] = shape
 	w.lastPlan = &shape
 	w.plans = append(w.plans, queuedPlan{plan: plugin.Plan{
@@ -158,6 +163,7 @@ func (w *worker) queuePlan(p *wirepb.EpochPlan) {
 		PartitionSize:   p.GetPartitionSize(),
 		Seed:            p.GetSeed(),
 		PickSpace:       p.GetPickSpace(),
+		LRScale:         p.GetLrScale(),
 	}, reportEvery: time.Duration(p.GetReportIntervalMs()) * time.Millisecond})
 }
 
@@ -185,6 +191,7 @@ func (w *worker) extend(m *wirepb.ExtendPartition) {
 		PartitionSize:   m.GetPartitionSize(),
 		Seed:            shape.seed,
 		PickSpace:       shape.pickSpace,
+		LRScale:         shape.lrScale,
 	}})
 	w.log.Info("partition extended", "epoch", m.GetEpoch(), "offset", m.GetPartitionOffset(), "size", m.GetPartitionSize())
 }

@@ -78,6 +78,12 @@ type Plan struct {
 	// learning-rate schedules follow it, not the rank's own count. 0 means
 	// no new count since the last plan's: the trainer counts on from that.
 	GlobalStep uint64
+	// LRScale multiplies the trainer's own learning rate (its schedule's
+	// rate at each step) for this plan's batches: the coordinator lowers it
+	// on a plateau or a divergence spike. Every rank's plans after one
+	// round carry the same scale, so the cohort changes rate at one step.
+	// 0 means 1.
+	LRScale float64
 }
 
 // BatchReport describes one trained batch.

@@ -253,6 +253,7 @@ func toprotoPlan(p Plan) *pb.TrainRequest {
 		Seed:            p.Seed,
 		PickSpace:       p.PickSpace,
 		GlobalStep:      p.GlobalStep,
+		LrScale:         p.LRScale,
 	}
 }
 
@@ -264,6 +265,7 @@ func fromprotoPlan(m *pb.TrainRequest) Plan {
 		Seed:            m.GetSeed(),
 		PickSpace:       m.GetPickSpace(),
 		GlobalStep:      m.GetGlobalStep(),
+		LRScale:         m.GetLrScale(),
 	}
 }
 

@@ -41,7 +41,8 @@ const paramNormEvery = 10
 // "feature_mean" [features] (a buffer: the exponential running mean of the
 // features trained on, rate 0.01 per sample), all f32. Parameters live in Go
 // slices; Publish copies them into the arena and Adopt copies them back.
-// Plan.GlobalStep is not used: the learning rate is constant.
+// Plan.GlobalStep is not used: the learning rate is constant, times the
+// plan's LRScale.
 //
 // A Trainer is safe for concurrent use; one Train runs at a time.
 type Trainer struct {
@@ -193,6 +194,13 @@ func (t *Trainer) Train(ctx context.Context, plan plugin.Plan, report func(plugi
 	if plan.PickSpace > MaxPickSpace {
 		return fmt.Errorf("mock trainer: pick space %d exceeds the mock's limit of %d", plan.PickSpace, MaxPickSpace)
 	}
+	lrScale := plan.LRScale
+	switch {
+	case lrScale == 0:
+		lrScale = 1
+	case !(lrScale > 0) || math.IsInf(lrScale, 0):
+		return fmt.Errorf("mock trainer: learning-rate scale %v, want a finite number above 0", plan.LRScale)
+	}
 	picks, err := t.picker.Picks(plan)
 	if err != nil {
 		return fmt.Errorf("mock trainer: %w", err)
@@ -213,7 +221,7 @@ func (t *Trainer) Train(ctx context.Context, plan plugin.Plan, report func(plugi
 		}
 		picks = picks[n:]
 		start := time.Now()
-		rep, err := t.step(idx)
+		rep, err := t.step(idx, lrScale)
 		if err != nil {
 			return err
 		}
@@ -237,8 +245,9 @@ func (t *Trainer) Train(ctx context.Context, plan plugin.Plan, report func(plugi
 	return nil
 }
 
-// step trains one batch of sample indices with one SGD step.
-func (t *Trainer) step(idx []uint64) (plugin.BatchReport, error) {
+// step trains one batch of sample indices with one SGD step at the
+// learning rate times lrScale.
+func (t *Trainer) step(idx []uint64, lrScale float64) (plugin.BatchReport, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.data == nil {
@@ -266,7 +275,7 @@ func (t *Trainer) step(idx []uint64) (plugin.BatchReport, error) {
 			t.mean[j] += featureMeanRate * (v - t.mean[j])
 		}
 	}
-	scale := t.settings.LR / float64(len(idx))
+	scale := t.settings.LR * lrScale / float64(len(idx))
 	for j, g := range t.grad {
 		t.weight[j] = float32(float64(t.weight[j]) - scale*g)
 	}

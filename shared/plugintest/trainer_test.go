@@ -646,3 +646,38 @@ func TestTrainerLedger(t *testing.T) {
 		})
 	}
 }
+
+// A plan's LRScale multiplies the step: 0 is 1, 0.5 moves the weights half
+// as far in one batch, and a scale that is not a finite positive number is
+// refused before training.
+func TestTrainerLRScale(t *testing.T) {
+	step := func(scale float64) (before, after []float32) {
+		tr, setup := configure(t, 0, 1, 3, small())
+		before, _, _, _ = tr.Snapshot()
+		p := fullEpoch(3, 0, setup.Samples)
+		p.PartitionSize, p.LRScale = 16, scale
+		train(t, tr, p)
+		after, _, _, _ = tr.Snapshot()
+		return before, after
+	}
+	_, one := step(1)
+	_, zero := step(0)
+	if !bitsEqual(one, zero) {
+		t.Error("LRScale 0 trained differently from 1")
+	}
+	w0, half := step(0.5)
+	for j := range w0 {
+		full, got := float64(one[j]-w0[j]), float64(half[j]-w0[j])
+		if math.Abs(got-full/2) > 1e-6+1e-3*math.Abs(full) {
+			t.Fatalf("weight %d moved %g at scale 0.5, %g at 1: want half", j, got, full)
+		}
+	}
+	for _, bad := range []float64{-1, math.NaN(), math.Inf(1)} {
+		tr, setup := configure(t, 0, 1, 3, small())
+		p := fullEpoch(3, 0, setup.Samples)
+		p.LRScale = bad
+		if err := tr.Train(context.Background(), p, nil); err == nil || !strings.Contains(err.Error(), "learning-rate scale") {
+			t.Errorf("LRScale %v: %v, want a refusal naming the learning-rate scale", bad, err)
+		}
+	}
+}

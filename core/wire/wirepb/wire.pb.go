@@ -300,8 +300,11 @@ type EpochPlan struct {
 	// coordinator asks it only where no peer could take over the rank's
 	// unreported batches (a cohort of one rank).
 	ReportIntervalMs uint32 `protobuf:"varint,6,opt,name=report_interval_ms,json=reportIntervalMs,proto3" json:"report_interval_ms,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// The coordinator's multiplier on the trainer's learning rate for this
+	// plan (plugin.Plan.LRScale); 0 means 1.
+	LrScale       float64 `protobuf:"fixed64,7,opt,name=lr_scale,json=lrScale,proto3" json:"lr_scale,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *EpochPlan) Reset() {
@@ -372,6 +375,13 @@ func (x *EpochPlan) GetPickSpace() uint64 {
 func (x *EpochPlan) GetReportIntervalMs() uint32 {
 	if x != nil {
 		return x.ReportIntervalMs
+	}
+	return 0
+}
+
+func (x *EpochPlan) GetLrScale() float64 {
+	if x != nil {
+		return x.LrScale
 	}
 	return 0
 }
@@ -2948,7 +2958,7 @@ var File_core_wire_wirepb_wire_proto protoreflect.FileDescriptor
 
 const file_core_wire_wirepb_wire_proto_rawDesc = "" +
 	"\n" +
-	"\x1bcore/wire/wirepb/wire.proto\x12\x0ecohort.wire.v1\"\xd4\x01\n" +
+	"\x1bcore/wire/wirepb/wire.proto\x12\x0ecohort.wire.v1\"\xef\x01\n" +
 	"\tEpochPlan\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12)\n" +
 	"\x10partition_offset\x18\x02 \x01(\x04R\x0fpartitionOffset\x12%\n" +
@@ -2956,7 +2966,8 @@ const file_core_wire_wirepb_wire_proto_rawDesc = "" +
 	"\x04seed\x18\x04 \x01(\x04R\x04seed\x12\x1d\n" +
 	"\n" +
 	"pick_space\x18\x05 \x01(\x04R\tpickSpace\x12,\n" +
-	"\x12report_interval_ms\x18\x06 \x01(\rR\x10reportIntervalMs\";\n" +
+	"\x12report_interval_ms\x18\x06 \x01(\rR\x10reportIntervalMs\x12\x19\n" +
+	"\blr_scale\x18\a \x01(\x01R\alrScale\";\n" +
 	"\n" +
 	"StartEpoch\x12-\n" +
 	"\x04plan\x18\x01 \x01(\v2\x19.cohort.wire.v1.EpochPlanR\x04plan\"\xdf\x01\n" +

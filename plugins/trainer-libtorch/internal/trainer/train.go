@@ -89,6 +89,13 @@ func (t *Trainer) trainOnThread(ctx context.Context, plan plugin.Plan, report fu
 	if plan.PickSpace > maxPickSpace {
 		return fmt.Errorf("libtorch trainer: pick space %d exceeds the limit of %d", plan.PickSpace, maxPickSpace)
 	}
+	scale := plan.LRScale
+	switch {
+	case scale == 0:
+		scale = 1
+	case !(scale > 0) || !finite(scale):
+		return fmt.Errorf("libtorch trainer: learning-rate scale %v, want a finite number above 0", plan.LRScale)
+	}
 	picks, err := t.picker.Picks(plan)
 	if err != nil {
 		return fmt.Errorf("libtorch trainer: %w", err)
@@ -163,7 +170,7 @@ func (t *Trainer) trainOnThread(ctx context.Context, plan plugin.Plan, report fu
 		if t.traceBatch != nil {
 			t.traceBatch(plan.Epoch, b.idx[:b.n])
 		}
-		rep, err := t.step(gen, data, b, start)
+		rep, err := t.step(gen, data, b, start, scale)
 		release(b)
 		if err != nil {
 			return fmt.Errorf("libtorch trainer: epoch %d batch %d: %w", plan.Epoch, n, err)
@@ -176,8 +183,9 @@ func (t *Trainer) trainOnThread(ctx context.Context, plan plugin.Plan, report fu
 }
 
 // step trains one gathered batch; start is when the training thread began
-// waiting for it, so DataMS is the wait the gather still cost it.
-func (t *Trainer) step(gen uint64, data *dataset.Set, b *batchBuf, start time.Time) (plugin.BatchReport, error) {
+// waiting for it, so DataMS is the wait the gather still cost it; lrScale
+// multiplies the schedule's rate.
+func (t *Trainer) step(gen uint64, data *dataset.Set, b *batchBuf, start time.Time, lrScale float64) (plugin.BatchReport, error) {
 	dataTime := time.Since(start)
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -186,7 +194,7 @@ func (t *Trainer) step(gen uint64, data *dataset.Set, b *batchBuf, start time.Ti
 	}
 	n := b.n
 	y, tg := b.targets(data.Width())
-	loss, err := t.model.TrainStep(b.x[:n*data.Features()], n, y, tg, data.Width(), t.s.lrAt(t.schedStep), t.errBuf)
+	loss, err := t.model.TrainStep(b.x[:n*data.Features()], n, y, tg, data.Width(), t.s.lrAt(t.schedStep)*lrScale, t.errBuf)
 	if err != nil {
 		return plugin.BatchReport{}, err
 	}

@@ -913,3 +913,39 @@ func TestTrainThreadOwnership(t *testing.T) {
 		t.Fatal("Train after Shutdown succeeded")
 	}
 }
+
+// A plan's LRScale reaches the optimizer step: 0 trains as 1 does, 0.5
+// trains differently, and a scale that is not a finite positive number is
+// refused before any batch.
+func TestLRScale(t *testing.T) {
+	needTorch(t)
+	data := synthData(t, 256, 8, 3)
+	losses := func(scale float64) ([]float64, error) {
+		tr := newTestTrainer(t)
+		configure(t, tr, merge(data, map[string]any{"threads": 1, "batch_size": 32}))
+		var out []float64
+		plan := plugin.Plan{Epoch: 0, Seed: 5, PickSpace: 256, PartitionSize: 96, LRScale: scale}
+		err := tr.Train(context.Background(), plan, func(r plugin.BatchReport) error {
+			out = append(out, r.Loss)
+			return nil
+		})
+		return out, err
+	}
+	one, err := losses(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	zero, err := losses(0)
+	if err != nil || !slices.Equal(one, zero) {
+		t.Errorf("scale 0: losses %v (%v), want scale 1's %v", zero, err, one)
+	}
+	half, err := losses(0.5)
+	if err != nil || half[0] != one[0] || slices.Equal(half[1:], one[1:]) {
+		t.Errorf("scale 0.5: losses %v (%v) against %v: want the same first batch, then different steps", half, err, one)
+	}
+	for _, bad := range []float64{-0.5, math.NaN(), math.Inf(1)} {
+		if got, err := losses(bad); err == nil || len(got) > 0 || !strings.Contains(err.Error(), "learning-rate scale") {
+			t.Errorf("scale %v: %d batches, %v; want a refusal before training", bad, len(got), err)
+		}
+	}
+}

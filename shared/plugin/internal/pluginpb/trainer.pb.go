@@ -468,8 +468,10 @@ type TrainRequest struct {
 	Seed            uint64                 `protobuf:"varint,4,opt,name=seed,proto3" json:"seed,omitempty"`
 	PickSpace       uint64                 `protobuf:"varint,5,opt,name=pick_space,json=pickSpace,proto3" json:"pick_space,omitempty"`
 	GlobalStep      uint64                 `protobuf:"varint,6,opt,name=global_step,json=globalStep,proto3" json:"global_step,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The coordinator's multiplier on the trainer's learning rate; 0 means 1.
+	LrScale       float64 `protobuf:"fixed64,8,opt,name=lr_scale,json=lrScale,proto3" json:"lr_scale,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *TrainRequest) Reset() {
@@ -540,6 +542,13 @@ func (x *TrainRequest) GetPickSpace() uint64 {
 func (x *TrainRequest) GetGlobalStep() uint64 {
 	if x != nil {
 		return x.GlobalStep
+	}
+	return 0
+}
+
+func (x *TrainRequest) GetLrScale() float64 {
+	if x != nil {
+		return x.LrScale
 	}
 	return 0
 }
@@ -1246,7 +1255,7 @@ const file_shared_plugin_internal_pluginpb_trainer_proto_rawDesc = "" +
 	"\rAttachRequest\x120\n" +
 	"\x05arena\x18\x01 \x01(\v2\x1a.cohort.v1.ArenaDescriptorR\x05arena\"-\n" +
 	"\x0eAttachResponse\x12\x1b\n" +
-	"\tzero_copy\x18\x01 \x01(\bR\bzeroCopy\"\xe4\x01\n" +
+	"\tzero_copy\x18\x01 \x01(\bR\bzeroCopy\"\xff\x01\n" +
 	"\fTrainRequest\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12)\n" +
 	"\x10partition_offset\x18\x02 \x01(\x04R\x0fpartitionOffset\x12%\n" +
@@ -1255,7 +1264,8 @@ const file_shared_plugin_internal_pluginpb_trainer_proto_rawDesc = "" +
 	"\n" +
 	"pick_space\x18\x05 \x01(\x04R\tpickSpace\x12\x1f\n" +
 	"\vglobal_step\x18\x06 \x01(\x04R\n" +
-	"globalStepJ\x04\b\a\x10\bR\x12report_interval_ms\"@\n" +
+	"globalStep\x12\x19\n" +
+	"\blr_scale\x18\b \x01(\x01R\alrScaleJ\x04\b\a\x10\bR\x12report_interval_ms\"@\n" +
 	"\fTrainReports\x120\n" +
 	"\areports\x18\x01 \x03(\v2\x16.cohort.v1.BatchReportR\areports\"\xd7\x01\n" +
 	"\vBatchReport\x12\x14\n" +

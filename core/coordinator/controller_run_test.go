@@ -1,0 +1,161 @@
+package coordinator
+
+import (
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/cohortdl/cohort/core/config"
+	"github.com/cohortdl/cohort/core/wire/wirepb"
+)
+
+// handedPlans lists the plans a rank was handed, in order, from every
+// command that carries one.
+func handedPlans(f *fakeRank) []*wirepb.EpochPlan {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []*wirepb.EpochPlan
+	for _, m := range f.received {
+		switch m := m.(type) {
+		case *wirepb.StartEpoch:
+			out = append(out, m.GetPlan())
+		case *wirepb.Sync:
+			if m.GetNextPlan() != nil {
+				out = append(out, m.GetNextPlan())
+			}
+		case *wirepb.Update:
+			if m.GetNextPlan() != nil {
+				out = append(out, m.GetNextPlan())
+			}
+		}
+	}
+	return out
+}
+
+// Ranks that drift past the divergence target get smaller windows, round
+// by round down to the minimum; every sample is still trained once, and
+// the summary lists the decisions.
+func TestAdaptiveSyncTightensOnDrift(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.Coordinator.SyncEvery = 4
+	cfg.Coordinator.DivergenceTarget = 0.01
+	cfg.Coordinator.GuardFactor = 0
+	const samples, batch = 960, 8
+	h := newHarness(t, cfg, nil)
+	ranks := h.startAll(func(uint32) rankScript {
+		return rankScript{msPerBatch: time.Millisecond, samples: samples,
+			divergence: func(uint64) float64 { return 0.1 }}
+	})
+	sum := h.mustComplete()
+	h.ledger.checkExactlyOnce(t, 2, samples)
+
+	var rules []string
+	for _, d := range sum.Controller.Decisions {
+		rules = append(rules, d.Rule)
+	}
+	if want := []string{RuleTighten, RuleTighten}; !slices.Equal(rules, want) {
+		t.Fatalf("decisions %v, want %v (4 → 2 → 1)", rules, want)
+	}
+	if sum.Controller.Interval != 1 {
+		t.Errorf("final interval %d, want 1", sum.Controller.Interval)
+	}
+	for _, f := range ranks {
+		plans := handedPlans(f)
+		if len(plans) == 0 {
+			t.Fatalf("rank %d got no plans", f.id)
+		}
+		first, last := plans[0].GetPartitionSize(), plans[len(plans)-1].GetPartitionSize()
+		if first != 4*batch || last != batch {
+			t.Errorf("rank %d: first plan %d samples, last %d; want %d then %d", f.id, first, last, 4*batch, batch)
+		}
+	}
+}
+
+// A divergence spike trips the guard: from the next window every rank's
+// plans carry half the learning rate, all from the same round; once the
+// divergence settles the rate is restored, again for every rank at once.
+func TestGuardScalesEveryRanksRate(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.Coordinator.SyncEvery = 2
+	cfg.Coordinator.AdaptiveSync = false
+	const samples = 960
+	const spike = 8
+	h := newHarness(t, cfg, nil)
+	ranks := h.startAll(func(uint32) rankScript {
+		return rankScript{msPerBatch: time.Millisecond, samples: samples,
+			divergence: func(r uint64) float64 {
+				if r == spike {
+					return 0.5
+				}
+				return 0.02
+			}}
+	})
+	sum := h.mustComplete()
+	h.ledger.checkExactlyOnce(t, 2, samples)
+	var rules []string
+	for _, d := range sum.Controller.Decisions {
+		rules = append(rules, d.Rule)
+	}
+	if want := []string{RuleGuard, RuleGuardRelease}; !slices.Equal(rules, want) {
+		t.Fatalf("decisions %v, want %v", rules, want)
+	}
+	if d := sum.Controller.Decisions[0]; d.Round != spike || d.LRTo != 0.5 || d.To != 1 {
+		t.Errorf("guard decision %+v, want round %d, lr scale 0.5, interval 1", d, spike)
+	}
+	// The scales each rank's plans carried, in order, as runs of equal
+	// values: 1, then 0.5, then 1.
+	var want []float64
+	for _, f := range ranks {
+		var runs []float64
+		var halved int
+		for _, p := range handedPlans(f) {
+			lr := p.GetLrScale()
+			if len(runs) == 0 || runs[len(runs)-1] != lr {
+				runs = append(runs, lr)
+			}
+			if lr == 0.5 {
+				halved++
+			}
+		}
+		if !slices.Equal(runs, []float64{1, 0.5, 1}) {
+			t.Errorf("rank %d: plan lr scales ran %v, want 1, then 0.5, then 1", f.id, runs)
+		}
+		if want == nil {
+			want = []float64{float64(halved)}
+		} else if want[0] != float64(halved) {
+			t.Errorf("rank %d had %d plans at half rate, rank 0 had %v: the ranks changed rate apart", f.id, halved, want[0])
+		}
+	}
+}
+
+// Under async, a rank that runs more than max_batch_diff batches ahead of
+// the slowest busy rank since the last round is throttled until the round;
+// the slow rank never is, and every sample is trained once.
+func TestThrottleAheadUnderAsync(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.Coordinator.Policy = config.PolicyAsync
+	cfg.Coordinator.SyncEvery = 8
+	cfg.Coordinator.ChunkBatches = 2
+	cfg.Coordinator.MaxBatchDiff = 4
+	const samples = 480
+	h := newHarness(t, cfg, nil)
+	ranks := h.startAll(func(id uint32) rankScript {
+		ms := time.Millisecond
+		if id == 0 {
+			ms = 15 * time.Millisecond
+		}
+		return rankScript{msPerBatch: ms, samples: samples}
+	})
+	sum := h.mustComplete()
+	h.ledger.checkExactlyOnce(t, 2, samples)
+	if n := len(messagesOf[*wirepb.Throttle](ranks[0])); n != 0 {
+		t.Errorf("the slowest rank was throttled %d times", n)
+	}
+	var fast int
+	for _, f := range ranks[1:] {
+		fast += len(messagesOf[*wirepb.Throttle](f))
+	}
+	if fast == 0 || sum.Controller.Throttles != uint64(fast) {
+		t.Errorf("fast ranks got %d Throttles, the summary counts %d; want some, and the same", fast, sum.Controller.Throttles)
+	}
+}
