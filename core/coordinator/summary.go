@@ -46,7 +46,10 @@ type Summary struct {
 	Epochs           []EpochSummary    `json:"epochs"`
 	Ranks            []RankSummary     `json:"ranks"`
 	MembershipEvents []MembershipEvent `json:"membership_events"`
-	Averaging        AveragingSummary  `json:"averaging"`
+	// Roles lists the eval role's holders: the first at formation, then
+	// every move (coordinator.eval_rank).
+	Roles     []RoleElection   `json:"roles"`
+	Averaging AveragingSummary `json:"averaging"`
 	// Checkpoint is the last complete checkpoint directory, if any.
 	Checkpoint string `json:"checkpoint"`
 	// Model is the trained model's directory (OUT/model) of a completed
@@ -276,6 +279,7 @@ func (r *runner) summary() *Summary {
 		GlobalStep:       r.globalStep(),
 		Epochs:           r.finished,
 		MembershipEvents: r.memberEvents,
+		Roles:            r.roles,
 		Checkpoint:       r.lastCkpt,
 		Model:            r.model,
 		Averaging: AveragingSummary{
@@ -292,6 +296,9 @@ func (r *runner) summary() *Summary {
 	}
 	if s.MembershipEvents == nil {
 		s.MembershipEvents = []MembershipEvent{}
+	}
+	if s.Roles == nil {
+		s.Roles = []RoleElection{}
 	}
 	if r.rounds > 0 {
 		s.Averaging.MeanRoundMS = safe(r.roundMS / float64(r.rounds))
