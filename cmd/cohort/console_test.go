@@ -138,3 +138,38 @@ func TestNotQuiet(t *testing.T) {
 		}
 	}
 }
+
+// An epoch coordinator.eval_every skipped has no accuracy: its line leaves
+// the figure out, and the outcome names the last accuracy there is.
+func TestConsoleWithoutEvaluation(t *testing.T) {
+	acc, loss := 0.8125, 0.25
+	evaluated := coordinator.EpochSummary{Epoch: 2, Loss: 0.5, EvalLoss: &loss, Accuracy: &acc, Samples: 100, Seconds: 1, Rounds: 3}
+	skipped := coordinator.EpochSummary{Epoch: 3, Loss: 0.5, Samples: 100, Seconds: 1, Rounds: 3}
+	line := epochLine(coordinator.Progress{Epochs: 4, Summary: &skipped})
+	if want := "epoch 3/4  loss 0.5000  100 samples"; !strings.HasPrefix(line, want) || strings.Contains(line, "accuracy") || strings.Contains(line, "eval") {
+		t.Errorf("skipped epoch's line %q, want it to start %q with no evaluation figures", line, want)
+	}
+	if line := epochLine(coordinator.Progress{Epochs: 4, Summary: &evaluated}); !strings.Contains(line, "eval loss 0.2500  accuracy 81.25%") {
+		t.Errorf("evaluated epoch's line %q", line)
+	}
+
+	for _, tc := range []struct {
+		name   string
+		status string
+		epochs []coordinator.EpochSummary
+		want   string
+	}{
+		{"last epoch evaluated", coordinator.StatusCompleted, []coordinator.EpochSummary{skipped, evaluated}, "run completed; final test accuracy 81.25%\n"},
+		{"stopped after a skipped epoch", coordinator.StatusStopped, []coordinator.EpochSummary{evaluated, skipped}, "run stopped; test accuracy 81.25% after epoch 2\n"},
+		{"never evaluated", coordinator.StatusCompleted, []coordinator.EpochSummary{skipped}, "run completed\n"},
+		{"no epoch", coordinator.StatusCompleted, nil, "run completed\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var b bytes.Buffer
+			outcome(&b, &coordinator.Summary{Status: tc.status, Epochs: tc.epochs}, nil, "cohort run")
+			if b.String() != tc.want {
+				t.Errorf("outcome printed %q, want %q", b.String(), tc.want)
+			}
+		})
+	}
+}

@@ -244,8 +244,9 @@ func (p *progressPrinter) report(pr coordinator.Progress) {
 	}
 }
 
-// epochLine is one finished epoch: loss, accuracy when the trainer
-// evaluates, throughput and the cost of syncing.
+// epochLine is one finished epoch: loss, accuracy when the epoch was
+// evaluated (the trainer has a test split and coordinator.eval_every
+// chose it), throughput and the cost of syncing.
 func epochLine(pr coordinator.Progress) string {
 	s := pr.Summary
 	var b strings.Builder
@@ -277,12 +278,7 @@ func outcome(w io.Writer, sum *coordinator.Summary, err error, resume string) er
 	if sum == nil {
 		return failed(err)
 	}
-	msg := fmt.Sprintf("run %s", sum.Status)
-	if n := len(sum.Epochs); n > 0 {
-		if acc := sum.Epochs[n-1].Accuracy; acc != nil {
-			msg += fmt.Sprintf("; final test accuracy %.2f%%", 100**acc)
-		}
-	}
+	msg := fmt.Sprintf("run %s", sum.Status) + accuracyNote(sum.Epochs)
 	if sum.Checkpoint != "" {
 		msg += "; last checkpoint " + sum.Checkpoint
 	}
@@ -299,4 +295,21 @@ func outcome(w io.Writer, sum *coordinator.Summary, err error, resume string) er
 		return &exitError{code: exitStopped}
 	}
 	return failed(err)
+}
+
+// accuracyNote is the outcome line's accuracy: the last epoch's, else
+// (a run stopped between evaluations) the last evaluated epoch's, named;
+// empty when no epoch was evaluated.
+func accuracyNote(epochs []coordinator.EpochSummary) string {
+	for i := len(epochs) - 1; i >= 0; i-- {
+		e := epochs[i]
+		switch {
+		case e.Accuracy == nil:
+		case i == len(epochs)-1:
+			return fmt.Sprintf("; final test accuracy %.2f%%", 100**e.Accuracy)
+		default:
+			return fmt.Sprintf("; test accuracy %.2f%% after epoch %d", 100**e.Accuracy, e.Epoch)
+		}
+	}
+	return ""
 }

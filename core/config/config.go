@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"maps"
 	"os"
+	"strconv"
 	"sync"
 	"time"
 
@@ -62,6 +63,18 @@ const (
 // Policies lists the valid policies.
 var Policies = []Policy{PolicySync, PolicyCadence, PolicyAsync}
 
+// The eval_rank policies besides a fixed rank number.
+const (
+	EvalRankLowest  = "lowest"  // the lowest live rank
+	EvalRankFastest = "fastest" // the live rank with the lowest batch time
+)
+
+// FixedEvalRank returns the rank eval_rank names by number, if it does.
+func (co Coordinator) FixedEvalRank() (uint32, bool) {
+	n, err := strconv.ParseUint(co.EvalRank, 10, 32)
+	return uint32(n), err == nil
+}
+
 // Coordinator is the coordinator block.
 type Coordinator struct {
 	Listen           string        // control server address, host:port
@@ -98,6 +111,13 @@ type Coordinator struct {
 	// slowest busy rank since the last round is throttled until the
 	// round; 0: never.
 	MaxBatchDiff int
+	// EvalRank says which rank evaluates and runs the epoch callback:
+	// EvalRankLowest, EvalRankFastest, or a rank number ("2"; while that
+	// rank is dead, the lowest live rank stands in).
+	EvalRank string
+	// EvalEvery is the epochs between evaluations; 0: never. When above 0
+	// the run's last epoch is evaluated too, so the final accuracy exists.
+	EvalEvery int
 	// TLS, when set (the tls sub-block), puts the control server and the
 	// reduce server behind mutual TLS: ranks must present a certificate
 	// from TLS.CA. Paths are absolute (a file's relative ones are resolved

@@ -27,6 +27,8 @@ coordinator {
   sync_every        = 20
   min_ranks         = 2
   checkpoint_every  = 1
+  eval_rank         = "fastest"
+  eval_every        = 2
   chunk_batches     = 16
   overhead_target   = 0.05
   easgd_alpha       = 0.25
@@ -93,6 +95,8 @@ func TestParseFull(t *testing.T) {
 			LRPlateauPatience: 2,
 			LRPlateauFactor:   0.1,
 			MaxBatchDiff:      30,
+			EvalRank:          EvalRankFastest,
+			EvalEvery:         2,
 		},
 		Worker: Worker{
 			LivenessTimeout: 15 * time.Second,
@@ -201,6 +205,8 @@ func TestDefaults(t *testing.T) {
 			GuardFactor:      3,
 			GuardLRFactor:    0.5,
 			LRPlateauFactor:  0.5,
+			EvalRank:         EvalRankLowest,
+			EvalEvery:        1,
 		},
 		Worker: Worker{
 			LivenessTimeout: 30 * time.Second,
@@ -263,6 +269,11 @@ func TestValidationErrors(t *testing.T) {
 		{"formation zero", "coordinator {\n  formation_timeout = \"0s\"\n}\n", "cohort.hcl:2,3-20: coordinator.formation_timeout: ", "positive duration"},
 		{"checkpoint_every", "coordinator {\n  checkpoint_every = -1\n}\n", "cohort.hcl:2,3-19: coordinator.checkpoint_every: ", "at least 0"},
 		{"chunk_batches", "coordinator {\n  chunk_batches = -2\n}\n", "cohort.hcl:2,3-16: coordinator.chunk_batches: ", "at least 0"},
+		{"eval_rank unknown", "coordinator {\n  eval_rank = \"quickest\"\n}\n", "cohort.hcl:2,3-12: coordinator.eval_rank: ", `"quickest" is not lowest, fastest or a rank number`},
+		{"eval_rank negative", "coordinator {\n  eval_rank = -1\n}\n", "cohort.hcl:2,3-12: coordinator.eval_rank: ", `"-1" is not lowest, fastest or a rank number`},
+		{"eval_rank past the ranks", "run {\n  ranks = 4\n}\ncoordinator {\n  eval_rank = \"4\"\n}\n", "cohort.hcl:5,3-12: coordinator.eval_rank: ", "rank 4 is not in the run: run.ranks = 4 numbers them 0 to 3"},
+		{"eval_rank empty", "coordinator {\n  eval_rank = \"\"\n}\n", "cohort.hcl:2,3-12: coordinator.eval_rank: ", `"" is not lowest, fastest or a rank number`},
+		{"eval_every negative", "coordinator {\n  eval_every = -1\n}\n", "cohort.hcl:2,3-13: coordinator.eval_every: ", "must be a number of epochs, or 0 to never evaluate, got -1"},
 		{"overhead one", "coordinator {\n  overhead_target = 1\n}\n", "cohort.hcl:2,3-18: coordinator.overhead_target: ", "1 is outside (0, 1)"},
 		{"overhead zero", "coordinator {\n  overhead_target = 0\n}\n", "cohort.hcl:2,3-18: coordinator.overhead_target: ", "outside (0, 1)"},
 		{"overhead out of range", "coordinator {\n  overhead_target = 1e999\n}\n", "cohort.hcl:2,21-26: coordinator.overhead_target: ", "number is out of a float64's range"},

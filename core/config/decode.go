@@ -66,6 +66,8 @@ var coreKeys = []coreBlock{
 		value("sync_every", func(c *Config) *int { return &c.Coordinator.SyncEvery }),
 		value("min_ranks", func(c *Config) *int { return &c.Coordinator.MinRanks }),
 		value("checkpoint_every", func(c *Config) *int { return &c.Coordinator.CheckpointEvery }),
+		value("eval_rank", func(c *Config) *string { return &c.Coordinator.EvalRank }),
+		value("eval_every", func(c *Config) *int { return &c.Coordinator.EvalEvery }),
 		value("chunk_batches", func(c *Config) *int { return &c.Coordinator.ChunkBatches }),
 		value("overhead_target", func(c *Config) *float64 { return &c.Coordinator.OverheadTarget }),
 		value("easgd_alpha", func(c *Config) *float64 { return &c.Coordinator.EASGDAlpha }),

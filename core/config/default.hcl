@@ -18,6 +18,9 @@ coordinator {
   sync_every        = 10            # batches between averaging rounds, for sync
   min_ranks         = 1             # fewest live ranks that may carry on
   checkpoint_every  = 0             # epochs; 0: only on ShutdownWithSave
+  eval_rank         = "lowest"      # who evaluates and runs the epoch callback: lowest (live rank) |
+                                    # fastest (lowest batch time; moves for a 10% faster rank) | a rank number ("2")
+  eval_every        = 1             # epochs between evaluations; 0: never (else the last epoch always is)
   chunk_batches     = 0             # progressive dispatch chunk; 0: the policy's default
   overhead_target   = 0.1           # cadence: grow the window when sync overhead exceeds it
   easgd_alpha       = 0.5           # async: elastic averaging strength

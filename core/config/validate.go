@@ -73,6 +73,10 @@ func (c *Config) Validate() error {
 		bad("coordinator.min_ranks", "%d is outside [1, run.ranks = %d]", co.MinRanks, c.Run.Ranks)
 	}
 	atLeast("coordinator.checkpoint_every", co.CheckpointEvery, 0)
+	c.checkEvalRank(bad)
+	if co.EvalEvery < 0 {
+		bad("coordinator.eval_every", "must be a number of epochs, or 0 to never evaluate, got %d", co.EvalEvery)
+	}
 	atLeast("coordinator.chunk_batches", co.ChunkBatches, 0)
 	if !(co.OverheadTarget > 0 && co.OverheadTarget < 1) {
 		bad("coordinator.overhead_target", "%g is outside (0, 1)", co.OverheadTarget)
@@ -128,6 +132,19 @@ func (c *Config) Validate() error {
 		}
 	}
 	return errs.err()
+}
+
+// checkEvalRank checks that eval_rank is a policy or a rank of this run.
+func (c *Config) checkEvalRank(bad func(key, format string, args ...any)) {
+	co := c.Coordinator
+	n, fixed := co.FixedEvalRank()
+	switch {
+	case co.EvalRank == EvalRankLowest || co.EvalRank == EvalRankFastest:
+	case !fixed:
+		bad("coordinator.eval_rank", "%q is not %s, %s or a rank number", co.EvalRank, EvalRankLowest, EvalRankFastest)
+	case c.Run.Ranks >= 1 && int64(n) >= int64(c.Run.Ranks): // a bad ranks is reported above
+		bad("coordinator.eval_rank", "rank %d is not in the run: run.ranks = %d numbers them 0 to %d", n, c.Run.Ranks, c.Run.Ranks-1)
+	}
 }
 
 // checkTLS loads a tls block's files as the handshake will, so a missing,

@@ -55,6 +55,10 @@ func TestHCLRoundTrips(t *testing.T) {
 			c.Coordinator.Policy = PolicyAsync
 			c.Coordinator.EASGDAlpha = 1
 		}},
+		{"eval role by number, never evaluated", func(c *Config) {
+			c.Coordinator.EvalRank = "3"
+			c.Coordinator.EvalEvery = 0
+		}},
 		{"durations", func(c *Config) {
 			c.Coordinator.HeartbeatTimeout = 90 * time.Second
 			c.Coordinator.FormationTimeout = time.Hour + 2*time.Minute + 3*time.Second

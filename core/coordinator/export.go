@@ -19,8 +19,8 @@ const ModelDir = "model"
 const exportVersion = 0
 
 // exportModel asks one rank to save its trained model into OUT/model after
-// the last epoch: the rank that evaluated it, whose accuracy the summary
-// reports, else the lowest live one. It reuses the Checkpoint message, so
+// the last epoch: the eval role's rank, which evaluated it (the summary
+// reports its accuracy), else the lowest live one. It reuses the Checkpoint message, so
 // ranks and trainers need nothing new. The run shuts down once it is
 // answered (or the rank is lost).
 func (r *runner) exportModel() {

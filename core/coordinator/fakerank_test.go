@@ -185,6 +185,10 @@ type rankScript struct {
 	// divergence, when set, is the divergence the rank reports for each
 	// completed round (with weight 1).
 	divergence func(round uint64) float64
+	// epochFn > 0: while the rank holds the eval role, it spends this long
+	// before its first plan of each epoch, as a worker's epoch callback
+	// does, and reports it in EpochFnElapsed.
+	epochFn time.Duration
 }
 
 // planRec is one plan a rank received.
@@ -385,9 +389,30 @@ func (f *fakeRank) play(ctx context.Context) error {
 	junkSent := false
 
 	var queuedPlans func() int // plans waiting in the rank's own queue
+
+	holder := uint32(math.MaxUint32) // the eval role's rank, from SetEpochCallbackRole
+	var fired *uint64                // the last epoch whose first plan ran
+	epochFn := func(epoch uint64) error {
+		if fired != nil && *fired == epoch {
+			return nil
+		}
+		fired = &epoch
+		if s.epochFn == 0 || holder != f.id {
+			return nil
+		}
+		select {
+		case <-time.After(s.epochFn):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		return send(&wirepb.EpochFnElapsed{Rank: f.id, Epoch: epoch, ElapsedMs: float64(s.epochFn) / 1e6})
+	}
 	// trainPlan trains a plan; with merge, its batches go in one Batch
 	// frame before its Metrics, as a worker merges a solo plan's reports.
 	trainPlan := func(via string, epoch, off, size uint64, merge bool) error {
+		if err := epochFn(epoch); err != nil {
+			return err
+		}
 		f.mu.Lock()
 		f.plans = append(f.plans, planRec{via: via, epoch: epoch, offset: off, size: size, window: f.roundsDone})
 		f.mu.Unlock()
@@ -559,6 +584,8 @@ func (f *fakeRank) play(ctx context.Context) error {
 				}
 				held = nil
 			}
+		case *wirepb.SetEpochCallbackRole:
+			holder = v.GetRank()
 		case *wirepb.Evaluate:
 			acc := 0.75
 			err = send(&wirepb.EvalResult{Rank: f.id, ScheduleId: v.GetScheduleId(), Epoch: v.GetEpoch(), Loss: 0.25, Accuracy: &acc})

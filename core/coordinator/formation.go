@@ -106,8 +106,7 @@ func (r *runner) tryForm() bool {
 		"trainer", ref.GetTrainer(), "averager", ref.GetAverager(), "seconds", time.Since(r.started).Seconds())
 	r.setupCadence()
 	r.emit(Progress{Kind: ProgressFormed})
-	r.role = 0
-	r.broadcast(&wirepb.SetEpochCallbackRole{Rank: r.role})
+	r.formRole()
 	// Every rank starts from rank 0's parameters (after a resume: from
 	// what rank 0 loaded).
 	r.issueRound(wirepb.SyncMode_SYNC_MODE_BROADCAST, 0, true)

@@ -68,12 +68,19 @@ func (r *runner) startEpoch(e uint64) {
 	r.log.Info("epoch started", "epoch", e, "samples", r.pickSpace, "ranks", len(r.live()))
 }
 
-// endEpoch runs after the epoch's last round: evaluation on the
-// epoch-callback rank, then the checkpoint when due, then the next epoch.
+// endEpoch runs after the epoch's last round: the eval role's election,
+// evaluation on its rank when due, then the checkpoint when due, then the
+// next epoch.
 func (r *runner) endEpoch() {
 	r.phase = phEval
 	r.work = nil
-	if live := r.live(); len(live) > 0 && r.ranks[live[0]].ready.GetEvalSamples() == 0 {
+	r.electRole()
+	switch live := r.live(); {
+	case !r.evaluates(r.epoch):
+		r.log.Debug("no evaluation: coordinator.eval_every skips this epoch", "epoch", r.epoch, "eval_every", r.cfg.Coordinator.EvalEvery)
+		r.closeEpoch()
+		return
+	case len(live) > 0 && r.ranks[live[0]].ready.GetEvalSamples() == 0:
 		// The trainers hold no test split (every rank loads the same data):
 		// asking would only fail.
 		r.log.Debug("no evaluation: the trainer has no test split", "epoch", r.epoch)
@@ -83,15 +90,11 @@ func (r *runner) endEpoch() {
 	r.sendEvaluate()
 }
 
-// sendEvaluate asks the epoch-callback rank to evaluate (again, when the
-// previous target was lost).
+// sendEvaluate asks the eval role's rank to evaluate (again, when the
+// previous target was lost and the role moved).
 func (r *runner) sendEvaluate() {
-	live := r.live()
-	if len(live) == 0 {
+	if len(r.live()) == 0 {
 		return
-	}
-	if r.ranks[r.role].status != stLive {
-		r.role = live[0]
 	}
 	r.evalTarget = int64(r.role)
 	r.send(r.ranks[r.role], &wirepb.Evaluate{ScheduleId: r.epoch, Epoch: r.epoch, TargetRank: r.role})

@@ -108,8 +108,9 @@ type runner struct {
 	session      *sessionReq
 	generation   uint64
 	relay        *relayHub
-	meetKind     string // the meeting kind the first MeetRequest named
-	role         uint32
+	meetKind     string         // the meeting kind the first MeetRequest named
+	role         uint32         // the eval role's rank: evaluation, epoch callback, model export
+	roles        []RoleElection // every move of the role, for the summary
 	cad          *cadence
 	ctl          *controller
 	snap         progress

@@ -146,11 +146,7 @@ func (r *runner) depart(rs *rankState, event, reason string, status rankStatus) 
 	for _, id := range survivors {
 		r.send(r.ranks[id], dd)
 	}
-	if r.role == rs.id {
-		r.role = survivors[0]
-		r.log.Info("epoch-callback rank re-elected", "rank", r.role)
-		r.broadcast(&wirepb.SetEpochCallbackRole{Rank: r.role})
-	}
+	r.roleRankGone(rs.id, survivors)
 	if r.win != nil {
 		delete(r.win.ranks, rs.id)
 	}

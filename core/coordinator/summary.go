@@ -46,7 +46,10 @@ type Summary struct {
 	Epochs           []EpochSummary    `json:"epochs"`
 	Ranks            []RankSummary     `json:"ranks"`
 	MembershipEvents []MembershipEvent `json:"membership_events"`
-	Averaging        AveragingSummary  `json:"averaging"`
+	// Roles lists the eval role's holders: the first at formation, then
+	// every move (coordinator.eval_rank).
+	Roles     []RoleElection   `json:"roles"`
+	Averaging AveragingSummary `json:"averaging"`
 	// Controller is what the sync-interval and learning-rate controller
 	// did in this process.
 	Controller *ControllerSummary `json:"controller,omitempty"`
@@ -283,6 +286,7 @@ func (r *runner) summary() *Summary {
 		Epochs:           r.finished,
 		MembershipEvents: r.memberEvents,
 		Controller:       r.ctl.summary(),
+		Roles:            r.roles,
 		Checkpoint:       r.lastCkpt,
 		Model:            r.model,
 		Averaging: AveragingSummary{
@@ -299,6 +303,9 @@ func (r *runner) summary() *Summary {
 	}
 	if s.MembershipEvents == nil {
 		s.MembershipEvents = []MembershipEvent{}
+	}
+	if s.Roles == nil {
+		s.Roles = []RoleElection{}
 	}
 	if r.rounds > 0 {
 		s.Averaging.MeanRoundMS = safe(r.roundMS / float64(r.rounds))
