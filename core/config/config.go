@@ -107,9 +107,11 @@ type Coordinator struct {
 	// learning rate is scaled by LRPlateauFactor; 0: no plateau rule.
 	LRPlateauPatience int
 	LRPlateauFactor   float64 // in (0, 1)
-	// MaxBatchDiff (async): a rank more than this many batches ahead of the
-	// slowest busy rank since the last round is throttled until the
-	// round; 0: never.
+	// MaxBatchDiff bounds how far ranks drift apart in batches: under
+	// async a rank more than this many batches ahead of the slowest busy
+	// rank since the last round is throttled until the round; under
+	// cadence a rank's window count moves at most this much per window.
+	// 0: no bound.
 	MaxBatchDiff int
 	// EvalRank says which rank evaluates and runs the epoch callback:
 	// EvalRankLowest, EvalRankFastest, or a rank number ("2"; while that

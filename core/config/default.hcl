@@ -32,7 +32,8 @@ coordinator {
   guard_lr_factor   = 0.5           #   the interval to its minimum and scales the rate by this
   lr_plateau_patience = 0           # epochs without a better eval loss before the rate
   lr_plateau_factor   = 0.5         #   is scaled by this (0: no plateau rule)
-  max_batch_diff    = 0             # async: batches a rank may run ahead before it is throttled (0: off)
+  max_batch_diff    = 0             # async: batches a rank may run ahead before it is throttled;
+                                    # cadence: most a rank's window moves per window (0: off)
   # tls {                           # mutual TLS 1.3 on the control and reduce servers;
   #   ca   = "tls/ca.pem"           # ranks must present a certificate from this CA
   #   cert = "tls/head.pem"         # (`cohort tls init` makes the files; relative

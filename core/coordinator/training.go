@@ -193,7 +193,7 @@ func (r *runner) windowPlans(live []uint32) map[uint32]*plan {
 			list[i] = counts[id]
 		}
 		remainingBatches := (r.work.remaining() + r.batch - 1) / r.batch
-		list = scaleCounts(list, remainingBatches)
+		list = finalWindow(list, remainingBatches)
 		for i, id := range live {
 			want[id] = list[i] * r.batch
 		}
