@@ -43,8 +43,11 @@ const (
 // averaging overhead stays bounded.
 type cadence struct {
 	base    uint64
+	minBase uint64 // the floor of a shrink (coordinator.sync_every_min)
 	maxBase uint64
-	target  float64
+	// sinceShrink counts windows since the last shrink.
+	sinceShrink int
+	target      float64
 	// maxDiff, when not 0, bounds how far one window's count of a rank may
 	// move from its last (coordinator.max_batch_diff).
 	maxDiff      uint64
@@ -88,6 +91,7 @@ func newCadence(base, maxBase uint64, target float64) *cadence {
 	base = max(base, 1)
 	return &cadence{
 		base:    min(base, max(maxBase, 1)),
+		minBase: 1,
 		maxBase: max(maxBase, 1),
 		target:  target,
 		trust:   map[uint32]*trust{},
@@ -213,23 +217,37 @@ func (c *cadence) plan(live []uint32) map[uint32]uint64 {
 	return out
 }
 
-// observeWindow grows the window when the round that closed it cost more
-// than target of the window's compute time (twice the target while warming
-// up; never while probing). It returns whether it grew.
-func (c *cadence) observeWindow(roundMS, windowMS float64) bool {
-	if !(windowMS > 0) || !(roundMS >= 0) || math.IsInf(roundMS, 0) || math.IsInf(windowMS, 0) {
-		return false
+// observeWindow applies the controller's verdict to the window's base:
+// halved (down to minBase, at most once every cooldownRounds windows) when
+// the ranks drift, else grown when the round that closed the window cost
+// more than target of the window's time (twice the target while warming
+// up; never while probing) and the verdict allows it. It returns the base
+// before the change, and whether there was one.
+func (c *cadence) observeWindow(roundMS, windowMS float64, v verdict) (from uint64, changed bool) {
+	from = c.base
+	c.sinceShrink++
+	if v == verdictShrink {
+		if c.base <= c.minBase || c.sinceShrink < cooldownRounds {
+			return from, false
+		}
+		c.base = max(c.minBase, c.base/2)
+		c.sinceShrink = 0
+		clear(c.counts)
+		return from, true
+	}
+	if v != verdictGrow || !(windowMS > 0) || !(roundMS >= 0) || math.IsInf(roundMS, 0) || math.IsInf(windowMS, 0) {
+		return from, false
 	}
 	target := c.target
 	switch c.phase() {
 	case phaseProbe:
-		return false
+		return from, false
 	case phaseWarmup:
 		target *= 2
 	}
 	overhead := roundMS / windowMS
 	if overhead <= target || c.base >= c.maxBase {
-		return false
+		return from, false
 	}
 	grown := uint64(math.Ceil(float64(c.base) * min(overhead/target, cadenceMaxGrow)))
 	grown = min(max(grown, c.base+1), c.maxBase)
@@ -237,7 +255,7 @@ func (c *cadence) observeWindow(roundMS, windowMS float64) bool {
 	// zone and max_batch_diff do not hold the old sizes.
 	clear(c.counts)
 	c.base = grown
-	return true
+	return from, true
 }
 
 func (c *cadence) state() *CadenceState {
@@ -390,6 +408,7 @@ func (r *runner) setupCadence() {
 	epochBatches := (r.pickSpace + r.batch - 1) / r.batch
 	r.cad = newCadence(base, epochBatches, r.cfg.Coordinator.OverheadTarget)
 	r.cad.maxDiff = uint64(r.cfg.Coordinator.MaxBatchDiff)
+	r.cad.minBase = min(uint64(max(r.cfg.Coordinator.SyncEveryMin, 1)), r.cad.base)
 	if r.c.meta != nil {
 		r.cad.restore(r.c.meta.Cadence)
 	}

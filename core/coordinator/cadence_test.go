@@ -3,6 +3,8 @@ package coordinator
 import (
 	"slices"
 	"testing"
+
+	"github.com/cohortdl/cohort/core/config"
 )
 
 // A rank's batch time is the mean of its last five readings: an old
@@ -97,7 +99,7 @@ func TestCadenceGrowthByPhase(t *testing.T) {
 	} {
 		c := newCadence(4, 100, 0.1)
 		c.calibrations = tc.calibrations
-		if got := c.observeWindow(tc.overhead*100, 100); got != tc.grows {
+		if _, got := c.observeWindow(tc.overhead*100, 100, verdictGrow); got != tc.grows {
 			t.Errorf("phase %s, overhead %g: grew %v, want %v", c.phase(), tc.overhead, got, tc.grows)
 		}
 	}
@@ -138,6 +140,66 @@ func TestFinalWindow(t *testing.T) {
 			}
 			if last := tc.remaining < planned+uint64(len(tc.counts)); last && sum != tc.remaining {
 				t.Errorf("allocated %d of %d batches", sum, tc.remaining)
+			}
+		})
+	}
+}
+
+// The controller's verdict bounds the window: growth for overhead only
+// while ranks stay within the divergence target, a halving (at most every
+// third window, down to the floor) when they drift well past it.
+func TestCadenceVerdicts(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		verdicts []verdict
+		want     []uint64 // the base after each window
+	}{
+		{"growth allowed", []verdict{verdictGrow, verdictGrow}, []uint64{16, 32}},
+		{"growth held", []verdict{verdictHold, verdictHold}, []uint64{8, 8}},
+		{"drift halves it, with a cooldown",
+			[]verdict{verdictGrow, verdictShrink, verdictShrink, verdictShrink, verdictShrink, verdictShrink, verdictShrink},
+			[]uint64{16, 8, 8, 8, 4, 4, 4}},
+		{"down to the floor", []verdict{verdictShrink, verdictShrink, verdictShrink, verdictShrink, verdictShrink, verdictShrink, verdictShrink, verdictShrink, verdictShrink, verdictShrink},
+			[]uint64{4, 4, 4, 2, 2, 2, 2, 2, 2, 2}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newCadence(8, 1000, 0.05)
+			c.minBase = 2
+			c.sinceShrink = cooldownRounds
+			c.calibrations = stableAfter
+			var got []uint64
+			for _, v := range tc.verdicts {
+				c.observeWindow(50, 100, v) // overhead 50%: growth wanted
+				got = append(got, c.base)
+			}
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("bases %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+// The verdict follows the divergence's running mean against the target.
+func TestControllerVerdict(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		adapt bool
+		divs  []float64
+		want  verdict
+	}{
+		{"no divergence reported", true, nil, verdictGrow},
+		{"well inside", true, repeat(0.01, 3), verdictGrow},
+		{"above target", true, repeat(0.06, 3), verdictHold},
+		{"well past it", true, repeat(0.2, 3), verdictShrink},
+		{"adaptation off", false, repeat(0.2, 3), verdictGrow},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newController(ctlConfig(func(co *config.Coordinator) { co.AdaptiveSync = tc.adapt }), nil)
+			for i, d := range tc.divs {
+				c.observeRound(uint64(i+1), 1, []float64{d})
+			}
+			if got := c.verdict(); got != tc.want {
+				t.Errorf("verdict %d, want %d", got, tc.want)
 			}
 		})
 	}

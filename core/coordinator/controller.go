@@ -32,7 +32,34 @@ const (
 	RuleGuard        = "guard"         // a divergence spike: interval to its minimum, rate scaled down
 	RuleGuardRelease = "guard_release" // divergence settled: the rate is restored
 	RulePlateau      = "plateau"       // eval loss stopped improving: the rate scaled down
+	RuleOverhead     = "overhead"      // cadence: rounds cost too much of the window: it grew
 )
+
+// verdict is the controller's word on the cadence policy's window: the
+// window may grow for overhead only while ranks stay within the
+// divergence target, and shrinks when they drift well past it.
+type verdict int
+
+const (
+	verdictGrow   verdict = iota // growth for overhead allowed
+	verdictHold                  // divergence above target: no growth
+	verdictShrink                // drifting well past it, or the guard holds: halve
+)
+
+func (c *controller) verdict() verdict {
+	st := &c.st
+	switch {
+	case !c.adaptive || st.Rounds == 0:
+		// No divergence reported (or adaptation off): the overhead rule
+		// alone sizes the window.
+		return verdictGrow
+	case st.Guard || st.DivergenceEMA > tightenAbove*c.target:
+		return verdictShrink
+	case st.DivergenceEMA > c.target:
+		return verdictHold
+	}
+	return verdictGrow
+}
 
 // ControllerState is the controller's state, kept in checkpoints so a
 // resumed run decides as the original would have.
@@ -91,7 +118,10 @@ type ControllerSummary struct {
 // their next plans: every rank's plans after one round carry the same
 // interval and scale, so the cohort changes together at one step.
 type controller struct {
-	adaptive        bool
+	adaptive bool
+	// moves: the controller sizes the interval itself (sync, async); under
+	// cadence the cadence sizes the window and takes the verdict.
+	moves           bool
 	min, max        uint64
 	target          float64
 	guardFactor     float64
@@ -109,6 +139,7 @@ type controller struct {
 func newController(co config.Coordinator, log func(ControllerDecision)) *controller {
 	c := &controller{
 		adaptive:        co.AdaptiveSync,
+		moves:           co.Policy != config.PolicyCadence,
 		min:             uint64(max(co.SyncEveryMin, 1)),
 		max:             uint64(co.SyncEveryMax),
 		target:          co.DivergenceTarget,
@@ -181,7 +212,9 @@ func (c *controller) observeRound(round, epoch uint64, divs []float64) {
 		// the divergence before it.
 		from, lrFrom := st.Interval, c.lrScale()
 		st.Guard, st.Settled, st.Calm, st.SinceMove = true, 0, 0, 0
-		st.Interval = c.min
+		if c.moves {
+			st.Interval = c.min
+		}
 		c.decide(ControllerDecision{Round: round, Epoch: epoch, Rule: RuleGuard, Divergence: d,
 			From: from, To: st.Interval, LRFrom: lrFrom, LRTo: c.lrScale()})
 		return
@@ -201,7 +234,7 @@ func (c *controller) observeRound(round, epoch uint64, divs []float64) {
 		return
 	}
 	st.DivergenceEMA += divEMA * (d - ema)
-	if !c.adaptive {
+	if !c.adaptive || !c.moves {
 		return
 	}
 	switch ema = st.DivergenceEMA; {

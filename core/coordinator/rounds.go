@@ -187,14 +187,20 @@ func (r *runner) completeRound(rd *round) {
 				}
 			}
 		}
-		if r.cad != nil && r.lastWindowMS > 0 {
-			if r.cad.observeWindow(ms, r.lastWindowMS) {
-				r.log.Debug("cadence window grew", "base", r.cad.base, "round_ms", ms, "window_ms", r.lastWindowMS)
-			}
-			r.lastWindowMS = 0
-		}
 		if rd.mode == wirepb.SyncMode_SYNC_MODE_AVERAGE {
 			r.ctl.observeRound(rd.num, r.epoch+1, r.roundDivergences(rd))
+		}
+		if r.cad != nil && r.lastWindowMS > 0 {
+			if from, ok := r.cad.observeWindow(ms, r.lastWindowMS, r.ctl.verdict()); ok {
+				rule := RuleOverhead
+				if r.cad.base < from {
+					rule = RuleTighten
+				}
+				lr := r.ctl.lrScale()
+				r.ctl.decide(ControllerDecision{Round: rd.num, Epoch: r.epoch + 1, Rule: rule,
+					Divergence: r.ctl.st.DivergenceEMA, From: from, To: r.cad.base, LRFrom: lr, LRTo: lr})
+			}
+			r.lastWindowMS = 0
 		}
 		if rd.snap != nil {
 			// The work as of the round's issue (the plans it carried are
@@ -305,4 +311,14 @@ func (r *runner) logDecision(d ControllerDecision) {
 	r.log.Info("controller: "+d.Rule, "round", d.Round, "epoch", d.Epoch, "divergence", d.Divergence,
 		"eval_loss", d.EvalLoss, "interval", fmt.Sprintf("%d -> %d", d.From, d.To),
 		"lr_scale", fmt.Sprintf("%g -> %g", d.LRFrom, d.LRTo))
+}
+
+// controllerSummary is the controller's account; under cadence the
+// interval is the window's base, which the cadence sizes.
+func (r *runner) controllerSummary() *ControllerSummary {
+	s := r.ctl.summary()
+	if r.cad != nil {
+		s.Interval = r.cad.base
+	}
+	return s
 }

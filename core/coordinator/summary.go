@@ -285,7 +285,7 @@ func (r *runner) summary() *Summary {
 		GlobalStep:       r.globalStep(),
 		Epochs:           r.finished,
 		MembershipEvents: r.memberEvents,
-		Controller:       r.ctl.summary(),
+		Controller:       r.controllerSummary(),
 		Roles:            r.roles,
 		Checkpoint:       r.lastCkpt,
 		Model:            r.model,

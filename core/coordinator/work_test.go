@@ -227,7 +227,7 @@ func TestCadenceWindowGrowth(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			c := newCadence(tc.base, tc.max, 0.1)
 			c.calibrations = stableAfter
-			c.observeWindow(tc.roundMS, tc.windowM)
+			c.observeWindow(tc.roundMS, tc.windowM, verdictGrow)
 			if c.base != tc.want {
 				t.Errorf("base %d, want %d", c.base, tc.want)
 			}

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"math"
 	"regexp"
+	"strconv"
+	"time"
 
 	"github.com/cohortdl/cohort/plugins/trainer-libtorch/internal/dataset"
 	"github.com/cohortdl/cohort/shared/plugin"
@@ -56,6 +58,34 @@ type Settings struct {
 
 	Threads int    `json:"threads"`
 	Device  string `json:"device"`
+
+	// SleepPerBatchByRank slows the named ranks by a fixed time per batch
+	// (counted in their batch times), to try a cohort of unequal ranks on
+	// equal hardware: rank number → duration string.
+	SleepPerBatchByRank map[string]string `json:"sleep_per_batch_by_rank"`
+}
+
+// maxSleepPerBatch bounds sleep_per_batch_by_rank.
+const maxSleepPerBatch = 10 * time.Second
+
+// sleepFor is rank's sleep_per_batch_by_rank entry, or 0.
+func (s *Settings) sleepFor(rank uint32) time.Duration {
+	d, _ := time.ParseDuration(s.SleepPerBatchByRank[strconv.FormatUint(uint64(rank), 10)])
+	return d
+}
+
+// checkSleeps validates sleep_per_batch_by_rank.
+func (s *Settings) checkSleeps() error {
+	for k, v := range s.SleepPerBatchByRank {
+		if _, err := strconv.ParseUint(k, 10, 32); err != nil {
+			return fmt.Errorf("sleep_per_batch_by_rank: key %q is not a rank number", k)
+		}
+		d, err := time.ParseDuration(v)
+		if err != nil || d < 0 || d > maxSleepPerBatch {
+			return fmt.Errorf("sleep_per_batch_by_rank[%q] = %q, want a duration from 0 to %v", k, v, maxSleepPerBatch)
+		}
+	}
+	return nil
 }
 
 // defaultWidenMB keeps a 60000-image set of 28×28 (184 MiB widened) and
@@ -93,6 +123,9 @@ func finite(v float64) bool { return !math.IsNaN(v) && !math.IsInf(v, 0) }
 
 // fill applies the defaults and validates.
 func (s *Settings) fill() error {
+	if err := s.checkSleeps(); err != nil {
+		return err
+	}
 	if s.Model == "" {
 		s.Model = "mlp"
 	}

@@ -200,6 +200,9 @@ func (t *Trainer) step(gen uint64, data *dataset.Set, b *batchBuf, start time.Ti
 	}
 	t.steps++
 	t.schedStep++
+	if d := t.s.sleepFor(t.cfg.Rank); d > 0 {
+		time.Sleep(d) // a slower device: the batch takes longer
+	}
 	rep := plugin.BatchReport{Samples: uint32(n), Loss: loss, StepCount: t.steps}
 	if t.steps%paramNormEvery == 0 {
 		if norm, err := t.model.Norm(); err == nil {

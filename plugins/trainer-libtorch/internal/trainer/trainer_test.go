@@ -949,3 +949,29 @@ func TestLRScale(t *testing.T) {
 		}
 	}
 }
+
+// sleep_per_batch_by_rank slows only the named rank, and its batch times
+// show it.
+func TestSleepPerBatchByRank(t *testing.T) {
+	needTorch(t)
+	data := synthData(t, 64, 8, 3)
+	batchMS := func(rank uint32) float64 {
+		tr := newTestTrainer(t)
+		settings := merge(data, map[string]any{"threads": 1, "batch_size": 16, "sleep_per_batch_by_rank": map[string]string{"1": "30ms"}})
+		if _, err := tr.Configure(context.Background(), plugin.TrainerConfig{Rank: rank, WorldSize: 2, LocalRanks: 1, Seed: 1, Settings: settingsJSON(t, settings)}); err != nil {
+			t.Fatal(err)
+		}
+		least := math.Inf(1)
+		plan := plugin.Plan{Epoch: 0, Seed: 5, PickSpace: 64, PartitionSize: 64}
+		if err := tr.Train(context.Background(), plan, func(r plugin.BatchReport) error {
+			least = min(least, r.BatchMS)
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return least
+	}
+	if slow, fast := batchMS(1), batchMS(0); slow < 30 || fast >= 30 {
+		t.Errorf("fastest batch: %.1f ms on the slowed rank, %.1f ms on the other; want at least 30 and under 30", slow, fast)
+	}
+}
