@@ -14,6 +14,7 @@ type report struct {
 	Settings settingsJSON  `json:"settings"`
 	DDP      *ddpReport    `json:"ddp,omitempty"`
 	Single   *singleReport `json:"single,omitempty"`
+	Hetero   *heteroReport `json:"hetero,omitempty"`
 	WallS    float64       `json:"wall_s"`
 }
 

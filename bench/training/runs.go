@@ -44,6 +44,10 @@ type runConfig struct {
 	Batch     int
 	LR        float64
 	Threads   int
+	// SlowRank and SlowDelay, when SlowDelay is set, slow that rank by a
+	// fixed time per batch (trainer-libtorch's sleep_per_batch_by_rank).
+	SlowRank  int
+	SlowDelay time.Duration
 }
 
 // hcl renders the config file: the trainer block names every setting of
@@ -74,13 +78,21 @@ func (c runConfig) hcl() string {
   lr         = %s
   momentum   = %s
   threads    = %d
-}
+%s}
 
 averager %s {
 }
 `, hclString(c.Data), c.Batch, strconv.FormatFloat(c.LR, 'g', -1, 64), strconv.FormatFloat(momentum, 'g', -1, 64),
-		c.Threads, hclString(averager))
+		c.Threads, c.slowSetting(), hclString(averager))
 	return b.String()
+}
+
+// slowSetting is the trainer block's sleep_per_batch_by_rank line, if any.
+func (c runConfig) slowSetting() string {
+	if c.SlowDelay <= 0 {
+		return ""
+	}
+	return fmt.Sprintf("  sleep_per_batch_by_rank = { %s = %s }\n", hclString(strconv.Itoa(c.SlowRank)), hclString(c.SlowDelay.String()))
 }
 
 // hclString quotes s as an HCL string literal: Go's escapes, and the

@@ -8,6 +8,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/cohortdl/cohort/core/config"
 	"github.com/cohortdl/cohort/core/coordinator"
@@ -193,6 +194,8 @@ func TestConfigHCL(t *testing.T) {
 			def.Coordinator.Policy, def.Coordinator.SyncEvery},
 		{"policy and sync_every", runConfig{Seed: 1, Policy: "cadence", SyncEvery: 25, Data: `/tmp/a "b" ${c}`, Batch: 32, LR: 0.1, Threads: 2},
 			config.PolicyCadence, 25},
+		{"a slow rank", runConfig{Seed: 1, Policy: "async", Data: "/d", Batch: 64, LR: 0.05, Threads: 1, SlowRank: 3, SlowDelay: 8500 * time.Microsecond},
+			config.PolicyAsync, def.Coordinator.SyncEvery},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			src := tc.cfg.hcl()
@@ -216,6 +219,9 @@ func TestConfigHCL(t *testing.T) {
 			want := map[string]any{
 				"model": "mlp", "hidden": []any{256.0}, "data": tc.cfg.Data, "batch_size": float64(tc.cfg.Batch),
 				"optimizer": "sgd", "lr": tc.cfg.LR, "momentum": momentum, "threads": float64(tc.cfg.Threads),
+			}
+			if tc.cfg.SlowDelay > 0 {
+				want["sleep_per_batch_by_rank"] = map[string]any{"3": "8.5ms"}
 			}
 			if !reflect.DeepEqual(got, want) {
 				t.Fatalf("trainer settings %v, want %v", got, want)
