@@ -26,6 +26,13 @@ type Description struct {
 	Settings []SettingSpec
 }
 
+// CapTrainsDuringRounds is the capability a trainer declares in
+// Description.Capabilities when it can train while a round runs: with
+// TrainerConfig.OverlapRounds it keeps its parameters out of the arena,
+// Publish and Adopt may be called while Train runs (between its steps),
+// and Adopt credits the steps trained since Publish.
+const CapTrainsDuringRounds = "trains-during-rounds"
+
 // The meeting kinds an averager can declare in Description.Meeting.
 const (
 	// MeetRelay: the ranks meet through AveragerConfig.Relay alone, which
@@ -52,6 +59,12 @@ type TrainerConfig struct {
 	WorldSize  uint32
 	LocalRanks uint32
 	Seed       uint64
+	// OverlapRounds is set, for a trainer that declared
+	// CapTrainsDuringRounds, when the cohort runs averaging rounds while
+	// its ranks train (the async policy): the trainer keeps its parameters
+	// out of the arena (Attach returns zeroCopy false), so the averager can
+	// work on the arena while Train goes on.
+	OverlapRounds bool
 	// Settings is the plugin's own config block as JSON; the core does not
 	// interpret it.
 	Settings json.RawMessage
@@ -131,7 +144,9 @@ type Trainer interface {
 	// Adopt makes the model use the arena's parameters; blendAlpha in (0,1)
 	// blends local := (1-a)*local + a*arena (local being the values at the
 	// last Publish) instead of overwriting; 0 and 1 overwrite, anything
-	// else is an error.
+	// else is an error. When steps ran since Publish (a round that ran
+	// during Train, OverlapRounds), those steps are credited: the result
+	// is current + a*(arena - published), a being 1 for an overwrite.
 	Adopt(ctx context.Context, blendAlpha float64) (paramNorm float64, err error)
 	Evaluate(ctx context.Context) (EvalResult, error)
 	SaveCheckpoint(ctx context.Context, dir string) (files []string, err error)

@@ -204,8 +204,9 @@ func toprotoTrainerConfig(c TrainerConfig) *pb.TrainerConfigureRequest {
 		Rank:         c.Rank,
 		WorldSize:    c.WorldSize,
 		LocalRanks:   c.LocalRanks,
-		Seed:         c.Seed,
-		SettingsJson: c.Settings,
+		Seed:          c.Seed,
+		SettingsJson:  c.Settings,
+		OverlapRounds: c.OverlapRounds,
 	}
 }
 
@@ -214,8 +215,9 @@ func fromprotoTrainerConfig(m *pb.TrainerConfigureRequest) TrainerConfig {
 		Rank:       m.GetRank(),
 		WorldSize:  m.GetWorldSize(),
 		LocalRanks: m.GetLocalRanks(),
-		Seed:       m.GetSeed(),
-		Settings:   settings(m.GetSettingsJson()),
+		Seed:          m.GetSeed(),
+		Settings:      settings(m.GetSettingsJson()),
+		OverlapRounds: m.GetOverlapRounds(),
 	}
 }
 

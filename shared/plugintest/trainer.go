@@ -66,6 +66,9 @@ type Trainer struct {
 	grad     []float64 // one batch's weight gradient
 	steps    uint64    // optimizer steps in total
 	lastPub  uint64    // steps at the last Publish
+	// pub holds weight, bias and mean as of the last Publish, for an Adopt
+	// that credits the steps trained since.
+	pub []float32
 	trained  uint64    // samples trained in total
 	batches  uint64    // batches trained by this process, for fail_after_batches
 	mapping  *arena.Mapping
@@ -84,7 +87,7 @@ func NewTrainer(logger hclog.Logger) *Trainer {
 
 // Describe names the mock.
 func (t *Trainer) Describe(context.Context) (plugin.Description, error) {
-	return plugin.Description{Name: TrainerName, Version: "1", Capabilities: []string{"cpu", "deterministic"},
+	return plugin.Description{Name: TrainerName, Version: "1", Capabilities: []string{"cpu", "deterministic", plugin.CapTrainsDuringRounds},
 		Settings: plugin.SchemaOf(TrainerSettings{})}, nil
 }
 
@@ -143,6 +146,7 @@ func (t *Trainer) releaseLocked() error {
 		errs = append(errs, t.mapping.Close())
 		t.mapping = nil
 	}
+	t.pub = t.pub[:0]
 	if t.ledger != nil {
 		errs = append(errs, t.ledger.Close())
 		t.ledger = nil
@@ -171,7 +175,7 @@ func (t *Trainer) Attach(_ context.Context, d arena.Descriptor) (bool, error) {
 			t.logger.Warn("closing the previous arena", "error", err)
 		}
 	}
-	t.mapping = m
+	t.mapping, t.pub = m, t.pub[:0]
 	return false, nil
 }
 
@@ -354,6 +358,7 @@ func (t *Trainer) Publish(context.Context) (plugin.PublishResult, error) {
 	copy(w, t.weight)
 	b[0] = t.bias
 	copy(m, t.mean)
+	t.pub = append(append(append(t.pub[:0], t.weight...), t.bias), t.mean...)
 	res := plugin.PublishResult{Steps: t.steps - t.lastPub, StepCount: t.steps, ParamNorm: t.normLocked()}
 	t.lastPub = t.steps
 	return res, nil
@@ -361,7 +366,9 @@ func (t *Trainer) Publish(context.Context) (plugin.PublishResult, error) {
 
 // Adopt copies parameters and buffer from the arena; with blendAlpha in
 // (0,1) every value becomes (1-a)·local + a·arena instead (computed in
-// float64). blendAlpha 0 or 1 overwrites; outside [0,1] is an error.
+// float64). blendAlpha 0 or 1 overwrites; outside [0,1] is an error. When
+// steps ran since Publish (a round during Train) every value becomes
+// local + a·(arena − published) instead, a = 1 for an overwrite.
 func (t *Trainer) Adopt(_ context.Context, blendAlpha float64) (float64, error) {
 	if !(blendAlpha >= 0 && blendAlpha <= 1) {
 		return 0, fmt.Errorf("mock trainer: blend alpha %v is outside [0, 1]", blendAlpha)
@@ -371,6 +378,22 @@ func (t *Trainer) Adopt(_ context.Context, blendAlpha float64) (float64, error) 
 	w, b, m, err := t.tensorsLocked("Adopt")
 	if err != nil {
 		return 0, err
+	}
+	if t.steps != t.lastPub && len(t.pub) == 2*len(t.weight)+1 {
+		a := blendAlpha
+		if a == 0 {
+			a = 1
+		}
+		credit := func(local, global, published float32) float32 {
+			return float32(float64(local) + a*(float64(global)-float64(published)))
+		}
+		n := len(t.weight)
+		for j := range t.weight {
+			t.weight[j] = credit(t.weight[j], w[j], t.pub[j])
+			t.mean[j] = credit(t.mean[j], m[j], t.pub[n+1+j])
+		}
+		t.bias = credit(t.bias, b[0], t.pub[n])
+		return t.normLocked(), nil
 	}
 	if blendAlpha == 0 || blendAlpha == 1 {
 		copy(t.weight, w)

@@ -681,3 +681,41 @@ func TestTrainerLRScale(t *testing.T) {
 		}
 	}
 }
+
+// An Adopt after steps trained since Publish (a round run during training)
+// credits them: local + a·(arena − published); with no step since Publish
+// it overwrites as before.
+func TestTrainerAdoptCreditsStepsSincePublish(t *testing.T) {
+	for _, alpha := range []float64{0, 0.5} {
+		tr, setup := configure(t, 0, 1, 3, small())
+		a := attach(t, tr, setup)
+		p := fullEpoch(3, 0, setup.Samples)
+		p.PartitionSize = 64
+		train(t, tr, p)
+		if _, err := tr.Publish(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		published, _, _, _ := tr.Snapshot()
+		p.PartitionOffset = 64
+		train(t, tr, p)
+		current, _, _, _ := tr.Snapshot()
+		// The averager's result: the published weights plus 1 everywhere.
+		w := floats(t, a.Mapping, 0)
+		for j := range w {
+			w[j] = published[j] + 1
+		}
+		if _, err := tr.Adopt(context.Background(), alpha); err != nil {
+			t.Fatal(err)
+		}
+		got, _, _, _ := tr.Snapshot()
+		k := alpha
+		if k == 0 {
+			k = 1
+		}
+		for j := range got {
+			if want := current[j] + float32(k); math.Abs(float64(got[j]-want)) > 1e-5 {
+				t.Fatalf("alpha %g: weight %d is %v, want the trained %v plus %g", alpha, j, got[j], current[j], k)
+			}
+		}
+	}
+}

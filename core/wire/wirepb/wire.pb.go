@@ -439,12 +439,15 @@ func (x *StartEpoch) GetPlan() *EpochPlan {
 // global_step, when set, is the SetGlobalStep that the round's Update would
 // have brought, for that plan.
 type Sync struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Round         uint64                 `protobuf:"varint,1,opt,name=round,proto3" json:"round,omitempty"`
-	Mode          SyncMode               `protobuf:"varint,2,opt,name=mode,proto3,enum=cohort.wire.v1.SyncMode" json:"mode,omitempty"`
-	Root          uint32                 `protobuf:"varint,3,opt,name=root,proto3" json:"root,omitempty"`
-	NextPlan      *EpochPlan             `protobuf:"bytes,4,opt,name=next_plan,json=nextPlan,proto3,oneof" json:"next_plan,omitempty"`
-	GlobalStep    *uint64                `protobuf:"varint,5,opt,name=global_step,json=globalStep,proto3,oneof" json:"global_step,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Round      uint64                 `protobuf:"varint,1,opt,name=round,proto3" json:"round,omitempty"`
+	Mode       SyncMode               `protobuf:"varint,2,opt,name=mode,proto3,enum=cohort.wire.v1.SyncMode" json:"mode,omitempty"`
+	Root       uint32                 `protobuf:"varint,3,opt,name=root,proto3" json:"root,omitempty"`
+	NextPlan   *EpochPlan             `protobuf:"bytes,4,opt,name=next_plan,json=nextPlan,proto3,oneof" json:"next_plan,omitempty"`
+	GlobalStep *uint64                `protobuf:"varint,5,opt,name=global_step,json=globalStep,proto3,oneof" json:"global_step,omitempty"`
+	// The rank may run this round while it trains (Admit.overlap_rounds),
+	// crediting the steps it trains meanwhile.
+	Overlap       bool `protobuf:"varint,6,opt,name=overlap,proto3" json:"overlap,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -512,6 +515,13 @@ func (x *Sync) GetGlobalStep() uint64 {
 		return *x.GlobalStep
 	}
 	return 0
+}
+
+func (x *Sync) GetOverlap() bool {
+	if x != nil {
+		return x.Overlap
+	}
+	return false
 }
 
 // Update closes an averaging round; next_plan, when set, is the rank's next
@@ -1206,8 +1216,11 @@ type Admit struct {
 	Seed  uint64                 `protobuf:"varint,2,opt,name=seed,proto3" json:"seed,omitempty"`
 	// Set when the run resumes: the directory holding this run's last
 	// complete checkpoint; the rank loads its trainer state from it.
-	ResumeDir     string `protobuf:"bytes,4,opt,name=resume_dir,json=resumeDir,proto3" json:"resume_dir,omitempty"`
-	Epochs        uint64 `protobuf:"varint,5,opt,name=epochs,proto3" json:"epochs,omitempty"`
+	ResumeDir string `protobuf:"bytes,4,opt,name=resume_dir,json=resumeDir,proto3" json:"resume_dir,omitempty"`
+	Epochs    uint64 `protobuf:"varint,5,opt,name=epochs,proto3" json:"epochs,omitempty"`
+	// The policy runs rounds while ranks train (async): a rank whose trainer
+	// can (plugin.CapTrainsDuringRounds) configures it for that.
+	OverlapRounds bool `protobuf:"varint,6,opt,name=overlap_rounds,json=overlapRounds,proto3" json:"overlap_rounds,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1268,6 +1281,13 @@ func (x *Admit) GetEpochs() uint64 {
 		return x.Epochs
 	}
 	return 0
+}
+
+func (x *Admit) GetOverlapRounds() bool {
+	if x != nil {
+		return x.OverlapRounds
+	}
+	return false
 }
 
 // Meeting answers MeetRequest: where the rank's averager meets its peers,
@@ -2970,14 +2990,15 @@ const file_core_wire_wirepb_wire_proto_rawDesc = "" +
 	"\blr_scale\x18\a \x01(\x01R\alrScale\";\n" +
 	"\n" +
 	"StartEpoch\x12-\n" +
-	"\x04plan\x18\x01 \x01(\v2\x19.cohort.wire.v1.EpochPlanR\x04plan\"\xdf\x01\n" +
+	"\x04plan\x18\x01 \x01(\v2\x19.cohort.wire.v1.EpochPlanR\x04plan\"\xf9\x01\n" +
 	"\x04Sync\x12\x14\n" +
 	"\x05round\x18\x01 \x01(\x04R\x05round\x12,\n" +
 	"\x04mode\x18\x02 \x01(\x0e2\x18.cohort.wire.v1.SyncModeR\x04mode\x12\x12\n" +
 	"\x04root\x18\x03 \x01(\rR\x04root\x12;\n" +
 	"\tnext_plan\x18\x04 \x01(\v2\x19.cohort.wire.v1.EpochPlanH\x00R\bnextPlan\x88\x01\x01\x12$\n" +
 	"\vglobal_step\x18\x05 \x01(\x04H\x01R\n" +
-	"globalStep\x88\x01\x01B\f\n" +
+	"globalStep\x88\x01\x01\x12\x18\n" +
+	"\aoverlap\x18\x06 \x01(\bR\aoverlapB\f\n" +
 	"\n" +
 	"_next_planB\x0e\n" +
 	"\f_global_step\"m\n" +
@@ -3033,13 +3054,14 @@ const file_core_wire_wirepb_wire_proto_rawDesc = "" +
 	"\x03dir\x18\x02 \x01(\tR\x03dir\x12\x18\n" +
 	"\aversion\x18\x03 \x01(\x04R\aversion\"2\n" +
 	"\x14CoordinatorHeartbeat\x12\x1a\n" +
-	"\bsequence\x18\x01 \x01(\x04R\bsequence\"o\n" +
+	"\bsequence\x18\x01 \x01(\x04R\bsequence\"\x96\x01\n" +
 	"\x05Admit\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x12\n" +
 	"\x04seed\x18\x02 \x01(\x04R\x04seed\x12\x1d\n" +
 	"\n" +
 	"resume_dir\x18\x04 \x01(\tR\tresumeDir\x12\x16\n" +
-	"\x06epochs\x18\x05 \x01(\x04R\x06epochsJ\x04\b\x03\x10\x04\"O\n" +
+	"\x06epochs\x18\x05 \x01(\x04R\x06epochs\x12%\n" +
+	"\x0eoverlap_rounds\x18\x06 \x01(\bR\roverlapRoundsJ\x04\b\x03\x10\x04\"O\n" +
 	"\aMeeting\x12\x12\n" +
 	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x1a\n" +
 	"\bendpoint\x18\x02 \x01(\tR\bendpoint\x12\x14\n" +

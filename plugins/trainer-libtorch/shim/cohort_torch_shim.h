@@ -34,7 +34,7 @@
 extern "C" {
 #endif
 
-#define COHORT_TORCH_SHIM_ABI 2u
+#define COHORT_TORCH_SHIM_ABI 3u
 
 /* Element types: the values of arena.DType in shared/arena. */
 #define CT_DTYPE_F32 1
@@ -123,8 +123,12 @@ typedef struct ct_api {
    * blending adopt. *norm is the L2 norm of the parameters. */
   int (*publish)(ct_model *m, double *norm, char *err, size_t errlen);
   /* adopt makes the model use the arena's values; with alpha in (0,1) each
-   * float tensor becomes (1-alpha)*published + alpha*arena instead. */
-  int (*adopt)(ct_model *m, double alpha, double *norm, char *err, size_t errlen);
+   * float tensor becomes (1-alpha)*published + alpha*arena instead. With
+   * credit set (steps ran since publish, while the arena was averaged;
+   * only for tensors that are not views), each float tensor t becomes
+   * t + alpha*(arena - published), alpha 0 counting as 1: the steps since
+   * publish stay on top of the average. */
+  int (*adopt)(ct_model *m, double alpha, int32_t credit, double *norm, char *err, size_t errlen);
   int (*param_norm)(ct_model *m, double *norm, char *err, size_t errlen);
 
   /* train_step runs one optimizer step on a batch: x is batch rows of the

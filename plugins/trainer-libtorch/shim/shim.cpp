@@ -146,7 +146,7 @@ struct Entry {
   uint64_t bytes = 0;
   bool view = false;     // t's data lives in the arena
   torch::Tensor arena;   // the arena's memory for this tensor (CPU)
-  torch::Tensor published; // view mode: t as of the last publish
+  torch::Tensor published; // t as of the last publish (float tensors)
 };
 
 // An OpenBLAS thread pool: process-wide, and not sized by libtorch. Debian
@@ -552,7 +552,8 @@ int publish(ct_model *m, double *norm, char *err, size_t errlen) {
     for (auto &e : m->entries) {
       if (!e.view) {
         e.arena.copy_(e.t);
-      } else if (e.t.is_floating_point()) {
+      }
+      if (e.t.is_floating_point()) {
         if (!e.published.defined()) {
           e.published = torch::empty_like(e.t);
         }
@@ -563,7 +564,7 @@ int publish(ct_model *m, double *norm, char *err, size_t errlen) {
   });
 }
 
-int adopt(ct_model *m, double alpha, double *norm, char *err, size_t errlen) {
+int adopt(ct_model *m, double alpha, int32_t credit, double *norm, char *err, size_t errlen) {
   return guard(err, errlen, [&] {
     use_threads(m->threads);
     if (!m->attached) {
@@ -576,6 +577,17 @@ int adopt(ct_model *m, double alpha, double *norm, char *err, size_t errlen) {
     torch::NoGradGuard ng;
     for (auto &e : m->entries) {
       bool fl = e.t.is_floating_point();
+      if (credit && !e.view && fl) {
+        if (!e.published.defined()) {
+          fail("adopt with credit before any publish");
+        }
+        double a = blend ? alpha : 1.0;
+        e.t.add_(e.arena.to(e.t.device()).sub(e.published), a);
+        continue;
+      }
+      if (credit && e.view) {
+        fail("adopt with credit on tensor \"" + e.name + "\", which lives in the arena");
+      }
       if (e.view) {
         if (blend && fl) {
           if (!e.published.defined()) {

@@ -28,8 +28,8 @@ static int go_ct_attach(const ct_api *a, ct_model *m, void *base, uint64_t size,
 	return a->attach(m, base, size, off, k, force, zc, e, n);
 }
 static int go_ct_publish(const ct_api *a, ct_model *m, double *norm, char *e, size_t n) { return a->publish(m, norm, e, n); }
-static int go_ct_adopt(const ct_api *a, ct_model *m, double alpha, double *norm, char *e, size_t n) {
-	return a->adopt(m, alpha, norm, e, n);
+static int go_ct_adopt(const ct_api *a, ct_model *m, double alpha, int32_t credit, double *norm, char *e, size_t n) {
+	return a->adopt(m, alpha, credit, norm, e, n);
 }
 static int go_ct_param_norm(const ct_api *a, ct_model *m, double *norm, char *e, size_t n) { return a->param_norm(m, norm, e, n); }
 static int go_ct_train_step(const ct_api *a, ct_model *m, const float *x, int64_t b, const int64_t *y, const float *t,
@@ -318,11 +318,17 @@ func (m *Model) Publish() (float64, error) {
 	return float64(norm), nil
 }
 
-func (m *Model) Adopt(alpha float64) (float64, error) {
+// Adopt takes the arena's values (see the shim's adopt); credit keeps the
+// steps trained since the last Publish on top of them.
+func (m *Model) Adopt(alpha float64, credit bool) (float64, error) {
 	var norm C.double
 	buf := make([]byte, ErrBufLen)
 	e, n := errPtr(buf)
-	rc := C.go_ct_adopt(m.s.api, m.m, C.double(alpha), &norm, e, n)
+	cr := C.int32_t(0)
+	if credit {
+		cr = 1
+	}
+	rc := C.go_ct_adopt(m.s.api, m.m, C.double(alpha), cr, &norm, e, n)
 	if rc != 0 {
 		return 0, shimError("adopt", buf)
 	}

@@ -29,7 +29,7 @@ func (m *Model) Close()                                             {}
 func (m *Model) Tensors() ([]TensorInfo, error)                     { return nil, errNoCgo }
 func (m *Model) Attach([]byte, []uint64, bool) (bool, error)        { return false, errNoCgo }
 func (m *Model) Publish() (float64, error)                          { return 0, errNoCgo }
-func (m *Model) Adopt(float64) (float64, error)                     { return 0, errNoCgo }
+func (m *Model) Adopt(float64, bool) (float64, error)               { return 0, errNoCgo }
 func (m *Model) Norm() (float64, error)                             { return 0, errNoCgo }
 func (m *Model) Forward([]float32, int, []float32) ([]int64, error) { return nil, errNoCgo }
 func (m *Model) Save(string, string) error                          { return errNoCgo }

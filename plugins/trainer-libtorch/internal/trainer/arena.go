@@ -29,7 +29,9 @@ func (t *Trainer) Attach(_ context.Context, d arena.Descriptor) (bool, error) {
 	for i, e := range d.Layout.Entries {
 		offsets[i] = e.Offset
 	}
-	zc, err := t.model.Attach(m.Bytes(), offsets, t.forceCopy)
+	// Rounds that run while training need the parameters out of the
+	// arena the averager works on.
+	zc, err := t.model.Attach(m.Bytes(), offsets, t.forceCopy || t.cfg.OverlapRounds)
 	if err != nil {
 		// Some tensors may already view the new block: keep both mapped
 		// until the model is gone.
@@ -41,7 +43,7 @@ func (t *Trainer) Attach(_ context.Context, d arena.Descriptor) (bool, error) {
 			t.logger.Warn("closing the previous arena", "error", err)
 		}
 	}
-	t.mapping, t.zeroCopy = m, zc
+	t.mapping, t.zeroCopy, t.published = m, zc, false
 	t.logger.Debug("attached", "arena", d.Path, "bytes", d.Layout.Size, "zero_copy", zc)
 	return zc, nil
 }
@@ -60,13 +62,15 @@ func (t *Trainer) Publish(context.Context) (plugin.PublishResult, error) {
 		return plugin.PublishResult{}, fmt.Errorf("libtorch trainer: %w", err)
 	}
 	res := plugin.PublishResult{Steps: t.steps - t.lastPub, StepCount: t.steps, ParamNorm: norm}
-	t.lastPub = t.steps
+	t.lastPub, t.published = t.steps, true
 	return res, nil
 }
 
 // Adopt makes the model use the arena's values (already the case for
 // views); with blendAlpha in (0,1) every float tensor becomes
-// (1-a)·published + a·arena. 0 and 1 overwrite.
+// (1-a)·published + a·arena. 0 and 1 overwrite. Steps trained since
+// Publish (a round that ran during training) are credited: every float
+// tensor becomes current + a·(arena − published), a = 1 for an overwrite.
 func (t *Trainer) Adopt(_ context.Context, blendAlpha float64) (float64, error) {
 	if !(blendAlpha >= 0 && blendAlpha <= 1) {
 		return 0, fmt.Errorf("libtorch trainer: blend alpha %v is outside [0, 1]", blendAlpha)
@@ -76,7 +80,7 @@ func (t *Trainer) Adopt(_ context.Context, blendAlpha float64) (float64, error) 
 	if err := t.attachedLocked("Adopt"); err != nil {
 		return 0, err
 	}
-	norm, err := t.model.Adopt(blendAlpha)
+	norm, err := t.model.Adopt(blendAlpha, t.published && t.steps != t.lastPub)
 	if err != nil {
 		return 0, fmt.Errorf("libtorch trainer: %w", err)
 	}

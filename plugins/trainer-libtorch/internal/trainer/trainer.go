@@ -67,6 +67,9 @@ type Trainer struct {
 	mapping   *arena.Mapping
 	retired   []*arena.Mapping // mappings a failed Attach may still point into
 	zeroCopy  bool
+	// published: Publish ran since the last Attach, so an Adopt can credit
+	// the steps trained since.
+	published bool
 	steps     uint64 // optimizer steps in total
 	lastPub   uint64 // steps at the last Publish
 	schedStep uint64 // the learning-rate schedule's step
@@ -103,7 +106,7 @@ func New(logger hclog.Logger) (*Trainer, error) {
 
 // Describe names the plugin and its libtorch.
 func (t *Trainer) Describe(context.Context) (plugin.Description, error) {
-	caps := []string{"cpu", "torchscript", "zero-copy"}
+	caps := []string{"cpu", "torchscript", "zero-copy", plugin.CapTrainsDuringRounds}
 	if t.shim.CUDADevices > 0 {
 		caps = append(caps, "cuda")
 	}

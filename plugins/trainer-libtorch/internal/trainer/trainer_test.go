@@ -975,3 +975,45 @@ func TestSleepPerBatchByRank(t *testing.T) {
 		t.Errorf("fastest batch: %.1f ms on the slowed rank, %.1f ms on the other; want at least 30 and under 30", slow, fast)
 	}
 }
+
+// With OverlapRounds the model keeps its tensors out of the arena, and an
+// Adopt after steps trained since Publish keeps those steps: a round whose
+// average equals what was published changes nothing, while one that moved
+// the arena moves the model by as much.
+func TestOverlapRoundsCreditSteps(t *testing.T) {
+	tr := newTestTrainer(t)
+	data := merge(synthData(t, 256, 8, 3), map[string]any{"hidden": []int{16}, "threads": 1})
+	setup, err := tr.Configure(context.Background(), plugin.TrainerConfig{
+		Rank: 0, WorldSize: 1, LocalRanks: 1, Seed: 7, Settings: settingsJSON(t, data), OverlapRounds: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, zc := attach(t, tr, setup)
+	if zc {
+		t.Fatal("OverlapRounds: the model's tensors live in the arena")
+	}
+	trainPlan(t, tr, fullPlan(0, setup.Samples))
+	if _, err := tr.Publish(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	trainPlan(t, tr, fullPlan(1, setup.Samples)) // the steps of a round's duration
+	trained := evaluate(t, tr)
+	if _, err := tr.Adopt(context.Background(), 0); err != nil {
+		t.Fatal(err)
+	}
+	if ev := evaluate(t, tr); ev.Loss != trained.Loss {
+		t.Fatalf("an unchanged arena moved the model: loss %v -> %v (the steps since Publish were lost)", trained.Loss, ev.Loss)
+	}
+	// No step since that Adopt's Publish point moved: a plain overwrite.
+	m := openMapping(t, d)
+	if _, err := tr.Publish(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	clear(m.Bytes())
+	if _, err := tr.Adopt(context.Background(), 0); err != nil {
+		t.Fatal(err)
+	}
+	if ev := evaluate(t, tr); math.Abs(ev.Loss-math.Log(3)) > 1e-6 {
+		t.Fatalf("Adopt of a zero arena with no step since Publish: loss %v, want ln 3", ev.Loss)
+	}
+}

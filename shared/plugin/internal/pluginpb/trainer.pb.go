@@ -232,7 +232,9 @@ type TrainerConfigureRequest struct {
 	LocalRanks uint32 `protobuf:"varint,3,opt,name=local_ranks,json=localRanks,proto3" json:"local_ranks,omitempty"`
 	Seed       uint64 `protobuf:"varint,4,opt,name=seed,proto3" json:"seed,omitempty"`
 	// The plugin's own config block, as JSON.
-	SettingsJson  []byte `protobuf:"bytes,5,opt,name=settings_json,json=settingsJson,proto3" json:"settings_json,omitempty"`
+	SettingsJson []byte `protobuf:"bytes,5,opt,name=settings_json,json=settingsJson,proto3" json:"settings_json,omitempty"`
+	// Rounds run while the rank trains (TrainerConfig.OverlapRounds).
+	OverlapRounds bool `protobuf:"varint,6,opt,name=overlap_rounds,json=overlapRounds,proto3" json:"overlap_rounds,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -300,6 +302,13 @@ func (x *TrainerConfigureRequest) GetSettingsJson() []byte {
 		return x.SettingsJson
 	}
 	return nil
+}
+
+func (x *TrainerConfigureRequest) GetOverlapRounds() bool {
+	if x != nil {
+		return x.OverlapRounds
+	}
+	return false
 }
 
 type TrainerConfigureResponse struct {
@@ -1237,7 +1246,7 @@ const file_shared_plugin_internal_pluginpb_trainer_proto_rawDesc = "" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x12\n" +
 	"\x04type\x18\x02 \x01(\tR\x04type\x12\x1a\n" +
 	"\brequired\x18\x03 \x01(\bR\brequired\x12\x10\n" +
-	"\x03doc\x18\x04 \x01(\tR\x03doc\"\xa6\x01\n" +
+	"\x03doc\x18\x04 \x01(\tR\x03doc\"\xcd\x01\n" +
 	"\x17TrainerConfigureRequest\x12\x12\n" +
 	"\x04rank\x18\x01 \x01(\rR\x04rank\x12\x1d\n" +
 	"\n" +
@@ -1245,7 +1254,8 @@ const file_shared_plugin_internal_pluginpb_trainer_proto_rawDesc = "" +
 	"\vlocal_ranks\x18\x03 \x01(\rR\n" +
 	"localRanks\x12\x12\n" +
 	"\x04seed\x18\x04 \x01(\x04R\x04seed\x12#\n" +
-	"\rsettings_json\x18\x05 \x01(\fR\fsettingsJson\"\xa1\x01\n" +
+	"\rsettings_json\x18\x05 \x01(\fR\fsettingsJson\x12%\n" +
+	"\x0eoverlap_rounds\x18\x06 \x01(\bR\roverlapRounds\"\xa1\x01\n" +
 	"\x18TrainerConfigureResponse\x12)\n" +
 	"\x06layout\x18\x01 \x01(\v2\x11.cohort.v1.LayoutR\x06layout\x12\x18\n" +
 	"\asamples\x18\x02 \x01(\x04R\asamples\x12!\n" +
