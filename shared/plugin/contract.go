@@ -91,6 +91,11 @@ type BatchReport struct {
 	StepCount uint64
 	// ParamNorm is reported on some batches only.
 	ParamNorm *float64
+	// Scalars are named figures of the batch, such as the learning rate it
+	// used; the run's summary shows each one's mean over the epoch. Names
+	// are 1 to 64 bytes of [a-z0-9_./-], at most 32 per plan; the host
+	// drops other names, and values that are NaN or infinite.
+	Scalars map[string]float64
 }
 
 // PublishResult is the state of the parameters just written to the arena.

@@ -276,6 +276,7 @@ func toprotoBatchReport(r BatchReport) *pb.BatchReport {
 		DataMs:    r.DataMS,
 		StepCount: r.StepCount,
 		ParamNorm: copyFloat(r.ParamNorm),
+		Scalars:   r.Scalars,
 	}
 }
 
@@ -287,6 +288,7 @@ func fromprotoBatchReport(m *pb.BatchReport) BatchReport {
 		BatchMS:   m.GetBatchMs(),
 		DataMS:    m.GetDataMs(),
 		StepCount: m.GetStepCount(),
+		Scalars:   m.GetScalars(),
 	}
 	if m != nil {
 		r.ParamNorm = copyFloat(m.ParamNorm)
