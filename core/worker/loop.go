@@ -194,6 +194,7 @@ type planStats struct {
 	batches, samples  uint64
 	loss              float64
 	computeMS, dataMS float64
+	scalars           scalarSums
 }
 
 // runNextPlan fires the epoch callback when due, trains the next plan,
@@ -222,6 +223,7 @@ func (w *worker) runNextPlan(ctx context.Context) error {
 		st.loss += b.Loss
 		st.dataMS += b.DataMS
 		st.computeMS += max(b.BatchMS-b.DataMS, 0)
+		st.scalars.add(b.Scalars)
 		return reports.add(b)
 	}
 	start := time.Now()
@@ -234,6 +236,11 @@ func (w *worker) runNextPlan(ctx context.Context) error {
 	w.prof.computeMS += st.computeMS
 	w.prof.dataMS += st.dataMS
 	w.prof.plans++
+	if sc := st.scalars; sc.badNames+sc.overLimit > 0 {
+		w.log.Warn("dropped trainer scalars: a name is 1 to 64 bytes of [a-z0-9_./-], and a plan keeps its first names up to the limit",
+			"epoch", p.Epoch, "offset", p.PartitionOffset, "invalid_name", sc.badNames, "over_limit", sc.overLimit,
+			"limit", plugin.MaxScalars, "example", fmt.Sprintf("%q", sc.example))
+	}
 	if err != nil {
 		if w.stopCtx.Err() != nil {
 			w.log.Info("plan interrupted", "epoch", p.Epoch, "batches_done", st.batches, "reason", context.Cause(w.stopCtx))
@@ -258,6 +265,7 @@ func (w *worker) runNextPlan(ctx context.Context) error {
 		Resources:       w.lastSample.Load(),
 		PartitionOffset: p.PartitionOffset,
 		PartitionSize:   p.PartitionSize,
+		Scalars:         st.scalars.sums,
 	}
 	if st.batches > 0 {
 		m.AvgLoss = st.loss / float64(st.batches)
