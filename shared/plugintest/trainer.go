@@ -41,7 +41,8 @@ const paramNormEvery = 10
 // "feature_mean" [features] (a buffer: the exponential running mean of the
 // features trained on, rate 0.01 per sample), all f32. Parameters live in Go
 // slices; Publish copies them into the arena and Adopt copies them back.
-// Plan.GlobalStep is not used: the learning rate is constant.
+// Plan.GlobalStep is not used: the learning rate is constant, and every
+// batch report carries it as the scalar "lr".
 //
 // A Trainer is safe for concurrent use; one Train runs at a time.
 type Trainer struct {
@@ -279,6 +280,7 @@ func (t *Trainer) step(idx []uint64) (plugin.BatchReport, error) {
 		Loss:      loss / float64(len(idx)),
 		DataMS:    ms(data),
 		StepCount: t.steps,
+		Scalars:   map[string]float64{"lr": t.settings.LR},
 	}
 	if t.steps%paramNormEvery == 0 {
 		n := t.normLocked()

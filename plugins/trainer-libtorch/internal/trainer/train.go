@@ -186,13 +186,14 @@ func (t *Trainer) step(gen uint64, data *dataset.Set, b *batchBuf, start time.Ti
 	}
 	n := b.n
 	y, tg := b.targets(data.Width())
-	loss, err := t.model.TrainStep(b.x[:n*data.Features()], n, y, tg, data.Width(), t.s.lrAt(t.schedStep), t.errBuf)
+	lr := t.s.lrAt(t.schedStep)
+	loss, err := t.model.TrainStep(b.x[:n*data.Features()], n, y, tg, data.Width(), lr, t.errBuf)
 	if err != nil {
 		return plugin.BatchReport{}, err
 	}
 	t.steps++
 	t.schedStep++
-	rep := plugin.BatchReport{Samples: uint32(n), Loss: loss, StepCount: t.steps}
+	rep := plugin.BatchReport{Samples: uint32(n), Loss: loss, StepCount: t.steps, Scalars: map[string]float64{"lr": lr}}
 	if t.steps%paramNormEvery == 0 {
 		if norm, err := t.model.Norm(); err == nil {
 			rep.ParamNorm = &norm
