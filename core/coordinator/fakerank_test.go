@@ -182,6 +182,8 @@ type rankScript struct {
 	// restartAfterBatches > 0: after that many batches the rank reports
 	// that it replaced its trainer, with no plan lost.
 	restartAfterBatches int
+	// scalars, when set, are a plan's Metrics.scalars for its batches.
+	scalars func(batches uint64) map[string]*wirepb.ScalarSum
 }
 
 // planRec is one plan a rank received.
@@ -452,8 +454,12 @@ func (f *fakeRank) play(ctx context.Context) error {
 		if s.junk {
 			loss = math.Inf(1)
 		}
-		err := send(&wirepb.Metrics{Rank: f.id, Epoch: epoch, AvgLoss: loss, Batches: nb, Samples: size,
-			EpochMs: float64(time.Since(start)) / 1e6, PartitionOffset: off, PartitionSize: size})
+		m := &wirepb.Metrics{Rank: f.id, Epoch: epoch, AvgLoss: loss, Batches: nb, Samples: size,
+			EpochMs: float64(time.Since(start)) / 1e6, PartitionOffset: off, PartitionSize: size}
+		if s.scalars != nil {
+			m.Scalars = s.scalars(nb)
+		}
+		err := send(m)
 		if err == nil && s.junk && !junkSent {
 			junkSent = true
 			err = sendJunk()

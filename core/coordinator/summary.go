@@ -75,6 +75,9 @@ type EpochSummary struct {
 	// (rank, window) pair in which the rank had work.
 	WaitAtSyncMS float64     `json:"wait_at_sync_ms"`
 	Ranks        []EpochRank `json:"ranks"`
+	// Scalars are the trainer's named figures (plugin.BatchReport.Scalars),
+	// each the mean over every batch report of the epoch.
+	Scalars map[string]float64 `json:"scalars,omitempty"`
 }
 
 // EpochRank is one rank's share of an epoch.
@@ -177,6 +180,7 @@ type epochAgg struct {
 	evalLoss    *float64
 	accuracy    *float64
 	perRank     map[uint32]*rankAgg
+	scalars     epochScalars
 }
 
 type rankAgg struct {
@@ -208,7 +212,9 @@ func (a *epochAgg) addWait(r uint32, d time.Duration) {
 }
 
 func (r *runner) newAgg(prior EpochProgress) *epochAgg {
-	return &epochAgg{started: time.Now(), prior: prior, perRank: map[uint32]*rankAgg{}}
+	a := &epochAgg{started: time.Now(), prior: prior, perRank: map[uint32]*rankAgg{}}
+	a.scalars.add(prior.Scalars)
+	return a
 }
 
 // recordEpoch closes the epoch's figures; from here on a save resumes at
@@ -223,6 +229,7 @@ func (r *runner) recordEpoch() {
 		Samples:  a.prior.Samples + a.samples,
 		Windows:  a.windows,
 		Rounds:   a.rounds,
+		Scalars:  a.scalars.means(),
 	}
 	if b := a.prior.LossBatches + a.lossBatches; b > 0 {
 		s.Loss = safe((a.prior.LossSum + a.lossSum) / float64(b))

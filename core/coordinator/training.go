@@ -383,6 +383,7 @@ func (r *runner) onMetrics(rs *rankState, m *wirepb.Metrics) {
 			r.agg.lossSum += l * float64(m.GetBatches())
 			r.agg.lossBatches += m.GetBatches()
 		}
+		r.noteScalars(rs.id, m)
 	}
 }
 
