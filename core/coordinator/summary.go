@@ -107,6 +107,9 @@ type RankSummary struct {
 	// PluginRestarts counts the plugins the rank replaced after they died
 	// or wedged.
 	PluginRestarts uint32 `json:"plugin_restarts"`
+	// Death is what the coordinator knew of the rank when it declared it
+	// dead (also in OUT/deaths/rank-<N>.json).
+	Death *DeathRecord `json:"death,omitempty"`
 }
 
 // MembershipEvent is a change of the cohort.
@@ -322,7 +325,8 @@ func (r *runner) summary() *Summary {
 				reason = "still connected when the run ended"
 			}
 		}
-		s.Ranks = append(s.Ranks, RankSummary{Rank: rs.id, State: state, Samples: rs.samples, Batches: rs.batches, Reason: reason, PluginRestarts: rs.pluginRestarts})
+		s.Ranks = append(s.Ranks, RankSummary{Rank: rs.id, State: state, Samples: rs.samples, Batches: rs.batches, Reason: reason,
+			PluginRestarts: rs.pluginRestarts, Death: rs.death})
 	}
 	return s
 }

@@ -316,6 +316,7 @@ func (r *runner) onBatch(rs *rankState, m *wirepb.Batch) {
 	rs.sinceRound += batches
 	rs.batches += batches
 	rs.epoch = m.GetEpoch()
+	rs.stepCount = m.GetStepCount()
 	r.noteBatchLoss(m.GetBatchLoss(), batches)
 	rs.samples += n
 	if ms := m.GetBatchMs() / float64(batches); finite(ms) && ms > 0 {
