@@ -48,6 +48,8 @@ type runConfig struct {
 	// fixed time per batch (trainer-libtorch's sleep_per_batch_by_rank).
 	SlowRank  int
 	SlowDelay time.Duration
+	// Blocking turns the async policy's overlapped rounds off.
+	Blocking bool
 }
 
 // hcl renders the config file: the trainer block names every setting of
@@ -56,8 +58,11 @@ type runConfig struct {
 func (c runConfig) hcl() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "run {\n  seed = %d\n}\n\n", c.Seed)
-	if c.Policy != "" || c.SyncEvery > 0 {
+	if c.Policy != "" || c.SyncEvery > 0 || c.Blocking {
 		b.WriteString("coordinator {\n")
+		if c.Blocking {
+			b.WriteString("  async_overlap = false\n")
+		}
 		if c.Policy != "" {
 			fmt.Fprintf(&b, "  policy     = %s\n", hclString(c.Policy))
 		}

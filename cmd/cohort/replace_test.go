@@ -93,6 +93,12 @@ func TestRunReplacesKilledPlugin(t *testing.T) {
 			// the Publish that ends it; either way the ledger must be whole.
 			trainer: map[string]any{"sleep_per_batch": "10ms"},
 			inLog:   `plan lost with the trainer|replacing a lost plugin with a fresh process: .*kind=trainer`},
+		// Under async the rounds run beside training: the kill may land
+		// while one is in flight, whose result the lost trainer cannot
+		// take (the round runs again).
+		{kind: "trainer", binary: "cohort-trainer-mock", policy: "async",
+			trainer: map[string]any{"sleep_per_batch": "10ms"},
+			inLog:   `plan lost with the trainer|replacing a lost plugin with a fresh process: .*kind=trainer`},
 		// Under async, the fast ranks spend most of their time in rounds
 		// waiting for rank 0's post.
 		{kind: "averager", binary: "cohort-averaging-mock", policy: "async",
@@ -103,7 +109,7 @@ func TestRunReplacesKilledPlugin(t *testing.T) {
 		{kind: "averager", binary: "cohort-averaging-cpu", policy: "sync", averager: "cpu",
 			trainer: map[string]any{"sleep_per_batch": "4ms"}, inLog: "averager"},
 	} {
-		t.Run(tc.kind+"/"+tc.binary, func(t *testing.T) {
+		t.Run(tc.kind+"/"+tc.binary+"/"+tc.policy, func(t *testing.T) {
 			if tc.averager == "cpu" {
 				buildPlugin(t, "averaging-cpu")
 			}

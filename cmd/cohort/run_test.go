@@ -398,6 +398,7 @@ func TestRunSurvivesKilledWorker(t *testing.T) {
 	if r := sum.Ranks[2]; r.State != coordinator.RankDead {
 		t.Errorf("rank 2 %+v, want dead", r)
 	}
+	checkDeathRecord(t, out, sum, 2)
 	for _, r := range []int{0, 1, 3} {
 		if sum.Ranks[r].State != coordinator.RankExited {
 			t.Errorf("rank %d %+v, want exited", r, sum.Ranks[r])

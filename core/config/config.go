@@ -89,6 +89,11 @@ type Coordinator struct {
 	ChunkBatches     int     // progressive dispatch chunk size; 0: the policy's default
 	OverheadTarget   float64 // cadence: sync overhead share that grows the window, in (0,1)
 	EASGDAlpha       float64 // async: elastic averaging strength, in (0,1]
+	// AsyncOverlap (async): ranks whose trainer can train during a round
+	// run their rounds beside training, keeping their parameters out of
+	// the arena to do so; false keeps every round blocking (and a CPU
+	// trainer's parameters in the arena, zero-copy).
+	AsyncOverlap bool
 	// AdaptiveSync lets the divergence the ranks report after each round
 	// move the sync interval (sync, async) between SyncEveryMin and
 	// SyncEveryMax: tighter when ranks drift past DivergenceTarget, looser

@@ -32,6 +32,7 @@ coordinator {
   chunk_batches     = 16
   overhead_target   = 0.05
   easgd_alpha       = 0.25
+  async_overlap     = false
   adaptive_sync     = false
   sync_every_min    = 5
   sync_every_max    = 80
@@ -199,6 +200,7 @@ func TestDefaults(t *testing.T) {
 			MinRanks:         1,
 			OverheadTarget:   0.1,
 			EASGDAlpha:       0.5,
+			AsyncOverlap:     true,
 			AdaptiveSync:     true,
 			SyncEveryMin:     1,
 			DivergenceTarget: 0.05,

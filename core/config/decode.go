@@ -71,6 +71,7 @@ var coreKeys = []coreBlock{
 		value("chunk_batches", func(c *Config) *int { return &c.Coordinator.ChunkBatches }),
 		value("overhead_target", func(c *Config) *float64 { return &c.Coordinator.OverheadTarget }),
 		value("easgd_alpha", func(c *Config) *float64 { return &c.Coordinator.EASGDAlpha }),
+		value("async_overlap", func(c *Config) *bool { return &c.Coordinator.AsyncOverlap }),
 		value("adaptive_sync", func(c *Config) *bool { return &c.Coordinator.AdaptiveSync }),
 		value("sync_every_min", func(c *Config) *int { return &c.Coordinator.SyncEveryMin }),
 		value("sync_every_max", func(c *Config) *int { return &c.Coordinator.SyncEveryMax }),

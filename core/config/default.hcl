@@ -24,6 +24,7 @@ coordinator {
   chunk_batches     = 0             # progressive dispatch chunk; 0: the policy's default
   overhead_target   = 0.1           # cadence: grow the window when sync overhead exceeds it
   easgd_alpha       = 0.5           # async: elastic averaging strength
+  async_overlap     = true          # async: rounds run beside training where the trainer can
   adaptive_sync     = true          # sync, async: the ranks' divergence moves the interval
   sync_every_min    = 1             #   between these bounds (max 0: 4 × sync_every),
   sync_every_max    = 0

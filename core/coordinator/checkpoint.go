@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -87,6 +88,9 @@ type EpochProgress struct {
 	// LossBatches are the batches LossSum covers.
 	LossBatches uint64  `json:"loss_batches"`
 	Seconds     float64 `json:"seconds"`
+	// Scalars are the trainer scalars' sums so far, the earlier part's
+	// included.
+	Scalars map[string]ScalarSum `json:"scalars,omitempty"`
 }
 
 // validate checks what a resumed run relies on.
@@ -301,6 +305,7 @@ func (r *runner) progressNow() progress {
 			LossSum:     a.prior.LossSum + a.lossSum,
 			LossBatches: a.prior.LossBatches + a.lossBatches,
 			Seconds:     a.prior.Seconds + time.Since(a.started).Seconds(),
+			Scalars:     maps.Clone(a.scalars.sums),
 		}
 	}
 	return p

@@ -189,6 +189,8 @@ type rankScript struct {
 	// before its first plan of each epoch, as a worker's epoch callback
 	// does, and reports it in EpochFnElapsed.
 	epochFn time.Duration
+	// scalars, when set, are a plan's Metrics.scalars for its batches.
+	scalars func(batches uint64) map[string]*wirepb.ScalarSum
 }
 
 // planRec is one plan a rank received.
@@ -480,8 +482,12 @@ func (f *fakeRank) play(ctx context.Context) error {
 		if s.junk {
 			loss = math.Inf(1)
 		}
-		err := send(&wirepb.Metrics{Rank: f.id, Epoch: epoch, AvgLoss: loss, Batches: nb, Samples: size,
-			EpochMs: float64(time.Since(start)) / 1e6, PartitionOffset: off, PartitionSize: size})
+		m := &wirepb.Metrics{Rank: f.id, Epoch: epoch, AvgLoss: loss, Batches: nb, Samples: size,
+			EpochMs: float64(time.Since(start)) / 1e6, PartitionOffset: off, PartitionSize: size}
+		if s.scalars != nil {
+			m.Scalars = s.scalars(nb)
+		}
+		err := send(m)
 		if err == nil && s.junk && !junkSent {
 			junkSent = true
 			err = sendJunk()

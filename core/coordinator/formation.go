@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/cohortdl/cohort/core/config"
+
 	"github.com/cohortdl/cohort/core/wire"
 	"github.com/cohortdl/cohort/core/wire/wirepb"
 )
@@ -32,6 +34,8 @@ func (r *runner) onJoined(rs *rankState, conn *wire.Conn) {
 		Seed:      uint64(r.cfg.Run.Seed),
 		ResumeDir: r.c.resume,
 		Epochs:    uint64(r.cfg.Run.Epochs),
+		// Async rounds run beside training where the trainer can.
+		OverlapRounds: r.policy == config.PolicyAsync && r.cfg.Coordinator.AsyncOverlap,
 	}
 	r.send(rs, admit)
 }

@@ -1,6 +1,7 @@
 package coordinator
 
 import (
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -17,7 +18,15 @@ import (
 // exactly the samples the first one had not, and its summary covers both.
 func TestStopSavesAndResumeFinishes(t *testing.T) {
 	cfg := testConfig(t)
-	script := func(uint32) rankScript { return rankScript{msPerBatch: 10 * time.Millisecond, samples: 480} }
+	// The first run's batches report lr 1, the resumed run's 3: the
+	// resumed epoch's mean must weigh both.
+	lr := 1.0
+	script := func(uint32) rankScript {
+		v := lr
+		return rankScript{msPerBatch: 10 * time.Millisecond, samples: 480, scalars: func(nb uint64) map[string]*wirepb.ScalarSum {
+			return map[string]*wirepb.ScalarSum{"lr": {Sum: v * float64(nb), Count: nb}}
+		}}
+	}
 
 	h1 := newHarness(t, cfg, nil)
 	ranks := h1.startAll(script)
@@ -67,9 +76,14 @@ func TestStopSavesAndResumeFinishes(t *testing.T) {
 	if trained+left != 480 || meta.Partial.Samples != trained {
 		t.Errorf("trained %d + remaining %d != 480, or partial samples %d != trained", trained, left, meta.Partial.Samples)
 	}
+	before := meta.Partial.Batches
+	if got := meta.Partial.Scalars["lr"]; before == 0 || got != (ScalarSum{Sum: float64(before), Count: before}) {
+		t.Errorf("partial lr %+v, want the sum and count of the %d batches before the save", got, before)
+	}
 
 	h2 := newHarness(t, cfg, func(o *Options) { o.Resume = h1.out; o.Out = h1.out })
 	h2.ledger = h1.ledger
+	lr = 3
 	ranks2 := h2.startAll(script)
 	sum2 := h2.mustComplete()
 	h2.ledger.checkExactlyOnce(t, 2, 480)
@@ -79,7 +93,10 @@ func TestStopSavesAndResumeFinishes(t *testing.T) {
 		}
 	}
 	if len(sum2.Epochs) != 2 || sum2.Epochs[0].Samples != 480 || sum2.Epochs[1].Samples != 480 {
-		t.Errorf("resumed summary epochs %+v: want 2 epochs of 480 samples", sum2.Epochs)
+		t.Fatalf("resumed summary epochs %+v: want 2 epochs of 480 samples", sum2.Epochs)
+	}
+	if got, want := sum2.Epochs[0].Scalars["lr"], float64(before+3*(60-before))/60; math.Abs(got-want) > 1e-12 {
+		t.Errorf("resumed epoch's lr %v, want %v: %d batches at 1, the other %d of 60 at 3", got, want, before, 60-before)
 	}
 	if sum2.ResumedFrom != sum1.Checkpoint || sum2.Averaging.RoundsTotal != meta.Rounds+sum2.Averaging.Rounds {
 		t.Errorf("resumed summary: from %q, rounds total %d", sum2.ResumedFrom, sum2.Averaging.RoundsTotal)

@@ -148,7 +148,7 @@ func (r *runner) noteMembership(ev MembershipEvent) {
 
 func epochPoint(s EpochSummary) status.EpochPoint {
 	return status.EpochPoint{Epoch: s.Epoch, Loss: s.Loss, EvalLoss: s.EvalLoss, Accuracy: s.Accuracy,
-		Seconds: s.Seconds, Samples: s.Samples, Rounds: s.Rounds}
+		Seconds: s.Seconds, Samples: s.Samples, Rounds: s.Rounds, Scalars: s.Scalars}
 }
 
 var rankStates = [...]string{stAbsent: "absent", stJoined: "joined", stReady: "ready", stLive: RankLive, stExited: RankExited, stDead: RankDead}

@@ -70,6 +70,10 @@ type rankState struct {
 	lastHeard time.Time
 	epoch     uint64
 	res       *wirepb.ResourceSample
+	// stepCount is its last Batch's step count, and death its record once
+	// it is declared dead.
+	stepCount uint64
+	death     *DeathRecord
 }
 
 // runner is the state of one Run, owned by the loop goroutine.

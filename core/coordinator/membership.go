@@ -126,6 +126,12 @@ func (r *runner) depart(rs *rankState, event, reason string, status rankStatus) 
 	r.sendRelay(r.relay.rankGone(rs.id, reason, true))
 	unfinished := r.unfinishedOf(rs)
 	survivors := r.live()
+	var death *DeathRecord
+	if status == stDead {
+		death = r.newDeath(rs, ev, unfinished)
+		// Kept when depart returns, whichever way it ends.
+		defer r.keepDeath(rs, death)
+	}
 
 	switch r.phase {
 	case phShutdown:
@@ -161,7 +167,10 @@ func (r *runner) depart(rs *rankState, event, reason string, status rankStatus) 
 			fmt.Errorf("coordinator: %d live ranks after rank %d was lost (%s), min_ranks is %d", len(survivors), rs.id, reason, min))
 		return
 	}
-	r.redistribute(unfinished, survivors)
+	handed := r.redistribute(unfinished, survivors)
+	if death != nil {
+		death.Redistributed = handed
+	}
 	r.requestSession(survivors)
 	// Whatever waited on the lost rank can move on now; last, since each
 	// may advance the run (to the next epoch, or the next window).
@@ -194,21 +203,25 @@ func (r *runner) unfinishedOf(rs *rankState) []Range {
 }
 
 // redistribute hands the ranges to the survivors in equal consecutive
-// shares, each piece one ExtendPartition (and one plan) of its own.
-func (r *runner) redistribute(rs []Range, survivors []uint32) {
+// shares, each piece one ExtendPartition (and one plan) of its own, and
+// returns the pieces.
+func (r *runner) redistribute(rs []Range, survivors []uint32) []Handoff {
 	total := sumRanges(rs)
 	if total == 0 {
-		return
+		return nil
 	}
+	var handed []Handoff
 	shares := splitRanges(rs, equalSizes(total, len(survivors)))
 	for i, id := range survivors {
 		for _, rng := range shares[i] {
 			s := r.ranks[id]
 			s.outstanding = slices.Insert(s.outstanding, extSlot(s.outstanding), &plan{epoch: r.epoch, rng: rng, ext: true})
 			r.send(s, &wirepb.ExtendPartition{Epoch: r.epoch, PartitionOffset: rng.Offset, PartitionSize: rng.Size})
+			handed = append(handed, Handoff{Rank: id, Range: rng})
 		}
 	}
 	r.log.Info("redistributed a lost rank's samples", "samples", total, "survivors", len(survivors))
+	return handed
 }
 
 // extSlot is where an ExtendPartition runs among a rank's open plans: a

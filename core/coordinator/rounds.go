@@ -5,6 +5,8 @@ import (
 	"math"
 	"time"
 
+	"github.com/cohortdl/cohort/core/config"
+
 	"github.com/cohortdl/cohort/core/wire/wirepb"
 )
 
@@ -16,7 +18,13 @@ type round struct {
 	issued  time.Time
 	waiting map[uint32]bool
 	acks    map[uint32]*wirepb.SyncAck
+	// since is each rank's sinceRound at issue: what the round averages.
+	// Batches reported after (a rank training while its round runs) are
+	// for the next one.
+	since   map[uint32]uint64
 	initial bool // round 0: the run starts when it completes
+	// overlap: the ranks may run it beside training (Sync.overlap).
+	overlap bool
 	// snap, when the Sync carried the next window's plans, is the
 	// checkpoint snapshot as of the round (taken at issue: ranks start
 	// those plans before the round completes everywhere).
@@ -40,6 +48,7 @@ func (r *runner) issueRound(mode wirepb.SyncMode, root uint32, initial bool) {
 		issued:  time.Now(),
 		waiting: map[uint32]bool{},
 		acks:    map[uint32]*wirepb.SyncAck{},
+		since:   map[uint32]uint64{},
 		initial: initial,
 	}
 	r.roundSeq++
@@ -57,10 +66,13 @@ func (r *runner) issueRound(mode wirepb.SyncMode, root uint32, initial bool) {
 		step = &gs
 		plans = r.windowPlans(live)
 	}
+	overlap := r.policy == config.PolicyAsync && r.cfg.Coordinator.AsyncOverlap && mode == wirepb.SyncMode_SYNC_MODE_AVERAGE && !initial
+	rd.overlap = overlap
 	for _, id := range live {
 		r.ranks[id].throttled = false // the Sync releases it
 		rd.waiting[id] = true
-		msg := &wirepb.Sync{Round: rd.num, Mode: mode, Root: root}
+		rd.since[id] = r.ranks[id].sinceRound
+		msg := &wirepb.Sync{Round: rd.num, Mode: mode, Root: root, Overlap: overlap}
 		if p := plans[id]; p != nil {
 			p.held = true
 			r.hand(r.ranks[id], p)
@@ -85,7 +97,7 @@ func (r *runner) onSyncAck(rs *rankState, m *wirepb.SyncAck) {
 	case m.GetError() != "":
 		r.log.Warn("round failed on a rank", "rank", rs.id, "round", rd.num, "error", m.GetError())
 	default:
-		rs.sinceRound = 0
+		rs.sinceRound -= min(rd.since[rs.id], rs.sinceRound)
 		// The rank starts what it held for a round once one succeeds.
 		for _, p := range rs.outstanding {
 			p.held = false

@@ -81,6 +81,9 @@ type EpochSummary struct {
 	// (rank, window) pair in which the rank had work.
 	WaitAtSyncMS float64     `json:"wait_at_sync_ms"`
 	Ranks        []EpochRank `json:"ranks"`
+	// Scalars are the trainer's named figures (plugin.BatchReport.Scalars),
+	// each the mean over every batch report of the epoch.
+	Scalars map[string]float64 `json:"scalars,omitempty"`
 }
 
 // EpochRank is one rank's share of an epoch.
@@ -98,6 +101,10 @@ type EpochRank struct {
 	// Seconds is how much of the epoch the rank trained, whatever the
 	// machine's speed.
 	TrainMS float64 `json:"train_ms"`
+	// RoundWaitMS is the time averaging rounds held the rank's training,
+	// by its own clock: whole rounds when they block, an overlapped
+	// round's publish, adopt and any wait for it (the async policy).
+	RoundWaitMS float64 `json:"round_wait_ms"`
 }
 
 // RankSummary is one rank at the end of the run.
@@ -110,6 +117,9 @@ type RankSummary struct {
 	// PluginRestarts counts the plugins the rank replaced after they died
 	// or wedged.
 	PluginRestarts uint32 `json:"plugin_restarts"`
+	// Death is what the coordinator knew of the rank when it declared it
+	// dead (also in OUT/deaths/rank-<N>.json).
+	Death *DeathRecord `json:"death,omitempty"`
 }
 
 // MembershipEvent is a change of the cohort.
@@ -183,6 +193,7 @@ type epochAgg struct {
 	evalLoss    *float64
 	accuracy    *float64
 	perRank     map[uint32]*rankAgg
+	scalars     epochScalars
 }
 
 type rankAgg struct {
@@ -190,6 +201,7 @@ type rankAgg struct {
 	waitSum                   float64
 	waitN                     uint64
 	trainMS                   float64 // the rank's own batch times, summed
+	roundWaitMS               float64 // time rounds held its training
 }
 
 func (a *epochAgg) rank(r uint32) *rankAgg {
@@ -214,7 +226,9 @@ func (a *epochAgg) addWait(r uint32, d time.Duration) {
 }
 
 func (r *runner) newAgg(prior EpochProgress) *epochAgg {
-	return &epochAgg{started: time.Now(), prior: prior, perRank: map[uint32]*rankAgg{}}
+	a := &epochAgg{started: time.Now(), prior: prior, perRank: map[uint32]*rankAgg{}}
+	a.scalars.add(prior.Scalars)
+	return a
 }
 
 // recordEpoch closes the epoch's figures; from here on a save resumes at
@@ -229,6 +243,7 @@ func (r *runner) recordEpoch() {
 		Samples:  a.prior.Samples + a.samples,
 		Windows:  a.windows,
 		Rounds:   a.rounds,
+		Scalars:  a.scalars.means(),
 	}
 	if b := a.prior.LossBatches + a.lossBatches; b > 0 {
 		s.Loss = safe((a.prior.LossSum + a.lossSum) / float64(b))
@@ -246,7 +261,8 @@ func (r *runner) recordEpoch() {
 	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
 	for _, id := range ids {
 		ra := a.perRank[id]
-		er := EpochRank{Rank: id, Batches: ra.batches, Samples: ra.samples, Windows: ra.windows, TrainMS: safe(ra.trainMS)}
+		er := EpochRank{Rank: id, Batches: ra.batches, Samples: ra.samples, Windows: ra.windows, TrainMS: safe(ra.trainMS),
+			RoundWaitMS: safe(ra.roundWaitMS)}
 		if ra.windows > 0 {
 			er.BatchesPerWindow = float64(ra.batches) / float64(ra.windows)
 		}
@@ -329,7 +345,8 @@ func (r *runner) summary() *Summary {
 				reason = "still connected when the run ended"
 			}
 		}
-		s.Ranks = append(s.Ranks, RankSummary{Rank: rs.id, State: state, Samples: rs.samples, Batches: rs.batches, Reason: reason, PluginRestarts: rs.pluginRestarts})
+		s.Ranks = append(s.Ranks, RankSummary{Rank: rs.id, State: state, Samples: rs.samples, Batches: rs.batches, Reason: reason,
+			PluginRestarts: rs.pluginRestarts, Death: rs.death})
 	}
 	return s
 }

@@ -17,6 +17,10 @@ func (r *runner) windowed() bool { return r.policy != config.PolicyAsync }
 // must be able to take more than an equal share.
 func (r *runner) shared() bool { return r.policy != config.PolicySync }
 
+// asyncAhead is how many async chunks a rank holds: the one it trains and
+// one queued, so it never waits on the coordinator between chunks.
+const asyncAhead = 2
+
 // asyncChunk is the async policy's chunk in batches: small, so a round is
 // never held long by a rank finishing its chunk.
 func (r *runner) asyncChunk() uint64 {
@@ -31,9 +35,11 @@ func (r *runner) stepTraining() bool {
 	if r.round == nil && r.reissue == nil && r.work != nil && r.solo() {
 		return r.stepSolo()
 	}
-	if !r.windowed() && r.work != nil && !r.stopReq && r.round == nil {
-		// Async: idle ranks get their next chunk at once (during a round
-		// they get it with the round's Update).
+	if !r.windowed() && r.work != nil && !r.stopReq && (r.round == nil || r.round.overlap) {
+		// Async: idle ranks get their next chunk at once, and one more
+		// queued behind it, so a rank whose round runs beside its training
+		// never runs dry (during a round that blocks training they get it
+		// with the round's Update).
 		if r.dispatchIdle(nil) {
 			return true
 		}
@@ -218,14 +224,14 @@ func (r *runner) windowPlans(live []uint32) map[uint32]*plan {
 	return plans
 }
 
-// dispatchIdle gives every idle live rank (no plan outstanding) its next
+// dispatchIdle gives every live rank holding fewer than asyncAhead plans its next
 // async chunk; it reports whether it sent anything.
 func (r *runner) dispatchIdle(version *uint64) bool {
 	live := r.live()
 	plans := map[uint32]*plan{}
 	lr := r.ctl.window().LRScale
 	for _, id := range live {
-		if len(r.ranks[id].outstanding) > 0 {
+		if len(r.ranks[id].outstanding) >= asyncAhead {
 			continue
 		}
 		if c := r.work.take(id, r.asyncChunk()*r.batch); c.Size > 0 {
@@ -326,6 +332,7 @@ func (r *runner) onBatch(rs *rankState, m *wirepb.Batch) {
 	r.throttleAhead(rs)
 	rs.batches += batches
 	rs.epoch = m.GetEpoch()
+	rs.stepCount = m.GetStepCount()
 	r.noteBatchLoss(m.GetBatchLoss(), batches)
 	rs.samples += n
 	if ms := m.GetBatchMs() / float64(batches); finite(ms) && ms > 0 {
@@ -387,12 +394,16 @@ func (r *runner) onMetrics(rs *rankState, m *wirepb.Metrics) {
 	rs.outstanding = slices.Delete(rs.outstanding, i, i+1)
 	rs.lastMetrics = time.Now()
 	if r.agg != nil {
+		if v := m.GetRoundWaitMs(); finite(v) && v > 0 {
+			r.agg.rank(rs.id).roundWaitMS += v
+		}
 		r.agg.samples += m.GetSamples()
 		r.agg.batches += m.GetBatches()
 		if l := m.GetAvgLoss(); finite(l) && m.GetBatches() > 0 {
 			r.agg.lossSum += l * float64(m.GetBatches())
 			r.agg.lossBatches += m.GetBatches()
 		}
+		r.noteScalars(rs.id, m)
 	}
 }
 

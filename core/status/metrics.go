@@ -13,7 +13,7 @@ type collector struct {
 	src Source
 
 	rounds, roundSeconds, bytes, batches, samples, deaths, restarts *prometheus.Desc
-	rate, alive, world, epoch, hbAge                                *prometheus.Desc
+	rate, alive, world, epoch, hbAge, scalar                        *prometheus.Desc
 }
 
 func newCollector(src Source) *collector {
@@ -34,12 +34,13 @@ func newCollector(src Source) *collector {
 		world:        d("ranks", "The run's world size."),
 		epoch:        d("epoch", "The epoch in training."),
 		hbAge:        d("heartbeat_age_seconds", "Time since each connected rank's last frame.", "rank"),
+		scalar:       d("trainer_scalar", "Each trainer scalar's mean over the last finished epoch.", "name"),
 	}
 }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.rounds, c.roundSeconds, c.bytes, c.batches, c.samples, c.deaths,
-		c.restarts, c.rate, c.alive, c.world, c.epoch, c.hbAge} {
+		c.restarts, c.rate, c.alive, c.world, c.epoch, c.hbAge, c.scalar} {
 		ch <- d
 	}
 }
@@ -70,6 +71,11 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	for _, r := range s.Ranks {
 		if r.State == "live" || r.State == "joined" || r.State == "ready" {
 			gauge(c.hbAge, r.HeartbeatAge, strconv.FormatUint(uint64(r.Rank), 10))
+		}
+	}
+	if n := len(s.EpochCurve); n > 0 {
+		for name, v := range s.EpochCurve[n-1].Scalars {
+			gauge(c.scalar, v, name)
 		}
 	}
 	h := s.RoundSeconds

@@ -114,6 +114,10 @@ type EpochPoint struct {
 	Seconds  float64  `json:"seconds"`
 	Samples  uint64   `json:"samples"`
 	Rounds   uint64   `json:"rounds"`
+	// Scalars are the trainer's named figures, each its mean over the
+	// epoch; the coordinator keeps few (plugin.MaxScalars), as each is a
+	// metric's label value.
+	Scalars map[string]float64 `json:"scalars,omitempty"`
 }
 
 // RoundPoint is one completed averaging round.

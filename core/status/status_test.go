@@ -3,6 +3,7 @@ package status
 import (
 	"encoding/json"
 	"io"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -28,6 +29,11 @@ func testSnapshot(now time.Time) *Snapshot {
 				Processes: []Process{{Role: "worker", PID: 10, CPUPercent: &cpu, RSS: &rss}, {Role: "trainer", Name: "mock", PID: 11}}}},
 			{Rank: 1, State: "live", LastHeard: now.Add(-200 * time.Millisecond)},
 			{Rank: 2, State: "dead", Reason: "link closed without Exiting", LastHeard: now.Add(-time.Minute)},
+		},
+		// Only the last finished epoch's scalars are metrics.
+		EpochCurve: []EpochPoint{
+			{Epoch: 1, Scalars: map[string]float64{"lr": 0.1, "old": 1}},
+			{Epoch: 2, Scalars: map[string]float64{"lr": 0.05, "grad/norm": 2.5}},
 		},
 		RoundSeconds: h,
 	}
@@ -72,6 +78,10 @@ func TestStatusJSON(t *testing.T) {
 	if snap.Ranks[0].HeartbeatAge != 0 {
 		t.Error("serving wrote into the published snapshot")
 	}
+	epochs := got["epoch_curve"].([]any)
+	if sc := epochs[1].(map[string]any)["scalars"].(map[string]any); sc["lr"] != 0.05 || sc["grad/norm"] != 2.5 {
+		t.Errorf("epoch 2's scalars %v", sc)
+	}
 }
 
 func TestStatusBeforeTheRun(t *testing.T) {
@@ -109,7 +119,8 @@ func TestPageIsEmbedded(t *testing.T) {
 }
 
 // TestMetrics: /metrics parses as Prometheus text and says what the
-// snapshot does, with a rank label on heartbeat age alone.
+// snapshot does, with a rank label on heartbeat age and a name label on
+// the last epoch's trainer scalars alone.
 func TestMetrics(t *testing.T) {
 	snap := testSnapshot(time.Now())
 	srv := httptest.NewServer(Handler(func() *Snapshot { return snap }))
@@ -137,6 +148,15 @@ func TestMetrics(t *testing.T) {
 	hb := fams["cohort_heartbeat_age_seconds"]
 	if hb == nil || len(hb.Metric) != 2 {
 		t.Fatalf("heartbeat ages %v, want the two live ranks'", hb)
+	}
+	got := map[string]float64{}
+	for _, m := range fams["cohort_trainer_scalar"].GetMetric() {
+		if l := m.GetLabel(); len(l) == 1 && l[0].GetName() == "name" {
+			got[l[0].GetValue()] = m.GetGauge().GetValue()
+		}
+	}
+	if want := map[string]float64{"lr": 0.05, "grad/norm": 2.5}; !maps.Equal(got, want) {
+		t.Errorf("trainer scalars %v, want the last epoch's %v", got, want)
 	}
 	h := fams["cohort_round_duration_seconds"].GetMetric()[0].GetHistogram()
 	if h.GetSampleCount() != 2 || h.GetSampleSum() < 0.2 {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	"google.golang.org/protobuf/proto"
@@ -48,6 +49,16 @@ type loopState struct {
 	divergence *float64
 	// saved: a ShutdownWithSave was handled.
 	saved bool
+	// canOverlap: rounds marked Sync.overlap may run while the rank trains
+	// (Admit.overlap_rounds, and a trainer that keeps its parameters out
+	// of the arena); ovl is such a round in flight, ovlWG its goroutine;
+	// training is set while Train runs.
+	canOverlap bool
+	ovl        *overlapRound
+	ovlWG      sync.WaitGroup
+	training   bool
+	// roundHeld is how long rounds held training since the last Metrics.
+	roundHeld time.Duration
 
 	prof profile
 }
@@ -80,8 +91,25 @@ func newLoopState(world uint32) loopState {
 // coordinator asked for is not held back by a whole chunk of training.
 // While a plan trains, commands queue; a stop interrupts the plan.
 func (w *worker) mainLoop(ctx context.Context) (clean bool, err error) {
+	defer w.joinOverlap()
 	w.beginWait(time.Now())
 	for {
+		if w.ovl != nil {
+			// While a round runs beside training, only commands that queue
+			// plans go ahead of it, and the rank trains what it holds;
+			// anything else (and an idle rank) waits for the round.
+			head, queued := w.queue.peek()
+			idle := len(w.plans) == 0 || w.throttled
+			if (queued && !duringRound(head.msg)) || (!queued && idle) {
+				if err := w.waitOverlap(ctx); err != nil {
+					return false, err
+				}
+				continue
+			}
+			if err := w.pollOverlap(ctx); err != nil {
+				return false, err
+			}
+		}
 		c, ok := w.queue.tryPop()
 		if !ok {
 			if len(w.plans) > 0 && !w.throttled {
@@ -122,7 +150,11 @@ func (w *worker) handle(ctx context.Context, c command) (exit, clean bool, err e
 			w.queuePlan(m.GetNextPlan())
 		}
 	case *wirepb.Sync:
-		err = w.round(ctx, m)
+		if w.overlappable(m) && len(w.plans) > 0 && !w.throttled {
+			err = w.startOverlap(ctx, m)
+		} else {
+			err = w.round(ctx, m)
+		}
 	case *wirepb.Throttle:
 		w.throttled = true
 		w.log.Debug("throttled")
@@ -201,6 +233,7 @@ type planStats struct {
 	batches, samples  uint64
 	loss              float64
 	computeMS, dataMS float64
+	scalars           scalarSums
 }
 
 // runNextPlan fires the epoch callback when due, trains the next plan,
@@ -229,10 +262,16 @@ func (w *worker) runNextPlan(ctx context.Context) error {
 		st.loss += b.Loss
 		st.dataMS += b.DataMS
 		st.computeMS += max(b.BatchMS-b.DataMS, 0)
-		return reports.add(b)
+		st.scalars.add(b.Scalars)
+		if err := reports.add(b); err != nil {
+			return err
+		}
+		return w.pollOverlap(ctx)
 	}
 	start := time.Now()
+	w.training = true
 	err := w.trainer.Train(w.stopCtx, p, report)
+	w.training = false
 	elapsed := time.Since(start)
 	if ferr := reports.flush(); err == nil && ferr != nil {
 		err = ferr
@@ -241,12 +280,22 @@ func (w *worker) runNextPlan(ctx context.Context) error {
 	w.prof.computeMS += st.computeMS
 	w.prof.dataMS += st.dataMS
 	w.prof.plans++
+	if sc := st.scalars; sc.badNames+sc.overLimit > 0 {
+		w.log.Warn("dropped trainer scalars: a name is 1 to 64 bytes of [a-z0-9_./-], and a plan keeps its first names up to the limit",
+			"epoch", p.Epoch, "offset", p.PartitionOffset, "invalid_name", sc.badNames, "over_limit", sc.overLimit,
+			"limit", plugin.MaxScalars, "example", fmt.Sprintf("%q", sc.example))
+	}
 	if err != nil {
 		if w.stopCtx.Err() != nil {
 			w.log.Info("plan interrupted", "epoch", p.Epoch, "batches_done", st.batches, "reason", context.Cause(w.stopCtx))
 			return nil
 		}
 		if w.pluginLost(pluginhost.Trainer, err) {
+			if w.ovl != nil {
+				if aerr := w.abortOverlap(ctx, err); aerr != nil {
+					return aerr
+				}
+			}
 			// The plan ends here, without Metrics: the coordinator gives
 			// back what its reports do not cover.
 			w.log.Warn("plan lost with the trainer", "epoch", p.Epoch, "offset", p.PartitionOffset, "size", p.PartitionSize, "batches_done", st.batches)
@@ -255,6 +304,7 @@ func (w *worker) runNextPlan(ctx context.Context) error {
 		return fmt.Errorf("train epoch %d, plan [%d, +%d): %w", p.Epoch, p.PartitionOffset, p.PartitionSize, err)
 	}
 	m := &wirepb.Metrics{
+		RoundWaitMs:     ms(w.roundHeld),
 		Rank:            w.o.Rank,
 		Epoch:           p.Epoch,
 		Batches:         st.batches,
@@ -265,10 +315,12 @@ func (w *worker) runNextPlan(ctx context.Context) error {
 		Resources:       w.lastSample.Load(),
 		PartitionOffset: p.PartitionOffset,
 		PartitionSize:   p.PartitionSize,
+		Scalars:         st.scalars.sums,
 	}
 	if st.batches > 0 {
 		m.AvgLoss = st.loss / float64(st.batches)
 	}
+	w.roundHeld = 0
 	return w.send(ctx, m)
 }
 
@@ -295,6 +347,35 @@ func (w *worker) fireEpochFn(ctx context.Context, epoch uint64) error {
 // acknowledged as aborted and the worker carries on; any other averaging
 // failure ends the worker.
 func (w *worker) round(ctx context.Context, m *wirepb.Sync) error {
+	defer w.holdTraining(time.Now())
+	rr, err := w.beginRound(ctx, m)
+	if rr == nil || err != nil {
+		return err
+	}
+	return w.endRound(ctx, rr, w.average(w.stopCtx, rr))
+}
+
+// roundRun is a round between its Publish and its Adopt.
+type roundRun struct {
+	m       *wirepb.Sync
+	n       uint64
+	start   time.Time
+	ack     *wirepb.SyncAck
+	req     plugin.Round
+	members []uint32 // the session's, as the round began
+}
+
+// roundOutcome is what the averager made of a round.
+type roundOutcome struct {
+	res       plugin.RoundResult
+	err       error
+	abortedBy error // why the watchdog aborted it, if it did
+}
+
+// beginRound applies a pending session, publishes the parameters and
+// builds the averager's request. A nil roundRun with a nil error means the
+// round is already over (acknowledged as aborted).
+func (w *worker) beginRound(ctx context.Context, m *wirepb.Sync) (*roundRun, error) {
 	start := time.Now()
 	n := m.GetRound()
 	if p := m.GetNextPlan(); p != nil {
@@ -304,57 +385,75 @@ func (w *worker) round(ctx context.Context, m *wirepb.Sync) error {
 		aborts := w.guard.aborts()
 		if err := w.averager.NewSession(ctx, *s); err != nil {
 			if !w.pluginLost(pluginhost.Averager, err) {
-				return fmt.Errorf("round %d: apply averaging session generation %d: %w", n, s.Generation, err)
+				return nil, fmt.Errorf("round %d: apply averaging session generation %d: %w", n, s.Generation, err)
 			}
 			// The coordinator answers the replacement with a new session.
 			if err := w.replaceAverager(ctx, err); err != nil {
-				return err
+				return nil, err
 			}
-			return w.abortedAck(ctx, &wirepb.SyncAck{Rank: w.o.Rank, Round: n}, start, fmt.Errorf("%w: the averager was replaced", plugin.ErrRoundAborted))
+			return nil, w.abortedAck(ctx, &wirepb.SyncAck{Rank: w.o.Rank, Round: n}, start, fmt.Errorf("%w: the averager was replaced", plugin.ErrRoundAborted))
 		}
 		w.members, w.sessionAborts = slices.Clone(s.Members), aborts
 		w.log.Info("averaging session applied", "generation", s.Generation, "members", s.Members, "new_rank", s.NewRank)
 	}
 	var pub plugin.PublishResult
-	err := w.onTrainer(ctx, func(t plugin.Trainer) (err error) {
-		pub, err = t.Publish(ctx)
-		return err
-	})
+	var err error
+	if w.ovl != nil || w.training {
+		// Train runs: a replacement trainer cannot be started under it.
+		pub, err = w.trainer.Publish(ctx)
+	} else {
+		err = w.onTrainer(ctx, func(t plugin.Trainer) (err error) {
+			pub, err = t.Publish(ctx)
+			return err
+		})
+	}
 	if err != nil {
-		return fmt.Errorf("round %d: publish parameters: %w", n, err)
+		return nil, fmt.Errorf("round %d: publish parameters: %w", n, err)
 	}
 	w.pendingSteps += pub.Steps
 	if err := w.send(ctx, &wirepb.SnapshotReady{Rank: w.o.Rank, Round: n}); err != nil {
-		return err
+		return nil, err
 	}
-	ack := &wirepb.SyncAck{Rank: w.o.Rank, Round: n, StepCount: pub.StepCount, PreNorm: &pub.ParamNorm}
-
-	r := plugin.Round{Round: n, Steps: w.pendingSteps}
+	rr := &roundRun{m: m, n: n, start: start,
+		ack: &wirepb.SyncAck{Rank: w.o.Rank, Round: n, StepCount: pub.StepCount, PreNorm: &pub.ParamNorm},
+		req: plugin.Round{Round: n, Steps: w.pendingSteps}, members: slices.Clone(w.members)}
 	if m.GetMode() == wirepb.SyncMode_SYNC_MODE_BROADCAST {
 		// Sync names the root by global rank; the averager counts in the
 		// session's ranks.
 		idx := slices.Index(w.members, m.GetRoot())
 		if idx < 0 {
-			return w.abortedAck(ctx, ack, start, fmt.Errorf("broadcast root %d is not a member of the session %v", m.GetRoot(), w.members))
+			return nil, w.abortedAck(ctx, rr.ack, start, fmt.Errorf("broadcast root %d is not a member of the session %v", m.GetRoot(), w.members))
 		}
-		r.Broadcast, r.Root = true, uint32(idx)
+		rr.req.Broadcast, rr.req.Root = true, uint32(idx)
 	}
+	return rr, nil
+}
 
+// average runs the averager's part of rr. It may run on a goroutine of its
+// own while the rank trains (overlapped rounds): it touches only the
+// averager, the guard and the ledger.
+func (w *worker) average(parent context.Context, rr *roundRun) roundOutcome {
 	// A stop ends the round too: the coordinator gives up on a stalled
 	// round with ShutdownWithSave, which this rank must get to.
-	rctx, cancel := context.WithCancelCause(w.stopCtx)
+	rctx, cancel := context.WithCancelCause(parent)
+	defer cancel(nil)
 	w.guard.begin(cancel)
-	var res plugin.RoundResult
+	var out roundOutcome
 	// Checked after begin, so a death either shows here or reaches the
 	// round through the watchdog: a peer that died while this rank was
 	// training would otherwise be waited for forever.
-	if dead := w.ledger.deadAmong(w.members); len(dead) > 0 {
-		err = fmt.Errorf("%w: session members %v are dead", errPeerDied, dead)
+	if dead := w.ledger.deadAmong(rr.members); len(dead) > 0 {
+		out.err = fmt.Errorf("%w: session members %v are dead", errPeerDied, dead)
 	} else {
-		res, err = w.averager.Average(rctx, r)
+		out.res, out.err = w.averager.Average(rctx, rr.req)
 	}
-	abortedBy := w.guard.end()
-	cancel(nil)
+	out.abortedBy = w.guard.end()
+	return out
+}
+
+// endRound takes the averaged parameters and acknowledges the round.
+func (w *worker) endRound(ctx context.Context, rr *roundRun, o roundOutcome) error {
+	n, ack, start, err := rr.n, rr.ack, rr.start, o.err
 	if err != nil && w.pluginLost(pluginhost.Averager, err) {
 		// The new averager knows no session: the coordinator re-forms the
 		// group and runs the round again.
@@ -364,28 +463,32 @@ func (w *worker) round(ctx context.Context, m *wirepb.Sync) error {
 		return w.abortedAck(ctx, ack, start, err)
 	}
 	if err != nil {
-		if abortedBy == nil && !errors.Is(err, errPeerDied) && !errors.Is(err, plugin.ErrRoundAborted) && w.guard.aborts() == w.sessionAborts && w.stopCtx.Err() == nil {
+		if o.abortedBy == nil && !errors.Is(err, errPeerDied) && !errors.Is(err, plugin.ErrRoundAborted) && w.guard.aborts() == w.sessionAborts && w.stopCtx.Err() == nil {
 			return fmt.Errorf("averaging round %d: %w", n, err)
 		}
 		return w.abortedAck(ctx, ack, start, err)
 	}
 
 	alpha := w.o.EASGDAlpha
-	if r.Broadcast {
+	if rr.req.Broadcast {
 		alpha = 0 // every rank must take the root's values exactly
 	}
 	var norm float64
-	err = w.onTrainer(ctx, func(t plugin.Trainer) (err error) {
-		norm, err = t.Adopt(ctx, alpha)
-		return err
-	})
+	if w.ovl != nil || w.training {
+		norm, err = w.trainer.Adopt(ctx, alpha)
+	} else {
+		err = w.onTrainer(ctx, func(t plugin.Trainer) (err error) {
+			norm, err = t.Adopt(ctx, alpha)
+			return err
+		})
+	}
 	if err != nil {
 		return fmt.Errorf("round %d: adopt averaged parameters: %w", n, err)
 	}
 	w.pendingSteps = 0
 	// The plans the Sync brought start now, with the step count it carried,
 	// not after a round trip for Update.
-	if gs := m.GlobalStep; gs != nil {
+	if gs := rr.m.GlobalStep; gs != nil {
 		w.globalStep, w.stepFresh = *gs, true
 	}
 	for _, p := range w.held {
@@ -394,6 +497,7 @@ func (w *worker) round(ctx context.Context, m *wirepb.Sync) error {
 	w.held = nil
 	w.prof.rounds++
 	w.prof.lastAdopt = time.Now()
+	res := o.res
 	div := res.Divergence
 	w.divergence = &div
 	ack.Divergence = &div
@@ -431,3 +535,6 @@ func isShutdownWithSave(m proto.Message) bool {
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// holdTraining adds the time since start to what rounds held training.
+func (w *worker) holdTraining(start time.Time) { w.roundHeld += time.Since(start) }

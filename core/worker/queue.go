@@ -38,9 +38,14 @@ func (q *queue) push(c command) {
 
 // tryPop takes the oldest command without waiting.
 func (q *queue) tryPop() (command, bool) {
+	return q.popIf(func(command) bool { return true })
+}
+
+// popIf takes the oldest command when ok says so.
+func (q *queue) popIf(ok func(command) bool) (command, bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if len(q.items) == 0 {
+	if len(q.items) == 0 || !ok(q.items[0]) {
 		return command{}, false
 	}
 	c := q.items[0]
@@ -54,6 +59,16 @@ func (q *queue) tryPop() (command, bool) {
 		}
 	}
 	return c, true
+}
+
+// peek returns the oldest command without taking it.
+func (q *queue) peek() (command, bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if len(q.items) == 0 {
+		return command{}, false
+	}
+	return q.items[0], true
 }
 
 // pop waits for the oldest command or ctx's end.

@@ -109,9 +109,11 @@ func (w *worker) replaceTrainer(ctx context.Context, cause error, lost *plugin.P
 	if setup.Layout.Digest() != w.setup.Layout.Digest() {
 		return fail(errors.New("the new trainer's parameter layout differs from the arena's"))
 	}
-	if _, err := t.Attach(ctx, w.arena.Descriptor()); err != nil {
+	zeroCopy, err := t.Attach(ctx, w.arena.Descriptor())
+	if err != nil {
 		return fail(fmt.Errorf("attach to arena %s: %w", w.arena.Path(), err))
 	}
+	w.canOverlap = w.trainerCfg.OverlapRounds && !zeroCopy
 	if dir := w.checkpointToRestore(); dir != "" {
 		steps, err := t.LoadCheckpoint(ctx, dir)
 		if err != nil {

@@ -252,12 +252,15 @@ func (w *worker) setUp(ctx context.Context) error {
 		return err
 	}
 
+	// Rounds run beside training only with a trainer that says it can.
+	overlap := w.admit.GetOverlapRounds() && slices.Contains(td.Capabilities, plugin.CapTrainsDuringRounds)
 	w.trainerCfg = plugin.TrainerConfig{
-		Rank:       w.o.Rank,
-		WorldSize:  w.o.World,
-		LocalRanks: w.o.LocalRanks,
-		Seed:       w.admit.GetSeed(),
-		Settings:   w.o.Trainer.Settings,
+		Rank:          w.o.Rank,
+		WorldSize:     w.o.World,
+		LocalRanks:    w.o.LocalRanks,
+		Seed:          w.admit.GetSeed(),
+		Settings:      w.o.Trainer.Settings,
+		OverlapRounds: overlap,
 	}
 	w.setup, err = t.Configure(ctx, w.trainerCfg)
 	if err != nil {
@@ -272,7 +275,9 @@ func (w *worker) setUp(ctx context.Context) error {
 		return fmt.Errorf("attach trainer to arena %s: %w", w.arena.Path(), err)
 	}
 	w.trainerReady = true
-	w.log.Debug("arena ready", "path", w.arena.Path(), "bytes", w.setup.Layout.Size, "zero_copy", zeroCopy)
+	w.canOverlap = overlap && !zeroCopy
+	w.log.Debug("arena ready", "path", w.arena.Path(), "bytes", w.setup.Layout.Size, "zero_copy", zeroCopy,
+		"rounds_beside_training", w.canOverlap)
 
 	var from string
 	if dir := w.admit.GetResumeDir(); dir != "" {

@@ -110,6 +110,37 @@ type BatchReport struct {
 	StepCount uint64
 	// ParamNorm is reported on some batches only.
 	ParamNorm *float64
+	// Scalars are named figures of the batch, such as the learning rate it
+	// used; the run's summary shows each one's mean over the epoch. The
+	// host drops names ValidScalarName refuses, names past MaxScalars in a
+	// plan, and values that are NaN or infinite.
+	Scalars map[string]float64
+}
+
+// Scalar limits. Both the rank and the coordinator hold them, so nothing a
+// trainer reports grows the run's summary, its status page or its metrics'
+// label set without bound.
+const (
+	// MaxScalars is the most names a plan's reports keep (the first met),
+	// and the most an epoch's summary shows.
+	MaxScalars = 32
+	// MaxScalarName is the longest name, in bytes.
+	MaxScalarName = 64
+)
+
+// ValidScalarName reports whether name is 1 to MaxScalarName bytes of
+// [a-z0-9_./-]: a JSON key and a Prometheus label value as it is.
+func ValidScalarName(name string) bool {
+	if len(name) == 0 || len(name) > MaxScalarName {
+		return false
+	}
+	for i := range len(name) {
+		c := name[i]
+		if !('a' <= c && c <= 'z' || '0' <= c && c <= '9' || c == '_' || c == '.' || c == '/' || c == '-') {
+			return false
+		}
+	}
+	return true
 }
 
 // PublishResult is the state of the parameters just written to the arena.

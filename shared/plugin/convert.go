@@ -201,9 +201,9 @@ func copyFloat(p *float64) *float64 {
 
 func toprotoTrainerConfig(c TrainerConfig) *pb.TrainerConfigureRequest {
 	return &pb.TrainerConfigureRequest{
-		Rank:         c.Rank,
-		WorldSize:    c.WorldSize,
-		LocalRanks:   c.LocalRanks,
+		Rank:          c.Rank,
+		WorldSize:     c.WorldSize,
+		LocalRanks:    c.LocalRanks,
 		Seed:          c.Seed,
 		SettingsJson:  c.Settings,
 		OverlapRounds: c.OverlapRounds,
@@ -212,9 +212,9 @@ func toprotoTrainerConfig(c TrainerConfig) *pb.TrainerConfigureRequest {
 
 func fromprotoTrainerConfig(m *pb.TrainerConfigureRequest) TrainerConfig {
 	return TrainerConfig{
-		Rank:       m.GetRank(),
-		WorldSize:  m.GetWorldSize(),
-		LocalRanks: m.GetLocalRanks(),
+		Rank:          m.GetRank(),
+		WorldSize:     m.GetWorldSize(),
+		LocalRanks:    m.GetLocalRanks(),
 		Seed:          m.GetSeed(),
 		Settings:      settings(m.GetSettingsJson()),
 		OverlapRounds: m.GetOverlapRounds(),
@@ -280,6 +280,7 @@ func toprotoBatchReport(r BatchReport) *pb.BatchReport {
 		DataMs:    r.DataMS,
 		StepCount: r.StepCount,
 		ParamNorm: copyFloat(r.ParamNorm),
+		Scalars:   r.Scalars,
 	}
 }
 
@@ -291,6 +292,7 @@ func fromprotoBatchReport(m *pb.BatchReport) BatchReport {
 		BatchMS:   m.GetBatchMs(),
 		DataMS:    m.GetDataMs(),
 		StepCount: m.GetStepCount(),
+		Scalars:   m.GetScalars(),
 	}
 	if m != nil {
 		r.ParamNorm = copyFloat(m.ParamNorm)

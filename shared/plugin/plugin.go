@@ -3,7 +3,7 @@
 // interfaces with their domain types, the Relay an averager meets its peers
 // through, Serve (a plugin's whole main), DecodeSettings for its config
 // block, ErrRoundAborted and the limits (MaxMessageBytes, MaxRelayBlob,
-// MaxRelayExchange). It also owns the go-plugin wiring both sides share:
+// MaxRelayExchange, MaxScalars). It also owns the go-plugin wiring both sides share:
 // the handshake, the plugin map under ProtocolVersion, and the gRPC
 // adapters between the interfaces and the cohort.v1 services, whose
 // generated code is internal. docs/plugins.md is the guide for writing a

@@ -42,7 +42,7 @@ const paramNormEvery = 10
 // features trained on, rate 0.01 per sample), all f32. Parameters live in Go
 // slices; Publish copies them into the arena and Adopt copies them back.
 // Plan.GlobalStep is not used: the learning rate is constant, times the
-// plan's LRScale.
+// plan's LRScale, and every batch report carries it as the scalar "lr".
 //
 // A Trainer is safe for concurrent use; one Train runs at a time.
 type Trainer struct {
@@ -68,11 +68,11 @@ type Trainer struct {
 	lastPub  uint64    // steps at the last Publish
 	// pub holds weight, bias and mean as of the last Publish, for an Adopt
 	// that credits the steps trained since.
-	pub []float32
-	trained  uint64    // samples trained in total
-	batches  uint64    // batches trained by this process, for fail_after_batches
-	mapping  *arena.Mapping
-	ledger   *os.File
+	pub     []float32
+	trained uint64 // samples trained in total
+	batches uint64 // batches trained by this process, for fail_after_batches
+	mapping *arena.Mapping
+	ledger  *os.File
 }
 
 var _ plugin.Trainer = (*Trainer)(nil)
@@ -292,6 +292,7 @@ func (t *Trainer) step(idx []uint64, lrScale float64) (plugin.BatchReport, error
 		Loss:      loss / float64(len(idx)),
 		DataMS:    ms(data),
 		StepCount: t.steps,
+		Scalars:   map[string]float64{"lr": t.settings.LR * lrScale},
 	}
 	if t.steps%paramNormEvery == 0 {
 		n := t.normLocked()

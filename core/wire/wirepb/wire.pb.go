@@ -2743,8 +2743,12 @@ type Metrics struct {
 	// The plan this report closes.
 	PartitionOffset uint64 `protobuf:"varint,11,opt,name=partition_offset,json=partitionOffset,proto3" json:"partition_offset,omitempty"`
 	PartitionSize   uint64 `protobuf:"varint,12,opt,name=partition_size,json=partitionSize,proto3" json:"partition_size,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// Time the rank's training was held by averaging rounds since its
+	// previous Metrics: whole blocking rounds, and an overlapped round's
+	// publish, adopt and any wait for it.
+	RoundWaitMs   float64 `protobuf:"fixed64,13,opt,name=round_wait_ms,json=roundWaitMs,proto3" json:"round_wait_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Metrics) Reset() {
@@ -2857,6 +2861,13 @@ func (x *Metrics) GetPartitionOffset() uint64 {
 func (x *Metrics) GetPartitionSize() uint64 {
 	if x != nil {
 		return x.PartitionSize
+	}
+	return 0
+}
+
+func (x *Metrics) GetRoundWaitMs() float64 {
+	if x != nil {
+		return x.RoundWaitMs
 	}
 	return 0
 }
@@ -3213,7 +3224,7 @@ const file_core_wire_wirepb_wire_proto_rawDesc = "" +
 	"\x0epartition_size\x18\b \x01(\x04R\rpartitionSize\"3\n" +
 	"\tScalarSum\x12\x10\n" +
 	"\x03sum\x18\x01 \x01(\x01R\x03sum\x12\x14\n" +
-	"\x05count\x18\x02 \x01(\x04R\x05count\"\x8f\x04\n" +
+	"\x05count\x18\x02 \x01(\x04R\x05count\"\xb3\x04\n" +
 	"\aMetrics\x12\x12\n" +
 	"\x04rank\x18\x01 \x01(\rR\x04rank\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x19\n" +
@@ -3228,7 +3239,8 @@ const file_core_wire_wirepb_wire_proto_rawDesc = "" +
 	"\tresources\x18\n" +
 	" \x01(\v2\x1e.cohort.wire.v1.ResourceSampleH\x00R\tresources\x88\x01\x01\x12)\n" +
 	"\x10partition_offset\x18\v \x01(\x04R\x0fpartitionOffset\x12%\n" +
-	"\x0epartition_size\x18\f \x01(\x04R\rpartitionSize\x1aU\n" +
+	"\x0epartition_size\x18\f \x01(\x04R\rpartitionSize\x12\"\n" +
+	"\rround_wait_ms\x18\r \x01(\x01R\vroundWaitMs\x1aU\n" +
 	"\fScalarsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12/\n" +
 	"\x05value\x18\x02 \x01(\v2\x19.cohort.wire.v1.ScalarSumR\x05value:\x028\x01B\f\n" +

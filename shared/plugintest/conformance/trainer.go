@@ -185,6 +185,7 @@ func (s *trainerSuite) trainAndPublish(t T) {
 		t.Errorf("Train must report once per batch: a plan of %d samples in batches of %d made %d reports, want %d", p.PartitionSize, b, len(reps), n)
 	}
 	var samples uint64
+	scalars := map[string]bool{}
 	for i, r := range reps {
 		samples += uint64(r.Samples)
 		if r.Batch != uint64(i) {
@@ -193,6 +194,15 @@ func (s *trainerSuite) trainAndPublish(t T) {
 		if math.IsNaN(r.Loss) || math.IsInf(r.Loss, 0) {
 			t.Errorf("BatchReport.Loss must be finite: batch %d says %v", i, r.Loss)
 		}
+		for name := range r.Scalars {
+			if !scalars[name] && !plugin.ValidScalarName(name) {
+				t.Errorf("BatchReport.Scalars names must pass plugin.ValidScalarName (the host drops others): batch %d reports %q", i, name)
+			}
+			scalars[name] = true
+		}
+	}
+	if len(scalars) > plugin.MaxScalars {
+		t.Errorf("a plan's reports must name at most plugin.MaxScalars (%d) scalars (the host drops the rest): they name %d", plugin.MaxScalars, len(scalars))
 	}
 	if samples != p.PartitionSize {
 		t.Errorf("Train's reports must count every sample of the plan once: their samples sum to %d, the partition holds %d", samples, p.PartitionSize)

@@ -194,7 +194,8 @@ func (t *Trainer) step(gen uint64, data *dataset.Set, b *batchBuf, start time.Ti
 	}
 	n := b.n
 	y, tg := b.targets(data.Width())
-	loss, err := t.model.TrainStep(b.x[:n*data.Features()], n, y, tg, data.Width(), t.s.lrAt(t.schedStep)*lrScale, t.errBuf)
+	lr := t.s.lrAt(t.schedStep) * lrScale
+	loss, err := t.model.TrainStep(b.x[:n*data.Features()], n, y, tg, data.Width(), lr, t.errBuf)
 	if err != nil {
 		return plugin.BatchReport{}, err
 	}
@@ -203,7 +204,7 @@ func (t *Trainer) step(gen uint64, data *dataset.Set, b *batchBuf, start time.Ti
 	if d := t.s.sleepFor(t.cfg.Rank); d > 0 {
 		time.Sleep(d) // a slower device: the batch takes longer
 	}
-	rep := plugin.BatchReport{Samples: uint32(n), Loss: loss, StepCount: t.steps}
+	rep := plugin.BatchReport{Samples: uint32(n), Loss: loss, StepCount: t.steps, Scalars: map[string]float64{"lr": lr}}
 	if t.steps%paramNormEvery == 0 {
 		if norm, err := t.model.Norm(); err == nil {
 			rep.ParamNorm = &norm

@@ -59,14 +59,14 @@ type Trainer struct {
 	// prefetch says whether a goroutine gathers the next batch while one
 	// trains: when the host has a core beyond the intra-op threads of its
 	// ranks (see spareCore).
-	prefetch  bool
-	model     *shim.Model // nil before Configure and after Shutdown
-	train     *dataset.Set
-	eval      *dataset.Set
-	layout    arena.Layout
-	mapping   *arena.Mapping
-	retired   []*arena.Mapping // mappings a failed Attach may still point into
-	zeroCopy  bool
+	prefetch bool
+	model    *shim.Model // nil before Configure and after Shutdown
+	train    *dataset.Set
+	eval     *dataset.Set
+	layout   arena.Layout
+	mapping  *arena.Mapping
+	retired  []*arena.Mapping // mappings a failed Attach may still point into
+	zeroCopy bool
 	// published: Publish ran since the last Attach, so an Adopt can credit
 	// the steps trained since.
 	published bool

@@ -608,14 +608,17 @@ func (x *TrainReports) GetReports() []*BatchReport {
 }
 
 type BatchReport struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Batch         uint64                 `protobuf:"varint,1,opt,name=batch,proto3" json:"batch,omitempty"`
-	Samples       uint32                 `protobuf:"varint,2,opt,name=samples,proto3" json:"samples,omitempty"`
-	Loss          float64                `protobuf:"fixed64,3,opt,name=loss,proto3" json:"loss,omitempty"`
-	BatchMs       float64                `protobuf:"fixed64,4,opt,name=batch_ms,json=batchMs,proto3" json:"batch_ms,omitempty"`
-	DataMs        float64                `protobuf:"fixed64,5,opt,name=data_ms,json=dataMs,proto3" json:"data_ms,omitempty"`
-	StepCount     uint64                 `protobuf:"varint,6,opt,name=step_count,json=stepCount,proto3" json:"step_count,omitempty"`
-	ParamNorm     *float64               `protobuf:"fixed64,7,opt,name=param_norm,json=paramNorm,proto3,oneof" json:"param_norm,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Batch     uint64                 `protobuf:"varint,1,opt,name=batch,proto3" json:"batch,omitempty"`
+	Samples   uint32                 `protobuf:"varint,2,opt,name=samples,proto3" json:"samples,omitempty"`
+	Loss      float64                `protobuf:"fixed64,3,opt,name=loss,proto3" json:"loss,omitempty"`
+	BatchMs   float64                `protobuf:"fixed64,4,opt,name=batch_ms,json=batchMs,proto3" json:"batch_ms,omitempty"`
+	DataMs    float64                `protobuf:"fixed64,5,opt,name=data_ms,json=dataMs,proto3" json:"data_ms,omitempty"`
+	StepCount uint64                 `protobuf:"varint,6,opt,name=step_count,json=stepCount,proto3" json:"step_count,omitempty"`
+	ParamNorm *float64               `protobuf:"fixed64,7,opt,name=param_norm,json=paramNorm,proto3,oneof" json:"param_norm,omitempty"`
+	// Named figures of the batch (the learning rate it used, a gradient
+	// norm); the host sums them per plan for the run's summary.
+	Scalars       map[string]float64 `protobuf:"bytes,8,rep,name=scalars,proto3" json:"scalars,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"fixed64,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -697,6 +700,13 @@ func (x *BatchReport) GetParamNorm() float64 {
 		return *x.ParamNorm
 	}
 	return 0
+}
+
+func (x *BatchReport) GetScalars() map[string]float64 {
+	if x != nil {
+		return x.Scalars
+	}
+	return nil
 }
 
 type PublishRequest struct {
@@ -1277,7 +1287,7 @@ const file_shared_plugin_internal_pluginpb_trainer_proto_rawDesc = "" +
 	"globalStep\x12\x19\n" +
 	"\blr_scale\x18\b \x01(\x01R\alrScaleJ\x04\b\a\x10\bR\x12report_interval_ms\"@\n" +
 	"\fTrainReports\x120\n" +
-	"\areports\x18\x01 \x03(\v2\x16.cohort.v1.BatchReportR\areports\"\xd7\x01\n" +
+	"\areports\x18\x01 \x03(\v2\x16.cohort.v1.BatchReportR\areports\"\xd2\x02\n" +
 	"\vBatchReport\x12\x14\n" +
 	"\x05batch\x18\x01 \x01(\x04R\x05batch\x12\x18\n" +
 	"\asamples\x18\x02 \x01(\rR\asamples\x12\x12\n" +
@@ -1287,7 +1297,11 @@ const file_shared_plugin_internal_pluginpb_trainer_proto_rawDesc = "" +
 	"\n" +
 	"step_count\x18\x06 \x01(\x04R\tstepCount\x12\"\n" +
 	"\n" +
-	"param_norm\x18\a \x01(\x01H\x00R\tparamNorm\x88\x01\x01B\r\n" +
+	"param_norm\x18\a \x01(\x01H\x00R\tparamNorm\x88\x01\x01\x12=\n" +
+	"\ascalars\x18\b \x03(\v2#.cohort.v1.BatchReport.ScalarsEntryR\ascalars\x1a:\n" +
+	"\fScalarsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01B\r\n" +
 	"\v_param_norm\"\x10\n" +
 	"\x0ePublishRequest\"e\n" +
 	"\x0fPublishResponse\x12\x14\n" +
@@ -1343,7 +1357,7 @@ func file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP() []byte {
 	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescData
 }
 
-var file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
+var file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
 var file_shared_plugin_internal_pluginpb_trainer_proto_goTypes = []any{
 	(*DescribeRequest)(nil),          // 0: cohort.v1.DescribeRequest
 	(*PluginDescription)(nil),        // 1: cohort.v1.PluginDescription
@@ -1367,39 +1381,41 @@ var file_shared_plugin_internal_pluginpb_trainer_proto_goTypes = []any{
 	(*LoadCheckpointResponse)(nil),   // 19: cohort.v1.LoadCheckpointResponse
 	(*ShutdownRequest)(nil),          // 20: cohort.v1.ShutdownRequest
 	(*ShutdownResponse)(nil),         // 21: cohort.v1.ShutdownResponse
-	(*Layout)(nil),                   // 22: cohort.v1.Layout
-	(*ArenaDescriptor)(nil),          // 23: cohort.v1.ArenaDescriptor
+	nil,                              // 22: cohort.v1.BatchReport.ScalarsEntry
+	(*Layout)(nil),                   // 23: cohort.v1.Layout
+	(*ArenaDescriptor)(nil),          // 24: cohort.v1.ArenaDescriptor
 }
 var file_shared_plugin_internal_pluginpb_trainer_proto_depIdxs = []int32{
 	2,  // 0: cohort.v1.PluginDescription.settings:type_name -> cohort.v1.SettingSpec
-	22, // 1: cohort.v1.TrainerConfigureResponse.layout:type_name -> cohort.v1.Layout
-	23, // 2: cohort.v1.AttachRequest.arena:type_name -> cohort.v1.ArenaDescriptor
+	23, // 1: cohort.v1.TrainerConfigureResponse.layout:type_name -> cohort.v1.Layout
+	24, // 2: cohort.v1.AttachRequest.arena:type_name -> cohort.v1.ArenaDescriptor
 	9,  // 3: cohort.v1.TrainReports.reports:type_name -> cohort.v1.BatchReport
-	0,  // 4: cohort.v1.Trainer.Describe:input_type -> cohort.v1.DescribeRequest
-	3,  // 5: cohort.v1.Trainer.Configure:input_type -> cohort.v1.TrainerConfigureRequest
-	5,  // 6: cohort.v1.Trainer.Attach:input_type -> cohort.v1.AttachRequest
-	7,  // 7: cohort.v1.Trainer.Train:input_type -> cohort.v1.TrainRequest
-	10, // 8: cohort.v1.Trainer.Publish:input_type -> cohort.v1.PublishRequest
-	12, // 9: cohort.v1.Trainer.Adopt:input_type -> cohort.v1.AdoptRequest
-	14, // 10: cohort.v1.Trainer.Evaluate:input_type -> cohort.v1.EvaluateRequest
-	16, // 11: cohort.v1.Trainer.SaveCheckpoint:input_type -> cohort.v1.SaveCheckpointRequest
-	18, // 12: cohort.v1.Trainer.LoadCheckpoint:input_type -> cohort.v1.LoadCheckpointRequest
-	20, // 13: cohort.v1.Trainer.Shutdown:input_type -> cohort.v1.ShutdownRequest
-	1,  // 14: cohort.v1.Trainer.Describe:output_type -> cohort.v1.PluginDescription
-	4,  // 15: cohort.v1.Trainer.Configure:output_type -> cohort.v1.TrainerConfigureResponse
-	6,  // 16: cohort.v1.Trainer.Attach:output_type -> cohort.v1.AttachResponse
-	8,  // 17: cohort.v1.Trainer.Train:output_type -> cohort.v1.TrainReports
-	11, // 18: cohort.v1.Trainer.Publish:output_type -> cohort.v1.PublishResponse
-	13, // 19: cohort.v1.Trainer.Adopt:output_type -> cohort.v1.AdoptResponse
-	15, // 20: cohort.v1.Trainer.Evaluate:output_type -> cohort.v1.EvaluateResponse
-	17, // 21: cohort.v1.Trainer.SaveCheckpoint:output_type -> cohort.v1.SaveCheckpointResponse
-	19, // 22: cohort.v1.Trainer.LoadCheckpoint:output_type -> cohort.v1.LoadCheckpointResponse
-	21, // 23: cohort.v1.Trainer.Shutdown:output_type -> cohort.v1.ShutdownResponse
-	14, // [14:24] is the sub-list for method output_type
-	4,  // [4:14] is the sub-list for method input_type
-	4,  // [4:4] is the sub-list for extension type_name
-	4,  // [4:4] is the sub-list for extension extendee
-	0,  // [0:4] is the sub-list for field type_name
+	22, // 4: cohort.v1.BatchReport.scalars:type_name -> cohort.v1.BatchReport.ScalarsEntry
+	0,  // 5: cohort.v1.Trainer.Describe:input_type -> cohort.v1.DescribeRequest
+	3,  // 6: cohort.v1.Trainer.Configure:input_type -> cohort.v1.TrainerConfigureRequest
+	5,  // 7: cohort.v1.Trainer.Attach:input_type -> cohort.v1.AttachRequest
+	7,  // 8: cohort.v1.Trainer.Train:input_type -> cohort.v1.TrainRequest
+	10, // 9: cohort.v1.Trainer.Publish:input_type -> cohort.v1.PublishRequest
+	12, // 10: cohort.v1.Trainer.Adopt:input_type -> cohort.v1.AdoptRequest
+	14, // 11: cohort.v1.Trainer.Evaluate:input_type -> cohort.v1.EvaluateRequest
+	16, // 12: cohort.v1.Trainer.SaveCheckpoint:input_type -> cohort.v1.SaveCheckpointRequest
+	18, // 13: cohort.v1.Trainer.LoadCheckpoint:input_type -> cohort.v1.LoadCheckpointRequest
+	20, // 14: cohort.v1.Trainer.Shutdown:input_type -> cohort.v1.ShutdownRequest
+	1,  // 15: cohort.v1.Trainer.Describe:output_type -> cohort.v1.PluginDescription
+	4,  // 16: cohort.v1.Trainer.Configure:output_type -> cohort.v1.TrainerConfigureResponse
+	6,  // 17: cohort.v1.Trainer.Attach:output_type -> cohort.v1.AttachResponse
+	8,  // 18: cohort.v1.Trainer.Train:output_type -> cohort.v1.TrainReports
+	11, // 19: cohort.v1.Trainer.Publish:output_type -> cohort.v1.PublishResponse
+	13, // 20: cohort.v1.Trainer.Adopt:output_type -> cohort.v1.AdoptResponse
+	15, // 21: cohort.v1.Trainer.Evaluate:output_type -> cohort.v1.EvaluateResponse
+	17, // 22: cohort.v1.Trainer.SaveCheckpoint:output_type -> cohort.v1.SaveCheckpointResponse
+	19, // 23: cohort.v1.Trainer.LoadCheckpoint:output_type -> cohort.v1.LoadCheckpointResponse
+	21, // 24: cohort.v1.Trainer.Shutdown:output_type -> cohort.v1.ShutdownResponse
+	15, // [15:25] is the sub-list for method output_type
+	5,  // [5:15] is the sub-list for method input_type
+	5,  // [5:5] is the sub-list for extension type_name
+	5,  // [5:5] is the sub-list for extension extendee
+	0,  // [0:5] is the sub-list for field type_name
 }
 
 func init() { file_shared_plugin_internal_pluginpb_trainer_proto_init() }
@@ -1416,7 +1432,7 @@ func file_shared_plugin_internal_pluginpb_trainer_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_shared_plugin_internal_pluginpb_trainer_proto_rawDesc), len(file_shared_plugin_internal_pluginpb_trainer_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   22,
+			NumMessages:   23,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

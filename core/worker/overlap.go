@@ -1,0 +1,125 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/cohortdl/cohort/core/wire/wirepb"
+)
+
+// overlapRound is an averaging round running on a goroutine of its own
+// while the rank trains (Sync.overlap, the async policy): the averager
+// works on the arena the trainer just published to, while the trainer,
+// which keeps its parameters out of the arena (TrainerConfig.OverlapRounds),
+// trains on; its Adopt then credits the steps trained meanwhile. The main
+// loop owns it: it starts the round, polls it between batches, and joins
+// it before anything else touches the averager.
+type overlapRound struct {
+	rr     *roundRun
+	done   chan roundOutcome // buffered: the goroutine never blocks on it
+	cancel context.CancelCauseFunc
+}
+
+// duringRound reports whether m may be handled while an overlapped round
+// is in flight: commands that only queue plans or steer them. Any other
+// waits for the round, as it would for a blocking one.
+func duringRound(m any) bool {
+	switch m.(type) {
+	case *wirepb.StartEpoch, *wirepb.Update, *wirepb.SetGlobalStep, *wirepb.ExtendPartition, *wirepb.Throttle:
+		return true
+	}
+	return false
+}
+
+// overlappable reports whether m's round may run while the rank trains.
+func (w *worker) overlappable(m *wirepb.Sync) bool {
+	return w.canOverlap && m.GetOverlap() && m.GetMode() == wirepb.SyncMode_SYNC_MODE_AVERAGE
+}
+
+// startOverlap begins m's round and leaves its averaging to a goroutine.
+func (w *worker) startOverlap(ctx context.Context, m *wirepb.Sync) error {
+	defer w.holdTraining(time.Now())
+	rr, err := w.beginRound(ctx, m)
+	if rr == nil || err != nil {
+		return err
+	}
+	rctx, cancel := context.WithCancelCause(w.stopCtx)
+	o := &overlapRound{rr: rr, done: make(chan roundOutcome, 1), cancel: cancel}
+	w.ovl = o
+	w.ovlWG.Add(1)
+	go func() {
+		defer w.ovlWG.Done()
+		o.done <- w.average(rctx, rr)
+	}()
+	w.log.Debug("round runs while training", "round", rr.n)
+	return nil
+}
+
+// pollOverlap runs between batches: it finishes the round in flight once
+// its averaging is done, or starts the one the coordinator asked for.
+func (w *worker) pollOverlap(ctx context.Context) error {
+	if w.ovl != nil {
+		select {
+		case out := <-w.ovl.done:
+			return w.finishOverlap(ctx, out)
+		default:
+			return nil
+		}
+	}
+	if !w.canOverlap || w.throttled {
+		return nil
+	}
+	c, ok := w.queue.popIf(func(c command) bool {
+		s, ok := c.msg.(*wirepb.Sync)
+		return ok && w.overlappable(s)
+	})
+	if !ok {
+		return nil
+	}
+	return w.startOverlap(ctx, c.msg.(*wirepb.Sync))
+}
+
+// waitOverlap waits for the round in flight and finishes it.
+func (w *worker) waitOverlap(ctx context.Context) error {
+	defer w.holdTraining(time.Now())
+	select {
+	case out := <-w.ovl.done:
+		return w.finishOverlap(ctx, out)
+	case <-ctx.Done():
+		return fmt.Errorf("wait for averaging round %d: %w", w.ovl.rr.n, ctx.Err())
+	}
+}
+
+func (w *worker) finishOverlap(ctx context.Context, out roundOutcome) error {
+	defer w.holdTraining(time.Now())
+	o := w.ovl
+	w.ovl = nil
+	o.cancel(nil)
+	return w.endRound(ctx, o.rr, out)
+}
+
+// abortOverlap ends the round in flight without taking its result (the
+// trainer it would adopt into is lost): the coordinator runs it again.
+func (w *worker) abortOverlap(ctx context.Context, why error) error {
+	defer w.holdTraining(time.Now())
+	o := w.ovl
+	w.ovl = nil
+	o.cancel(why)
+	<-o.done
+	return w.abortedAck(ctx, o.rr.ack, o.rr.start, fmt.Errorf("%w: %v", errRoundLostTrainer, why))
+}
+
+// errRoundLostTrainer aborts an overlapped round whose trainer was lost.
+var errRoundLostTrainer = errors.New("the trainer was lost while the round ran")
+
+// joinOverlap stops and waits for a round still in flight as the main
+// loop returns, so no goroutine outlives it.
+func (w *worker) joinOverlap() {
+	if w.ovl != nil {
+		w.ovl.cancel(errors.New("the worker is stopping"))
+		w.ovl = nil
+	}
+	w.ovlWG.Wait()
+}
