@@ -123,6 +123,12 @@ func (r *runner) onEvalResult(rs *rankState, m *wirepb.EvalResult) {
 // closeEpoch records the evaluated epoch, then checkpoints or moves on.
 func (r *runner) closeEpoch() {
 	r.recordEpoch()
+	// The trainer's end-of-epoch code runs on the callback rank, after the
+	// evaluation and before anything of the next epoch (it is in order
+	// there); nothing waits for it.
+	if rs := r.ranks[r.role]; rs.status == stLive {
+		r.send(rs, &wirepb.EpochEnd{Epoch: r.epoch, TargetRank: r.role})
+	}
 	if every := r.cfg.Coordinator.CheckpointEvery; every > 0 && (r.epoch+1)%uint64(every) == 0 {
 		r.beginCheckpoint()
 		return

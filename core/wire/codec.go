@@ -85,6 +85,8 @@ func newMessage(kind wirepb.FrameKind) proto.Message {
 		return new(wirepb.Meeting)
 	case wirepb.FrameKind_FRAME_KIND_RELAY_RESULT:
 		return new(wirepb.RelayResult)
+	case wirepb.FrameKind_FRAME_KIND_EPOCH_END:
+		return new(wirepb.EpochEnd)
 
 	case wirepb.FrameKind_FRAME_KIND_READY:
 		return new(wirepb.Ready)
@@ -160,6 +162,8 @@ func kindOf(msg proto.Message) wirepb.FrameKind {
 		return wirepb.FrameKind_FRAME_KIND_MEETING
 	case *wirepb.RelayResult:
 		return wirepb.FrameKind_FRAME_KIND_RELAY_RESULT
+	case *wirepb.EpochEnd:
+		return wirepb.FrameKind_FRAME_KIND_EPOCH_END
 
 	case *wirepb.Ready:
 		return wirepb.FrameKind_FRAME_KIND_READY

@@ -75,7 +75,7 @@ func TestEncodeRefuses(t *testing.T) {
 }
 
 func TestDecodeRefuses(t *testing.T) {
-	for _, kind := range []wirepb.FrameKind{0, 19, 63, 79, 999, -1} {
+	for _, kind := range []wirepb.FrameKind{0, 20, 63, 79, 999, -1} {
 		if _, err := Decode(kind, nil); !errors.Is(err, authframe.ErrUnknownKind) {
 			t.Errorf("Decode(kind %d): %v, want authframe.ErrUnknownKind", kind, err)
 		}

@@ -220,6 +220,7 @@ func sampleMessages() []proto.Message {
 		&wirepb.Admit{RunId: "run-7", Seed: 1, ResumeDir: "/ckpt/run-7", Epochs: 3},
 		&wirepb.Meeting{Kind: "reduce-server", Endpoint: ":9000"},
 		&wirepb.RelayResult{Key: "nccl/0", Blobs: []*wirepb.RelayBlob{{Rank: 0, Blob: []byte{1, 2, 3}}, {Rank: 1}}},
+		&wirepb.EpochEnd{Epoch: 4, TargetRank: 2},
 		// rank -> coordinator
 		&wirepb.Ready{Rank: 1, Samples: 60000, EvalSamples: 10000, ParameterCount: 1 << 20, ParameterBytes: 4 << 20,
 			LayoutDigest: make([]byte, 32), Trainer: "libtorch", Averager: "fabric", BatchSize: 64},

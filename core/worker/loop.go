@@ -170,6 +170,10 @@ func (w *worker) handle(ctx context.Context, c command) (exit, clean bool, err e
 		}
 	case *wirepb.ExtendPartition:
 		w.extend(m)
+	case *wirepb.EpochEnd:
+		if m.GetTargetRank() == w.o.Rank {
+			err = w.epochEnd(ctx, m.GetEpoch())
+		}
 	case *wirepb.SetEpochCallbackRole:
 		r := m.GetRank()
 		w.role = &r
@@ -538,3 +542,28 @@ func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond)
 
 // holdTraining adds the time since start to what rounds held training.
 func (w *worker) holdTraining(start time.Time) { w.roundHeld += time.Since(start) }
+
+// epochEnd runs the trainer's end-of-epoch code, where it has any, and
+// reports its time (which is not batch time).
+func (w *worker) epochEnd(ctx context.Context, epoch uint64) error {
+	e, ok := w.trainer.(plugin.EpochEnder)
+	if !ok {
+		return nil
+	}
+	start := time.Now()
+	ran, err := e.EpochEnd(ctx, epoch)
+	if err != nil {
+		if w.pluginLost(pluginhost.Trainer, err) {
+			return w.replaceTrainer(ctx, err, nil)
+		}
+		// User code failing at an epoch's end costs the run nothing it has
+		// trained: say so and go on, as a failed evaluation does.
+		w.log.Warn("the trainer's end-of-epoch code failed", "epoch", epoch, "error", err)
+		return nil
+	}
+	if !ran {
+		return nil
+	}
+	w.log.Debug("end-of-epoch code ran", "epoch", epoch, "ms", ms(time.Since(start)))
+	return w.send(ctx, &wirepb.EpochFnElapsed{Rank: w.o.Rank, Epoch: epoch, ElapsedMs: ms(time.Since(start))})
+}

@@ -26,6 +26,15 @@ type Description struct {
 	Settings []SettingSpec
 }
 
+// EpochEnder is an optional Trainer method. EpochEnd runs the user's
+// end-of-epoch code (trainer-libtorch: a TorchScript model's epoch_end
+// method) on the rank the coordinator elected for callbacks, after the
+// epoch's last round and its evaluation; ran reports whether the trainer
+// had any. Its time is not batch time.
+type EpochEnder interface {
+	EpochEnd(ctx context.Context, epoch uint64) (ran bool, err error)
+}
+
 // CapTrainsDuringRounds is the capability a trainer declares in
 // Description.Capabilities when it can train while a round runs: with
 // TrainerConfig.OverlapRounds it keeps its parameters out of the arena,

@@ -8,6 +8,8 @@ import (
 
 	"github.com/cohortdl/cohort/shared/arena"
 	pb "github.com/cohortdl/cohort/shared/plugin/internal/pluginpb"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // trainerServer serves a Trainer implementation as the cohort.v1.Trainer
@@ -99,6 +101,18 @@ func (s *trainerServer) Evaluate(ctx context.Context, _ *pb.EvaluateRequest) (*p
 	return toprotoEvalResult(r), nil
 }
 
+func (s *trainerServer) EpochEnd(ctx context.Context, req *pb.EpochEndRequest) (*pb.EpochEndResponse, error) {
+	e, ok := s.impl.(EpochEnder)
+	if !ok {
+		return &pb.EpochEndResponse{}, nil
+	}
+	ran, err := e.EpochEnd(ctx, req.GetEpoch())
+	if err != nil {
+		return nil, statusError(err)
+	}
+	return &pb.EpochEndResponse{Ran: ran}, nil
+}
+
 func (s *trainerServer) SaveCheckpoint(ctx context.Context, req *pb.SaveCheckpointRequest) (*pb.SaveCheckpointResponse, error) {
 	files, err := s.impl.SaveCheckpoint(ctx, req.GetDir())
 	if err != nil {
@@ -128,7 +142,10 @@ type trainerClient struct {
 	rpc pb.TrainerClient
 }
 
-var _ Trainer = (*trainerClient)(nil)
+var (
+	_ Trainer    = (*trainerClient)(nil)
+	_ EpochEnder = (*trainerClient)(nil)
+)
 
 func (c *trainerClient) Describe(ctx context.Context) (Description, error) {
 	resp, err := c.rpc.Describe(ctx, &pb.DescribeRequest{})
@@ -217,6 +234,19 @@ func (c *trainerClient) Evaluate(ctx context.Context) (EvalResult, error) {
 		return EvalResult{}, callError(ctx, "Trainer.Evaluate", err)
 	}
 	return fromprotoEvalResult(resp), nil
+}
+
+// EpochEnd runs the plugin's end-of-epoch code; a plugin built before the
+// method existed has none.
+func (c *trainerClient) EpochEnd(ctx context.Context, epoch uint64) (bool, error) {
+	resp, err := c.rpc.EpochEnd(ctx, &pb.EpochEndRequest{Epoch: epoch})
+	if status.Code(err) == codes.Unimplemented {
+		return false, nil
+	}
+	if err != nil {
+		return false, callError(ctx, "Trainer.EpochEnd", err)
+	}
+	return resp.GetRan(), nil
 }
 
 func (c *trainerClient) SaveCheckpoint(ctx context.Context, dir string) ([]string, error) {

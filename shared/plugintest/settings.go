@@ -37,6 +37,9 @@ type TrainerSettings struct {
 	// Ledger, when set, is a file to which every batch appends the sample
 	// indices it trained, one "rank epoch index" line each, in one write.
 	Ledger string `json:"ledger,omitempty"`
+	// EpochEndFile, when set, is a file to which EpochEnd appends a
+	// "rank epoch" line: the mock's end-of-epoch code.
+	EpochEndFile string `json:"epoch_end_file,omitempty"`
 	// NoiseStdout makes Configure print junk to stdout, through fmt and
 	// through a raw write(2) on fd 1, as native libraries do.
 	NoiseStdout bool `json:"noise_stdout,omitempty"`

@@ -479,3 +479,28 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 
 // ms is d in milliseconds.
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// EpochEnd is the mock's end-of-epoch code: with epoch_end_file set it
+// appends "rank epoch" to the file; without, it has none.
+func (t *Trainer) EpochEnd(_ context.Context, epoch uint64) (bool, error) {
+	t.mu.Lock()
+	path, rank := t.settings.EpochEndFile, t.cfg.Rank
+	t.mu.Unlock()
+	if path == "" {
+		return false, nil
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+	if err != nil {
+		return false, fmt.Errorf("mock trainer: epoch end: %w", err)
+	}
+	_, err = fmt.Fprintf(f, "%d %d\n", rank, epoch)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return false, fmt.Errorf("mock trainer: epoch end: %w", err)
+	}
+	return true, nil
+}
+
+var _ plugin.EpochEnder = (*Trainer)(nil)

@@ -55,6 +55,7 @@ const (
 	FrameKind_FRAME_KIND_ADMIT                   FrameKind = 16
 	FrameKind_FRAME_KIND_MEETING                 FrameKind = 17
 	FrameKind_FRAME_KIND_RELAY_RESULT            FrameKind = 18
+	FrameKind_FRAME_KIND_EPOCH_END               FrameKind = 19
 	// rank -> coordinator
 	FrameKind_FRAME_KIND_READY                FrameKind = 64
 	FrameKind_FRAME_KIND_BATCH                FrameKind = 65
@@ -95,6 +96,7 @@ var (
 		16: "FRAME_KIND_ADMIT",
 		17: "FRAME_KIND_MEETING",
 		18: "FRAME_KIND_RELAY_RESULT",
+		19: "FRAME_KIND_EPOCH_END",
 		64: "FRAME_KIND_READY",
 		65: "FRAME_KIND_BATCH",
 		66: "FRAME_KIND_SYNC_ACK",
@@ -131,6 +133,7 @@ var (
 		"FRAME_KIND_ADMIT":                   16,
 		"FRAME_KIND_MEETING":                 17,
 		"FRAME_KIND_RELAY_RESULT":            18,
+		"FRAME_KIND_EPOCH_END":               19,
 		"FRAME_KIND_READY":                   64,
 		"FRAME_KIND_BATCH":                   65,
 		"FRAME_KIND_SYNC_ACK":                66,
@@ -1022,6 +1025,61 @@ func (x *NewSession) GetMembers() []uint32 {
 	return nil
 }
 
+// EpochEnd asks the epoch-callback rank to run the trainer's end-of-epoch
+// code (plugin.EpochEnder) after the epoch's evaluation; it answers with
+// EpochFnElapsed when there was any.
+type EpochEnd struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Epoch         uint64                 `protobuf:"varint,1,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	TargetRank    uint32                 `protobuf:"varint,2,opt,name=target_rank,json=targetRank,proto3" json:"target_rank,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EpochEnd) Reset() {
+	*x = EpochEnd{}
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EpochEnd) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EpochEnd) ProtoMessage() {}
+
+func (x *EpochEnd) ProtoReflect() protoreflect.Message {
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EpochEnd.ProtoReflect.Descriptor instead.
+func (*EpochEnd) Descriptor() ([]byte, []int) {
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *EpochEnd) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *EpochEnd) GetTargetRank() uint32 {
+	if x != nil {
+		return x.TargetRank
+	}
+	return 0
+}
+
 type SetEpochCallbackRole struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Rank          uint32                 `protobuf:"varint,1,opt,name=rank,proto3" json:"rank,omitempty"`
@@ -1031,7 +1089,7 @@ type SetEpochCallbackRole struct {
 
 func (x *SetEpochCallbackRole) Reset() {
 	*x = SetEpochCallbackRole{}
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[12]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1043,7 +1101,7 @@ func (x *SetEpochCallbackRole) String() string {
 func (*SetEpochCallbackRole) ProtoMessage() {}
 
 func (x *SetEpochCallbackRole) ProtoReflect() protoreflect.Message {
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[12]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1056,7 +1114,7 @@ func (x *SetEpochCallbackRole) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetEpochCallbackRole.ProtoReflect.Descriptor instead.
 func (*SetEpochCallbackRole) Descriptor() ([]byte, []int) {
-	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{12}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *SetEpochCallbackRole) GetRank() uint32 {
@@ -1074,7 +1132,7 @@ type Shutdown struct {
 
 func (x *Shutdown) Reset() {
 	*x = Shutdown{}
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[13]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1086,7 +1144,7 @@ func (x *Shutdown) String() string {
 func (*Shutdown) ProtoMessage() {}
 
 func (x *Shutdown) ProtoReflect() protoreflect.Message {
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[13]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1099,7 +1157,7 @@ func (x *Shutdown) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Shutdown.ProtoReflect.Descriptor instead.
 func (*Shutdown) Descriptor() ([]byte, []int) {
-	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{13}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{14}
 }
 
 // ShutdownWithSave asks every rank to save (rank 0's trainer state is the
@@ -1115,7 +1173,7 @@ type ShutdownWithSave struct {
 
 func (x *ShutdownWithSave) Reset() {
 	*x = ShutdownWithSave{}
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[14]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1127,7 +1185,7 @@ func (x *ShutdownWithSave) String() string {
 func (*ShutdownWithSave) ProtoMessage() {}
 
 func (x *ShutdownWithSave) ProtoReflect() protoreflect.Message {
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[14]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1140,7 +1198,7 @@ func (x *ShutdownWithSave) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShutdownWithSave.ProtoReflect.Descriptor instead.
 func (*ShutdownWithSave) Descriptor() ([]byte, []int) {
-	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{14}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ShutdownWithSave) GetReason() ShutdownReason {
@@ -1173,7 +1231,7 @@ type CoordinatorHeartbeat struct {
 
 func (x *CoordinatorHeartbeat) Reset() {
 	*x = CoordinatorHeartbeat{}
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[15]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1185,7 +1243,7 @@ func (x *CoordinatorHeartbeat) String() string {
 func (*CoordinatorHeartbeat) ProtoMessage() {}
 
 func (x *CoordinatorHeartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[15]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1198,7 +1256,7 @@ func (x *CoordinatorHeartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CoordinatorHeartbeat.ProtoReflect.Descriptor instead.
 func (*CoordinatorHeartbeat) Descriptor() ([]byte, []int) {
-	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{15}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *CoordinatorHeartbeat) GetSequence() uint64 {
@@ -1227,7 +1285,7 @@ type Admit struct {
 
 func (x *Admit) Reset() {
 	*x = Admit{}
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[16]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1239,7 +1297,7 @@ func (x *Admit) String() string {
 func (*Admit) ProtoMessage() {}
 
 func (x *Admit) ProtoReflect() protoreflect.Message {
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[16]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1252,7 +1310,7 @@ func (x *Admit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Admit.ProtoReflect.Descriptor instead.
 func (*Admit) Descriptor() ([]byte, []int) {
-	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{16}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Admit) GetRunId() string {
@@ -1306,7 +1364,7 @@ type Meeting struct {
 
 func (x *Meeting) Reset() {
 	*x = Meeting{}
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[17]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1318,7 +1376,7 @@ func (x *Meeting) String() string {
 func (*Meeting) ProtoMessage() {}
 
 func (x *Meeting) ProtoReflect() protoreflect.Message {
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[17]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1331,7 +1389,7 @@ func (x *Meeting) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Meeting.ProtoReflect.Descriptor instead.
 func (*Meeting) Descriptor() ([]byte, []int) {
-	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{17}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *Meeting) GetKind() string {
@@ -1370,7 +1428,7 @@ type RelayResult struct {
 
 func (x *RelayResult) Reset() {
 	*x = RelayResult{}
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[18]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1382,7 +1440,7 @@ func (x *RelayResult) String() string {
 func (*RelayResult) ProtoMessage() {}
 
 func (x *RelayResult) ProtoReflect() protoreflect.Message {
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[18]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1395,7 +1453,7 @@ func (x *RelayResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelayResult.ProtoReflect.Descriptor instead.
 func (*RelayResult) Descriptor() ([]byte, []int) {
-	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{18}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *RelayResult) GetKey() string {
@@ -1429,7 +1487,7 @@ type RelayBlob struct {
 
 func (x *RelayBlob) Reset() {
 	*x = RelayBlob{}
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[19]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1441,7 +1499,7 @@ func (x *RelayBlob) String() string {
 func (*RelayBlob) ProtoMessage() {}
 
 func (x *RelayBlob) ProtoReflect() protoreflect.Message {
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[19]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1454,7 +1512,7 @@ func (x *RelayBlob) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelayBlob.ProtoReflect.Descriptor instead.
 func (*RelayBlob) Descriptor() ([]byte, []int) {
-	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{19}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *RelayBlob) GetRank() uint32 {
@@ -1496,7 +1554,7 @@ type Ready struct {
 
 func (x *Ready) Reset() {
 	*x = Ready{}
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[20]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1508,7 +1566,7 @@ func (x *Ready) String() string {
 func (*Ready) ProtoMessage() {}
 
 func (x *Ready) ProtoReflect() protoreflect.Message {
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[20]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1521,7 +1579,7 @@ func (x *Ready) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Ready.ProtoReflect.Descriptor instead.
 func (*Ready) Descriptor() ([]byte, []int) {
-	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{20}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *Ready) GetRank() uint32 {
@@ -1620,7 +1678,7 @@ type Batch struct {
 
 func (x *Batch) Reset() {
 	*x = Batch{}
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[21]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1632,7 +1690,7 @@ func (x *Batch) String() string {
 func (*Batch) ProtoMessage() {}
 
 func (x *Batch) ProtoReflect() protoreflect.Message {
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[21]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1645,7 +1703,7 @@ func (x *Batch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Batch.ProtoReflect.Descriptor instead.
 func (*Batch) Descriptor() ([]byte, []int) {
-	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{21}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *Batch) GetRank() uint32 {
@@ -1754,7 +1812,7 @@ type SyncAck struct {
 
 func (x *SyncAck) Reset() {
 	*x = SyncAck{}
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[22]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1766,7 +1824,7 @@ func (x *SyncAck) String() string {
 func (*SyncAck) ProtoMessage() {}
 
 func (x *SyncAck) ProtoReflect() protoreflect.Message {
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[22]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1779,7 +1837,7 @@ func (x *SyncAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncAck.ProtoReflect.Descriptor instead.
 func (*SyncAck) Descriptor() ([]byte, []int) {
-	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{22}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *SyncAck) GetRank() uint32 {
@@ -1876,7 +1934,7 @@ type Heartbeat struct {
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[23]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1888,7 +1946,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[23]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1901,7 +1959,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{23}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *Heartbeat) GetRank() uint32 {
@@ -1928,7 +1986,7 @@ type SnapshotReady struct {
 
 func (x *SnapshotReady) Reset() {
 	*x = SnapshotReady{}
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[24]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1940,7 +1998,7 @@ func (x *SnapshotReady) String() string {
 func (*SnapshotReady) ProtoMessage() {}
 
 func (x *SnapshotReady) ProtoReflect() protoreflect.Message {
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[24]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1953,7 +2011,7 @@ func (x *SnapshotReady) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotReady.ProtoReflect.Descriptor instead.
 func (*SnapshotReady) Descriptor() ([]byte, []int) {
-	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{24}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *SnapshotReady) GetRank() uint32 {
@@ -1986,7 +2044,7 @@ type EvalResult struct {
 
 func (x *EvalResult) Reset() {
 	*x = EvalResult{}
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[25]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1998,7 +2056,7 @@ func (x *EvalResult) String() string {
 func (*EvalResult) ProtoMessage() {}
 
 func (x *EvalResult) ProtoReflect() protoreflect.Message {
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[25]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2011,7 +2069,7 @@ func (x *EvalResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EvalResult.ProtoReflect.Descriptor instead.
 func (*EvalResult) Descriptor() ([]byte, []int) {
-	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{25}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *EvalResult) GetRank() uint32 {
@@ -2083,7 +2141,7 @@ type CheckpointResult struct {
 
 func (x *CheckpointResult) Reset() {
 	*x = CheckpointResult{}
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[26]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2095,7 +2153,7 @@ func (x *CheckpointResult) String() string {
 func (*CheckpointResult) ProtoMessage() {}
 
 func (x *CheckpointResult) ProtoReflect() protoreflect.Message {
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[26]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2108,7 +2166,7 @@ func (x *CheckpointResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointResult.ProtoReflect.Descriptor instead.
 func (*CheckpointResult) Descriptor() ([]byte, []int) {
-	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{26}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *CheckpointResult) GetRank() uint32 {
@@ -2157,7 +2215,7 @@ type SessionIdGenerated struct {
 
 func (x *SessionIdGenerated) Reset() {
 	*x = SessionIdGenerated{}
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[27]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2169,7 +2227,7 @@ func (x *SessionIdGenerated) String() string {
 func (*SessionIdGenerated) ProtoMessage() {}
 
 func (x *SessionIdGenerated) ProtoReflect() protoreflect.Message {
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[27]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2182,7 +2240,7 @@ func (x *SessionIdGenerated) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionIdGenerated.ProtoReflect.Descriptor instead.
 func (*SessionIdGenerated) Descriptor() ([]byte, []int) {
-	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{27}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *SessionIdGenerated) GetRank() uint32 {
@@ -2217,7 +2275,7 @@ type EpochFnElapsed struct {
 
 func (x *EpochFnElapsed) Reset() {
 	*x = EpochFnElapsed{}
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[28]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2229,7 +2287,7 @@ func (x *EpochFnElapsed) String() string {
 func (*EpochFnElapsed) ProtoMessage() {}
 
 func (x *EpochFnElapsed) ProtoReflect() protoreflect.Message {
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[28]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2242,7 +2300,7 @@ func (x *EpochFnElapsed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EpochFnElapsed.ProtoReflect.Descriptor instead.
 func (*EpochFnElapsed) Descriptor() ([]byte, []int) {
-	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{28}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *EpochFnElapsed) GetRank() uint32 {
@@ -2279,7 +2337,7 @@ type GpuSample struct {
 
 func (x *GpuSample) Reset() {
 	*x = GpuSample{}
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[29]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2291,7 +2349,7 @@ func (x *GpuSample) String() string {
 func (*GpuSample) ProtoMessage() {}
 
 func (x *GpuSample) ProtoReflect() protoreflect.Message {
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[29]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2304,7 +2362,7 @@ func (x *GpuSample) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GpuSample.ProtoReflect.Descriptor instead.
 func (*GpuSample) Descriptor() ([]byte, []int) {
-	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{29}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *GpuSample) GetIndex() uint32 {
@@ -2358,7 +2416,7 @@ type ProcessSample struct {
 
 func (x *ProcessSample) Reset() {
 	*x = ProcessSample{}
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[30]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2370,7 +2428,7 @@ func (x *ProcessSample) String() string {
 func (*ProcessSample) ProtoMessage() {}
 
 func (x *ProcessSample) ProtoReflect() protoreflect.Message {
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[30]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2383,7 +2441,7 @@ func (x *ProcessSample) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProcessSample.ProtoReflect.Descriptor instead.
 func (*ProcessSample) Descriptor() ([]byte, []int) {
-	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{30}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ProcessSample) GetRole() string {
@@ -2439,7 +2497,7 @@ type ResourceSample struct {
 
 func (x *ResourceSample) Reset() {
 	*x = ResourceSample{}
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[31]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2451,7 +2509,7 @@ func (x *ResourceSample) String() string {
 func (*ResourceSample) ProtoMessage() {}
 
 func (x *ResourceSample) ProtoReflect() protoreflect.Message {
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[31]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2464,7 +2522,7 @@ func (x *ResourceSample) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResourceSample.ProtoReflect.Descriptor instead.
 func (*ResourceSample) Descriptor() ([]byte, []int) {
-	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{31}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ResourceSample) GetRank() uint32 {
@@ -2532,7 +2590,7 @@ type Exiting struct {
 
 func (x *Exiting) Reset() {
 	*x = Exiting{}
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[32]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2544,7 +2602,7 @@ func (x *Exiting) String() string {
 func (*Exiting) ProtoMessage() {}
 
 func (x *Exiting) ProtoReflect() protoreflect.Message {
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[32]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2557,7 +2615,7 @@ func (x *Exiting) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Exiting.ProtoReflect.Descriptor instead.
 func (*Exiting) Descriptor() ([]byte, []int) {
-	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{32}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *Exiting) GetRank() uint32 {
@@ -2590,7 +2648,7 @@ type PluginRestarted struct {
 
 func (x *PluginRestarted) Reset() {
 	*x = PluginRestarted{}
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[33]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2602,7 +2660,7 @@ func (x *PluginRestarted) String() string {
 func (*PluginRestarted) ProtoMessage() {}
 
 func (x *PluginRestarted) ProtoReflect() protoreflect.Message {
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[33]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2615,7 +2673,7 @@ func (x *PluginRestarted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PluginRestarted.ProtoReflect.Descriptor instead.
 func (*PluginRestarted) Descriptor() ([]byte, []int) {
-	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{33}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *PluginRestarted) GetRank() uint32 {
@@ -2684,7 +2742,7 @@ type ScalarSum struct {
 
 func (x *ScalarSum) Reset() {
 	*x = ScalarSum{}
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[34]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2696,7 +2754,7 @@ func (x *ScalarSum) String() string {
 func (*ScalarSum) ProtoMessage() {}
 
 func (x *ScalarSum) ProtoReflect() protoreflect.Message {
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[34]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2709,7 +2767,7 @@ func (x *ScalarSum) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScalarSum.ProtoReflect.Descriptor instead.
 func (*ScalarSum) Descriptor() ([]byte, []int) {
-	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{34}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ScalarSum) GetSum() float64 {
@@ -2753,7 +2811,7 @@ type Metrics struct {
 
 func (x *Metrics) Reset() {
 	*x = Metrics{}
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[35]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2765,7 +2823,7 @@ func (x *Metrics) String() string {
 func (*Metrics) ProtoMessage() {}
 
 func (x *Metrics) ProtoReflect() protoreflect.Message {
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[35]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2778,7 +2836,7 @@ func (x *Metrics) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Metrics.ProtoReflect.Descriptor instead.
 func (*Metrics) Descriptor() ([]byte, []int) {
-	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{35}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *Metrics) GetRank() uint32 {
@@ -2886,7 +2944,7 @@ type MeetRequest struct {
 
 func (x *MeetRequest) Reset() {
 	*x = MeetRequest{}
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[36]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2898,7 +2956,7 @@ func (x *MeetRequest) String() string {
 func (*MeetRequest) ProtoMessage() {}
 
 func (x *MeetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[36]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2911,7 +2969,7 @@ func (x *MeetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MeetRequest.ProtoReflect.Descriptor instead.
 func (*MeetRequest) Descriptor() ([]byte, []int) {
-	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{36}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *MeetRequest) GetKind() string {
@@ -2943,7 +3001,7 @@ type RelayPost struct {
 
 func (x *RelayPost) Reset() {
 	*x = RelayPost{}
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[37]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2955,7 +3013,7 @@ func (x *RelayPost) String() string {
 func (*RelayPost) ProtoMessage() {}
 
 func (x *RelayPost) ProtoReflect() protoreflect.Message {
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[37]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2968,7 +3026,7 @@ func (x *RelayPost) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelayPost.ProtoReflect.Descriptor instead.
 func (*RelayPost) Descriptor() ([]byte, []int) {
-	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{37}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *RelayPost) GetKey() string {
@@ -3055,7 +3113,11 @@ const file_core_wire_wirepb_wire_proto_rawDesc = "" +
 	"session_id\x18\x02 \x01(\fR\tsessionId\x12\x19\n" +
 	"\bnew_rank\x18\x03 \x01(\rR\anewRank\x12$\n" +
 	"\x0enew_world_size\x18\x04 \x01(\rR\fnewWorldSize\x12\x18\n" +
-	"\amembers\x18\x05 \x03(\rR\amembers\"*\n" +
+	"\amembers\x18\x05 \x03(\rR\amembers\"A\n" +
+	"\bEpochEnd\x12\x14\n" +
+	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12\x1f\n" +
+	"\vtarget_rank\x18\x02 \x01(\rR\n" +
+	"targetRank\"*\n" +
 	"\x14SetEpochCallbackRole\x12\x12\n" +
 	"\x04rank\x18\x01 \x01(\rR\x04rank\"\n" +
 	"\n" +
@@ -3251,7 +3313,7 @@ const file_core_wire_wirepb_wire_proto_rawDesc = "" +
 	"\baverager\x18\x02 \x01(\tR\baverager\"1\n" +
 	"\tRelayPost\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x12\n" +
-	"\x04blob\x18\x02 \x01(\fR\x04blob*\xd9\a\n" +
+	"\x04blob\x18\x02 \x01(\fR\x04blob*\xf3\a\n" +
 	"\tFrameKind\x12\x1a\n" +
 	"\x16FRAME_KIND_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16FRAME_KIND_START_EPOCH\x10\x01\x12\x13\n" +
@@ -3272,7 +3334,8 @@ const file_core_wire_wirepb_wire_proto_rawDesc = "" +
 	" FRAME_KIND_COORDINATOR_HEARTBEAT\x10\x0f\x12\x14\n" +
 	"\x10FRAME_KIND_ADMIT\x10\x10\x12\x16\n" +
 	"\x12FRAME_KIND_MEETING\x10\x11\x12\x1b\n" +
-	"\x17FRAME_KIND_RELAY_RESULT\x10\x12\x12\x14\n" +
+	"\x17FRAME_KIND_RELAY_RESULT\x10\x12\x12\x18\n" +
+	"\x14FRAME_KIND_EPOCH_END\x10\x13\x12\x14\n" +
 	"\x10FRAME_KIND_READY\x10@\x12\x14\n" +
 	"\x10FRAME_KIND_BATCH\x10A\x12\x17\n" +
 	"\x13FRAME_KIND_SYNC_ACK\x10B\x12\x18\n" +
@@ -3313,7 +3376,7 @@ func file_core_wire_wirepb_wire_proto_rawDescGZIP() []byte {
 }
 
 var file_core_wire_wirepb_wire_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_core_wire_wirepb_wire_proto_msgTypes = make([]protoimpl.MessageInfo, 39)
+var file_core_wire_wirepb_wire_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
 var file_core_wire_wirepb_wire_proto_goTypes = []any{
 	(FrameKind)(0),               // 0: cohort.wire.v1.FrameKind
 	(SyncMode)(0),                // 1: cohort.wire.v1.SyncMode
@@ -3330,33 +3393,34 @@ var file_core_wire_wirepb_wire_proto_goTypes = []any{
 	(*DeclareDead)(nil),          // 12: cohort.wire.v1.DeclareDead
 	(*RequestSessionId)(nil),     // 13: cohort.wire.v1.RequestSessionId
 	(*NewSession)(nil),           // 14: cohort.wire.v1.NewSession
-	(*SetEpochCallbackRole)(nil), // 15: cohort.wire.v1.SetEpochCallbackRole
-	(*Shutdown)(nil),             // 16: cohort.wire.v1.Shutdown
-	(*ShutdownWithSave)(nil),     // 17: cohort.wire.v1.ShutdownWithSave
-	(*CoordinatorHeartbeat)(nil), // 18: cohort.wire.v1.CoordinatorHeartbeat
-	(*Admit)(nil),                // 19: cohort.wire.v1.Admit
-	(*Meeting)(nil),              // 20: cohort.wire.v1.Meeting
-	(*RelayResult)(nil),          // 21: cohort.wire.v1.RelayResult
-	(*RelayBlob)(nil),            // 22: cohort.wire.v1.RelayBlob
-	(*Ready)(nil),                // 23: cohort.wire.v1.Ready
-	(*Batch)(nil),                // 24: cohort.wire.v1.Batch
-	(*SyncAck)(nil),              // 25: cohort.wire.v1.SyncAck
-	(*Heartbeat)(nil),            // 26: cohort.wire.v1.Heartbeat
-	(*SnapshotReady)(nil),        // 27: cohort.wire.v1.SnapshotReady
-	(*EvalResult)(nil),           // 28: cohort.wire.v1.EvalResult
-	(*CheckpointResult)(nil),     // 29: cohort.wire.v1.CheckpointResult
-	(*SessionIdGenerated)(nil),   // 30: cohort.wire.v1.SessionIdGenerated
-	(*EpochFnElapsed)(nil),       // 31: cohort.wire.v1.EpochFnElapsed
-	(*GpuSample)(nil),            // 32: cohort.wire.v1.GpuSample
-	(*ProcessSample)(nil),        // 33: cohort.wire.v1.ProcessSample
-	(*ResourceSample)(nil),       // 34: cohort.wire.v1.ResourceSample
-	(*Exiting)(nil),              // 35: cohort.wire.v1.Exiting
-	(*PluginRestarted)(nil),      // 36: cohort.wire.v1.PluginRestarted
-	(*ScalarSum)(nil),            // 37: cohort.wire.v1.ScalarSum
-	(*Metrics)(nil),              // 38: cohort.wire.v1.Metrics
-	(*MeetRequest)(nil),          // 39: cohort.wire.v1.MeetRequest
-	(*RelayPost)(nil),            // 40: cohort.wire.v1.RelayPost
-	nil,                          // 41: cohort.wire.v1.Metrics.ScalarsEntry
+	(*EpochEnd)(nil),             // 15: cohort.wire.v1.EpochEnd
+	(*SetEpochCallbackRole)(nil), // 16: cohort.wire.v1.SetEpochCallbackRole
+	(*Shutdown)(nil),             // 17: cohort.wire.v1.Shutdown
+	(*ShutdownWithSave)(nil),     // 18: cohort.wire.v1.ShutdownWithSave
+	(*CoordinatorHeartbeat)(nil), // 19: cohort.wire.v1.CoordinatorHeartbeat
+	(*Admit)(nil),                // 20: cohort.wire.v1.Admit
+	(*Meeting)(nil),              // 21: cohort.wire.v1.Meeting
+	(*RelayResult)(nil),          // 22: cohort.wire.v1.RelayResult
+	(*RelayBlob)(nil),            // 23: cohort.wire.v1.RelayBlob
+	(*Ready)(nil),                // 24: cohort.wire.v1.Ready
+	(*Batch)(nil),                // 25: cohort.wire.v1.Batch
+	(*SyncAck)(nil),              // 26: cohort.wire.v1.SyncAck
+	(*Heartbeat)(nil),            // 27: cohort.wire.v1.Heartbeat
+	(*SnapshotReady)(nil),        // 28: cohort.wire.v1.SnapshotReady
+	(*EvalResult)(nil),           // 29: cohort.wire.v1.EvalResult
+	(*CheckpointResult)(nil),     // 30: cohort.wire.v1.CheckpointResult
+	(*SessionIdGenerated)(nil),   // 31: cohort.wire.v1.SessionIdGenerated
+	(*EpochFnElapsed)(nil),       // 32: cohort.wire.v1.EpochFnElapsed
+	(*GpuSample)(nil),            // 33: cohort.wire.v1.GpuSample
+	(*ProcessSample)(nil),        // 34: cohort.wire.v1.ProcessSample
+	(*ResourceSample)(nil),       // 35: cohort.wire.v1.ResourceSample
+	(*Exiting)(nil),              // 36: cohort.wire.v1.Exiting
+	(*PluginRestarted)(nil),      // 37: cohort.wire.v1.PluginRestarted
+	(*ScalarSum)(nil),            // 38: cohort.wire.v1.ScalarSum
+	(*Metrics)(nil),              // 39: cohort.wire.v1.Metrics
+	(*MeetRequest)(nil),          // 40: cohort.wire.v1.MeetRequest
+	(*RelayPost)(nil),            // 41: cohort.wire.v1.RelayPost
+	nil,                          // 42: cohort.wire.v1.Metrics.ScalarsEntry
 }
 var file_core_wire_wirepb_wire_proto_depIdxs = []int32{
 	3,  // 0: cohort.wire.v1.StartEpoch.plan:type_name -> cohort.wire.v1.EpochPlan
@@ -3364,12 +3428,12 @@ var file_core_wire_wirepb_wire_proto_depIdxs = []int32{
 	3,  // 2: cohort.wire.v1.Sync.next_plan:type_name -> cohort.wire.v1.EpochPlan
 	3,  // 3: cohort.wire.v1.Update.next_plan:type_name -> cohort.wire.v1.EpochPlan
 	2,  // 4: cohort.wire.v1.ShutdownWithSave.reason:type_name -> cohort.wire.v1.ShutdownReason
-	22, // 5: cohort.wire.v1.RelayResult.blobs:type_name -> cohort.wire.v1.RelayBlob
-	32, // 6: cohort.wire.v1.ResourceSample.gpus:type_name -> cohort.wire.v1.GpuSample
-	33, // 7: cohort.wire.v1.ResourceSample.processes:type_name -> cohort.wire.v1.ProcessSample
-	41, // 8: cohort.wire.v1.Metrics.scalars:type_name -> cohort.wire.v1.Metrics.ScalarsEntry
-	34, // 9: cohort.wire.v1.Metrics.resources:type_name -> cohort.wire.v1.ResourceSample
-	37, // 10: cohort.wire.v1.Metrics.ScalarsEntry.value:type_name -> cohort.wire.v1.ScalarSum
+	23, // 5: cohort.wire.v1.RelayResult.blobs:type_name -> cohort.wire.v1.RelayBlob
+	33, // 6: cohort.wire.v1.ResourceSample.gpus:type_name -> cohort.wire.v1.GpuSample
+	34, // 7: cohort.wire.v1.ResourceSample.processes:type_name -> cohort.wire.v1.ProcessSample
+	42, // 8: cohort.wire.v1.Metrics.scalars:type_name -> cohort.wire.v1.Metrics.ScalarsEntry
+	35, // 9: cohort.wire.v1.Metrics.resources:type_name -> cohort.wire.v1.ResourceSample
+	38, // 10: cohort.wire.v1.Metrics.ScalarsEntry.value:type_name -> cohort.wire.v1.ScalarSum
 	11, // [11:11] is the sub-list for method output_type
 	11, // [11:11] is the sub-list for method input_type
 	11, // [11:11] is the sub-list for extension type_name
@@ -3384,20 +3448,20 @@ func file_core_wire_wirepb_wire_proto_init() {
 	}
 	file_core_wire_wirepb_wire_proto_msgTypes[2].OneofWrappers = []any{}
 	file_core_wire_wirepb_wire_proto_msgTypes[3].OneofWrappers = []any{}
-	file_core_wire_wirepb_wire_proto_msgTypes[21].OneofWrappers = []any{}
 	file_core_wire_wirepb_wire_proto_msgTypes[22].OneofWrappers = []any{}
-	file_core_wire_wirepb_wire_proto_msgTypes[25].OneofWrappers = []any{}
-	file_core_wire_wirepb_wire_proto_msgTypes[29].OneofWrappers = []any{}
+	file_core_wire_wirepb_wire_proto_msgTypes[23].OneofWrappers = []any{}
+	file_core_wire_wirepb_wire_proto_msgTypes[26].OneofWrappers = []any{}
 	file_core_wire_wirepb_wire_proto_msgTypes[30].OneofWrappers = []any{}
 	file_core_wire_wirepb_wire_proto_msgTypes[31].OneofWrappers = []any{}
-	file_core_wire_wirepb_wire_proto_msgTypes[35].OneofWrappers = []any{}
+	file_core_wire_wirepb_wire_proto_msgTypes[32].OneofWrappers = []any{}
+	file_core_wire_wirepb_wire_proto_msgTypes[36].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_core_wire_wirepb_wire_proto_rawDesc), len(file_core_wire_wirepb_wire_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   39,
+			NumMessages:   40,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -34,7 +34,7 @@
 extern "C" {
 #endif
 
-#define COHORT_TORCH_SHIM_ABI 3u
+#define COHORT_TORCH_SHIM_ABI 4u
 
 /* Element types: the values of arena.DType in shared/arena. */
 #define CT_DTYPE_F32 1
@@ -162,6 +162,9 @@ typedef struct ct_api {
    * (torch.jit.load in Python, torch::jit::load in C++), its tensors on
    * the CPU: what the model's forward computes on the input it trains on. */
   int (*export_model)(ct_model *m, const char *path, char *err, size_t errlen);
+  /* epoch_end runs a TorchScript model's epoch_end(epoch: int) method,
+   * without gradients, when it has one; *ran says whether it did. */
+  int (*epoch_end)(ct_model *m, int64_t epoch, int32_t *ran, char *err, size_t errlen);
 } ct_api;
 
 uint32_t cohort_torch_shim_abi_version(void);

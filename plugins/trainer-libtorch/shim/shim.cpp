@@ -803,6 +803,23 @@ int export_model(ct_model *m, const char *path, char *err, size_t errlen) {
   });
 }
 
+int epoch_end(ct_model *m, int64_t epoch, int32_t *ran, char *err, size_t errlen) {
+  return guard(err, errlen, [&] {
+    use_threads(m->threads);
+    *ran = 0;
+    if (!m->script) {
+      return;
+    }
+    auto method = m->script->find_method("epoch_end");
+    if (!method) {
+      return;
+    }
+    torch::NoGradGuard ng;
+    (*method)(std::vector<torch::jit::IValue>{torch::jit::IValue(epoch)});
+    *ran = 1;
+  });
+}
+
 const char *torch_version() { return TORCH_VERSION; }
 
 int32_t cuda_device_count() {
@@ -831,6 +848,7 @@ const ct_api api_table = {
     save,
     load,
     export_model,
+    epoch_end,
 };
 
 } // namespace

@@ -47,6 +47,9 @@ static int go_ct_forward(const ct_api *a, ct_model *m, const float *x, int64_t b
 static int go_ct_export(const ct_api *a, ct_model *m, const char *p, char *e, size_t n) {
 	return a->export_model(m, p, e, n);
 }
+static int go_ct_epoch_end(const ct_api *a, ct_model *m, int64_t epoch, int32_t *ran, char *e, size_t n) {
+	return a->epoch_end(m, epoch, ran, e, n);
+}
 static int go_ct_save(const ct_api *a, ct_model *m, const char *mp, const char *op, char *e, size_t n) {
 	return a->save(m, mp, op, e, n);
 }
@@ -423,6 +426,17 @@ func (m *Model) Export(path string) error {
 	return m.pathCall("export the model", path, "", func(p, _ *C.char, e *C.char, n C.size_t) C.int {
 		return C.go_ct_export(m.s.api, m.m, p, e, n)
 	})
+}
+
+// EpochEnd runs a TorchScript model's epoch_end method, when it has one.
+func (m *Model) EpochEnd(epoch uint64) (bool, error) {
+	var ran C.int32_t
+	buf := make([]byte, ErrBufLen)
+	e, n := errPtr(buf)
+	if rc := C.go_ct_epoch_end(m.s.api, m.m, C.int64_t(epoch), &ran, e, n); rc != 0 {
+		return false, shimError("epoch_end", buf)
+	}
+	return ran != 0, nil
 }
 
 func (m *Model) Load(modelPath, optimPath string) error {

@@ -35,6 +35,7 @@ func (m *Model) Forward([]float32, int, []float32) ([]int64, error) { return nil
 func (m *Model) Save(string, string) error                          { return errNoCgo }
 func (m *Model) Load(string, string) error                          { return errNoCgo }
 func (m *Model) Export(string) error                                { return errNoCgo }
+func (m *Model) EpochEnd(uint64) (bool, error)                      { return false, errNoCgo }
 func (m *Model) TrainStep([]float32, int, []int64, []float32, int, float64, []byte) (float64, error) {
 	return 0, errNoCgo
 }

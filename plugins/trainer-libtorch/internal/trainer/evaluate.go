@@ -64,3 +64,19 @@ func (t *Trainer) Evaluate(ctx context.Context) (plugin.EvalResult, error) {
 	}
 	return res, nil
 }
+
+// EpochEnd runs the TorchScript model's epoch_end(epoch) method, when it
+// has one, between plans: the user's code at an epoch's end
+// (plugin.EpochEnder).
+func (t *Trainer) EpochEnd(_ context.Context, epoch uint64) (bool, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.model == nil {
+		return false, errors.New("libtorch trainer: EpochEnd before Configure")
+	}
+	ran, err := t.model.EpochEnd(epoch)
+	if err != nil {
+		return false, fmt.Errorf("libtorch trainer: the model's epoch_end(%d): %w", epoch, err)
+	}
+	return ran, nil
+}

@@ -53,8 +53,16 @@ class Net(torch.nn.Module):
         self.fc2 = torch.nn.Linear(h, o)
     def forward(self, x):
         return self.fc2(torch.relu(self.bn(self.fc1(x))))
+class Ender(Net):
+    def __init__(self):
+        super().__init__(8, 16, 3, False)
+        self.register_buffer("ended", torch.zeros(1))
+    @torch.jit.export
+    def epoch_end(self, epoch: int):
+        self.ended.fill_(float(epoch) + 1.0)
 torch.manual_seed(0)
 d = sys.argv[1]
+torch.jit.script(Ender()).save(d + "/ender.pt")
 torch.jit.script(Net(8, 16, 3, True)).save(d + "/net.pt")
 torch.jit.script(Net(8, 16, 2, False)).save(d + "/two.pt")
 torch.jit.script(Net(10, 16, 3, False)).save(d + "/wide.pt")
@@ -1015,5 +1023,42 @@ func TestOverlapRoundsCreditSteps(t *testing.T) {
 	}
 	if ev := evaluate(t, tr); math.Abs(ev.Loss-math.Log(3)) > 1e-6 {
 		t.Fatalf("Adopt of a zero arena with no step since Publish: loss %v, want ln 3", ev.Loss)
+	}
+}
+
+// A TorchScript model's epoch_end method runs on EpochEnd (here it writes
+// epoch+1 into a buffer the arena then shows); a model without one, and
+// the built-in MLP, have nothing to run.
+func TestEpochEnd(t *testing.T) {
+	sdir := scriptModels(t)
+	data := synthData(t, 64, 8, 3)
+	for _, tc := range []struct {
+		model string
+		ran   bool
+	}{{filepath.Join(sdir, "ender.pt"), true}, {filepath.Join(sdir, "net.pt"), false}, {"mlp", false}} {
+		t.Run(filepath.Base(tc.model), func(t *testing.T) {
+			tr := newTestTrainer(t)
+			kv := merge(data, map[string]any{"threads": 1, "model": tc.model})
+			if tc.model == "mlp" {
+				kv["hidden"] = []int{4}
+			}
+			setup := configure(t, tr, kv)
+			d, _ := attach(t, tr, setup)
+			ran, err := tr.EpochEnd(context.Background(), 4)
+			if err != nil || ran != tc.ran {
+				t.Fatalf("EpochEnd: ran %v (%v), want %v", ran, err, tc.ran)
+			}
+			if !tc.ran {
+				return
+			}
+			if _, err := tr.Publish(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			m := openMapping(t, d)
+			v, err := m.Float32s(d.Layout.Index("ended"))
+			if err != nil || v[0] != 5 {
+				t.Fatalf("buffer ended = %v (%v), want 5", v, err)
+			}
+		})
 	}
 }

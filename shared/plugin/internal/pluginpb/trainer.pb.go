@@ -1239,6 +1239,96 @@ func (*ShutdownResponse) Descriptor() ([]byte, []int) {
 	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{21}
 }
 
+type EpochEndRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The epoch that ended, from 0.
+	Epoch         uint64 `protobuf:"varint,1,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EpochEndRequest) Reset() {
+	*x = EpochEndRequest{}
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EpochEndRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EpochEndRequest) ProtoMessage() {}
+
+func (x *EpochEndRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EpochEndRequest.ProtoReflect.Descriptor instead.
+func (*EpochEndRequest) Descriptor() ([]byte, []int) {
+	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *EpochEndRequest) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+type EpochEndResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The trainer had end-of-epoch code and ran it.
+	Ran           bool `protobuf:"varint,1,opt,name=ran,proto3" json:"ran,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EpochEndResponse) Reset() {
+	*x = EpochEndResponse{}
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EpochEndResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EpochEndResponse) ProtoMessage() {}
+
+func (x *EpochEndResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EpochEndResponse.ProtoReflect.Descriptor instead.
+func (*EpochEndResponse) Descriptor() ([]byte, []int) {
+	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *EpochEndResponse) GetRan() bool {
+	if x != nil {
+		return x.Ran
+	}
+	return false
+}
+
 var File_shared_plugin_internal_pluginpb_trainer_proto protoreflect.FileDescriptor
 
 const file_shared_plugin_internal_pluginpb_trainer_proto_rawDesc = "" +
@@ -1332,7 +1422,11 @@ const file_shared_plugin_internal_pluginpb_trainer_proto_rawDesc = "" +
 	"\n" +
 	"step_count\x18\x01 \x01(\x04R\tstepCount\"\x11\n" +
 	"\x0fShutdownRequest\"\x12\n" +
-	"\x10ShutdownResponse2\xd7\x05\n" +
+	"\x10ShutdownResponse\"'\n" +
+	"\x0fEpochEndRequest\x12\x14\n" +
+	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\"$\n" +
+	"\x10EpochEndResponse\x12\x10\n" +
+	"\x03ran\x18\x01 \x01(\bR\x03ran2\x9c\x06\n" +
 	"\aTrainer\x12D\n" +
 	"\bDescribe\x12\x1a.cohort.v1.DescribeRequest\x1a\x1c.cohort.v1.PluginDescription\x12T\n" +
 	"\tConfigure\x12\".cohort.v1.TrainerConfigureRequest\x1a#.cohort.v1.TrainerConfigureResponse\x12=\n" +
@@ -1343,6 +1437,7 @@ const file_shared_plugin_internal_pluginpb_trainer_proto_rawDesc = "" +
 	"\bEvaluate\x12\x1a.cohort.v1.EvaluateRequest\x1a\x1b.cohort.v1.EvaluateResponse\x12U\n" +
 	"\x0eSaveCheckpoint\x12 .cohort.v1.SaveCheckpointRequest\x1a!.cohort.v1.SaveCheckpointResponse\x12U\n" +
 	"\x0eLoadCheckpoint\x12 .cohort.v1.LoadCheckpointRequest\x1a!.cohort.v1.LoadCheckpointResponse\x12C\n" +
+	"\bEpochEnd\x12\x1a.cohort.v1.EpochEndRequest\x1a\x1b.cohort.v1.EpochEndResponse\x12C\n" +
 	"\bShutdown\x12\x1a.cohort.v1.ShutdownRequest\x1a\x1b.cohort.v1.ShutdownResponseBEZCgithub.com/cohortdl/cohort/shared/plugin/internal/pluginpb;pluginpbb\x06proto3"
 
 var (
@@ -1357,7 +1452,7 @@ func file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP() []byte {
 	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescData
 }
 
-var file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
+var file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
 var file_shared_plugin_internal_pluginpb_trainer_proto_goTypes = []any{
 	(*DescribeRequest)(nil),          // 0: cohort.v1.DescribeRequest
 	(*PluginDescription)(nil),        // 1: cohort.v1.PluginDescription
@@ -1381,16 +1476,18 @@ var file_shared_plugin_internal_pluginpb_trainer_proto_goTypes = []any{
 	(*LoadCheckpointResponse)(nil),   // 19: cohort.v1.LoadCheckpointResponse
 	(*ShutdownRequest)(nil),          // 20: cohort.v1.ShutdownRequest
 	(*ShutdownResponse)(nil),         // 21: cohort.v1.ShutdownResponse
-	nil,                              // 22: cohort.v1.BatchReport.ScalarsEntry
-	(*Layout)(nil),                   // 23: cohort.v1.Layout
-	(*ArenaDescriptor)(nil),          // 24: cohort.v1.ArenaDescriptor
+	(*EpochEndRequest)(nil),          // 22: cohort.v1.EpochEndRequest
+	(*EpochEndResponse)(nil),         // 23: cohort.v1.EpochEndResponse
+	nil,                              // 24: cohort.v1.BatchReport.ScalarsEntry
+	(*Layout)(nil),                   // 25: cohort.v1.Layout
+	(*ArenaDescriptor)(nil),          // 26: cohort.v1.ArenaDescriptor
 }
 var file_shared_plugin_internal_pluginpb_trainer_proto_depIdxs = []int32{
 	2,  // 0: cohort.v1.PluginDescription.settings:type_name -> cohort.v1.SettingSpec
-	23, // 1: cohort.v1.TrainerConfigureResponse.layout:type_name -> cohort.v1.Layout
-	24, // 2: cohort.v1.AttachRequest.arena:type_name -> cohort.v1.ArenaDescriptor
+	25, // 1: cohort.v1.TrainerConfigureResponse.layout:type_name -> cohort.v1.Layout
+	26, // 2: cohort.v1.AttachRequest.arena:type_name -> cohort.v1.ArenaDescriptor
 	9,  // 3: cohort.v1.TrainReports.reports:type_name -> cohort.v1.BatchReport
-	22, // 4: cohort.v1.BatchReport.scalars:type_name -> cohort.v1.BatchReport.ScalarsEntry
+	24, // 4: cohort.v1.BatchReport.scalars:type_name -> cohort.v1.BatchReport.ScalarsEntry
 	0,  // 5: cohort.v1.Trainer.Describe:input_type -> cohort.v1.DescribeRequest
 	3,  // 6: cohort.v1.Trainer.Configure:input_type -> cohort.v1.TrainerConfigureRequest
 	5,  // 7: cohort.v1.Trainer.Attach:input_type -> cohort.v1.AttachRequest
@@ -1400,19 +1497,21 @@ var file_shared_plugin_internal_pluginpb_trainer_proto_depIdxs = []int32{
 	14, // 11: cohort.v1.Trainer.Evaluate:input_type -> cohort.v1.EvaluateRequest
 	16, // 12: cohort.v1.Trainer.SaveCheckpoint:input_type -> cohort.v1.SaveCheckpointRequest
 	18, // 13: cohort.v1.Trainer.LoadCheckpoint:input_type -> cohort.v1.LoadCheckpointRequest
-	20, // 14: cohort.v1.Trainer.Shutdown:input_type -> cohort.v1.ShutdownRequest
-	1,  // 15: cohort.v1.Trainer.Describe:output_type -> cohort.v1.PluginDescription
-	4,  // 16: cohort.v1.Trainer.Configure:output_type -> cohort.v1.TrainerConfigureResponse
-	6,  // 17: cohort.v1.Trainer.Attach:output_type -> cohort.v1.AttachResponse
-	8,  // 18: cohort.v1.Trainer.Train:output_type -> cohort.v1.TrainReports
-	11, // 19: cohort.v1.Trainer.Publish:output_type -> cohort.v1.PublishResponse
-	13, // 20: cohort.v1.Trainer.Adopt:output_type -> cohort.v1.AdoptResponse
-	15, // 21: cohort.v1.Trainer.Evaluate:output_type -> cohort.v1.EvaluateResponse
-	17, // 22: cohort.v1.Trainer.SaveCheckpoint:output_type -> cohort.v1.SaveCheckpointResponse
-	19, // 23: cohort.v1.Trainer.LoadCheckpoint:output_type -> cohort.v1.LoadCheckpointResponse
-	21, // 24: cohort.v1.Trainer.Shutdown:output_type -> cohort.v1.ShutdownResponse
-	15, // [15:25] is the sub-list for method output_type
-	5,  // [5:15] is the sub-list for method input_type
+	22, // 14: cohort.v1.Trainer.EpochEnd:input_type -> cohort.v1.EpochEndRequest
+	20, // 15: cohort.v1.Trainer.Shutdown:input_type -> cohort.v1.ShutdownRequest
+	1,  // 16: cohort.v1.Trainer.Describe:output_type -> cohort.v1.PluginDescription
+	4,  // 17: cohort.v1.Trainer.Configure:output_type -> cohort.v1.TrainerConfigureResponse
+	6,  // 18: cohort.v1.Trainer.Attach:output_type -> cohort.v1.AttachResponse
+	8,  // 19: cohort.v1.Trainer.Train:output_type -> cohort.v1.TrainReports
+	11, // 20: cohort.v1.Trainer.Publish:output_type -> cohort.v1.PublishResponse
+	13, // 21: cohort.v1.Trainer.Adopt:output_type -> cohort.v1.AdoptResponse
+	15, // 22: cohort.v1.Trainer.Evaluate:output_type -> cohort.v1.EvaluateResponse
+	17, // 23: cohort.v1.Trainer.SaveCheckpoint:output_type -> cohort.v1.SaveCheckpointResponse
+	19, // 24: cohort.v1.Trainer.LoadCheckpoint:output_type -> cohort.v1.LoadCheckpointResponse
+	23, // 25: cohort.v1.Trainer.EpochEnd:output_type -> cohort.v1.EpochEndResponse
+	21, // 26: cohort.v1.Trainer.Shutdown:output_type -> cohort.v1.ShutdownResponse
+	16, // [16:27] is the sub-list for method output_type
+	5,  // [5:16] is the sub-list for method input_type
 	5,  // [5:5] is the sub-list for extension type_name
 	5,  // [5:5] is the sub-list for extension extendee
 	0,  // [0:5] is the sub-list for field type_name
@@ -1432,7 +1531,7 @@ func file_shared_plugin_internal_pluginpb_trainer_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_shared_plugin_internal_pluginpb_trainer_proto_rawDesc), len(file_shared_plugin_internal_pluginpb_trainer_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   23,
+			NumMessages:   25,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

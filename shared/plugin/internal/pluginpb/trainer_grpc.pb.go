@@ -32,6 +32,7 @@ const (
 	Trainer_Evaluate_FullMethodName       = "/cohort.v1.Trainer/Evaluate"
 	Trainer_SaveCheckpoint_FullMethodName = "/cohort.v1.Trainer/SaveCheckpoint"
 	Trainer_LoadCheckpoint_FullMethodName = "/cohort.v1.Trainer/LoadCheckpoint"
+	Trainer_EpochEnd_FullMethodName       = "/cohort.v1.Trainer/EpochEnd"
 	Trainer_Shutdown_FullMethodName       = "/cohort.v1.Trainer/Shutdown"
 )
 
@@ -55,6 +56,9 @@ type TrainerClient interface {
 	Evaluate(ctx context.Context, in *EvaluateRequest, opts ...grpc.CallOption) (*EvaluateResponse, error)
 	SaveCheckpoint(ctx context.Context, in *SaveCheckpointRequest, opts ...grpc.CallOption) (*SaveCheckpointResponse, error)
 	LoadCheckpoint(ctx context.Context, in *LoadCheckpointRequest, opts ...grpc.CallOption) (*LoadCheckpointResponse, error)
+	// EpochEnd runs the user's end-of-epoch code, where the trainer has any
+	// (plugin.EpochEnder); a plugin without it answers Unimplemented.
+	EpochEnd(ctx context.Context, in *EpochEndRequest, opts ...grpc.CallOption) (*EpochEndResponse, error)
 	// Shutdown drains and releases everything; the host kills the process
 	// after a grace period if it does not exit.
 	Shutdown(ctx context.Context, in *ShutdownRequest, opts ...grpc.CallOption) (*ShutdownResponse, error)
@@ -167,6 +171,16 @@ func (c *trainerClient) LoadCheckpoint(ctx context.Context, in *LoadCheckpointRe
 	return out, nil
 }
 
+func (c *trainerClient) EpochEnd(ctx context.Context, in *EpochEndRequest, opts ...grpc.CallOption) (*EpochEndResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(EpochEndResponse)
+	err := c.cc.Invoke(ctx, Trainer_EpochEnd_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *trainerClient) Shutdown(ctx context.Context, in *ShutdownRequest, opts ...grpc.CallOption) (*ShutdownResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(ShutdownResponse)
@@ -197,6 +211,9 @@ type TrainerServer interface {
 	Evaluate(context.Context, *EvaluateRequest) (*EvaluateResponse, error)
 	SaveCheckpoint(context.Context, *SaveCheckpointRequest) (*SaveCheckpointResponse, error)
 	LoadCheckpoint(context.Context, *LoadCheckpointRequest) (*LoadCheckpointResponse, error)
+	// EpochEnd runs the user's end-of-epoch code, where the trainer has any
+	// (plugin.EpochEnder); a plugin without it answers Unimplemented.
+	EpochEnd(context.Context, *EpochEndRequest) (*EpochEndResponse, error)
 	// Shutdown drains and releases everything; the host kills the process
 	// after a grace period if it does not exit.
 	Shutdown(context.Context, *ShutdownRequest) (*ShutdownResponse, error)
@@ -236,6 +253,9 @@ func (UnimplementedTrainerServer) SaveCheckpoint(context.Context, *SaveCheckpoin
 }
 func (UnimplementedTrainerServer) LoadCheckpoint(context.Context, *LoadCheckpointRequest) (*LoadCheckpointResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method LoadCheckpoint not implemented")
+}
+func (UnimplementedTrainerServer) EpochEnd(context.Context, *EpochEndRequest) (*EpochEndResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method EpochEnd not implemented")
 }
 func (UnimplementedTrainerServer) Shutdown(context.Context, *ShutdownRequest) (*ShutdownResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method Shutdown not implemented")
@@ -416,6 +436,24 @@ func _Trainer_LoadCheckpoint_Handler(srv interface{}, ctx context.Context, dec f
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Trainer_EpochEnd_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(EpochEndRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(TrainerServer).EpochEnd(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Trainer_EpochEnd_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(TrainerServer).EpochEnd(ctx, req.(*EpochEndRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Trainer_Shutdown_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(ShutdownRequest)
 	if err := dec(in); err != nil {
@@ -472,6 +510,10 @@ var Trainer_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "LoadCheckpoint",
 			Handler:    _Trainer_LoadCheckpoint_Handler,
+		},
+		{
+			MethodName: "EpochEnd",
+			Handler:    _Trainer_EpochEnd_Handler,
 		},
 		{
 			MethodName: "Shutdown",
