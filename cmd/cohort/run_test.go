@@ -550,9 +550,11 @@ func TestRunRefusesAnOccupiedOut(t *testing.T) {
 
 // The fourth must-show, end to end: under cadence the fast rank does more
 // batches per window and the ranks wait less at the sync than under sync.
-// Rank 1 is made slow with the mock trainer's sleep_per_batch_by_rank.
+// Rank 1 is made six times slower with the mock trainer's
+// sleep_per_batch_by_rank (a ratio far from the cadence's cap of 64, so the
+// epoch holds several calibrated windows, not a probe and one last window).
 func TestRunCadenceOnUnequalRanks(t *testing.T) {
-	trainer := map[string]any{"samples": 2048, "batch_size": 16, "sleep_per_batch_by_rank": map[string]string{"1": "12ms"}}
+	trainer := map[string]any{"samples": 2048, "batch_size": 16, "sleep_per_batch": "2ms", "sleep_per_batch_by_rank": map[string]string{"1": "12ms"}}
 	run := func(policy string) coordinator.EpochSummary {
 		cfg := writeRunConfig(t, fmt.Sprintf("coordinator {\n  policy = %q\n  sync_every = 4\n}", policy), trainer)
 		out := filepath.Join(t.TempDir(), policy)
