@@ -1,6 +1,7 @@
 package coordinator
 
 import (
+	"math"
 	"slices"
 	"testing"
 	"time"
@@ -157,5 +158,66 @@ func TestThrottleAheadUnderAsync(t *testing.T) {
 	}
 	if fast == 0 || sum.Controller.Throttles != uint64(fast) {
 		t.Errorf("fast ranks got %d Throttles, the summary counts %d; want some, and the same", fast, sum.Controller.Throttles)
+	}
+}
+
+// A run stopped while the guard holds the rate down resumes in the guard:
+// the checkpoint keeps the controller, the resumed run's first plans carry
+// the halved rate the original's window after the save point had, and the
+// resumed controller goes on to release the guard when divergence settles.
+func TestResumeKeepsTheController(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.Coordinator.AdaptiveSync = false
+	const samples = 960
+	const spike = 8
+	h1 := newHarness(t, cfg, nil)
+	ranks := h1.startAll(func(uint32) rankScript {
+		return rankScript{msPerBatch: 5 * time.Millisecond, samples: samples,
+			divergence: func(r uint64) float64 {
+				if r < spike {
+					return 0.02
+				}
+				// A spike, then drift that outgrows its running mean: the
+				// guard does not settle in this run.
+				return 0.5 * math.Pow(1.6, float64(r-spike))
+			}}
+	})
+	waitFor(t, "plans at half rate", func() bool {
+		for _, p := range handedPlans(ranks[0]) {
+			if p.GetLrScale() == 0.5 {
+				return true
+			}
+		}
+		return false
+	})
+	h1.coord.Stop()
+	sum1, err := h1.wait()
+	if err != nil || sum1.Status != StatusStopped || sum1.Checkpoint == "" {
+		t.Fatalf("first run: status %s, checkpoint %q, error %v", statusOf(sum1), sum1.Checkpoint, err)
+	}
+	meta, err := ReadMeta(sum1.Checkpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if meta.Controller == nil || !meta.Controller.Guard || meta.ControllerWindow == nil || meta.ControllerWindow.LRScale != 0.5 {
+		t.Fatalf("checkpoint controller %+v, window %+v: want the guard holding, rate 0.5", meta.Controller, meta.ControllerWindow)
+	}
+
+	h2 := newHarness(t, cfg, func(o *Options) { o.Resume = h1.out; o.Out = h1.out })
+	ranks2 := h2.startAll(func(uint32) rankScript {
+		return rankScript{msPerBatch: time.Millisecond, samples: samples,
+			divergence: func(uint64) float64 { return 0.4 }} // settled, against the saved mean
+	})
+	sum2 := h2.mustComplete()
+	plans := handedPlans(ranks2[0])
+	if len(plans) == 0 || plans[0].GetLrScale() != 0.5 {
+		t.Fatalf("the resumed run's first plan %v: want lr scale 0.5", plans)
+	}
+	var rules []string
+	for _, d := range sum2.Controller.Decisions {
+		rules = append(rules, d.Rule)
+	}
+	if !slices.Equal(rules, []string{RuleGuardRelease}) || sum2.Controller.LRScale != 1 {
+		t.Errorf("resumed decisions %v, final lr scale %g: want the guard released, rate 1", rules, sum2.Controller.LRScale)
 	}
 }
