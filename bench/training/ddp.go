@@ -134,7 +134,7 @@ func (h *harness) ddpSeed(seed int) (ddpSeed, error) {
 		s.CohortRounds += e.Rounds
 	}
 
-	p, err := h.peerRun(seed)
+	p, err := h.peerRun(seed, nil)
 	if err != nil {
 		return ddpSeed{}, err
 	}

@@ -5,6 +5,7 @@ package main
 
 import (
 	"fmt"
+	"os"
 	"time"
 
 	"github.com/cohortdl/cohort/core/coordinator"
@@ -13,6 +14,7 @@ import (
 // Goals of part 3.
 const (
 	goalHeteroRatio = 0.6  // cadence's (and async's) time to target / sync's, at most
+	goalQuotaRatio  = 0.4  // cadence's time to target / DDP's, one rank under a CPU quota on both, at most
 	goalAsyncWait   = 0.02 // async: share of the epoch in rounds, under
 )
 
@@ -29,8 +31,17 @@ type heteroReport struct {
 	AsyncRatio   *float64 `json:"async_ratio"`
 	RatioGoal    float64  `json:"ratio_goal"`
 	CadencePass  bool     `json:"cadence_pass"`
-	// DDP is not run here: the peer script has no way to slow one rank.
-	DDPMeasured bool `json:"ddp_measured"`
+	// Against DDP, whose peer script cannot slow a rank itself, the slow
+	// rank is held to QuotaCPUs of one CPU by a cgroup on both sides (its
+	// worker and plugins; DDP's rank process), cohort running cadence.
+	DDPMeasured  bool       `json:"ddp_measured"`
+	QuotaCPUs    float64    `json:"quota_cpus"`
+	QuotaSkipped string     `json:"quota_skipped,omitempty"`
+	QuotaCohort  []*float64 `json:"quota_cadence_seconds_to_target,omitempty"`
+	QuotaDDP     []*float64 `json:"quota_ddp_seconds_to_target,omitempty"`
+	QuotaRatio   *float64   `json:"quota_ratio"`
+	QuotaGoal    float64    `json:"quota_ratio_goal"`
+	QuotaPass    bool       `json:"quota_pass"`
 	// AsyncWaitShare is, for the async runs without a slow rank, the
 	// share of the epoch the ranks' training was held by rounds, by the
 	// ranks' own clocks (summary.json's round_wait_ms per rank, over the
@@ -57,7 +68,8 @@ var heteroPolicies = []string{"sync", "cadence", "async"}
 
 func (h *harness) hetero() (*heteroReport, error) {
 	o := h.o
-	rep := &heteroReport{SlowRank: o.ranks - 1, SlowFactor: o.slowFactor, RatioGoal: goalHeteroRatio, AsyncWaitGoal: goalAsyncWait}
+	rep := &heteroReport{SlowRank: o.ranks - 1, SlowFactor: o.slowFactor, RatioGoal: goalHeteroRatio, AsyncWaitGoal: goalAsyncWait,
+		QuotaCPUs: o.slowCPU, QuotaGoal: goalQuotaRatio}
 	base := runConfig{Seed: 1, PluginDir: pluginDir(o.cohort), Data: dataDir, Batch: o.batch, LR: o.lr, Threads: o.threads}
 
 	// The async runs of equal ranks, rounds beside training and blocking;
@@ -130,7 +142,9 @@ func (h *harness) hetero() (*heteroReport, error) {
 	rep.CadencePass = rep.CadenceRatio != nil && *rep.CadenceRatio <= goalHeteroRatio
 	fmt.Printf("time to %.1f%% against sync's: cadence %s (goal ≤ %.2f): %s; async %s\n", 100*o.target,
 		ratioStr(rep.CadenceRatio), goalHeteroRatio, verdict(rep.CadencePass), ratioStr(rep.AsyncRatio))
-	fmt.Println("DDP with a slow rank: not measured (the peer script has no way to slow one rank)")
+	if err := h.quotaRows(rep, base); err != nil {
+		return nil, err
+	}
 	fmt.Printf("async, equal ranks: rounds hold training %.1f%% of the epoch (goal < %.0f%%): %s; with blocking rounds %.1f%%\n",
 		100*rep.AsyncWaitShare, 100*goalAsyncWait, verdict(rep.AsyncWaitPass), 100*rep.AsyncBlockingShare)
 	return rep, nil
@@ -192,4 +206,52 @@ func pairedRatio(a, b []*float64) *float64 {
 		return nil
 	}
 	return ptr(round4(sa / sb))
+}
+
+// quotaRows compares cohort (cadence) with DDP, rank N-1 held to
+// -slow-cpu of one CPU on both sides; without a writable cgroup hierarchy
+// it says so and measures nothing.
+func (h *harness) quotaRows(rep *heteroReport, base runConfig) error {
+	o := h.o
+	q, err := newCPUQuota(fmt.Sprintf("cohort-bench-%d", os.Getpid()), o.slowCPU)
+	if err != nil {
+		rep.QuotaSkipped = err.Error()
+		fmt.Printf("against DDP, rank %d under a CPU quota: not measured (%v; it needs root)\n", rep.SlowRank, err)
+		return nil
+	}
+	defer q.close()
+	for seed := 1; seed <= o.heteroSeeds; seed++ {
+		cfg := base
+		cfg.Seed, cfg.Policy = seed, "cadence"
+		cfg.Hook = quotaHook(q, cohortRankProcs(rep.SlowRank))
+		sum, _, err := h.cohortRun(cfg, o.ranks, o.targetEpochs, nil)
+		if err != nil {
+			return fmt.Errorf("cadence, rank %d under a CPU quota, seed %d: %w", rep.SlowRank, seed, err)
+		}
+		ep, err := epochFigures(sum.Epochs)
+		if err != nil {
+			return fmt.Errorf("cadence under a quota, seed %d: %w", seed, err)
+		}
+		var to *float64
+		if t, ok := timeToTarget(ep.seconds, ep.accuracy, o.target); ok {
+			to = ptr(round3(t))
+		}
+		rep.QuotaCohort = append(rep.QuotaCohort, to)
+		p, err := h.peerRun(seed, quotaHook(q, ddpRankProcs(rep.SlowRank, o.ranks)))
+		if err != nil {
+			return fmt.Errorf("DDP, rank %d under a CPU quota, seed %d: %w", rep.SlowRank, seed, err)
+		}
+		var pt *float64
+		if p.SecondsToTarget != nil {
+			pt = ptr(round3(*p.SecondsToTarget))
+		}
+		rep.QuotaDDP = append(rep.QuotaDDP, pt)
+	}
+	rep.DDPMeasured = true
+	rep.QuotaRatio = pairedRatio(rep.QuotaCohort, rep.QuotaDDP)
+	rep.QuotaPass = rep.QuotaRatio != nil && *rep.QuotaRatio <= goalQuotaRatio
+	fmt.Printf("against DDP, rank %d held to %g CPU on both sides: cadence %s, DDP %s to %.1f%%, ratio %s (goal ≤ %.2f): %s\n",
+		rep.SlowRank, o.slowCPU, secs(meanReached(rep.QuotaCohort)), secs(meanReached(rep.QuotaDDP)), 100*o.target,
+		ratioStr(rep.QuotaRatio), goalQuotaRatio, verdict(rep.QuotaPass))
+	return nil
 }

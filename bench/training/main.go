@@ -26,8 +26,12 @@
 // batch time the async runs of equal ranks measure), each for
 // -target-epochs over -hetero-seeds seeds; goal: cadence reaches the target
 // in at most 0.6× sync's time. The DDP peer has no way to slow one rank, so
-// DDP is not in this part. The same equal-rank async runs give the share
-// of the epoch spent in rounds (goal: under 2%).
+// against DDP the slow rank is held to -slow-cpu of one CPU by a cgroup on
+// both sides (cohort's rank worker and its plugins; the peer's rank
+// process, the rank-th it spawns), cohort running cadence; goal: at most
+// 0.4× DDP's time (root only; skipped, and said so, elsewhere). The
+// equal-rank async runs give the share of the epoch the ranks' training
+// was held by rounds (goal: under 2%).
 //
 // Part 2, the plugin boundary: `cohort run --ranks 1` against
 // cohort-torch-ref-epoch (plugins/trainer-libtorch/bench/ref_epoch.cpp, a
@@ -104,6 +108,7 @@ type options struct {
 	skipSingle    bool
 	skipHetero    bool
 	slowFactor    float64
+	slowCPU       float64
 	heteroSeeds   int
 	concurrent    bool
 	keep          bool
@@ -133,6 +138,7 @@ func main() {
 	flag.BoolVar(&o.skipHetero, "skip-hetero", false, "skip the slow-rank comparison of cohort's policies and the async round share")
 	flag.Float64Var(&o.slowFactor, "slow-factor", 3, "the slow rank's batch time, as a multiple of the others' (measured)")
 	flag.IntVar(&o.heteroSeeds, "hetero-seeds", 3, "seeds 1..N of the slow-rank comparison")
+	flag.Float64Var(&o.slowCPU, "slow-cpu", 0.15, "against DDP, the CPU quota (of one CPU) the slow rank is held to on both sides (needs root and cgroups)")
 	flag.BoolVar(&o.concurrent, "concurrent", true, "in the 1-rank comparison, run a pair's two sides at once on disjoint halves of the CPUs where each half holds threads+1 of them")
 	flag.BoolVar(&o.keep, "keep", false, "keep the temporary directory (configs, outputs)")
 	flag.BoolVar(&o.verbose, "v", false, "pass every run's output through to stderr")
@@ -180,6 +186,8 @@ func (o *options) check() error {
 		return errors.New("-ranks, -epochs, -seeds, -hetero-seeds, -batch, -threads and -repeats must be at least 1")
 	case !(o.slowFactor >= 1):
 		return errors.New("-slow-factor must be at least 1")
+	case !(o.slowCPU >= 0.1):
+		return errors.New("-slow-cpu must be at least 0.1 (the kernel's least quota is 1 ms of a 10 ms period)")
 	case !o.skipHetero && o.ranks < 2:
 		return errors.New("the slow-rank comparison needs -ranks of at least 2 (or -skip-hetero)")
 	case o.targetEpochs < o.epochs:

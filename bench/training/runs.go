@@ -50,6 +50,8 @@ type runConfig struct {
 	SlowDelay time.Duration
 	// Blocking turns the async policy's overlapped rounds off.
 	Blocking bool
+	// Hook, when set, runs as the run starts (see runLogged).
+	Hook func(pid int) func() error
 }
 
 // hcl renders the config file: the trainer block names every setting of
@@ -129,7 +131,7 @@ func (h *harness) cohortRun(cfg runConfig, ranks, epochs int, cpus []int) (*coor
 		"--epochs", strconv.Itoa(epochs), "--out", out)
 	cmd.Dir = h.root
 	start := time.Now()
-	logs, err := h.runLogged(cmd, cpus)
+	logs, err := h.runLogged(cmd, cpus, cfg.Hook)
 	wall := time.Since(start).Seconds()
 	if err != nil {
 		return nil, 0, fmt.Errorf("%s: %w\n%s", strings.Join(cmd.Args, " "), err, tail(logs, 4000))
@@ -145,8 +147,10 @@ func (h *harness) cohortRun(cfg runConfig, ranks, epochs int, cpus []int) (*coor
 }
 
 // runLogged runs cmd on cpus (any when empty) with stdout and stderr into
-// one buffer (and to stderr with -v), and returns what it wrote.
-func (h *harness) runLogged(cmd *exec.Cmd, cpus []int) (string, error) {
+// one buffer (and to stderr with -v), and returns what it wrote. hook, when
+// set, is called with the started process's pid; what it returns is called
+// once the process has exited.
+func (h *harness) runLogged(cmd *exec.Cmd, cpus []int, hook func(pid int) func() error) (string, error) {
 	var buf bytes.Buffer
 	var w io.Writer = &buf
 	if h.o.verbose {
@@ -155,7 +159,14 @@ func (h *harness) runLogged(cmd *exec.Cmd, cpus []int) (string, error) {
 	cmd.Stdout, cmd.Stderr = w, w
 	err := startOn(cmd, cpus)
 	if err == nil {
+		var done func() error
+		if hook != nil {
+			done = hook(cmd.Process.Pid)
+		}
 		err = cmd.Wait()
+		if done != nil {
+			err = errors.Join(err, done())
+		}
 	}
 	return buf.String(), err
 }
@@ -223,8 +234,9 @@ func parsePeer(out string) (peerResult, error) {
 	return res, nil
 }
 
-// peerRun runs the DDP peer with the comparison's settings.
-func (h *harness) peerRun(seed int) (peerResult, error) {
+// peerRun runs the DDP peer with the comparison's settings; hook as for
+// runLogged.
+func (h *harness) peerRun(seed int, hook func(pid int) func() error) (peerResult, error) {
 	o := h.o
 	cmd := exec.Command(o.python, o.peer, "--ranks", strconv.Itoa(o.ranks), "--epochs", strconv.Itoa(o.targetEpochs),
 		"--lr", strconv.FormatFloat(o.lr, 'g', -1, 64), "--batch", strconv.Itoa(o.batch),
@@ -234,7 +246,18 @@ func (h *harness) peerRun(seed int) (peerResult, error) {
 	if o.verbose {
 		cmd.Stdout, cmd.Stderr = io.MultiWriter(&stdout, os.Stderr), io.MultiWriter(&stderr, os.Stderr)
 	}
-	if err := cmd.Run(); err != nil {
+	err := cmd.Start()
+	if err == nil {
+		var done func() error
+		if hook != nil {
+			done = hook(cmd.Process.Pid)
+		}
+		err = cmd.Wait()
+		if done != nil {
+			err = errors.Join(err, done())
+		}
+	}
+	if err != nil {
 		return peerResult{}, fmt.Errorf("%s: %w\n%s", strings.Join(cmd.Args, " "), err, tail(stderr.String(), 4000))
 	}
 	res, err := parsePeer(stdout.String())
@@ -251,7 +274,7 @@ func (h *harness) peerRun(seed int) (peerResult, error) {
 func (h *harness) buildRef() error {
 	cmd := exec.Command("make", "--no-print-directory", "-f", "plugins/trainer-libtorch/shim.mk", "ref", "REF_OUT="+h.o.ref)
 	cmd.Dir = h.root
-	if logs, err := h.runLogged(cmd, nil); err != nil {
+	if logs, err := h.runLogged(cmd, nil, nil); err != nil {
 		return fmt.Errorf("build the reference loop: %w\n%s", err, tail(logs, 4000))
 	}
 	return nil
