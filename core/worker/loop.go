@@ -57,7 +57,10 @@ type loopState struct {
 	ovl        *overlapRound
 	ovlWG      sync.WaitGroup
 	training   bool
-	// roundHeld is how long rounds held training since the last Metrics.
+	// roundHeld is how long rounds held training since the last Metrics:
+	// whole rounds and round steps taken between plans, and, while Train
+	// runs beside a round, the trainer's Publish and Adopt calls (an upper
+	// bound of the time they hold its steps).
 	roundHeld time.Duration
 
 	prof profile
@@ -404,7 +407,13 @@ func (w *worker) beginRound(ctx context.Context, m *wirepb.Sync) (*roundRun, err
 	var err error
 	if w.ovl != nil || w.training {
 		// Train runs: a replacement trainer cannot be started under it.
+		// Training goes on but for the trainer's Publish itself: that
+		// call's length is what the round holds it (at most).
+		start := time.Now()
 		pub, err = w.trainer.Publish(ctx)
+		if w.training {
+			w.holdTraining(start)
+		}
 	} else {
 		err = w.onTrainer(ctx, func(t plugin.Trainer) (err error) {
 			pub, err = t.Publish(ctx)
@@ -479,7 +488,11 @@ func (w *worker) endRound(ctx context.Context, rr *roundRun, o roundOutcome) err
 	}
 	var norm float64
 	if w.ovl != nil || w.training {
+		start := time.Now()
 		norm, err = w.trainer.Adopt(ctx, alpha)
+		if w.training {
+			w.holdTraining(start)
+		}
 	} else {
 		err = w.onTrainer(ctx, func(t plugin.Trainer) (err error) {
 			norm, err = t.Adopt(ctx, alpha)

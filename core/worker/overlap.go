@@ -40,7 +40,9 @@ func (w *worker) overlappable(m *wirepb.Sync) bool {
 
 // startOverlap begins m's round and leaves its averaging to a goroutine.
 func (w *worker) startOverlap(ctx context.Context, m *wirepb.Sync) error {
-	defer w.holdTraining(time.Now())
+	if !w.training {
+		defer w.holdTraining(time.Now())
+	}
 	rr, err := w.beginRound(ctx, m)
 	if rr == nil || err != nil {
 		return err
@@ -68,32 +70,47 @@ func (w *worker) pollOverlap(ctx context.Context) error {
 			return nil
 		}
 	}
-	if !w.canOverlap || w.throttled {
+	if !w.canOverlap {
 		return nil
 	}
-	c, ok := w.queue.popIf(func(c command) bool {
-		s, ok := c.msg.(*wirepb.Sync)
-		return ok && w.overlappable(s)
-	})
-	if !ok {
-		return nil
+	// Commands that only queue or steer plans may stand before the Sync:
+	// they are handled now, as they would be after this plan (they change
+	// nothing of it).
+	for !w.throttled {
+		c, ok := w.queue.popIf(func(c command) bool {
+			s, ok := c.msg.(*wirepb.Sync)
+			return c.err == nil && (duringRound(c.msg) || ok && w.overlappable(s))
+		})
+		if !ok {
+			return nil
+		}
+		if s, ok := c.msg.(*wirepb.Sync); ok {
+			return w.startOverlap(ctx, s)
+		}
+		if _, _, err := w.handle(ctx, c); err != nil {
+			return err
+		}
 	}
-	return w.startOverlap(ctx, c.msg.(*wirepb.Sync))
+	return nil
 }
 
 // waitOverlap waits for the round in flight and finishes it.
 func (w *worker) waitOverlap(ctx context.Context) error {
-	defer w.holdTraining(time.Now())
+	start := time.Now()
 	select {
 	case out := <-w.ovl.done:
+		w.holdTraining(start)
 		return w.finishOverlap(ctx, out)
 	case <-ctx.Done():
+		w.holdTraining(start)
 		return fmt.Errorf("wait for averaging round %d: %w", w.ovl.rr.n, ctx.Err())
 	}
 }
 
 func (w *worker) finishOverlap(ctx context.Context, out roundOutcome) error {
-	defer w.holdTraining(time.Now())
+	if !w.training {
+		defer w.holdTraining(time.Now())
+	}
 	o := w.ovl
 	w.ovl = nil
 	o.cancel(nil)
@@ -103,7 +120,9 @@ func (w *worker) finishOverlap(ctx context.Context, out roundOutcome) error {
 // abortOverlap ends the round in flight without taking its result (the
 // trainer it would adopt into is lost): the coordinator runs it again.
 func (w *worker) abortOverlap(ctx context.Context, why error) error {
-	defer w.holdTraining(time.Now())
+	if !w.training {
+		defer w.holdTraining(time.Now())
+	}
 	o := w.ovl
 	w.ovl = nil
 	o.cancel(why)
