@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"sync"
 	"time"
@@ -59,8 +60,8 @@ type loopState struct {
 	training   bool
 	// roundHeld is how long rounds held training since the last Metrics:
 	// whole rounds and round steps taken between plans, and, while Train
-	// runs beside a round, the trainer's Publish and Adopt calls (an upper
-	// bound of the time they hold its steps).
+	// runs beside a round, what its batches say they waited for the
+	// round's Publish and Adopt (BatchReport.RoundWaitMS).
 	roundHeld time.Duration
 
 	prof profile
@@ -270,6 +271,9 @@ func (w *worker) runNextPlan(ctx context.Context) error {
 		st.dataMS += b.DataMS
 		st.computeMS += max(b.BatchMS-b.DataMS, 0)
 		st.scalars.add(b.Scalars)
+		if v := b.RoundWaitMS; v > 0 && v <= b.BatchMS && !math.IsInf(b.BatchMS, 0) {
+			w.roundHeld += time.Duration(v * float64(time.Millisecond))
+		}
 		if err := reports.add(b); err != nil {
 			return err
 		}
@@ -407,13 +411,8 @@ func (w *worker) beginRound(ctx context.Context, m *wirepb.Sync) (*roundRun, err
 	var err error
 	if w.ovl != nil || w.training {
 		// Train runs: a replacement trainer cannot be started under it.
-		// Training goes on but for the trainer's Publish itself: that
-		// call's length is what the round holds it (at most).
-		start := time.Now()
+		// Training goes on; the batches report what this held them.
 		pub, err = w.trainer.Publish(ctx)
-		if w.training {
-			w.holdTraining(start)
-		}
 	} else {
 		err = w.onTrainer(ctx, func(t plugin.Trainer) (err error) {
 			pub, err = t.Publish(ctx)
@@ -488,11 +487,7 @@ func (w *worker) endRound(ctx context.Context, rr *roundRun, o roundOutcome) err
 	}
 	var norm float64
 	if w.ovl != nil || w.training {
-		start := time.Now()
 		norm, err = w.trainer.Adopt(ctx, alpha)
-		if w.training {
-			w.holdTraining(start)
-		}
 	} else {
 		err = w.onTrainer(ctx, func(t plugin.Trainer) (err error) {
 			norm, err = t.Adopt(ctx, alpha)

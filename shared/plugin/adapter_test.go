@@ -289,7 +289,7 @@ func TestTrainStreamsReports(t *testing.T) {
 	plan := Plan{Epoch: 2, PartitionOffset: 15000, PartitionSize: 7500, Seed: 42, PickSpace: 60000, GlobalStep: math.MaxUint64}
 	reports := []BatchReport{
 		{Batch: 0, Samples: 64, Loss: 2.3025, BatchMS: 4.5, DataMS: 0.25, StepCount: 1, ParamNorm: ptr(31.5),
-			Scalars: map[string]float64{"lr": 0.1, "grad/norm": 3.5}},
+			Scalars: map[string]float64{"lr": 0.1, "grad/norm": 3.5}, RoundWaitMS: 0.25},
 		{Batch: 1, Samples: 64, Loss: 2.1, BatchMS: 4.25, DataMS: 0.5, StepCount: 2},
 		// The adapter carries scalars as they are: judging names is the
 		// worker's job.

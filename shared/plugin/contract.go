@@ -124,6 +124,11 @@ type BatchReport struct {
 	// host drops names ValidScalarName refuses, names past MaxScalars in a
 	// plan, and values that are NaN or infinite.
 	Scalars map[string]float64
+	// RoundWaitMS is how long the batch's step waited for a Publish or
+	// Adopt the core called while Train ran (a round beside training): the
+	// time the round held training. A trainer declaring
+	// CapTrainsDuringRounds reports it.
+	RoundWaitMS float64
 }
 
 // Scalar limits. Both the rank and the coordinator hold them, so nothing a

@@ -273,26 +273,28 @@ func fromprotoPlan(m *pb.TrainRequest) Plan {
 
 func toprotoBatchReport(r BatchReport) *pb.BatchReport {
 	return &pb.BatchReport{
-		Batch:     r.Batch,
-		Samples:   r.Samples,
-		Loss:      r.Loss,
-		BatchMs:   r.BatchMS,
-		DataMs:    r.DataMS,
-		StepCount: r.StepCount,
-		ParamNorm: copyFloat(r.ParamNorm),
-		Scalars:   r.Scalars,
+		Batch:       r.Batch,
+		Samples:     r.Samples,
+		Loss:        r.Loss,
+		BatchMs:     r.BatchMS,
+		DataMs:      r.DataMS,
+		StepCount:   r.StepCount,
+		ParamNorm:   copyFloat(r.ParamNorm),
+		Scalars:     r.Scalars,
+		RoundWaitMs: r.RoundWaitMS,
 	}
 }
 
 func fromprotoBatchReport(m *pb.BatchReport) BatchReport {
 	r := BatchReport{
-		Batch:     m.GetBatch(),
-		Samples:   m.GetSamples(),
-		Loss:      m.GetLoss(),
-		BatchMS:   m.GetBatchMs(),
-		DataMS:    m.GetDataMs(),
-		StepCount: m.GetStepCount(),
-		Scalars:   m.GetScalars(),
+		Batch:       m.GetBatch(),
+		Samples:     m.GetSamples(),
+		Loss:        m.GetLoss(),
+		BatchMS:     m.GetBatchMs(),
+		DataMS:      m.GetDataMs(),
+		StepCount:   m.GetStepCount(),
+		Scalars:     m.GetScalars(),
+		RoundWaitMS: m.GetRoundWaitMs(),
 	}
 	if m != nil {
 		r.ParamNorm = copyFloat(m.ParamNorm)

@@ -252,8 +252,11 @@ func (t *Trainer) Train(ctx context.Context, plan plugin.Plan, report func(plugi
 // step trains one batch of sample indices with one SGD step at the
 // learning rate times lrScale.
 func (t *Trainer) step(idx []uint64, lrScale float64) (plugin.BatchReport, error) {
+	// While Train runs only a round's Publish or Adopt takes the lock.
+	locking := time.Now()
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	held := time.Since(locking)
 	if t.data == nil {
 		return plugin.BatchReport{}, errors.New("mock trainer: shut down while training")
 	}
@@ -288,11 +291,12 @@ func (t *Trainer) step(idx []uint64, lrScale float64) (plugin.BatchReport, error
 	t.batches++
 	t.trained += uint64(len(idx))
 	rep := plugin.BatchReport{
-		Samples:   uint32(len(idx)),
-		Loss:      loss / float64(len(idx)),
-		DataMS:    ms(data),
-		StepCount: t.steps,
-		Scalars:   map[string]float64{"lr": t.settings.LR * lrScale},
+		Samples:     uint32(len(idx)),
+		Loss:        loss / float64(len(idx)),
+		DataMS:      ms(data),
+		StepCount:   t.steps,
+		Scalars:     map[string]float64{"lr": t.settings.LR * lrScale},
+		RoundWaitMS: ms(held),
 	}
 	if t.steps%paramNormEvery == 0 {
 		n := t.normLocked()

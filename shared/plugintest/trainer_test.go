@@ -719,3 +719,34 @@ func TestTrainerAdoptCreditsStepsSincePublish(t *testing.T) {
 		}
 	}
 }
+
+// A batch whose step waited for the trainer's lock (held, as a round's
+// Publish or Adopt holds it, while Train runs) reports the wait.
+func TestTrainerReportsRoundWait(t *testing.T) {
+	tr, setup := configure(t, 0, 1, 3, small())
+	p := fullEpoch(3, 0, setup.Samples)
+	p.PartitionSize = 32
+	var reps []plugin.BatchReport
+	err := tr.Train(context.Background(), p, func(r plugin.BatchReport) error {
+		reps = append(reps, r)
+		if r.Batch == 0 {
+			// Between batches: hold the lock for 40 ms, as a Publish
+			// that long would.
+			locked := make(chan struct{})
+			go func() {
+				tr.mu.Lock()
+				close(locked)
+				time.Sleep(40 * time.Millisecond)
+				tr.mu.Unlock()
+			}()
+			<-locked
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(reps) != 2 || reps[0].RoundWaitMS > 20 || reps[1].RoundWaitMS < 30 {
+		t.Fatalf("reports %+v: want the second batch to have waited about 40 ms, the first not", reps)
+	}
+}

@@ -187,8 +187,12 @@ func (t *Trainer) trainOnThread(ctx context.Context, plan plugin.Plan, report fu
 // multiplies the schedule's rate.
 func (t *Trainer) step(gen uint64, data *dataset.Set, b *batchBuf, start time.Time, lrScale float64) (plugin.BatchReport, error) {
 	dataTime := time.Since(start)
+	// While Train runs only a round's Publish or Adopt takes the lock: the
+	// wait for it is what the round held training.
+	locking := time.Now()
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	held := time.Since(locking)
 	if t.model == nil || t.gen != gen {
 		return plugin.BatchReport{}, errors.New("the trainer was shut down or reconfigured while training")
 	}
@@ -212,6 +216,7 @@ func (t *Trainer) step(gen uint64, data *dataset.Set, b *batchBuf, start time.Ti
 	}
 	rep.DataMS = ms(dataTime)
 	rep.BatchMS = ms(time.Since(start))
+	rep.RoundWaitMS = ms(held)
 	return rep, nil
 }
 

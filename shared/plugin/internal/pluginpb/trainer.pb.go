@@ -618,7 +618,10 @@ type BatchReport struct {
 	ParamNorm *float64               `protobuf:"fixed64,7,opt,name=param_norm,json=paramNorm,proto3,oneof" json:"param_norm,omitempty"`
 	// Named figures of the batch (the learning rate it used, a gradient
 	// norm); the host sums them per plan for the run's summary.
-	Scalars       map[string]float64 `protobuf:"bytes,8,rep,name=scalars,proto3" json:"scalars,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"fixed64,2,opt,name=value"`
+	Scalars map[string]float64 `protobuf:"bytes,8,rep,name=scalars,proto3" json:"scalars,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"fixed64,2,opt,name=value"`
+	// How long the batch waited for a Publish or Adopt that ran while it
+	// trained (plugin.BatchReport.RoundWaitMS).
+	RoundWaitMs   float64 `protobuf:"fixed64,9,opt,name=round_wait_ms,json=roundWaitMs,proto3" json:"round_wait_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -707,6 +710,13 @@ func (x *BatchReport) GetScalars() map[string]float64 {
 		return x.Scalars
 	}
 	return nil
+}
+
+func (x *BatchReport) GetRoundWaitMs() float64 {
+	if x != nil {
+		return x.RoundWaitMs
+	}
+	return 0
 }
 
 type PublishRequest struct {
@@ -1377,7 +1387,7 @@ const file_shared_plugin_internal_pluginpb_trainer_proto_rawDesc = "" +
 	"globalStep\x12\x19\n" +
 	"\blr_scale\x18\b \x01(\x01R\alrScaleJ\x04\b\a\x10\bR\x12report_interval_ms\"@\n" +
 	"\fTrainReports\x120\n" +
-	"\areports\x18\x01 \x03(\v2\x16.cohort.v1.BatchReportR\areports\"\xd2\x02\n" +
+	"\areports\x18\x01 \x03(\v2\x16.cohort.v1.BatchReportR\areports\"\xf6\x02\n" +
 	"\vBatchReport\x12\x14\n" +
 	"\x05batch\x18\x01 \x01(\x04R\x05batch\x12\x18\n" +
 	"\asamples\x18\x02 \x01(\rR\asamples\x12\x12\n" +
@@ -1388,7 +1398,8 @@ const file_shared_plugin_internal_pluginpb_trainer_proto_rawDesc = "" +
 	"step_count\x18\x06 \x01(\x04R\tstepCount\x12\"\n" +
 	"\n" +
 	"param_norm\x18\a \x01(\x01H\x00R\tparamNorm\x88\x01\x01\x12=\n" +
-	"\ascalars\x18\b \x03(\v2#.cohort.v1.BatchReport.ScalarsEntryR\ascalars\x1a:\n" +
+	"\ascalars\x18\b \x03(\v2#.cohort.v1.BatchReport.ScalarsEntryR\ascalars\x12\"\n" +
+	"\rround_wait_ms\x18\t \x01(\x01R\vroundWaitMs\x1a:\n" +
 	"\fScalarsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01B\r\n" +
