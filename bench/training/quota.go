@@ -5,7 +5,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -15,6 +14,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/cohortdl/cohort/internal/proctab"
 )
 
 // quotaPeriod is the cgroup CPU period the quota is a share of: short, so
@@ -98,65 +99,22 @@ func (q *cpuQuota) close() error {
 	return fmt.Errorf("remove cgroup %s: %w", q.dir, err)
 }
 
-// proc is one process of a tree.
-type proc struct {
-	pid, ppid int
-	args      []string
-}
-
-// descendants lists the processes below root, by pid.
-func descendants(root int) []proc {
-	entries, _ := os.ReadDir("/proc")
-	var all []proc
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
-		if err != nil {
-			continue
-		}
-		// After the command, which may hold spaces: state ppid ...
-		f := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
-		if len(f) < 2 {
-			continue
-		}
-		ppid, _ := strconv.Atoi(f[1])
-		cmdline, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		all = append(all, proc{pid: pid, ppid: ppid, args: strings.Split(strings.TrimRight(string(cmdline), "\x00"), "\x00")})
-	}
-	in := map[int]bool{root: true}
-	var out []proc
-	for changed := true; changed; {
-		changed = false
-		for _, p := range all {
-			if !in[p.pid] && in[p.ppid] {
-				in[p.pid], changed = true, true
-				out = append(out, p)
-			}
-		}
-	}
-	slices.SortFunc(out, func(a, b proc) int { return a.pid - b.pid })
-	return out
-}
-
 // cohortRankProcs picks the worker of rank under a `cohort run` and every
 // process below it (its plugins).
-func cohortRankProcs(rank int) func([]proc) []int {
-	return func(ps []proc) []int {
+func cohortRankProcs(rank int) func([]proctab.Proc) []int {
+	return func(ps []proctab.Proc) []int {
 		worker := -1
 		for _, p := range ps {
-			if i := slices.Index(p.args, "--rank"); slices.Contains(p.args, "worker") && i >= 0 && i+1 < len(p.args) && p.args[i+1] == strconv.Itoa(rank) {
-				worker = p.pid
+			if i := slices.Index(p.Args, "--rank"); slices.Contains(p.Args, "worker") && i >= 0 && i+1 < len(p.Args) && p.Args[i+1] == strconv.Itoa(rank) {
+				worker = p.PID
 			}
 		}
 		if worker < 0 {
 			return nil
 		}
 		out := []int{worker}
-		for _, p := range descendants(worker) {
-			out = append(out, p.pid)
+		for _, p := range proctab.Descendants(ps, worker) {
+			out = append(out, p.PID)
 		}
 		return out
 	}
@@ -165,12 +123,12 @@ func cohortRankProcs(rank int) func([]proc) []int {
 // ddpRankProcs picks rank's process of the DDP peer: the peer starts its
 // ranks (multiprocessing spawn children) in rank order, so once all ranks
 // are there it is the rank-th by pid.
-func ddpRankProcs(rank, ranks int) func([]proc) []int {
-	return func(ps []proc) []int {
+func ddpRankProcs(rank, ranks int) func([]proctab.Proc) []int {
+	return func(ps []proctab.Proc) []int {
 		var spawned []int
 		for _, p := range ps {
-			if strings.Contains(strings.Join(p.args, " "), "spawn_main") {
-				spawned = append(spawned, p.pid)
+			if strings.Contains(strings.Join(p.Args, " "), "spawn_main") {
+				spawned = append(spawned, p.PID)
 			}
 		}
 		if len(spawned) < ranks {
@@ -183,7 +141,7 @@ func ddpRankProcs(rank, ranks int) func([]proc) []int {
 // holdWhile moves the processes pick finds under root into q as they
 // appear, until ctx ends: moved says how many it moved so far, wait waits
 // for its goroutine once ctx is done.
-func holdWhile(ctx context.Context, q *cpuQuota, root int, pick func([]proc) []int) (moved func() int, wait func()) {
+func holdWhile(ctx context.Context, q *cpuQuota, root int, pick func([]proctab.Proc) []int) (moved func() int, wait func()) {
 	var mu sync.Mutex
 	held := map[int]bool{}
 	done := make(chan struct{})
@@ -192,7 +150,7 @@ func holdWhile(ctx context.Context, q *cpuQuota, root int, pick func([]proc) []i
 		tick := time.NewTicker(10 * time.Millisecond)
 		defer tick.Stop()
 		for {
-			for _, pid := range pick(descendants(root)) {
+			for _, pid := range pick(proctab.Descendants(proctab.List(), root)) {
 				mu.Lock()
 				if !held[pid] && q.add(pid) == nil {
 					held[pid] = true
@@ -212,7 +170,7 @@ func holdWhile(ctx context.Context, q *cpuQuota, root int, pick func([]proc) []i
 // quotaHook, for runLogged, holds the processes pick finds under the
 // started command in q while it runs; it fails the run when it moved none
 // (the slow rank would not have been slow).
-func quotaHook(q *cpuQuota, pick func([]proc) []int) func(pid int) func() error {
+func quotaHook(q *cpuQuota, pick func([]proctab.Proc) []int) func(pid int) func() error {
 	return func(pid int) func() error {
 		ctx, cancel := context.WithCancel(context.Background())
 		moved, wait := holdWhile(ctx, q, pid, pick)

@@ -159,16 +159,19 @@ func (h *harness) runLogged(cmd *exec.Cmd, cpus []int, hook func(pid int) func()
 	cmd.Stdout, cmd.Stderr = w, w
 	err := startOn(cmd, cpus)
 	if err == nil {
-		var done func() error
-		if hook != nil {
-			done = hook(cmd.Process.Pid)
-		}
-		err = cmd.Wait()
-		if done != nil {
-			err = errors.Join(err, done())
-		}
+		err = waitHooked(cmd, hook)
 	}
 	return buf.String(), err
+}
+
+// waitHooked waits for the started cmd; hook, when set, is called with its
+// pid first, and what hook returns once it has exited.
+func waitHooked(cmd *exec.Cmd, hook func(pid int) func() error) error {
+	if hook == nil {
+		return cmd.Wait()
+	}
+	done := hook(cmd.Process.Pid)
+	return errors.Join(cmd.Wait(), done())
 }
 
 func tail(s string, n int) string {
@@ -248,14 +251,7 @@ func (h *harness) peerRun(seed int, hook func(pid int) func() error) (peerResult
 	}
 	err := cmd.Start()
 	if err == nil {
-		var done func() error
-		if hook != nil {
-			done = hook(cmd.Process.Pid)
-		}
-		err = cmd.Wait()
-		if done != nil {
-			err = errors.Join(err, done())
-		}
+		err = waitHooked(cmd, hook)
 	}
 	if err != nil {
 		return peerResult{}, fmt.Errorf("%s: %w\n%s", strings.Join(cmd.Args, " "), err, tail(stderr.String(), 4000))

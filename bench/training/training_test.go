@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cohortdl/cohort/internal/proctab"
+
 	"github.com/cohortdl/cohort/core/config"
 	"github.com/cohortdl/cohort/core/coordinator"
 )
@@ -333,27 +335,28 @@ func TestStartOn(t *testing.T) {
 // The slow rank's processes: cohort's worker of that rank and everything
 // below it; DDP's rank-th spawned child, once all ranks are there.
 func TestSlowRankPickers(t *testing.T) {
-	ps := []proc{
-		{pid: 90_000_010, ppid: 1, args: []string{"cohort", "worker", "--rank", "0"}},
-		{pid: 90_000_011, ppid: 1, args: []string{"cohort", "worker", "--rank", "3"}},
-		{pid: 90_000_012, ppid: 1, args: []string{"cohort", "worker", "--rank", "13"}},
+	ps := []proctab.Proc{
+		{PID: 10, PPID: 1, Args: []string{"cohort", "worker", "--rank", "0"}},
+		{PID: 11, PPID: 1, Args: []string{"cohort", "worker", "--rank", "3"}},
+		{PID: 12, PPID: 1, Args: []string{"cohort", "worker", "--rank", "13"}},
+		{PID: 20, PPID: 11, Args: []string{"cohort-trainer-libtorch"}},
+		{PID: 21, PPID: 20, Args: []string{"helper"}},
+		{PID: 22, PPID: 10, Args: []string{"cohort-trainer-libtorch"}},
 	}
-	// Pids above any pid_max have no /proc entries, so no descendants:
-	// the worker alone is picked.
-	if got := cohortRankProcs(3)(ps); !slices.Equal(got, []int{90_000_011}) {
-		t.Errorf("cohort rank 3: %v, want [90000011]", got)
+	if got := cohortRankProcs(3)(ps); !slices.Equal(got, []int{11, 20, 21}) {
+		t.Errorf("cohort rank 3: %v, want the worker 11 and its plugin tree 20, 21", got)
 	}
 	if got := cohortRankProcs(5)(ps); got != nil {
 		t.Errorf("cohort rank 5 (none): %v", got)
 	}
-	spawn := func(pid int) proc {
-		return proc{pid: pid, ppid: 1, args: []string{"/usr/bin/python3", "-c", "from multiprocessing.spawn import spawn_main; spawn_main(tracker_fd=5, pipe_handle=7)", "--multiprocessing-fork"}}
+	spawn := func(pid int) proctab.Proc {
+		return proctab.Proc{PID: pid, PPID: 1, Args: []string{"/usr/bin/python3", "-c", "from multiprocessing.spawn import spawn_main; spawn_main(tracker_fd=5, pipe_handle=7)", "--multiprocessing-fork"}}
 	}
-	tracker := proc{pid: 20, ppid: 1, args: []string{"/usr/bin/python3", "-c", "from multiprocessing.resource_tracker import main;main(4)"}}
-	if got := ddpRankProcs(3, 4)([]proc{tracker, spawn(21), spawn(22), spawn(23)}); got != nil {
+	tracker := proctab.Proc{PID: 20, PPID: 1, Args: []string{"/usr/bin/python3", "-c", "from multiprocessing.resource_tracker import main;main(4)"}}
+	if got := ddpRankProcs(3, 4)([]proctab.Proc{tracker, spawn(21), spawn(22), spawn(23)}); got != nil {
 		t.Errorf("three of four ranks spawned: %v, want none yet", got)
 	}
-	if got := ddpRankProcs(3, 4)([]proc{tracker, spawn(21), spawn(22), spawn(23), spawn(24)}); !slices.Equal(got, []int{24}) {
+	if got := ddpRankProcs(3, 4)([]proctab.Proc{tracker, spawn(21), spawn(22), spawn(23), spawn(24)}); !slices.Equal(got, []int{24}) {
 		t.Errorf("rank 3 of four: %v, want [24]", got)
 	}
 }

@@ -1,16 +1,15 @@
 package main
 
 import (
-	"bytes"
-	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/cohortdl/cohort/internal/proctab"
 
 	"github.com/cohortdl/cohort/core/coordinator"
 )
@@ -21,23 +20,9 @@ func pluginPID(t *testing.T, worker int, binary string, not int) int {
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for time.Now().Before(deadline) {
-		entries, _ := os.ReadDir("/proc")
-		for _, e := range entries {
-			pid, err := strconv.Atoi(e.Name())
-			if err != nil || pid == not {
-				continue
-			}
-			stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
-			if err != nil {
-				continue
-			}
-			f := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
-			if len(f) < 2 || f[0] == "Z" || f[1] != strconv.Itoa(worker) {
-				continue
-			}
-			cmdline, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-			if filepath.Base(strings.Split(string(cmdline), "\x00")[0]) == binary {
-				return pid
+		for _, p := range proctab.List() {
+			if p.PID != not && p.PPID == worker && !p.Zombie() && len(p.Args) > 0 && filepath.Base(p.Args[0]) == binary {
+				return p.PID
 			}
 		}
 		time.Sleep(20 * time.Millisecond)

@@ -19,6 +19,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cohortdl/cohort/internal/proctab"
+
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/cohortdl/cohort/core/coordinator"
@@ -317,25 +319,10 @@ func allZero(v []float32) bool {
 // launcher parent.
 func workerPID(t *testing.T, parent, rank int) int {
 	t.Helper()
-	entries, _ := os.ReadDir("/proc")
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
-		if err != nil {
-			continue
-		}
-		// Fields after the command (which may hold spaces): state ppid ...
-		f := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
-		if len(f) < 2 || f[1] != strconv.Itoa(parent) {
-			continue
-		}
-		cmdline, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		args := strings.Split(string(cmdline), "\x00")
-		if slices.Contains(args, "worker") && slices.Contains(args, "--rank") && args[slices.Index(args, "--rank")+1] == strconv.Itoa(rank) {
-			return pid
+	for _, p := range proctab.List() {
+		args := p.Args
+		if i := slices.Index(args, "--rank"); p.PPID == parent && slices.Contains(args, "worker") && i >= 0 && i+1 < len(args) && args[i+1] == strconv.Itoa(rank) {
+			return p.PID
 		}
 	}
 	t.Fatalf("no worker of rank %d under pid %d", rank, parent)

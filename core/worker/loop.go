@@ -409,7 +409,7 @@ func (w *worker) beginRound(ctx context.Context, m *wirepb.Sync) (*roundRun, err
 	}
 	var pub plugin.PublishResult
 	var err error
-	if w.ovl != nil || w.training {
+	if w.training {
 		// Train runs: a replacement trainer cannot be started under it.
 		// Training goes on; the batches report what this held them.
 		pub, err = w.trainer.Publish(ctx)
@@ -486,7 +486,7 @@ func (w *worker) endRound(ctx context.Context, rr *roundRun, o roundOutcome) err
 		alpha = 0 // every rank must take the root's values exactly
 	}
 	var norm float64
-	if w.ovl != nil || w.training {
+	if w.training {
 		norm, err = w.trainer.Adopt(ctx, alpha)
 	} else {
 		err = w.onTrainer(ctx, func(t plugin.Trainer) (err error) {

@@ -118,11 +118,10 @@ func (w *worker) finishOverlap(ctx context.Context, out roundOutcome) error {
 }
 
 // abortOverlap ends the round in flight without taking its result (the
-// trainer it would adopt into is lost): the coordinator runs it again.
+// trainer it would adopt into is lost, and its Train has returned): the
+// coordinator runs it again.
 func (w *worker) abortOverlap(ctx context.Context, why error) error {
-	if !w.training {
-		defer w.holdTraining(time.Now())
-	}
+	defer w.holdTraining(time.Now())
 	o := w.ovl
 	w.ovl = nil
 	o.cancel(why)

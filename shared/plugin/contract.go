@@ -3,6 +3,8 @@ package plugin
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"math"
 
 	"github.com/cohortdl/cohort/shared/arena"
 	"github.com/cohortdl/cohort/shared/mtls"
@@ -106,6 +108,18 @@ type Plan struct {
 	// round carry the same scale, so the cohort changes rate at one step.
 	// 0 means 1.
 	LRScale float64
+}
+
+// LRMultiplier is p's learning-rate scale as a trainer applies it: 1 when
+// none is set (0), an error for one that is not a finite number above 0.
+func (p Plan) LRMultiplier() (float64, error) {
+	switch s := p.LRScale; {
+	case s == 0:
+		return 1, nil
+	case s > 0 && !math.IsInf(s, 1):
+		return s, nil
+	}
+	return 0, fmt.Errorf("learning-rate scale %v, want a finite number above 0", p.LRScale)
 }
 
 // BatchReport describes one trained batch.

@@ -198,12 +198,9 @@ func (t *Trainer) Train(ctx context.Context, plan plugin.Plan, report func(plugi
 	if plan.PickSpace > MaxPickSpace {
 		return fmt.Errorf("mock trainer: pick space %d exceeds the mock's limit of %d", plan.PickSpace, MaxPickSpace)
 	}
-	lrScale := plan.LRScale
-	switch {
-	case lrScale == 0:
-		lrScale = 1
-	case !(lrScale > 0) || math.IsInf(lrScale, 0):
-		return fmt.Errorf("mock trainer: learning-rate scale %v, want a finite number above 0", plan.LRScale)
+	lrScale, err := plan.LRMultiplier()
+	if err != nil {
+		return fmt.Errorf("mock trainer: %w", err)
 	}
 	picks, err := t.picker.Picks(plan)
 	if err != nil {

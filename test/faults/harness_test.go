@@ -25,6 +25,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cohortdl/cohort/internal/proctab"
+
 	"github.com/cohortdl/cohort/core/coordinator"
 	"github.com/cohortdl/cohort/core/worker"
 	"github.com/cohortdl/cohort/internal/arenacheck"
@@ -298,22 +300,10 @@ func ours() map[int]string {
 	if build.dir == "" {
 		return found
 	}
-	ents, _ := os.ReadDir("/proc")
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
-		if err != nil {
-			continue
-		}
-		if f := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:])); len(f) > 0 && f[0] == "Z" {
-			continue // exited; its parent has yet to reap it
-		}
-		cmdline, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		if strings.HasPrefix(string(cmdline), build.dir+"/") {
-			found[pid] = strings.ReplaceAll(strings.TrimRight(string(cmdline), "\x00"), "\x00", " ")
+	for _, p := range proctab.List() {
+		// A zombie has exited; its parent has yet to reap it.
+		if !p.Zombie() && len(p.Args) > 0 && strings.HasPrefix(p.Args[0], build.dir+"/") {
+			found[p.PID] = strings.Join(p.Args, " ")
 		}
 	}
 	return found

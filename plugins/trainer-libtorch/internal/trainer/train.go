@@ -89,12 +89,9 @@ func (t *Trainer) trainOnThread(ctx context.Context, plan plugin.Plan, report fu
 	if plan.PickSpace > maxPickSpace {
 		return fmt.Errorf("libtorch trainer: pick space %d exceeds the limit of %d", plan.PickSpace, maxPickSpace)
 	}
-	scale := plan.LRScale
-	switch {
-	case scale == 0:
-		scale = 1
-	case !(scale > 0) || !finite(scale):
-		return fmt.Errorf("libtorch trainer: learning-rate scale %v, want a finite number above 0", plan.LRScale)
+	scale, err := plan.LRMultiplier()
+	if err != nil {
+		return fmt.Errorf("libtorch trainer: %w", err)
 	}
 	picks, err := t.picker.Picks(plan)
 	if err != nil {
