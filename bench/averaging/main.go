@@ -56,7 +56,9 @@ func main() {
 	crossMB := flag.Float64("cross-mb", 25, "float32 payload per rank of the cross-host rows (every rank its own host), in MB; 0 skips them")
 	iters := flag.Int("iters", 5, "timed rounds per size (after one warm-up)")
 	pluginPath := flag.String("plugin", "", "cohort-averaging-cpu binary (default: build it)")
-	settings := flag.String("settings", "{}", "the averager's settings JSON")
+	// The plain weighted mean is what gloo's all-reduce computes; the
+	// default smoothing would add a pass over the parameters to each round.
+	settings := flag.String("settings", `{"smoothing": 0}`, "the averager's settings JSON")
 	python := flag.String("python", "/usr/bin/python3", "python with torch")
 	gloo := flag.String("gloo", "", "gloo peer script (default: ../shared/peers/gloo_allreduce.py from the repository root)")
 	noGloo := flag.Bool("no-gloo", false, "skip the gloo peer")

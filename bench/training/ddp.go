@@ -55,7 +55,7 @@ func (h *harness) ddp() (*ddpReport, error) {
 	}
 	fmt.Printf("cohort vs torch DDP (gloo), Fashion-MNIST, MLP 784-256-10: %d ranks, %d epochs, batch %d per rank, SGD lr %g momentum %g, %s, target %.1f%%\n",
 		o.ranks, o.targetEpochs, o.batch, o.lr, momentum, threads, 100*o.target)
-	fmt.Printf("cohort: averager %s, policy %s; time to target = epoch seconds summed up to the first epoch at the target.\n", averager, describePolicy(o.policy, o.syncEvery))
+	fmt.Printf("cohort: averager %s with its own defaults (smoothing included), policy %s; time to target = epoch seconds summed up to the first epoch at the target.\n", averager, describePolicy(o.policy, o.syncEvery))
 	fmt.Printf("Final accuracy is read after epoch %d of %d (constant lr: the final accuracy of a %d-epoch run).\n", o.epochs, o.targetEpochs, o.epochs)
 	fmt.Println("Both sides' times include their per-epoch evaluation (cohort's summary epoch seconds end after the evaluation on rank 0; the peer's elapsed_s is read after its own).")
 	fmt.Println()

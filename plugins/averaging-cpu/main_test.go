@@ -153,7 +153,7 @@ func TestConformanceBinary(t *testing.T) {
 	}
 	conformance.RunAverager(t, conformance.AveragerBinary(buildPlugin(t)),
 		conformance.MeetingPoint(meet),
-		conformance.Settings([]byte(`{"timeout": "5s"}`)),
-		conformance.Gamma(2, []byte(`{"gamma": 2, "timeout": "5s"}`)),
+		conformance.Settings([]byte(`{"smoothing": 0, "timeout": "5s"}`)),
+		conformance.Gamma(2, []byte(`{"gamma": 2, "smoothing": 0, "timeout": "5s"}`)),
 		conformance.Stateful([]byte(`{"outer": "slowmo", "timeout": "5s"}`)))
 }

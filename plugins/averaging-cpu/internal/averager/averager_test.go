@@ -3,6 +3,7 @@ package averager
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"os"
 	"slices"
@@ -53,7 +54,8 @@ func TestWeightedMean(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			sets := make([]map[string]any, tc.world)
 			for r := range sets {
-				sets[r] = map[string]any{"gamma": tc.gamma}
+				// The plain mean: no smoothing across rounds.
+				sets[r] = map[string]any{"gamma": tc.gamma, "smoothing": 0}
 				if tc.host != nil {
 					sets[r]["host"] = tc.host(r)
 				}
@@ -191,15 +193,23 @@ func TestOuterOptimizers(t *testing.T) {
 		outer  string
 		lr, mu float64
 		host   string
+		// smoothing, when set, is configured instead of outer: it must
+		// step as slowmo with lr 1-s, mu s.
+		smoothing float64
 	}{
-		{"slowmo", 1.0, 0.9, ""},
-		{"diloco", 0.7, 0.9, ""},
-		{"diloco", 0.5, 0.5, "rank"},
+		{"slowmo", 1.0, 0.9, "", 0},
+		{"diloco", 0.7, 0.9, "", 0},
+		{"diloco", 0.5, 0.5, "rank", 0},
+		{"slowmo", 0.75, 0.25, "", 0.25},
+		{"slowmo", 0.5, 0.5, "rank", 0.5},
 	} {
-		t.Run(tc.outer+"/"+tc.host, func(t *testing.T) {
+		t.Run(fmt.Sprintf("%s/%s/smoothing=%v", tc.outer, tc.host, tc.smoothing), func(t *testing.T) {
 			sets := make([]map[string]any, 2)
 			for r := range sets {
 				sets[r] = map[string]any{"outer": tc.outer, "outer_lr": tc.lr, "outer_momentum": tc.mu, "host": tc.host}
+				if tc.smoothing > 0 {
+					sets[r] = map[string]any{"smoothing": tc.smoothing, "host": tc.host}
+				}
 			}
 			c := newCohort(t, cohortOpts{world: 2, settings: sets})
 			steps := []uint64{1, 3}
@@ -589,6 +599,7 @@ func TestSoloIdentity(t *testing.T) {
 		{"bf16 wire", map[string]any{"wire": "bf16", "host": "rank"}, true},
 		{"slowmo", map[string]any{"outer": "slowmo"}, false},
 		{"diloco", map[string]any{"outer": "diloco"}, false},
+		{"smoothing", map[string]any{"smoothing": 0.5}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := newCohort(t, cohortOpts{world: 1, settings: []map[string]any{tc.set}})

@@ -12,13 +12,14 @@ import (
 )
 
 // ConformanceOptions are the suite's options for this averager: a reduce
-// server per cohort, and settings for gamma 2 and for an outer optimizer
-// (whose state SaveState keeps).
+// server per cohort, the plain mean the suite checks (smoothing off), and
+// settings for gamma 2 and for an outer optimizer (whose state SaveState
+// keeps).
 func ConformanceOptions() []conformance.AveragerOption {
 	return []conformance.AveragerOption{
 		conformance.MeetingPoint(meetingPoint),
-		conformance.Settings([]byte(`{"timeout": "5s"}`)),
-		conformance.Gamma(2, []byte(`{"gamma": 2, "timeout": "5s"}`)),
+		conformance.Settings([]byte(`{"smoothing": 0, "timeout": "5s"}`)),
+		conformance.Gamma(2, []byte(`{"gamma": 2, "smoothing": 0, "timeout": "5s"}`)),
 		conformance.Stateful([]byte(`{"outer": "slowmo", "timeout": "5s"}`)),
 	}
 }

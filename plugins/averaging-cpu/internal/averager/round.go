@@ -147,7 +147,7 @@ func (c *client) round(ctx context.Context, rq plugin.Round, root uint32, sess u
 		return res, nil
 	}
 	stepping = outerOn && !plan.Broadcast
-	seed := plan.Seed || c.outerSteps == 0
+	seed := plan.Seed || c.outerSteps == 0 || c.loneRound(plan)
 	j := c.job(plan, seed)
 	var reduce time.Duration
 	var st numeric.Stats
@@ -221,6 +221,13 @@ func (c *client) round(ctx context.Context, rq plugin.Round, root uint32, sess u
 	res.ReduceMS, res.WaitMS, res.TotalMS = ms(reduce), ms(r.wait), ms(time.Since(start))
 	res.BytesMoved = c.conn.BytesSent() + c.conn.BytesReceived() - bytes0 + ringBytes
 	return res, nil
+}
+
+// loneRound reports a smoothing round whose one member keeps its values:
+// seeding the filter from them leaves the arena as it is, and starts the
+// filter afresh should the cohort grow again.
+func (c *client) loneRound(p rdc.Plan) bool {
+	return c.cfg.smoothing && p.Hosts == 1 && len(p.Parts) == 1
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

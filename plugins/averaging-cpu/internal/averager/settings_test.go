@@ -18,11 +18,12 @@ func TestSettings(t *testing.T) {
 		want func(c config) bool
 	}{
 		{in: ``, want: func(c config) bool {
-			return c.gamma == 1 && c.wire == rdc.WireF32 && c.outer.Kind == numeric.OuterNone && c.alpha == 0 && c.timeout == 30*time.Second
+			return c.gamma == 1 && c.wire == rdc.WireF32 && c.alpha == 0 && c.timeout == 30*time.Second &&
+				c.smoothing && c.outer == numeric.Outer{Kind: numeric.OuterSlowMo, LR: 1 - DefaultSmoothing, Mu: DefaultSmoothing}
 		}},
 		{in: `null`, want: func(c config) bool { return c.gamma == 1 }},
 		{in: `{"gamma": 0.5, "wire": "bf16"}`, want: func(c config) bool { return c.gamma == 0.5 && c.wire == rdc.WireBF16 }},
-		{in: `{"outer": "slowmo"}`, want: func(c config) bool { return c.outer == numeric.Outer{Kind: numeric.OuterSlowMo, LR: 1, Mu: 0.9} }},
+		{in: `{"outer": "slowmo"}`, want: func(c config) bool { return !c.smoothing && c.outer == numeric.Outer{Kind: numeric.OuterSlowMo, LR: 1, Mu: 0.9} }},
 		{in: `{"outer": "diloco"}`, want: func(c config) bool { return c.outer == numeric.Outer{Kind: numeric.OuterDiLoCo, LR: 0.7, Mu: 0.9} }},
 		{in: `{"outer": "diloco", "outer_lr": 0.5, "outer_momentum": 0}`, want: func(c config) bool { return c.outer.LR == 0.5 && c.outer.Mu == 0 }},
 		{in: `{"easgd_alpha": 0.5, "host": "rank", "threads": 3, "timeout": "2s"}`, want: func(c config) bool {
@@ -31,8 +32,16 @@ func TestSettings(t *testing.T) {
 		{in: `{"gama": 1}`, err: `unknown key "gama"`},
 		{in: `{"gamma": -1}`, err: "gamma"},
 		{in: `{"wire": "f16"}`, err: "wire"},
+		{in: `{"smoothing": 0.5}`, want: func(c config) bool {
+			return c.smoothing && c.outer == numeric.Outer{Kind: numeric.OuterSlowMo, LR: 0.5, Mu: 0.5} && c.soloIdentity()
+		}},
+		{in: `{"smoothing": 0}`, want: func(c config) bool { return !c.smoothing && c.outer.Kind == numeric.OuterNone }},
+		{in: `{"smoothing": 1}`, err: "smoothing = 1"},
+		{in: `{"smoothing": -0.1}`, err: "smoothing = -0.1"},
+		{in: `{"smoothing": 0.5, "outer": "diloco"}`, err: "not both"},
 		{in: `{"outer": "adam"}`, err: "unknown outer optimizer"},
 		{in: `{"outer_lr": 1}`, err: "need outer"},
+		{in: `{"outer": "none"}`, want: func(c config) bool { return !c.smoothing && c.outer.Kind == numeric.OuterNone }},
 		{in: `{"outer": "slowmo", "outer_momentum": 1}`, err: "outer_momentum"},
 		{in: `{"easgd_alpha": 1.5}`, err: "easgd_alpha"},
 		{in: `{"timeout": "forever"}`, err: "timeout"},
@@ -58,6 +67,13 @@ func TestSettings(t *testing.T) {
 	d, _ := parseSettings([]byte(`{"wire": "bf16"}`))
 	if d.digest() == b.digest() {
 		t.Error("the wire must change the digest")
+	}
+	// The same filter, but only smoothing leaves lone rounds alone: ranks
+	// that disagree on that must not share a cohort.
+	sm, _ := parseSettings([]byte(`{"smoothing": 0.5}`))
+	sl, _ := parseSettings([]byte(`{"outer": "slowmo", "outer_lr": 0.5, "outer_momentum": 0.5}`))
+	if sm.outer != sl.outer || sm.digest() == sl.digest() {
+		t.Error("smoothing 0.5 must step as slowmo 0.5/0.5 and still differ from it in the digest")
 	}
 }
 
