@@ -65,7 +65,9 @@ build: deps
 	@mkdir -p $(PLUGINS)
 	$(GO) build -o $(BIN)/ ./cmd/cohort
 	$(GO) build -o $(PLUGINS)/ ./cmd/cohort-trainer-mock ./cmd/cohort-averaging-mock
-	$(GO) build -o $(PLUGINS)/cohort-averaging-cpu ./plugins/averaging-cpu
+	@# GOEXPERIMENT=simd: the reduce's vector kernels (shared/reduce/numeric,
+	@# AVX2 where the CPU has it; bit for bit the scalar kernels' values).
+	GOEXPERIMENT=simd $(GO) build -o $(PLUGINS)/cohort-averaging-cpu ./plugins/averaging-cpu
 	$(GO) build -o $(PLUGINS)/cohort-averaging-nccl ./plugins/averaging-nccl
 	$(GO) build -o $(PLUGINS)/cohort-trainer-libtorch ./plugins/trainer-libtorch
 	$(MAKE) --no-print-directory -f plugins/trainer-libtorch/shim.mk SHIM_OUT=$(CURDIR)/$(PLUGINS)/libcohort_torch_shim.so
@@ -79,6 +81,8 @@ test: deps proto-check
 	  if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
 	$(GO) vet ./...
 	$(GO) test -race -count=1 ./core/... ./shared/... ./plugins/...
+	GOEXPERIMENT=simd $(GO) vet ./shared/reduce/... ./plugins/averaging-cpu/...
+	GOEXPERIMENT=simd $(GO) test -count=1 ./shared/reduce/... ./plugins/averaging-cpu/...
 	$(GO) test -count=1 ./cmd/... ./bench/... ./test/faults/...
 
 run: deps build

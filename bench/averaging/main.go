@@ -52,7 +52,7 @@ import (
 
 func main() {
 	ranksFlag := flag.String("ranks", "2,4", "comma-separated rank counts")
-	mb := flag.Float64("mb", 100, "float32 payload per rank of the same-host rows, in MB (1e6 bytes)")
+	mb := flag.Float64("mb", 100, "float32 payload per rank of the same-host rows, in MB (1e6 bytes); 0 skips them")
 	crossMB := flag.Float64("cross-mb", 25, "float32 payload per rank of the cross-host rows (every rank its own host), in MB; 0 skips them")
 	iters := flag.Int("iters", 5, "timed rounds per size (after one warm-up)")
 	pluginPath := flag.String("plugin", "", "cohort-averaging-cpu binary (default: build it)")
@@ -144,7 +144,10 @@ func run(ranksFlag string, mb, crossMB float64, iters int, pluginPath, settings,
 		mb       float64
 		settings string
 	}
-	kinds := []kind{{"same-host", mb, settings}}
+	var kinds []kind
+	if mb > 0 {
+		kinds = append(kinds, kind{"same-host", mb, settings})
+	}
 	if crossMB > 0 {
 		var m map[string]any
 		if err := json.Unmarshal([]byte(settings), &m); err != nil {

@@ -58,7 +58,7 @@ func addSquares(pre2 []float64, src [][]float32, b, e int) {
 // blockSquares is Σ x² over at most a block, accumulated in float32 (the
 // block is short enough for that to be exact to ~1e-5 relative) and
 // returned as float64.
-func blockSquares(x []float32) float64 {
+func blockSquaresGo(x []float32) float64 {
 	var p0, p1, p2, p3 float32
 	i := 0
 	for ; i+3 < len(x); i += 4 {

@@ -1,7 +1,25 @@
 package numeric
 
 import (
+	"slices"
 	"unsafe"
+)
+
+// The kernels Apply and the folds run, by element: these scalar ones
+// unless kernels_simd.go swaps in vector ones at start-up. Vector is
+// "" for these, else the instruction set.
+var (
+	fused2 = fused2Go
+	// fused4, when a vector unit has it, is Run's one-pass path for four
+	// destinations; the scalar build takes the blocked path.
+	fused4       func(x [4][]float32, w [4]float32, inv float32, st *Stats)
+	pair         = pairGo
+	single       = singleGo
+	sumSources   = sumGo
+	scaleSquares = scaleSquaresGo
+	blockSquares = blockSquaresGo
+	slowMo       = slowMoGo
+	Vector       = ""
 )
 
 // blk is the block the kernels work in: a block of every source stays in
@@ -83,6 +101,15 @@ func (a *Apply) Run(st *Stats) {
 		fused2(a.Dst[0], a.Dst[1], float32(a.Weights[0]), float32(a.Weights[1]), float32(a.Scale), st)
 		return
 	}
+	if mean && len(a.Dst) == 4 && a.Outer.Kind == OuterNone && !blend && fused4 != nil && !slices.Contains(a.Weights, 0) {
+		var x [4][]float32
+		var w [4]float32
+		for j := range x {
+			x[j], w[j] = a.Dst[j], float32(a.Weights[j])
+		}
+		fused4(x, w, float32(a.Scale), st)
+		return
+	}
 	var ws weighted
 	if mean {
 		ws = newWeighted(a.Dst, a.Weights)
@@ -156,7 +183,7 @@ func sole(w []float64) (int, bool) {
 // (x0·w0 + x1·w1)·inv, as the weighted path, with the same float32 sums.
 // Even and odd elements keep sums of their own, so the adds of one
 // element do not wait for the previous one's.
-func fused2(x0, x1 []float32, w0, w1, inv float32, st *Stats) {
+func fused2Go(x0, x1 []float32, w0, w1, inv float32, st *Stats) {
 	n := len(x0)
 	x1 = x1[:n]
 	var D0, D1, P0, P1, Q float64
@@ -213,7 +240,7 @@ func fused2(x0, x1 []float32, w0, w1, inv float32, st *Stats) {
 const fusedBlock = 256
 
 // pair updates two destinations from v and returns their sums.
-func pair(y0, y1, v []float32) (d0, d1, p0, p1 float32) {
+func pairGo(y0, y1, v []float32) (d0, d1, p0, p1 float32) {
 	y0, y1 = y0[:len(v)], y1[:len(v)]
 	for i, s := range v {
 		a0, a1 := y0[i], y1[i]
@@ -244,7 +271,7 @@ func pairBlend(y0, y1, v []float32, al float32) (d0, d1, p0, p1 float32) {
 // single updates one destination: y + al·(v − y) (al 1 overwrites). Four
 // elements a step, each with sums of its own, so the adds do not wait on
 // each other.
-func single(y, v []float32, al float32) (d0, p0 float32) {
+func singleGo(y, v []float32, al float32) (d0, p0 float32) {
 	y = y[:len(v)]
 	var d1, d2, d3, p1, p2, p3 float32
 	i := 0
@@ -302,6 +329,10 @@ func (ws weighted) sum(v []float32, b, e int) {
 		clear(v)
 		return
 	}
+	sumSources(ws, v, b, e)
+}
+
+func sumGo(ws weighted, v []float32, b, e int) {
 	for k := 0; k < len(ws.src); k += 4 {
 		src, w := ws.src[k:min(k+4, len(ws.src))], ws.w[k:min(k+4, len(ws.src))]
 		add := k > 0
@@ -363,7 +394,7 @@ func (ws weighted) sum(v []float32, b, e int) {
 }
 
 // scaleSquares multiplies v by scale (the one division) and returns Σ v².
-func scaleSquares(v []float32, scale float32) float64 {
+func scaleSquaresGo(v []float32, scale float32) float64 {
 	var q0, q1 float32
 	i := 0
 	for ; i+1 < len(v); i += 2 {

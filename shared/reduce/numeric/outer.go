@@ -73,12 +73,7 @@ func (o Outer) Step(c, prev, v []float32, seed bool) {
 	lr, mu := o.LR, o.Mu
 	switch o.Kind {
 	case OuterSlowMo:
-		for i, ci := range c {
-			p := prev[i]
-			vi := mu*v[i] + (p - ci)
-			n := p - lr*vi
-			v[i], prev[i], c[i] = vi, n, n
-		}
+		slowMo(c, prev, v, lr, mu)
 	case OuterDiLoCo:
 		for i, ci := range c {
 			p := prev[i]
@@ -87,5 +82,16 @@ func (o Outer) Step(c, prev, v []float32, seed bool) {
 			n := p - lr*(mu*vi+g)
 			v[i], prev[i], c[i] = vi, n, n
 		}
+	}
+}
+
+// slowMoGo is the SlowMo step over c, prev and v of one length.
+func slowMoGo(c, prev, v []float32, lr, mu float32) {
+	prev, v = prev[:len(c)], v[:len(c)]
+	for i, ci := range c {
+		p := prev[i]
+		vi := mu*v[i] + (p - ci)
+		n := p - lr*vi
+		v[i], prev[i], c[i] = vi, n, n
 	}
 }

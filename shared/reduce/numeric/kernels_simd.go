@@ -1,0 +1,290 @@
+//go:build goexperiment.simd && amd64
+
+package numeric
+
+import "simd/archsimd"
+
+// The AVX2 kernels, used when the CPU has AVX2 and the package is built
+// with GOEXPERIMENT=simd (the Makefile's plugins are). Each does per
+// element the scalar kernel's operations in the scalar kernel's order,
+// multiplies and adds kept apart (no fused multiply-add), so the values
+// they write are the scalar kernels' bit for bit and hosts built either way
+// agree; only the float32 divergence sums add up in another order.
+
+func init() {
+	if !archsimd.X86.AVX2() {
+		return
+	}
+	fused2 = fused2AVX2
+	fused4 = fused4AVX2
+	pair = pairAVX2
+	single = singleAVX2
+	sumSources = sumAVX2
+	scaleSquares = scaleSquaresAVX2
+	blockSquares = blockSquaresAVX2
+	slowMo = slowMoAVX2
+	Vector = "avx2"
+}
+
+// hsum adds a vector's lanes.
+func hsum(x archsimd.Float32x8) float32 {
+	var a [8]float32
+	x.Store(&a)
+	return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]))
+}
+
+func fused2AVX2(x0, x1 []float32, w0, w1, inv float32, st *Stats) {
+	n := len(x0)
+	x1 = x1[:n]
+	W0, W1, I := archsimd.BroadcastFloat32x8(w0), archsimd.BroadcastFloat32x8(w1), archsimd.BroadcastFloat32x8(inv)
+	var D0, D1, P0, P1, Q float64
+	for b := 0; b < n; b += fusedBlock {
+		e := min(b+fusedBlock, n)
+		y0, y1 := x0[b:e], x1[b:e]
+		y1 = y1[:len(y0)]
+		var d0, d1, p0, p1, q archsimd.Float32x8
+		i := 0
+		for ; i+8 <= len(y0); i += 8 {
+			a0 := archsimd.LoadFloat32x8Slice(y0[i:])
+			a1 := archsimd.LoadFloat32x8Slice(y1[i:])
+			s := a0.Mul(W0).Add(a1.Mul(W1)).Mul(I)
+			e0, e1 := a0.Sub(s), a1.Sub(s)
+			d0 = d0.Add(e0.Mul(e0))
+			d1 = d1.Add(e1.Mul(e1))
+			p0 = p0.Add(a0.Mul(a0))
+			p1 = p1.Add(a1.Mul(a1))
+			q = q.Add(s.Mul(s))
+			s.StoreSlice(y0[i:])
+			s.StoreSlice(y1[i:])
+		}
+		sd0, sd1, sp0, sp1, sq := hsum(d0), hsum(d1), hsum(p0), hsum(p1), hsum(q)
+		for ; i < len(y0); i++ {
+			a0, a1 := y0[i], y1[i]
+			s := (a0*w0 + a1*w1) * inv
+			e0, e1 := a0-s, a1-s
+			sd0 += e0 * e0
+			sd1 += e1 * e1
+			sp0 += a0 * a0
+			sp1 += a1 * a1
+			sq += s * s
+			y0[i], y1[i] = s, s
+		}
+		D0 += float64(sd0)
+		D1 += float64(sd1)
+		P0 += float64(sp0)
+		P1 += float64(sp1)
+		Q += float64(sq)
+	}
+	st.Diff2[0] += D0
+	st.Diff2[1] += D1
+	st.Pre2[0] += P0
+	st.Pre2[1] += P1
+	st.Post2 += Q
+}
+
+// fused4AVX2 is Run for four destinations and non-zero weights, in one
+// pass: (((x0·w0 + x1·w1) + x2·w2) + x3·w3)·inv, the weighted path's sum
+// and its one scaling, with that path's divergence sums. Reading each
+// arena once, instead of summing into a block and then updating from it,
+// is what four ranks on a host need to keep up with memory.
+func fused4AVX2(x [4][]float32, w [4]float32, inv float32, st *Stats) {
+	n := len(x[0])
+	x0, x1, x2, x3 := x[0], x[1][:n], x[2][:n], x[3][:n]
+	W0, W1, W2, W3 := archsimd.BroadcastFloat32x8(w[0]), archsimd.BroadcastFloat32x8(w[1]), archsimd.BroadcastFloat32x8(w[2]), archsimd.BroadcastFloat32x8(w[3])
+	I := archsimd.BroadcastFloat32x8(inv)
+	var D, P [4]float64
+	var Q float64
+	for b := 0; b < n; b += fusedBlock {
+		e := min(b+fusedBlock, n)
+		y0, y1, y2, y3 := x0[b:e], x1[b:e], x2[b:e], x3[b:e]
+		m := len(y0)
+		y1, y2, y3 = y1[:m], y2[:m], y3[:m]
+		var d0, d1, d2, d3, p0, p1, p2, p3, q archsimd.Float32x8
+		i := 0
+		for ; i+8 <= m; i += 8 {
+			a0 := archsimd.LoadFloat32x8Slice(y0[i:])
+			a1 := archsimd.LoadFloat32x8Slice(y1[i:])
+			a2 := archsimd.LoadFloat32x8Slice(y2[i:])
+			a3 := archsimd.LoadFloat32x8Slice(y3[i:])
+			s := a0.Mul(W0).Add(a1.Mul(W1)).Add(a2.Mul(W2)).Add(a3.Mul(W3)).Mul(I)
+			s.StoreSlice(y0[i:])
+			s.StoreSlice(y1[i:])
+			s.StoreSlice(y2[i:])
+			s.StoreSlice(y3[i:])
+			e0, e1, e2, e3 := a0.Sub(s), a1.Sub(s), a2.Sub(s), a3.Sub(s)
+			d0, d1, d2, d3 = d0.Add(e0.Mul(e0)), d1.Add(e1.Mul(e1)), d2.Add(e2.Mul(e2)), d3.Add(e3.Mul(e3))
+			p0, p1, p2, p3 = p0.Add(a0.Mul(a0)), p1.Add(a1.Mul(a1)), p2.Add(a2.Mul(a2)), p3.Add(a3.Mul(a3))
+			q = q.Add(s.Mul(s))
+		}
+		sd := [4]float32{hsum(d0), hsum(d1), hsum(d2), hsum(d3)}
+		sp := [4]float32{hsum(p0), hsum(p1), hsum(p2), hsum(p3)}
+		sq := hsum(q)
+		for ; i < m; i++ {
+			a := [4]float32{y0[i], y1[i], y2[i], y3[i]}
+			s := (((a[0]*w[0] + a[1]*w[1]) + a[2]*w[2]) + a[3]*w[3]) * inv
+			for j := range a {
+				e := a[j] - s
+				sd[j] += e * e
+				sp[j] += a[j] * a[j]
+			}
+			sq += s * s
+			y0[i], y1[i], y2[i], y3[i] = s, s, s, s
+		}
+		for j := range D {
+			D[j] += float64(sd[j])
+			P[j] += float64(sp[j])
+		}
+		Q += float64(sq)
+	}
+	for j := range D {
+		st.Diff2[j] += D[j]
+		st.Pre2[j] += P[j]
+	}
+	st.Post2 += Q
+}
+
+func pairAVX2(y0, y1, v []float32) (d0, d1, p0, p1 float32) {
+	y0, y1 = y0[:len(v)], y1[:len(v)]
+	var D0, D1, P0, P1 archsimd.Float32x8
+	i := 0
+	for ; i+8 <= len(v); i += 8 {
+		s := archsimd.LoadFloat32x8Slice(v[i:])
+		a0 := archsimd.LoadFloat32x8Slice(y0[i:])
+		a1 := archsimd.LoadFloat32x8Slice(y1[i:])
+		e0, e1 := a0.Sub(s), a1.Sub(s)
+		D0 = D0.Add(e0.Mul(e0))
+		D1 = D1.Add(e1.Mul(e1))
+		P0 = P0.Add(a0.Mul(a0))
+		P1 = P1.Add(a1.Mul(a1))
+		s.StoreSlice(y0[i:])
+		s.StoreSlice(y1[i:])
+	}
+	d0, d1, p0, p1 = hsum(D0), hsum(D1), hsum(P0), hsum(P1)
+	for ; i < len(v); i++ {
+		s := v[i]
+		a0, a1 := y0[i], y1[i]
+		e0, e1 := a0-s, a1-s
+		d0 += e0 * e0
+		d1 += e1 * e1
+		p0 += a0 * a0
+		p1 += a1 * a1
+		y0[i], y1[i] = s, s
+	}
+	return
+}
+
+func singleAVX2(y, v []float32, al float32) (d0, p0 float32) {
+	y = y[:len(v)]
+	AL := archsimd.BroadcastFloat32x8(al)
+	var D, P archsimd.Float32x8
+	i := 0
+	for ; i+8 <= len(v); i += 8 {
+		s := archsimd.LoadFloat32x8Slice(v[i:])
+		a := archsimd.LoadFloat32x8Slice(y[i:])
+		e := a.Sub(s)
+		D = D.Add(e.Mul(e))
+		P = P.Add(a.Mul(a))
+		if al == 1 {
+			s.StoreSlice(y[i:])
+		} else {
+			a.Sub(AL.Mul(e)).StoreSlice(y[i:])
+		}
+	}
+	d0, p0 = hsum(D), hsum(P)
+	for ; i < len(v); i++ {
+		a := y[i]
+		e := a - v[i]
+		d0 += e * e
+		p0 += a * a
+		y[i] = a - al*e
+		if al == 1 {
+			y[i] = v[i]
+		}
+	}
+	return
+}
+
+// sumAVX2 is weighted.sum: up to four sources a pass, each pass's terms
+// added left to right and then to what earlier passes left.
+func sumAVX2(ws weighted, v []float32, b, e int) {
+	for k := 0; k < len(ws.src); k += 4 {
+		src, w := ws.src[k:min(k+4, len(ws.src))], ws.w[k:min(k+4, len(ws.src))]
+		var xs [4][]float32
+		var W [4]archsimd.Float32x8
+		for j := range src {
+			xs[j] = src[j][b:e][:len(v)]
+			W[j] = archsimd.BroadcastFloat32x8(w[j])
+		}
+		add, m := k > 0, len(src)
+		i := 0
+		for ; i+8 <= len(v); i += 8 {
+			t := archsimd.LoadFloat32x8Slice(xs[0][i:]).Mul(W[0])
+			for j := 1; j < m; j++ {
+				t = t.Add(archsimd.LoadFloat32x8Slice(xs[j][i:]).Mul(W[j]))
+			}
+			if add {
+				t = archsimd.LoadFloat32x8Slice(v[i:]).Add(t)
+			}
+			t.StoreSlice(v[i:])
+		}
+		for ; i < len(v); i++ {
+			t := xs[0][i] * w[0]
+			for j := 1; j < m; j++ {
+				t += xs[j][i] * w[j]
+			}
+			if add {
+				t = v[i] + t
+			}
+			v[i] = t
+		}
+	}
+}
+
+func scaleSquaresAVX2(v []float32, scale float32) float64 {
+	S := archsimd.BroadcastFloat32x8(scale)
+	var Q archsimd.Float32x8
+	i := 0
+	for ; i+8 <= len(v); i += 8 {
+		a := archsimd.LoadFloat32x8Slice(v[i:]).Mul(S)
+		a.StoreSlice(v[i:])
+		Q = Q.Add(a.Mul(a))
+	}
+	q := hsum(Q)
+	for ; i < len(v); i++ {
+		a := v[i] * scale
+		v[i] = a
+		q += a * a
+	}
+	return float64(q)
+}
+
+func blockSquaresAVX2(x []float32) float64 {
+	var Q archsimd.Float32x8
+	i := 0
+	for ; i+8 <= len(x); i += 8 {
+		a := archsimd.LoadFloat32x8Slice(x[i:])
+		Q = Q.Add(a.Mul(a))
+	}
+	q := hsum(Q)
+	for ; i < len(x); i++ {
+		q += x[i] * x[i]
+	}
+	return float64(q)
+}
+
+// slowMoAVX2 is the SlowMo step: v = mu·v + (p − c); new = p − lr·v.
+func slowMoAVX2(c, prev, v []float32, lr, mu float32) {
+	prev, v = prev[:len(c)], v[:len(c)]
+	LR, MU := archsimd.BroadcastFloat32x8(lr), archsimd.BroadcastFloat32x8(mu)
+	i := 0
+	for ; i+8 <= len(c); i += 8 {
+		p := archsimd.LoadFloat32x8Slice(prev[i:])
+		ci := archsimd.LoadFloat32x8Slice(c[i:])
+		vi := MU.Mul(archsimd.LoadFloat32x8Slice(v[i:])).Add(p.Sub(ci))
+		n := p.Sub(LR.Mul(vi))
+		vi.StoreSlice(v[i:])
+		n.StoreSlice(prev[i:])
+		n.StoreSlice(c[i:])
+	}
+	slowMoGo(c[i:], prev[i:], v[i:], lr, mu)
+}

@@ -1,0 +1,176 @@
+//go:build goexperiment.simd && amd64
+
+package numeric
+
+import (
+	"math"
+	"math/rand/v2"
+	"testing"
+)
+
+// TestVectorKernelsMatchScalar holds the vector kernels to their promise:
+// the values they write are the scalar kernels' bit for bit (hosts built
+// with and without them must agree), and their sums agree to float32
+// rounding.
+func TestVectorKernelsMatchScalar(t *testing.T) {
+	if Vector == "" {
+		t.Skip("this CPU has no AVX2: the scalar kernels run")
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	fill := func(n int) []float32 {
+		x := make([]float32, n)
+		for i := range x {
+			x[i] = float32(rng.NormFloat64()) * 3
+		}
+		return x
+	}
+	same := func(t *testing.T, what string, got, want []float32) {
+		t.Helper()
+		for i := range want {
+			if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+				t.Fatalf("%s: element %d of %d: %v, scalar %v", what, i, len(want), got[i], want[i])
+			}
+		}
+	}
+	near := func(t *testing.T, what string, got, want float64) {
+		t.Helper()
+		if math.Abs(got-want) > 1e-5*math.Max(1, math.Abs(want)) {
+			t.Errorf("%s: %v, scalar %v", what, got, want)
+		}
+	}
+	clone := func(x []float32) []float32 { return append([]float32(nil), x...) }
+	for _, n := range []int{0, 1, 7, 8, 9, 255, 256, 257, 512, 1031} {
+		x0, x1, v := fill(n), fill(n), fill(n)
+		// fused2
+		a0, a1, b0, b1 := clone(x0), clone(x1), clone(x0), clone(x1)
+		sa, sb := NewStats(2), NewStats(2)
+		fused2(a0, a1, 0.3, 1.7, 0.5, &sa)
+		fused2Go(b0, b1, 0.3, 1.7, 0.5, &sb)
+		same(t, "fused2", a0, b0)
+		same(t, "fused2", a1, b1)
+		for i := range 2 {
+			near(t, "fused2 diff2", sa.Diff2[i], sb.Diff2[i])
+			near(t, "fused2 pre2", sa.Pre2[i], sb.Pre2[i])
+		}
+		near(t, "fused2 post2", sa.Post2, sb.Post2)
+		// pair
+		a0, a1, b0, b1 = clone(x0), clone(x1), clone(x0), clone(x1)
+		d0, d1, p0, p1 := pair(a0, a1, v)
+		e0, e1, q0, q1 := pairGo(b0, b1, v)
+		same(t, "pair", a0, b0)
+		same(t, "pair", a1, b1)
+		for _, c := range [][2]float32{{d0, e0}, {d1, e1}, {p0, q0}, {p1, q1}} {
+			near(t, "pair sums", float64(c[0]), float64(c[1]))
+		}
+		// single, overwrite and blend
+		for _, al := range []float32{1, 0.25} {
+			a0, b0 = clone(x0), clone(x0)
+			d0, p0 := single(a0, v, al)
+			e0, q0 := singleGo(b0, v, al)
+			same(t, "single", a0, b0)
+			near(t, "single diff2", float64(d0), float64(e0))
+			near(t, "single pre2", float64(p0), float64(q0))
+		}
+		// weighted sums of 1 to 6 sources
+		for m := 1; m <= 6; m++ {
+			src := make([][]float32, m)
+			w := make([]float32, m)
+			for j := range src {
+				src[j], w[j] = fill(n), float32(j+1)*0.37
+			}
+			ws := weighted{src: src, w: w}
+			got, want := make([]float32, n), make([]float32, n)
+			sumSources(ws, got, 0, n)
+			sumGo(ws, want, 0, n)
+			same(t, "sum", got, want)
+		}
+		// scale with squares, squares
+		a0, b0 = clone(x0), clone(x0)
+		near(t, "scaleSquares", scaleSquares(a0, 0.125), scaleSquaresGo(b0, 0.125))
+		same(t, "scaleSquares", a0, b0)
+		near(t, "blockSquares", blockSquares(x0), blockSquaresGo(x0))
+		// the SlowMo step
+		c1, c2, pr1, pr2, v1, v2 := clone(x0), clone(x0), clone(x1), clone(x1), clone(v), clone(v)
+		slowMo(c1, pr1, v1, 0.5, 0.5)
+		slowMoGo(c2, pr2, v2, 0.5, 0.5)
+		same(t, "slowmo consensus", c1, c2)
+		same(t, "slowmo prev", pr1, pr2)
+		same(t, "slowmo velocity", v1, v2)
+	}
+}
+
+// TestVectorApplyMatchesScalar runs whole Applies, whichever paths they
+// take (one-pass for two and four ranks, blocked otherwise, idle ranks,
+// outer steps, blends), with the vector kernels and with the scalar ones:
+// the destinations must match bit for bit.
+func TestVectorApplyMatchesScalar(t *testing.T) {
+	if Vector == "" {
+		t.Skip("this CPU has no AVX2: the scalar kernels run")
+	}
+	scalar := func(f func()) {
+		f2, f4, pr, sg, su := fused2, fused4, pair, single, sumSources
+		sc, bs, sm := scaleSquares, blockSquares, slowMo
+		defer func() {
+			fused2, fused4, pair, single, sumSources = f2, f4, pr, sg, su
+			scaleSquares, blockSquares, slowMo = sc, bs, sm
+		}()
+		fused2, fused4, pair, single, sumSources = fused2Go, nil, pairGo, singleGo, sumGo
+		scaleSquares, blockSquares, slowMo = scaleSquaresGo, blockSquaresGo, slowMoGo
+		f()
+	}
+	for _, tc := range []struct {
+		name    string
+		weights []float64
+		outer   Outer
+		blend   float32
+	}{
+		{"2 ranks", []float64{1, 3}, Outer{}, 0},
+		{"3 ranks", []float64{1, 2, 3}, Outer{}, 0},
+		{"4 ranks", []float64{2, 1, 1, 5}, Outer{}, 0},
+		{"4 ranks, one idle", []float64{2, 0, 1, 5}, Outer{}, 0},
+		{"5 ranks", []float64{1, 1, 2, 3, 5}, Outer{}, 0},
+		{"4 ranks, smoothing", []float64{1, 1, 1, 1}, Outer{Kind: OuterSlowMo, LR: 0.5, Mu: 0.5}, 0},
+		{"2 ranks, diloco", []float64{1, 2}, Outer{Kind: OuterDiLoCo, LR: 0.7, Mu: 0.9}, 0},
+		{"3 ranks, blend", []float64{1, 2, 1}, Outer{}, 0.3},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			const n = 4099
+			run := func() ([][]float32, Stats) {
+				r := rand.New(rand.NewPCG(5, uint64(len(tc.weights))))
+				dst := make([][]float32, len(tc.weights))
+				for j := range dst {
+					dst[j] = make([]float32, n)
+					for i := range dst[j] {
+						dst[j][i] = float32(r.NormFloat64())
+					}
+				}
+				prev, vel := make([]float32, n), make([]float32, n)
+				for i := range prev {
+					prev[i], vel[i] = float32(r.NormFloat64()), float32(r.NormFloat64())*0.1
+				}
+				var sum float64
+				for _, w := range tc.weights {
+					sum += w
+				}
+				st := NewStats(len(dst))
+				a := Apply{Dst: dst, Weights: tc.weights, Scale: 1 / sum, Outer: tc.outer, Prev: prev, Vel: vel, Blend: tc.blend}
+				a.Run(&st)
+				return dst, st
+			}
+			got, gst := run()
+			var want [][]float32
+			var wst Stats
+			scalar(func() { want, wst = run() })
+			for j := range want {
+				for i := range want[j] {
+					if math.Float32bits(got[j][i]) != math.Float32bits(want[j][i]) {
+						t.Fatalf("destination %d element %d: %v, scalar %v", j, i, got[j][i], want[j][i])
+					}
+				}
+				if d := math.Abs(gst.Diff2[j] - wst.Diff2[j]); d > 1e-5*math.Max(1, wst.Diff2[j]) {
+					t.Errorf("destination %d: Diff2 %v, scalar %v", j, gst.Diff2[j], wst.Diff2[j])
+				}
+			}
+		})
+	}
+}
