@@ -23,7 +23,9 @@ func TestSettings(t *testing.T) {
 		}},
 		{in: `null`, want: func(c config) bool { return c.gamma == 1 }},
 		{in: `{"gamma": 0.5, "wire": "bf16"}`, want: func(c config) bool { return c.gamma == 0.5 && c.wire == rdc.WireBF16 }},
-		{in: `{"outer": "slowmo"}`, want: func(c config) bool { return !c.smoothing && c.outer == numeric.Outer{Kind: numeric.OuterSlowMo, LR: 1, Mu: 0.9} }},
+		{in: `{"outer": "slowmo"}`, want: func(c config) bool {
+			return !c.smoothing && c.outer == numeric.Outer{Kind: numeric.OuterSlowMo, LR: 1, Mu: 0.9}
+		}},
 		{in: `{"outer": "diloco"}`, want: func(c config) bool { return c.outer == numeric.Outer{Kind: numeric.OuterDiLoCo, LR: 0.7, Mu: 0.9} }},
 		{in: `{"outer": "diloco", "outer_lr": 0.5, "outer_momentum": 0}`, want: func(c config) bool { return c.outer.LR == 0.5 && c.outer.Mu == 0 }},
 		{in: `{"easgd_alpha": 0.5, "host": "rank", "threads": 3, "timeout": "2s"}`, want: func(c config) bool {
