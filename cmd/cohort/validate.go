@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/spf13/cobra"
 
@@ -13,9 +12,10 @@ import (
 	"github.com/cohortdl/cohort/shared/plugin"
 )
 
-// validateStartTimeout bounds each plugin's start in `cohort validate`: a
-// plugin that does not complete the handshake by then is reported broken.
-const validateStartTimeout = 10 * time.Second
+// validateStartTimeout bounds each plugin's start in `cohort validate` (and
+// `cohort run`'s check before it starts ranks): a plugin that does not
+// complete the handshake by then is reported broken.
+const validateStartTimeout = pluginhost.DefaultStartTimeout
 
 func newValidateCommand(g *globals) *cobra.Command {
 	return &cobra.Command{

@@ -235,10 +235,11 @@ type Options struct {
 }
 
 // DefaultStartTimeout bounds a plugin's handshake when Options leave it
-// out: long enough for a plugin's factory, which runs first, and short
-// enough that a binary that is not a cohort plugin, and never answers,
-// is refused within seconds.
-const DefaultStartTimeout = 10 * time.Second
+// out: long enough for a plugin's factory, which runs first (loading
+// libtorch took over 10 s on a 2-core machine busy with other runs), and
+// short enough that a binary that is not a cohort plugin, and never
+// answers, is refused within the minute.
+const DefaultStartTimeout = 30 * time.Second
 
 // Host launches plugins and stops every one of them.
 type Host struct {
