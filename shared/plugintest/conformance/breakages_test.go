@@ -187,3 +187,93 @@ func TestBreakages(t *testing.T) {
 		})
 	}
 }
+
+// brokenTrainer is the mock trainer with one promise of
+// plugin.CapTrainsDuringRounds broken.
+type brokenTrainer struct {
+	*plugintest.Trainer
+	bug string
+
+	mu      sync.Mutex
+	mapping *arena.Mapping
+}
+
+// The trainer bugs.
+const (
+	forgetsSteps = "forgets steps trained since Publish"
+	viewsArena   = "trains in the arena"
+)
+
+func (b *brokenTrainer) Attach(ctx context.Context, d arena.Descriptor) (bool, error) {
+	zc, err := b.Trainer.Attach(ctx, d)
+	if err != nil {
+		return zc, err
+	}
+	m, err := arena.Open(d)
+	if err != nil {
+		return zc, err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.mapping != nil {
+		b.mapping.Close()
+	}
+	b.mapping = m
+	return zc || b.bug == viewsArena, nil
+}
+
+// Adopt, with forgetsSteps, publishes first (so no step is left to credit)
+// and puts the arena back: an overwrite.
+func (b *brokenTrainer) Adopt(ctx context.Context, alpha float64) (float64, error) {
+	b.mu.Lock()
+	m := b.mapping
+	b.mu.Unlock()
+	if b.bug == forgetsSteps && m != nil {
+		saved := append([]byte(nil), m.Bytes()...)
+		if _, err := b.Trainer.Publish(ctx); err != nil {
+			return 0, err
+		}
+		copy(m.Bytes(), saved)
+	}
+	return b.Trainer.Adopt(ctx, alpha)
+}
+
+func (b *brokenTrainer) Shutdown(ctx context.Context) error {
+	b.mu.Lock()
+	if b.mapping != nil {
+		b.mapping.Close()
+		b.mapping = nil
+	}
+	b.mu.Unlock()
+	return b.Trainer.Shutdown(ctx)
+}
+
+// TestTrainerBreakages: a trainer that declares trains-during-rounds and
+// breaks that promise fails the suite, saying which promise.
+func TestTrainerBreakages(t *testing.T) {
+	for _, c := range []struct {
+		bug    string
+		phrase string
+	}{
+		{noBug, ""},
+		{forgetsSteps, "Adopt after steps trained since Publish must credit them, current + (arena − published)"},
+		{viewsArena, "configured with OverlapRounds, must keep its parameters out of the arena"},
+	} {
+		t.Run(c.bug, func(t *testing.T) {
+			t.Parallel()
+			failed, log := record(func(t conformance.T) {
+				conformance.CheckTrainer(t, func(conformance.T) (plugin.Trainer, error) {
+					return &brokenTrainer{Trainer: plugintest.NewTrainer(nil), bug: c.bug}, nil
+				}, smallTrainer)
+			})
+			switch {
+			case c.phrase == "" && failed:
+				t.Fatalf("the trainer without a bug failed the suite:\n%s", log)
+			case c.phrase != "" && !failed:
+				t.Fatalf("the suite passed a trainer whose bug is %q", c.bug)
+			case !strings.Contains(log.String(), c.phrase):
+				t.Fatalf("the suite failed a trainer whose bug is %q without saying %q:\n%s", c.bug, c.phrase, log)
+			}
+		})
+	}
+}

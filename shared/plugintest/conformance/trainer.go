@@ -6,6 +6,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -37,6 +38,7 @@ func CheckTrainer(t T, f TrainerFactory, opts ...TrainerOption) {
 	t.Run("TrainAndPublish", s.trainAndPublish)
 	t.Run("ReportError", s.reportError)
 	t.Run("Adopt", s.adopt)
+	t.Run("TrainsDuringRounds", s.trainsDuringRounds)
 	t.Run("Checkpoint", s.checkpoint)
 	t.Run("Evaluate", s.evaluate)
 	t.Run("Shutdown", s.shutdown)
@@ -76,12 +78,17 @@ func (s *trainerSuite) config(settings json.RawMessage) plugin.TrainerConfig {
 
 // start makes, configures and attaches a trainer.
 func (s *trainerSuite) start(t T) *trainee {
+	return s.startWith(t, s.config(s.o.settings))
+}
+
+// startWith is start with cfg.
+func (s *trainerSuite) startWith(t T, cfg plugin.TrainerConfig) *trainee {
 	t.Helper()
 	x := &trainee{t: t, tr: s.make(t)}
 	ctx, cancel := callCtx(CallBound)
 	defer cancel()
 	var err error
-	if x.setup, err = x.tr.Configure(ctx, s.config(s.o.settings)); err != nil {
+	if x.setup, err = x.tr.Configure(ctx, cfg); err != nil {
 		t.Fatalf("Configure must accept the settings %s: %v", s.o.settings, err)
 	}
 	if x.arena, err = arena.Create(t.TempDir(), "conformance-trainer", x.setup.Layout); err != nil {
@@ -315,6 +322,132 @@ func (s *trainerSuite) adopt(t T) {
 		}
 	}
 }
+
+// trainsDuringRounds holds a trainer that declares
+// plugin.CapTrainsDuringRounds to that promise. Configured with
+// OverlapRounds it keeps its parameters out of the arena (the averager
+// works on it while Train runs), takes Publish and Adopt while Train runs,
+// and an Adopt after steps trained since Publish keeps them: the model
+// becomes current + (arena − published). The exact values are checked
+// where two trainers configured alike train alike; otherwise only that
+// the steps were kept.
+func (s *trainerSuite) trainsDuringRounds(t T) {
+	ctx, cancel := callCtx(CallBound)
+	d, err := s.make(t).Describe(ctx)
+	cancel()
+	if err != nil {
+		t.Fatalf("Describe must succeed before Configure: %v", err)
+	}
+	if !slices.Contains(d.Capabilities, plugin.CapTrainsDuringRounds) {
+		t.Logf("Describe does not declare %q: nothing to check", plugin.CapTrainsDuringRounds)
+		return
+	}
+	cfg := s.config(s.o.settings)
+	cfg.OverlapRounds = true
+	x, y := s.startWith(t, cfg), s.startWith(t, cfg)
+	if x.zeroCopy {
+		t.Fatalf("a trainer declaring %q, configured with OverlapRounds, must keep its parameters out of the arena: Attach said zero-copy", plugin.CapTrainsDuringRounds)
+	}
+	p1 := x.plan()
+	p2 := p1
+	p2.Epoch = 1
+	for _, z := range []*trainee{x, y} {
+		z.train(p1)
+		z.publish()
+	}
+	published := append([]byte(nil), y.arena.Bytes()...)
+	alike := diffAt(published, x.arena.Bytes()) < 0
+	for _, z := range []*trainee{x, y} {
+		z.train(p2)
+	}
+	// x's current values, by a Publish; y adopts published + δ.
+	x.publish()
+	current := x.arena.Bytes()
+	shifted := append([]byte(nil), published...)
+	params := 0
+	for i, e := range y.setup.Layout.Entries {
+		if e.DType != arena.F32 || e.Role != arena.Parameter {
+			continue
+		}
+		params++
+		v := arena.AsFloat32s(shifted[e.Offset : e.Offset+e.Bytes])
+		for k := range v {
+			v[k] += delta(i, k)
+		}
+	}
+	if params == 0 {
+		t.Logf("the layout has no f32 parameters: nothing to check")
+		return
+	}
+	copy(y.arena.Bytes(), shifted)
+	if err := y.adoptErr(0); err != nil {
+		t.Fatalf("Adopt(0) must succeed after steps trained since Publish: %v", err)
+	}
+	y.publish()
+	got := y.arena.Bytes()
+	kept := false
+	for i, e := range y.setup.Layout.Entries {
+		if e.DType != arena.F32 || e.Role != arena.Parameter {
+			continue
+		}
+		for k := 0; k < int(e.Bytes/4); k++ {
+			g, sh := float64(f32(got[e.Offset:], k)), float64(f32(shifted[e.Offset:], k))
+			if g != sh {
+				kept = true
+			}
+			if !alike {
+				continue
+			}
+			c, dk := float64(f32(current[e.Offset:], k)), float64(delta(i, k))
+			if want := c + dk; !(math.Abs(g-want) <= Tolerance*math.Max(math.Abs(c)+math.Abs(dk), 1e-6)) {
+				t.Errorf("Adopt after steps trained since Publish must credit them, current + (arena − published): %q[%d] is %v, want %v (current %v, the arena moved by %v)",
+					e.Name, k, g, want, c, dk)
+				return
+			}
+		}
+	}
+	if !kept {
+		t.Errorf("Adopt after steps trained since Publish must keep those steps: the model became the arena's values exactly (an overwrite)")
+	}
+	if !alike {
+		t.Logf("two trainers configured alike trained to different values: only checked that Adopt kept the steps")
+	}
+
+	// Publish and Adopt while Train runs: neither may fail or deadlock,
+	// and Train must finish its plan.
+	z := s.startWith(t, cfg)
+	z.train(p1)
+	z.publish()
+	tctx, tcancel := callCtx(CallBound)
+	defer tcancel()
+	done := make(chan error, 1)
+	var reps []plugin.BatchReport
+	go func() {
+		done <- z.tr.Train(tctx, p2, func(r plugin.BatchReport) error { reps = append(reps, r); return nil })
+	}()
+	for range 3 {
+		if _, err := z.tr.Publish(tctx); err != nil {
+			t.Errorf("Publish must succeed while Train runs: %v", err)
+			break
+		}
+		if _, err := z.tr.Adopt(tctx, 0); err != nil {
+			t.Errorf("Adopt must succeed while Train runs: %v", err)
+			break
+		}
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("Train must finish its plan while Publish and Adopt run beside it: %v", err)
+	}
+	for i, r := range reps {
+		if math.IsNaN(r.RoundWaitMS) || math.IsInf(r.RoundWaitMS, 0) || r.RoundWaitMS < 0 {
+			t.Errorf("BatchReport.RoundWaitMS must be a finite duration of at least 0: batch %d says %v", i, r.RoundWaitMS)
+			break
+		}
+	}
+}
+
+// delta is what trainsDuringRounds moves the arena's entry i, element k, by.
+func delta(i, k int) float32 { return float32(0.01 * math.Cos(float64(i*31+k))) }
 
 func (s *trainerSuite) checkpoint(t T) {
 	x := s.start(t)
