@@ -90,6 +90,11 @@ func Combine(dst []float32, src [][]float32, scale float32) {
 		clear(dst)
 		return
 	}
+	if len(src) == 2 {
+		// The ring's reduce: one pass.
+		combine2(dst, src[0], src[1], scale)
+		return
+	}
 	copy(dst, src[0])
 	for _, s := range src[1:] {
 		s = s[:len(dst)]
@@ -101,6 +106,15 @@ func Combine(dst []float32, src [][]float32, scale float32) {
 		for i := range dst {
 			dst[i] *= scale
 		}
+	}
+}
+
+// combine2Go is Combine of two sources: (x + y)·scale, the sum and the
+// scaling Combine's loops do.
+func combine2Go(dst, x, y []float32, scale float32) {
+	x, y = x[:len(dst)], y[:len(dst)]
+	for i := range dst {
+		dst[i] = (x[i] + y[i]) * scale
 	}
 }
 

@@ -19,6 +19,7 @@ var (
 	scaleSquares = scaleSquaresGo
 	blockSquares = blockSquaresGo
 	slowMo       = slowMoGo
+	combine2     = combine2Go
 	Vector       = ""
 )
 

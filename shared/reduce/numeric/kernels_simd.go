@@ -23,6 +23,7 @@ func init() {
 	scaleSquares = scaleSquaresAVX2
 	blockSquares = blockSquaresAVX2
 	slowMo = slowMoAVX2
+	combine2 = combine2AVX2
 	Vector = "avx2"
 }
 
@@ -287,4 +288,14 @@ func slowMoAVX2(c, prev, v []float32, lr, mu float32) {
 		n.StoreSlice(c[i:])
 	}
 	slowMoGo(c[i:], prev[i:], v[i:], lr, mu)
+}
+
+func combine2AVX2(dst, x, y []float32, scale float32) {
+	x, y = x[:len(dst)], y[:len(dst)]
+	S := archsimd.BroadcastFloat32x8(scale)
+	i := 0
+	for ; i+8 <= len(dst); i += 8 {
+		archsimd.LoadFloat32x8Slice(x[i:]).Add(archsimd.LoadFloat32x8Slice(y[i:])).Mul(S).StoreSlice(dst[i:])
+	}
+	combine2Go(dst[i:], x[i:], y[i:], scale)
 }

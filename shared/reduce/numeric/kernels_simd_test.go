@@ -89,6 +89,13 @@ func TestVectorKernelsMatchScalar(t *testing.T) {
 		near(t, "scaleSquares", scaleSquares(a0, 0.125), scaleSquaresGo(b0, 0.125))
 		same(t, "scaleSquares", a0, b0)
 		near(t, "blockSquares", blockSquares(x0), blockSquaresGo(x0))
+		// the ring's combine of two, scaled and not
+		for _, sc := range []float32{1, 0.25} {
+			got, want := make([]float32, n), make([]float32, n)
+			combine2(got, x0, x1, sc)
+			combine2Go(want, x0, x1, sc)
+			same(t, "combine2", got, want)
+		}
 		// the SlowMo step
 		c1, c2, pr1, pr2, v1, v2 := clone(x0), clone(x0), clone(x1), clone(x1), clone(v), clone(v)
 		slowMo(c1, pr1, v1, 0.5, 0.5)
@@ -109,13 +116,13 @@ func TestVectorApplyMatchesScalar(t *testing.T) {
 	}
 	scalar := func(f func()) {
 		f2, f4, pr, sg, su := fused2, fused4, pair, single, sumSources
-		sc, bs, sm := scaleSquares, blockSquares, slowMo
+		sc, bs, sm, c2 := scaleSquares, blockSquares, slowMo, combine2
 		defer func() {
 			fused2, fused4, pair, single, sumSources = f2, f4, pr, sg, su
-			scaleSquares, blockSquares, slowMo = sc, bs, sm
+			scaleSquares, blockSquares, slowMo, combine2 = sc, bs, sm, c2
 		}()
 		fused2, fused4, pair, single, sumSources = fused2Go, nil, pairGo, singleGo, sumGo
-		scaleSquares, blockSquares, slowMo = scaleSquaresGo, blockSquaresGo, slowMoGo
+		scaleSquares, blockSquares, slowMo, combine2 = scaleSquaresGo, blockSquaresGo, slowMoGo, combine2Go
 		f()
 	}
 	for _, tc := range []struct {
