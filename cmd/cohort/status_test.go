@@ -66,6 +66,9 @@ type pageState struct {
 	RoundPoints int    `json:"round_points"`
 	Rank2       string `json:"rank2"`
 	Status      string `json:"status"`
+	// Scalars are the trainer scalar curves drawn, with their points.
+	Scalars  map[string]int `json:"scalars"`
+	Interval string         `json:"interval"`
 }
 
 const readPage = `(() => {
@@ -78,6 +81,11 @@ const readPage = `(() => {
     round_points: pl ? parseInt(pl.dataset.points) : 0,
     rank2: r2 ? r2.textContent : "",
     status: document.getElementById("status").textContent,
+    scalars: Object.fromEntries([...document.querySelectorAll("#scalars figure")].map((f) => {
+      const p = f.querySelector("polyline");
+      return [f.dataset.name, p ? parseInt(p.dataset.points) : 0];
+    })),
+    interval: document.getElementById("interval").textContent,
   };
 })()`
 
@@ -151,6 +159,11 @@ func TestStatusPageInBrowser(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor("rank 2 dead", 10*time.Second, func(s pageState) bool { return s.Rank2 == "dead" })
+	// The mock trainer reports its learning rate: a curve of it once an
+	// epoch has finished; the controller's interval is in the header.
+	waitFor("the lr scalar's curve and the sync interval", 30*time.Second, func(s pageState) bool {
+		return s.Scalars["lr"] >= 1 && s.Interval != "–" && s.Interval != ""
+	})
 	time.Sleep(600 * time.Millisecond) // a poll after the timeline's redraw
 
 	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)

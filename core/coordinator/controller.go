@@ -3,6 +3,8 @@ package coordinator
 import (
 	"math"
 
+	"github.com/cohortdl/cohort/core/status"
+
 	"github.com/cohortdl/cohort/core/config"
 )
 
@@ -318,6 +320,18 @@ func (c *controller) restore(s *ControllerState, w *ControllerWindow) {
 		pw := *w
 		c.pending = &pw
 	}
+}
+
+// live is the controller for the status page: what is in force and the
+// last status.MaxDecisions decisions.
+func (c *controller) live() status.Controller {
+	s := status.Controller{Adaptive: c.adaptive, Interval: c.st.Interval, LRScale: c.lrScale(), Guard: c.st.Guard,
+		DivergenceEMA: safe(c.st.DivergenceEMA), Throttles: c.throttles, Decisions: []status.Decision{}}
+	for _, d := range c.decisions[max(0, len(c.decisions)-status.MaxDecisions):] {
+		s.Decisions = append(s.Decisions, status.Decision{Round: d.Round, Epoch: d.Epoch, Rule: d.Rule, Divergence: safe(d.Divergence),
+			From: d.From, To: d.To, LRFrom: d.LRFrom, LRTo: d.LRTo})
+	}
+	return s
 }
 
 func (c *controller) summary() *ControllerSummary {

@@ -60,6 +60,11 @@ func TestAdaptiveSyncTightensOnDrift(t *testing.T) {
 	if sum.Controller.Interval != 1 {
 		t.Errorf("final interval %d, want 1", sum.Controller.Interval)
 	}
+	// The status page sees the same: the interval in force and both moves.
+	live := h.coord.Status().Controller
+	if live.Interval != 1 || len(live.Decisions) != 2 || live.Decisions[1].Rule != RuleTighten || live.Decisions[1].To != 1 || !live.Adaptive {
+		t.Errorf("status controller %+v, want interval 1 after two tightenings", live)
+	}
 	for _, f := range ranks {
 		plans := handedPlans(f)
 		if len(plans) == 0 {

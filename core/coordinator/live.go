@@ -191,6 +191,9 @@ func (r *runner) publish(force bool) {
 		Membership:   r.lv.membership[:len(r.lv.membership):len(r.lv.membership)],
 		RoundSeconds: r.lv.hist.Clone(),
 	}
+	if r.ctl != nil {
+		s.Controller = r.ctl.live()
+	}
 	if r.phase == phDone {
 		s.Status = r.status
 		if r.err != nil {

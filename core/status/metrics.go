@@ -14,6 +14,7 @@ type collector struct {
 
 	rounds, roundSeconds, bytes, batches, samples, deaths, restarts *prometheus.Desc
 	rate, alive, world, epoch, hbAge, scalar                        *prometheus.Desc
+	interval, lrScale, divergence                                   *prometheus.Desc
 }
 
 func newCollector(src Source) *collector {
@@ -35,12 +36,15 @@ func newCollector(src Source) *collector {
 		epoch:        d("epoch", "The epoch in training."),
 		hbAge:        d("heartbeat_age_seconds", "Time since each connected rank's last frame.", "rank"),
 		scalar:       d("trainer_scalar", "Each trainer scalar's mean over the last finished epoch.", "name"),
+		interval:     d("sync_interval_batches", "The controller's sync interval in force."),
+		lrScale:      d("lr_scale", "The controller's learning-rate multiplier in force."),
+		divergence:   d("divergence", "Running mean of the ranks' distance from the average, relative to its norm."),
 	}
 }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.rounds, c.roundSeconds, c.bytes, c.batches, c.samples, c.deaths,
-		c.restarts, c.rate, c.alive, c.world, c.epoch, c.hbAge, c.scalar} {
+		c.restarts, c.rate, c.alive, c.world, c.epoch, c.hbAge, c.scalar, c.interval, c.lrScale, c.divergence} {
 		ch <- d
 	}
 }
@@ -68,6 +72,9 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	gauge(c.alive, float64(s.Live))
 	gauge(c.world, float64(s.World))
 	gauge(c.epoch, float64(s.Epoch))
+	gauge(c.interval, float64(s.Controller.Interval))
+	gauge(c.lrScale, s.Controller.LRScale)
+	gauge(c.divergence, s.Controller.DivergenceEMA)
 	for _, r := range s.Ranks {
 		if r.State == "live" || r.State == "joined" || r.State == "ready" {
 			gauge(c.hbAge, r.HeartbeatAge, strconv.FormatUint(uint64(r.Rank), 10))

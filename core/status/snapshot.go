@@ -37,6 +37,9 @@ type Snapshot struct {
 	EpochCurve []EpochPoint `json:"epoch_curve"`
 	RoundCurve []RoundPoint `json:"round_curve"`
 	Membership []Membership `json:"membership"`
+	// Controller is the coordinator's controller: the interval and
+	// learning-rate scale in force and its latest decisions.
+	Controller Controller `json:"controller"`
 	// RoundSeconds is the histogram of round durations, for /metrics.
 	RoundSeconds Histogram `json:"-"`
 }
@@ -130,6 +133,35 @@ type RoundPoint struct {
 	Seconds float64   `json:"seconds"`
 	Bytes   float64   `json:"bytes"`
 	Time    time.Time `json:"time"`
+}
+
+// MaxDecisions bounds Controller.Decisions.
+const MaxDecisions = 20
+
+// Controller is what the controller has in force and what it last did.
+type Controller struct {
+	Adaptive bool `json:"adaptive"`
+	// Interval is the sync interval in batches (under cadence, the
+	// cadence sizes windows and this stays the configured one).
+	Interval      uint64  `json:"interval"`
+	LRScale       float64 `json:"lr_scale"`
+	Guard         bool    `json:"guard"`
+	DivergenceEMA float64 `json:"divergence_ema"`
+	Throttles     uint64  `json:"throttles"`
+	// Decisions are the last MaxDecisions changes, oldest first.
+	Decisions []Decision `json:"decisions"`
+}
+
+// Decision is one change the controller made.
+type Decision struct {
+	Round      uint64  `json:"round"`
+	Epoch      uint64  `json:"epoch"`
+	Rule       string  `json:"rule"`
+	Divergence float64 `json:"divergence,omitempty"`
+	From       uint64  `json:"interval_from"`
+	To         uint64  `json:"interval_to"`
+	LRFrom     float64 `json:"lr_scale_from"`
+	LRTo       float64 `json:"lr_scale_to"`
 }
 
 // Membership is a change of the cohort.

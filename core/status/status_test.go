@@ -35,6 +35,8 @@ func testSnapshot(now time.Time) *Snapshot {
 			{Epoch: 1, Scalars: map[string]float64{"lr": 0.1, "old": 1}},
 			{Epoch: 2, Scalars: map[string]float64{"lr": 0.05, "grad/norm": 2.5}},
 		},
+		Controller: Controller{Adaptive: true, Interval: 5, LRScale: 0.5, Guard: true, DivergenceEMA: 0.02,
+			Decisions: []Decision{{Round: 7, Epoch: 1, Rule: "guard", Divergence: 0.2, From: 10, To: 5, LRFrom: 1, LRTo: 0.5}}},
 		RoundSeconds: h,
 	}
 }
@@ -58,7 +60,7 @@ func TestStatusJSON(t *testing.T) {
 	if err := json.NewDecoder(resp.Body).Decode(&got); err != nil {
 		t.Fatal(err)
 	}
-	for _, k := range []string{"run_id", "status", "world", "live", "epoch", "epochs", "totals", "ranks", "epoch_curve", "round_curve", "membership", "samples_per_second"} {
+	for _, k := range []string{"run_id", "status", "world", "live", "epoch", "epochs", "totals", "ranks", "epoch_curve", "round_curve", "membership", "samples_per_second", "controller"} {
 		if _, ok := got[k]; !ok {
 			t.Errorf("no %q in %v", k, got)
 		}
@@ -77,6 +79,10 @@ func TestStatusJSON(t *testing.T) {
 	}
 	if snap.Ranks[0].HeartbeatAge != 0 {
 		t.Error("serving wrote into the published snapshot")
+	}
+	ctl := got["controller"].(map[string]any)
+	if ctl["interval"] != 5.0 || ctl["lr_scale"] != 0.5 || ctl["guard"] != true || len(ctl["decisions"].([]any)) != 1 {
+		t.Errorf("controller %v", ctl)
 	}
 	epochs := got["epoch_curve"].([]any)
 	if sc := epochs[1].(map[string]any)["scalars"].(map[string]any); sc["lr"] != 0.05 || sc["grad/norm"] != 2.5 {
@@ -101,7 +107,7 @@ func TestStatusBeforeTheRun(t *testing.T) {
 func TestPageIsEmbedded(t *testing.T) {
 	srv := httptest.NewServer(Handler(func() *Snapshot { return nil }))
 	defer srv.Close()
-	for path, want := range map[string]string{"/": `id="ranks"`, "/app.js": "api/v1/status", "/style.css": "td.state.dead"} {
+	for path, want := range map[string]string{"/": `id="decisions"`, "/app.js": "api/v1/status", "/style.css": "td.state.dead"} {
 		resp, err := http.Get(srv.URL + path)
 		if err != nil {
 			t.Fatal(err)
@@ -130,6 +136,7 @@ func TestMetrics(t *testing.T) {
 		"cohort_rounds_total": 2, "cohort_averaged_bytes_total": 4096, "cohort_batches_total": 40,
 		"cohort_samples_total": 640, "cohort_rank_deaths_total": 1, "cohort_plugin_restarts_total": 0,
 		"cohort_ranks_alive": 2, "cohort_ranks": 3, "cohort_epoch": 1,
+		"cohort_sync_interval_batches": 5, "cohort_lr_scale": 0.5, "cohort_divergence": 0.02,
 	} {
 		f := fams[name]
 		if f == nil || len(f.Metric) != 1 {

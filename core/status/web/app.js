@@ -97,6 +97,50 @@ function curves(s) {
   line($("round-ms-curve"), [{ cls: "train", points: rd.map((r) => [r.round, r.seconds * 1000]) }]);
 }
 
+// scalars draws one curve per trainer scalar, over the finished epochs.
+function scalars(s) {
+  const ep = s.epoch_curve || [];
+  const names = [...new Set(ep.flatMap((e) => Object.keys(e.scalars || {})))].sort();
+  const box = $("scalars");
+  if (!names.length) return;
+  for (const f of [...box.children]) {
+    if (!names.includes(f.dataset.name)) f.remove();
+  }
+  for (const name of names) {
+    let fig = [...box.children].find((f) => f.dataset.name === name);
+    if (!fig) {
+      fig = document.createElement("figure");
+      fig.dataset.name = name;
+      const cap = document.createElement("figcaption");
+      cap.textContent = name + " per epoch";
+      fig.appendChild(cap);
+      fig.appendChild(document.createElementNS("http://www.w3.org/2000/svg", "svg")).setAttribute("viewBox", "0 0 400 160");
+      box.appendChild(fig);
+    }
+    line(fig.querySelector("svg"), [{ cls: "train", points: ep.filter((e) => e.scalars && name in e.scalars).map((e) => [e.epoch, e.scalars[name]]) }]);
+  }
+}
+
+function decisions(s) {
+  const c = s.controller || {};
+  $("interval").textContent = c.interval ? c.interval + (c.adaptive ? " (adaptive)" : "") : "–";
+  $("lr-scale").textContent = c.lr_scale != null ? fmt(c.lr_scale, 3) + (c.guard ? " (guard)" : "") : "–";
+  $("divergence").textContent = fmt(c.divergence_ema, 4);
+  const ol = $("decisions");
+  ol.replaceChildren();
+  for (const d of c.decisions || []) {
+    const li = document.createElement("li");
+    li.className = d.rule;
+    let text = "round " + d.round + " (epoch " + d.epoch + ") " + d.rule + ": ";
+    if (d.interval_from !== d.interval_to) text += "interval " + d.interval_from + " → " + d.interval_to + " ";
+    if (d.lr_scale_from !== d.lr_scale_to) text += "lr × " + fmt(d.lr_scale_from, 3) + " → " + fmt(d.lr_scale_to, 3) + " ";
+    if (d.divergence) text += "(divergence " + fmt(d.divergence, 4) + ")";
+    li.textContent = text;
+    ol.appendChild(li);
+  }
+  if (!ol.children.length) ol.innerHTML = '<li class="none">no decision</li>';
+}
+
 function timeline(s) {
   const ol = $("timeline");
   ol.replaceChildren();
@@ -124,6 +168,8 @@ function render(s) {
   $("error").textContent = s.error || "";
   ranks(s);
   curves(s);
+  scalars(s);
+  decisions(s);
   timeline(s);
 }
 
