@@ -118,6 +118,14 @@ func combine2Go(dst, x, y []float32, scale float32) {
 	}
 }
 
+// combine2BF16Go is CombineBF16 of two sources.
+func combine2BF16Go(dst, x, y []uint16, scale float32) {
+	x, y = x[:len(dst)], y[:len(dst)]
+	for i := range dst {
+		dst[i] = toBF16(math.Float32bits((FromBF16(x[i]) + FromBF16(y[i])) * scale))
+	}
+}
+
 // CombineBF16 is Combine over bfloat16 frames: each element is decoded,
 // summed in float32, scaled, and encoded again.
 func CombineBF16(dst []uint16, src [][]uint16, scale float32) {
@@ -127,10 +135,7 @@ func CombineBF16(dst []uint16, src [][]uint16, scale float32) {
 	}
 	if len(src) == 2 {
 		// The ring's reduce: one pass, no buffer.
-		x, y := src[0][:len(dst)], src[1][:len(dst)]
-		for i := range dst {
-			dst[i] = toBF16(math.Float32bits((FromBF16(x[i]) + FromBF16(y[i])) * scale))
-		}
+		combine2BF16(dst, src[0], src[1], scale)
 		return
 	}
 	var v [blk]float32

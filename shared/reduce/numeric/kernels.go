@@ -20,6 +20,9 @@ var (
 	blockSquares = blockSquaresGo
 	slowMo       = slowMoGo
 	combine2     = combine2Go
+	combine2BF16 = combine2BF16Go
+	encodeBF16   = encodeBF16Go
+	decodeBF16   = decodeBF16Go
 	Vector       = ""
 )
 

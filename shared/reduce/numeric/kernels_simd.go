@@ -24,7 +24,15 @@ func init() {
 	blockSquares = blockSquaresAVX2
 	slowMo = slowMoAVX2
 	combine2 = combine2AVX2
+	decodeBF16 = decodeBF16AVX2
 	Vector = "avx2"
+	if archsimd.X86.AVX512() {
+		// Narrowing 32-bit lanes to 16 (VPMOVDW) is an AVX-512
+		// instruction.
+		encodeBF16 = encodeBF16AVX512
+		combine2BF16 = combine2BF16AVX512
+		Vector = "avx2+avx512"
+	}
 }
 
 // hsum adds a vector's lanes.
@@ -298,4 +306,45 @@ func combine2AVX2(dst, x, y []float32, scale float32) {
 		archsimd.LoadFloat32x8Slice(x[i:]).Add(archsimd.LoadFloat32x8Slice(y[i:])).Mul(S).StoreSlice(dst[i:])
 	}
 	combine2Go(dst[i:], x[i:], y[i:], scale)
+}
+
+func decodeBF16AVX2(dst []float32, src []uint16) {
+	dst = dst[:len(src)]
+	i := 0
+	for ; i+8 <= len(src); i += 8 {
+		archsimd.LoadUint16x8Slice(src[i:]).ExtendToUint32().ShiftAllLeft(16).AsFloat32x8().StoreSlice(dst[i:])
+	}
+	decodeBF16Go(dst[i:], src[i:])
+}
+
+// toBF16x8 is toBF16 on eight floats: round to nearest even, a NaN kept
+// quiet, with the scalar form's integer steps.
+func toBF16x8(v archsimd.Float32x8) archsimd.Uint16x8 {
+	b := v.AsUint32x8()
+	hi := b.ShiftAllRight(16)
+	r := b.Add(archsimd.BroadcastUint32x8(0x7fff)).Add(hi.And(archsimd.BroadcastUint32x8(1))).ShiftAllRight(16)
+	nan := b.And(archsimd.BroadcastUint32x8(0x7fffffff)).Greater(archsimd.BroadcastUint32x8(0x7f800000))
+	return hi.Or(archsimd.BroadcastUint32x8(0x0040)).Merge(r, nan).TruncateToUint16()
+}
+
+func encodeBF16AVX512(dst []uint16, src []float32) {
+	dst = dst[:len(src)]
+	i := 0
+	for ; i+8 <= len(src); i += 8 {
+		toBF16x8(archsimd.LoadFloat32x8Slice(src[i:])).StoreSlice(dst[i:])
+	}
+	encodeBF16Go(dst[i:], src[i:])
+}
+
+func combine2BF16AVX512(dst, x, y []uint16, scale float32) {
+	x, y = x[:len(dst)], y[:len(dst)]
+	S := archsimd.BroadcastFloat32x8(scale)
+	widen := func(h []uint16) archsimd.Float32x8 {
+		return archsimd.LoadUint16x8Slice(h).ExtendToUint32().ShiftAllLeft(16).AsFloat32x8()
+	}
+	i := 0
+	for ; i+8 <= len(dst); i += 8 {
+		toBF16x8(widen(x[i:]).Add(widen(y[i:])).Mul(S)).StoreSlice(dst[i:])
+	}
+	combine2BF16Go(dst[i:], x[i:], y[i:], scale)
 }

@@ -96,6 +96,30 @@ func TestVectorKernelsMatchScalar(t *testing.T) {
 			combine2Go(want, x0, x1, sc)
 			same(t, "combine2", got, want)
 		}
+		// bfloat16: specials and round-to-even ties among the values
+		sp := clone(x0)
+		for i, f := range []float32{float32(math.NaN()), float32(math.Inf(1)), float32(math.Inf(-1)), 0, -0.0,
+			math.Float32frombits(0x3f808000), math.Float32frombits(0x3f818000), math.Float32frombits(0x7f7fffff)} {
+			if i < len(sp) {
+				sp[i] = f
+			}
+		}
+		h1, h2 := make([]uint16, n), make([]uint16, n)
+		encodeBF16(h1, sp)
+		encodeBF16Go(h2, sp)
+		sameBits16(t, "encodeBF16", h1, h2)
+		f1, f2 := make([]float32, n), make([]float32, n)
+		decodeBF16(f1, h1)
+		decodeBF16Go(f2, h1)
+		same(t, "decodeBF16", f1, f2)
+		hy := make([]uint16, n)
+		encodeBF16Go(hy, x1)
+		for _, sc := range []float32{1, 0.25} {
+			c1, c2 := make([]uint16, n), make([]uint16, n)
+			combine2BF16(c1, h1, hy, sc)
+			combine2BF16Go(c2, h1, hy, sc)
+			sameBits16(t, "combine2BF16", c1, c2)
+		}
 		// the SlowMo step
 		c1, c2, pr1, pr2, v1, v2 := clone(x0), clone(x0), clone(x1), clone(x1), clone(v), clone(v)
 		slowMo(c1, pr1, v1, 0.5, 0.5)
@@ -117,12 +141,15 @@ func TestVectorApplyMatchesScalar(t *testing.T) {
 	scalar := func(f func()) {
 		f2, f4, pr, sg, su := fused2, fused4, pair, single, sumSources
 		sc, bs, sm, c2 := scaleSquares, blockSquares, slowMo, combine2
+		c16, e16, d16 := combine2BF16, encodeBF16, decodeBF16
 		defer func() {
 			fused2, fused4, pair, single, sumSources = f2, f4, pr, sg, su
 			scaleSquares, blockSquares, slowMo, combine2 = sc, bs, sm, c2
+			combine2BF16, encodeBF16, decodeBF16 = c16, e16, d16
 		}()
 		fused2, fused4, pair, single, sumSources = fused2Go, nil, pairGo, singleGo, sumGo
 		scaleSquares, blockSquares, slowMo, combine2 = scaleSquaresGo, blockSquaresGo, slowMoGo, combine2Go
+		combine2BF16, encodeBF16, decodeBF16 = combine2BF16Go, encodeBF16Go, decodeBF16Go
 		f()
 	}
 	for _, tc := range []struct {
@@ -179,5 +206,14 @@ func TestVectorApplyMatchesScalar(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+func sameBits16(t *testing.T, what string, got, want []uint16) {
+	t.Helper()
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("%s: element %d of %d: %#04x, scalar %#04x", what, i, len(want), got[i], want[i])
+		}
 	}
 }

@@ -53,7 +53,9 @@ func FromBF16(h uint16) float32 { return math.Float32frombits(uint32(h) << 16) }
 
 // EncodeBF16 writes ToBF16 of every src element to dst (same length). The
 // NaN case is a select, not a branch, so the loop has none to mispredict.
-func EncodeBF16(dst []uint16, src []float32) {
+func EncodeBF16(dst []uint16, src []float32) { encodeBF16(dst, src) }
+
+func encodeBF16Go(dst []uint16, src []float32) {
 	dst = dst[:len(src)]
 	for i, f := range src {
 		dst[i] = toBF16(math.Float32bits(f))
@@ -71,7 +73,9 @@ func toBF16(b uint32) uint16 {
 }
 
 // DecodeBF16 widens every src element into dst (same length).
-func DecodeBF16(dst []float32, src []uint16) {
+func DecodeBF16(dst []float32, src []uint16) { decodeBF16(dst, src) }
+
+func decodeBF16Go(dst []float32, src []uint16) {
 	dst = dst[:len(src)]
 	for i, h := range src {
 		dst[i] = math.Float32frombits(uint32(h) << 16)
