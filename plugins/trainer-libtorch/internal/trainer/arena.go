@@ -80,7 +80,11 @@ func (t *Trainer) Adopt(_ context.Context, blendAlpha float64) (float64, error) 
 	if err := t.attachedLocked("Adopt"); err != nil {
 		return 0, err
 	}
-	norm, err := t.model.Adopt(blendAlpha, t.published && t.steps != t.lastPub)
+	// Only a trainer configured for rounds beside training credits steps:
+	// otherwise a step between Publish and Adopt is a caller's interleaving
+	// (the model lives in the arena), not a round's overshoot.
+	credit := t.cfg.OverlapRounds && t.published && t.steps != t.lastPub
+	norm, err := t.model.Adopt(blendAlpha, credit)
 	if err != nil {
 		return 0, fmt.Errorf("libtorch trainer: %w", err)
 	}
