@@ -187,6 +187,13 @@ func (p *proc) wait(timeout time.Duration) int {
 // as given, the rest of the body as given.
 func writeRunConfig(t *testing.T, body string, trainer map[string]any) string {
 	t.Helper()
+	return writeRunConfigAveraging(t, body, trainer, `averager "mock" {}`)
+}
+
+// writeRunConfigAveraging is writeRunConfig with averager as the averager
+// block.
+func writeRunConfigAveraging(t *testing.T, body string, trainer map[string]any, averager string) string {
+	t.Helper()
 	settings := []string{}
 	keys := make([]string, 0, len(trainer))
 	for k := range trainer {
@@ -197,7 +204,7 @@ func writeRunConfig(t *testing.T, body string, trainer map[string]any) string {
 		v, _ := json.Marshal(trainer[k])
 		settings = append(settings, fmt.Sprintf("  %s = %s", k, v))
 	}
-	src := fmt.Sprintf("%s\ntrainer \"mock\" {\n%s\n}\naverager \"mock\" {}\n", body, strings.Join(settings, "\n"))
+	src := fmt.Sprintf("%s\ntrainer \"mock\" {\n%s\n}\n%s\n", body, strings.Join(settings, "\n"), averager)
 	path := filepath.Join(t.TempDir(), "cohort.hcl")
 	if err := os.WriteFile(path, []byte(src), 0o644); err != nil {
 		t.Fatal(err)
@@ -421,23 +428,29 @@ func TestRunSurvivesKilledWorker(t *testing.T) {
 // The second case keeps the controller busy (a divergence target no round
 // reaches, so the interval grows every few rounds across the epochs): the
 // resumed run must make the original's decisions from the save point on.
+// The third averages with averaging-cpu and its default smoothing, whose
+// filter state must cross the cut with the checkpoint.
 func TestRunInterruptAndResume(t *testing.T) {
-	for _, tc := range []struct{ name, coordinator string }{
-		{"default controller", ""},
-		{"controller moving", "divergence_target = 100\n  sync_every_max = 16"},
+	for _, tc := range []struct{ name, coordinator, averager string }{
+		{"default controller", "", `averager "mock" {}`},
+		{"controller moving", "divergence_target = 100\n  sync_every_max = 16", `averager "mock" {}`},
+		{"cpu averager smoothing", "", `averager "cpu" {}`},
 	} {
-		t.Run(tc.name, func(t *testing.T) { interruptAndResume(t, tc.coordinator) })
+		t.Run(tc.name, func(t *testing.T) { interruptAndResume(t, tc.coordinator, tc.averager) })
 	}
 }
 
-func interruptAndResume(t *testing.T, coordinatorKeys string) {
+func interruptAndResume(t *testing.T, coordinatorKeys, averager string) {
+	if strings.Contains(averager, `"cpu"`) {
+		buildPlugin(t, "averaging-cpu")
+	}
 	trainer := map[string]any{"samples": 1024, "batch_size": 16, "sleep_per_batch": "5ms"}
-	cfg := writeRunConfig(t, `run { seed = 11 }
+	cfg := writeRunConfigAveraging(t, `run { seed = 11 }
 coordinator {
   sync_every       = 4
   checkpoint_every = 3
   `+coordinatorKeys+`
-}`, trainer)
+}`, trainer, averager)
 	args := func(out string, extra ...string) []string {
 		return append([]string{"run", "--config", cfg, "--ranks", "2", "--epochs", "3", "--out", out}, extra...)
 	}
