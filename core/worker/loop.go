@@ -488,6 +488,16 @@ func (w *worker) endRound(ctx context.Context, rr *roundRun, o roundOutcome) err
 	var norm float64
 	if w.training {
 		norm, err = w.trainer.Adopt(ctx, alpha)
+		if err != nil && w.pluginLost(pluginhost.Trainer, err) {
+			// The trainer died taking a round that ran beside its Train:
+			// the coordinator must hear of the round before the plan's
+			// loss (Train's end replaces the trainer), or it waits for
+			// this rank's SyncAck for ever.
+			if aerr := w.abortedAck(ctx, ack, start, fmt.Errorf("%w: %v", errRoundLostTrainer, err)); aerr != nil {
+				return aerr
+			}
+			return fmt.Errorf("round %d: adopt averaged parameters: %w", n, err)
+		}
 	} else {
 		err = w.onTrainer(ctx, func(t plugin.Trainer) (err error) {
 			norm, err = t.Adopt(ctx, alpha)

@@ -363,3 +363,76 @@ func TestResourceSampleCoversPlugins(t *testing.T) {
 	}
 	expectGone(t, pids)
 }
+
+// TestTrainerLostTakingARoundBesideTraining: the trainer process dies in
+// the Adopt of a round that ran beside its Train. The worker must answer
+// the round (aborted, so the coordinator runs it again) as well as report
+// the lost plan, then train on with a fresh trainer; before, it reported
+// the plan alone and the coordinator waited for the round's SyncAck for
+// ever.
+func TestTrainerLostTakingARoundBesideTraining(t *testing.T) {
+	dir := pluginDir(t)
+	c := newCoordinator(t)
+	ts := trainerSettings()
+	ts.SleepPerBatch = "20ms"
+	ts.ExitOnAdopt = 1
+	o := c.options(0, 1, ts)
+	o.PluginRestarts = 1
+	hp := worker.NewHostPlugins(pluginhost.Options{Dirs: []string{dir}, Grace: 2 * time.Second, Logger: testLogger()})
+	o.Plugins = hp
+	run := start(t, o)
+	l := c.accept(&wirepb.Admit{RunId: "lost-adopting", Seed: 1, OverlapRounds: true})
+	expect[*wirepb.Ready](l)
+	trainer := pidOf(t, hp, pluginhost.Trainer)
+
+	l.send(&wirepb.StartEpoch{Plan: plan(0, 0, 256, 1, 256)}) // 16 batches
+	expect[*wirepb.Batch](l)
+	l.send(&wirepb.Sync{Round: 1, Mode: wirepb.SyncMode_SYNC_MODE_AVERAGE, Overlap: true})
+	var ack *wirepb.SyncAck
+	var pr *wirepb.PluginRestarted
+	for ack == nil || pr == nil {
+		switch m := l.next(frameWait).(type) {
+		case *wirepb.Batch, *wirepb.SnapshotReady:
+		case *wirepb.SyncAck:
+			ack = m
+		case *wirepb.PluginRestarted:
+			if ack == nil {
+				t.Fatalf("PluginRestarted before the round's SyncAck: %v", m)
+			}
+			pr = m
+		case nil:
+			t.Fatalf("no more frames: SyncAck %v, PluginRestarted %v", ack, pr)
+		default:
+			t.Fatalf("got %s, want the round's SyncAck and PluginRestarted", describe(m))
+		}
+	}
+	if !ack.GetAborted() || ack.GetRound() != 1 {
+		t.Fatalf("SyncAck = %v, want round 1 aborted", ack)
+	}
+	if pr.GetKind() != "trainer" || !pr.GetPlanLost() {
+		t.Fatalf("PluginRestarted = %v, want the trainer with its plan lost", pr)
+	}
+	if pid := pidOf(t, hp, pluginhost.Trainer); pid == trainer || pid == 0 {
+		t.Fatalf("trainer pid %d after the restart, was %d", pid, trainer)
+	}
+	// The coordinator runs the round again, and the rank trains on.
+	l.send(&wirepb.Sync{Round: 2, Mode: wirepb.SyncMode_SYNC_MODE_AVERAGE})
+	for {
+		m := l.next(frameWait)
+		if _, ok := m.(*wirepb.SnapshotReady); ok {
+			continue
+		}
+		if again, ok := m.(*wirepb.SyncAck); !ok || again.GetAborted() || again.GetRound() != 2 {
+			t.Fatalf("the round run again: got %s, want round 2's SyncAck", describe(m))
+		}
+		break
+	}
+	l.send(&wirepb.StartEpoch{Plan: plan(0, 0, 64, 1, 256)})
+	expectPlan(l, 4)
+	l.send(&wirepb.Shutdown{})
+	expect[*wirepb.Exiting](l)
+	if err := run.wait(frameWait); err != nil {
+		t.Fatal(err)
+	}
+	expectNoWorkerGoroutines(t)
+}

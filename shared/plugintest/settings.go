@@ -46,6 +46,11 @@ type TrainerSettings struct {
 	// FailAfterBatches, when not 0, lets that many batches train in this
 	// process; every batch after them fails with an error.
 	FailAfterBatches uint64 `json:"fail_after_batches,omitempty"`
+	// ExitOnAdopt, when not 0, makes the process exit at that Adopt
+	// (counted from 1) of those that come while Train runs, as a trainer
+	// killed taking a round beside training would: for tests of the
+	// host's recovery. A fresh process counts afresh.
+	ExitOnAdopt uint64 `json:"exit_on_adopt,omitempty"`
 }
 
 // DefaultTrainerSettings are the settings of an empty config block.

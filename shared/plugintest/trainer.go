@@ -71,6 +71,7 @@ type Trainer struct {
 	pub     []float32
 	trained uint64 // samples trained in total
 	batches uint64 // batches trained by this process, for fail_after_batches
+	adopts  uint64 // Adopts while Train ran in this process, for exit_on_adopt
 	mapping *arena.Mapping
 	ledger  *os.File
 }
@@ -377,6 +378,14 @@ func (t *Trainer) Adopt(_ context.Context, blendAlpha float64) (float64, error) 
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	if t.trainMu.TryLock() {
+		t.trainMu.Unlock()
+	} else {
+		t.adopts++
+		if n := t.settings.ExitOnAdopt; n != 0 && t.adopts == n {
+			os.Exit(3)
+		}
+	}
 	w, b, m, err := t.tensorsLocked("Adopt")
 	if err != nil {
 		return 0, err
