@@ -58,6 +58,7 @@ type Averager struct {
 	np, nb  int // f32 elements of parameters and of buffers
 	staging []byte
 	sess    session
+	smooth  *smoother // nil: smoothing off
 
 	// mu guards the abort state and the in-flight round's cancel.
 	mu       sync.Mutex
@@ -154,6 +155,10 @@ func (a *Averager) configure(cfg plugin.AveragerConfig) error {
 	a.cfg, a.arena, a.relay, a.rank, a.device = c, m, cfg.Relay, cfg.Rank, dev
 	a.spans, a.np, a.nb = spans, np, nb
 	a.staging = make([]byte, 4*(np+nb))
+	a.smooth = nil
+	if c.smoothing > 0 {
+		a.smooth = newSmoother(c.smoothing, np)
+	}
 	members := make([]uint32, cfg.WorldSize)
 	for i := range members {
 		members[i] = uint32(i)
@@ -241,12 +246,6 @@ func (a *Averager) abort(reason string) {
 		a.cancel()
 	}
 }
-
-// SaveState writes nothing: a plain mean keeps no state.
-func (a *Averager) SaveState(context.Context, string) ([]string, error) { return nil, nil }
-
-// LoadState has nothing to restore.
-func (a *Averager) LoadState(context.Context, string) error { return nil }
 
 // Shutdown ends a round in flight, aborts the communicator and releases
 // the arena and libraries. Idempotent.

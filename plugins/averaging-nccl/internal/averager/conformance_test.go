@@ -19,7 +19,9 @@ func onFabric(f *backend.Fabric) OpenFunc {
 func TestConformance(t *testing.T) {
 	f := backend.NewFabric(1)
 	conformance.RunAverager(t, func(conformance.T) (plugin.Averager, error) { return New(nil, onFabric(f)), nil },
-		conformance.Gamma(2, []byte(`{"gamma": 2}`)))
+		conformance.Settings([]byte(`{"smoothing": 0}`)),
+		conformance.Gamma(2, []byte(`{"gamma": 2, "smoothing": 0}`)),
+		conformance.Stateful([]byte(`{"smoothing": 0.5}`)))
 	if n := f.Live(); n != 0 {
 		t.Errorf("%d communicators outlived their averagers' Shutdown", n)
 	}

@@ -98,7 +98,11 @@ func (a *Averager) round(ctx context.Context, r plugin.Round) (plugin.RoundResul
 	w := a.cfg.weight(r.Steps)
 	res := plugin.RoundResult{Weight: w, PreNorm: a.norm()}
 	if len(s.members) == 1 {
-		// A lone member's mean, or broadcast, is its own values.
+		// A lone member's mean, or broadcast, is its own values; the
+		// smoothing filter starts afresh should the cohort grow again.
+		if a.smooth != nil {
+			a.smooth.steps = 0
+		}
 		res.TotalWeight, res.PostNorm, res.Realized = w, res.PreNorm, w > 0 || r.Broadcast
 		return res, nil
 	}
@@ -181,7 +185,7 @@ func (a *Averager) build(ctx context.Context) error {
 	if err != nil {
 		return errors.Join(err, comm.Abort())
 	}
-	weights, err := comm.Alloc(16)
+	weights, err := comm.Alloc(8 * weightSums)
 	if err != nil {
 		return errors.Join(err, comm.Abort())
 	}
@@ -199,9 +203,18 @@ func (a *Averager) mean(ctx context.Context, w float64) (total float64, realized
 	if w > 0 {
 		trained = 1
 	}
-	wb := make([]byte, 16)
-	binary.LittleEndian.PutUint64(wb, math.Float64bits(w))
-	binary.LittleEndian.PutUint64(wb[8:], math.Float64bits(trained))
+	// Beside the weights, the smoothing filter's settings and step counts,
+	// summed with their squares: equal on every rank exactly when
+	// sum² = n·Σx².
+	var sm, steps float64
+	if a.smooth != nil {
+		sm, steps = float64(a.smooth.outer.Mu), float64(a.smooth.steps)
+	}
+	sums := [weightSums]float64{w, trained, sm, sm * sm, steps, steps * steps}
+	wb := make([]byte, 8*weightSums)
+	for i, v := range sums {
+		binary.LittleEndian.PutUint64(wb[8*i:], math.Float64bits(v))
+	}
 	if err := s.weights.Write(wb); err != nil {
 		return 0, false, err
 	}
@@ -211,8 +224,15 @@ func (a *Averager) mean(ctx context.Context, w float64) (total float64, realized
 	if err := s.weights.Read(wb); err != nil {
 		return 0, false, err
 	}
-	total = math.Float64frombits(binary.LittleEndian.Uint64(wb))
-	ranks := math.Float64frombits(binary.LittleEndian.Uint64(wb[8:]))
+	for i := range sums {
+		sums[i] = math.Float64frombits(binary.LittleEndian.Uint64(wb[8*i:]))
+	}
+	n := float64(len(s.members))
+	if !agree(sums[2], sums[3], n) {
+		return 0, false, fmt.Errorf("the ranks' smoothing settings differ (this rank's is %v): every rank needs the same", sm)
+	}
+	total = sums[0]
+	ranks := sums[1]
 	if !(total > 0) || !(ranks > 0) {
 		return total, false, nil
 	}
@@ -226,9 +246,22 @@ func (a *Averager) mean(ctx context.Context, w float64) (total float64, realized
 	if err := s.data.Read(a.staging); err != nil {
 		return 0, false, err
 	}
+	if a.smooth != nil {
+		// The parameters lead the staging buffer (buildSpans).
+		seed := a.smooth.steps == 0 || !agree(sums[4], sums[5], n)
+		if seed && a.smooth.steps != 0 {
+			a.log.Warn("the ranks' smoothing states differ: reseeding from this round's consensus")
+		}
+		a.smooth.step(arena.AsFloat32s(a.staging)[:a.np], seed)
+	}
 	a.unpack()
 	return total, true, nil
 }
+
+// weightSums is how many float64 sums a round's first all-reduce carries:
+// the weight, whether the rank trained, and the smoothing setting and
+// step count with their squares.
+const weightSums = 6
 
 // broadcast copies the root's f32 entries into every member's arena.
 func (a *Averager) broadcast(ctx context.Context, root int) error {

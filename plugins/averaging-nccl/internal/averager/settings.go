@@ -25,6 +25,13 @@ type Settings struct {
 	// libcudart.so.* (a file or its directory) ahead of the usual places.
 	NCCLLibrary        string `json:"nccl_library"`
 	CUDARuntimeLibrary string `json:"cudart_library"`
+	// Smoothing, in [0, 1), low-pass filters the consensus across rounds
+	// as averaging-cpu's setting of that name does: slow momentum at unit
+	// gain (v = s·v + g; new = prev − (1−s)·v, g = prev − consensus) on
+	// the parameters, so switching between the two averagers changes
+	// where the mean is taken, not what training gets. Rounds with one
+	// member are left as they are. Default 0.5; 0 turns it off.
+	Smoothing *float64 `json:"smoothing"`
 }
 
 // config is Settings validated, with defaults filled in.
@@ -33,6 +40,7 @@ type config struct {
 	device      int // -1: the rank modulo the device count
 	initTimeout time.Duration
 	libs        cudalib.Options
+	smoothing   float64
 }
 
 func parseSettings(raw json.RawMessage) (config, error) {
@@ -40,7 +48,7 @@ func parseSettings(raw json.RawMessage) (config, error) {
 	if err := plugin.DecodeSettings(raw, &s); err != nil {
 		return config{}, fmt.Errorf("averager settings: %w", err)
 	}
-	c := config{gamma: 1, device: -1, initTimeout: 60 * time.Second,
+	c := config{gamma: 1, device: -1, initTimeout: 60 * time.Second, smoothing: 0.5,
 		libs: cudalib.Options{NCCLPath: s.NCCLLibrary, RuntimePath: s.CUDARuntimeLibrary}}
 	if s.Gamma != nil {
 		if g := *s.Gamma; math.IsNaN(g) || g < 0 || g > 4 {
@@ -53,6 +61,12 @@ func parseSettings(raw json.RawMessage) (config, error) {
 			return config{}, fmt.Errorf("averager settings: device = %d: want a GPU index from 0", *s.Device)
 		}
 		c.device = *s.Device
+	}
+	if s.Smoothing != nil {
+		if v := *s.Smoothing; math.IsNaN(v) || v < 0 || v >= 1 {
+			return config{}, fmt.Errorf("averager settings: smoothing = %v: want 0 (off) or a value in (0, 1)", v)
+		}
+		c.smoothing = *s.Smoothing
 	}
 	if s.InitTimeout != "" {
 		d, err := time.ParseDuration(s.InitTimeout)

@@ -1,0 +1,152 @@
+package averager
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io/fs"
+	"math"
+	"os"
+	"path/filepath"
+
+	"github.com/cohortdl/cohort/shared/arena"
+	"github.com/cohortdl/cohort/shared/reduce/numeric"
+)
+
+// smoother is the smoothing filter (the setting's doc says what it does),
+// as averaging-cpu runs it: slow momentum at unit gain on the parameters'
+// consensus. Every rank keeps the same state and steps it on the same
+// all-reduced values, so they stay equal without another collective; each
+// round's weight all-reduce also sums the ranks' step counts, and ranks
+// that find them unequal (a replaced plugin, a checkpoint loaded on some
+// ranks only, a round one rank failed) all reseed from that round's
+// consensus.
+type smoother struct {
+	outer     numeric.Outer
+	prev, vel []float32 // over the parameter elements, in span order
+	steps     uint64    // realized rounds stepped since the seed; 0: seed next
+}
+
+func newSmoother(s float64, np int) *smoother {
+	return &smoother{outer: numeric.Outer{Kind: numeric.OuterSlowMo, LR: float32(1 - s), Mu: float32(s)},
+		prev: make([]float32, np), vel: make([]float32, np)}
+}
+
+// agree reports whether n ranks' values whose sum and sum of squares
+// these are were all equal: then sum² = n·Σx², else it is smaller.
+func agree(sum, squares, n float64) bool {
+	return math.Abs(sum*sum-n*squares) <= 1e-9*math.Max(1, n*squares)
+}
+
+// step filters the consensus c of the parameters in place; seed starts the
+// filter afresh from it.
+func (m *smoother) step(c []float32, seed bool) {
+	m.outer.Step(c, m.prev, m.vel, seed)
+	if seed {
+		m.steps = 1
+	} else {
+		m.steps++
+	}
+}
+
+// stateFile is where SaveState writes the filter, in the checkpoint's
+// rank directory.
+const stateFile = "averager-nccl-smoothing.bin"
+
+var stateMagic = []byte("cohort-nccl-smoothing-v1\n")
+
+// encode is magic | elements u64 | steps u64 | prev f32… | vel f32… |
+// SHA-256 of all before it.
+func (m *smoother) encode() []byte {
+	b := append([]byte(nil), stateMagic...)
+	b = binary.LittleEndian.AppendUint64(b, uint64(len(m.prev)))
+	b = binary.LittleEndian.AppendUint64(b, m.steps)
+	for _, v := range [][]float32{m.prev, m.vel} {
+		for _, x := range v {
+			b = binary.LittleEndian.AppendUint32(b, math.Float32bits(x))
+		}
+	}
+	sum := sha256.Sum256(b)
+	return append(b, sum[:]...)
+}
+
+// decode restores m from b, refusing a file of another size or content
+// before it reads a value.
+func (m *smoother) decode(b []byte) error {
+	head := len(stateMagic) + 16
+	want := head + 8*len(m.prev) + sha256.Size
+	switch {
+	case len(b) < head || !bytes.Equal(b[:len(stateMagic)], stateMagic):
+		return errors.New("not an averaging-nccl smoothing state")
+	case binary.LittleEndian.Uint64(b[len(stateMagic):]) != uint64(len(m.prev)):
+		return fmt.Errorf("state of %d parameters, this model has %d", binary.LittleEndian.Uint64(b[len(stateMagic):]), len(m.prev))
+	case len(b) != want:
+		return fmt.Errorf("%d bytes, want %d", len(b), want)
+	}
+	body := b[:want-sha256.Size]
+	if sum := sha256.Sum256(body); !bytes.Equal(sum[:], b[want-sha256.Size:]) {
+		return errors.New("checksum mismatch")
+	}
+	steps := binary.LittleEndian.Uint64(b[len(stateMagic)+8:])
+	vals := arena.AsFloat32s(append([]byte(nil), body[head:]...))
+	copy(m.prev, vals[:len(m.prev)])
+	copy(m.vel, vals[len(m.prev):])
+	m.steps = steps
+	return nil
+}
+
+// SaveState writes the smoothing filter's state into dir (nothing when
+// smoothing is off): a temporary file, synced, then renamed.
+func (a *Averager) SaveState(_ context.Context, dir string) ([]string, error) {
+	a.opMu.Lock()
+	defer a.opMu.Unlock()
+	if a.smooth == nil {
+		return nil, nil
+	}
+	path := filepath.Join(dir, stateFile)
+	tmp, err := os.CreateTemp(dir, stateFile+".tmp-*")
+	if err != nil {
+		return nil, fmt.Errorf("averager: save smoothing state: %w", err)
+	}
+	defer os.Remove(tmp.Name())
+	_, err = tmp.Write(a.smooth.encode())
+	if err == nil {
+		err = tmp.Sync()
+	}
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp.Name(), path)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("averager: save smoothing state to %s: %w", path, err)
+	}
+	return []string{path}, nil
+}
+
+// LoadState restores the filter from dir; a directory without the file
+// leaves it to seed at the next round.
+func (a *Averager) LoadState(_ context.Context, dir string) error {
+	a.opMu.Lock()
+	defer a.opMu.Unlock()
+	if a.smooth == nil {
+		return nil
+	}
+	path := filepath.Join(dir, stateFile)
+	b, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		a.smooth.steps = 0
+		return nil
+	}
+	if err == nil {
+		err = a.smooth.decode(b)
+	}
+	if err != nil {
+		return fmt.Errorf("averager: load smoothing state %s: %w", path, err)
+	}
+	return nil
+}

@@ -1,0 +1,170 @@
+package averager
+
+import (
+	"context"
+	"math"
+	"strings"
+	"testing"
+
+	"github.com/cohortdl/cohort/shared/plugin"
+)
+
+// fillRound gives every rank new parameter values, as training between
+// rounds would.
+func (g *group) fillRound(round int) {
+	for r := range g.avgs {
+		v, _ := g.arenas[r].Float32s(0)
+		for k := range v {
+			v[k] = float32(math.Cos(float64(round*37+r*11+k))) * float32(round+r+1)
+		}
+	}
+}
+
+// TestSmoothing: with smoothing, each round's parameters are the plain
+// consensus filtered as averaging-cpu filters it (slow momentum, lr 1−s,
+// momentum s, seeded by the first round), computed here in float64, and
+// identical on every rank; buffers stay the plain mean.
+func TestSmoothing(t *testing.T) {
+	const s = 0.5
+	g := newGroup(t, 3, `{"smoothing": 0.5}`)
+	steps := []uint64{1, 2, 3}
+	var prev, vel []float64
+	for round := 1; round <= 4; round++ {
+		g.fillRound(round)
+		pre := g.snapshot()
+		g.mustAverage(g.all(), uint64(round), steps)
+		// The plain consensus of the parameters, then the filter.
+		n := len(pre[0][0])
+		want := make([]float64, n)
+		for k := range n {
+			var sum, total float64
+			for r := range g.avgs {
+				sum += float64(steps[r]) * float64(pre[r][0][k])
+				total += float64(steps[r])
+			}
+			want[k] = sum / total
+		}
+		if prev == nil {
+			prev, vel = append([]float64(nil), want...), make([]float64, n)
+		} else {
+			for k := range want {
+				vel[k] = s*vel[k] + (prev[k] - want[k])
+				want[k] = prev[k] - (1-s)*vel[k]
+				prev[k] = want[k]
+			}
+		}
+		for r := range g.avgs {
+			got := g.values(r, 0)
+			for k := range want {
+				if math.Abs(float64(got[k])-want[k]) > 1e-5*(1+math.Abs(want[k])) {
+					t.Fatalf("round %d rank %d [%d] = %v, want %v", round, r, k, got[k], want[k])
+				}
+				if got[k] != g.values(0, 0)[k] {
+					t.Fatalf("round %d: ranks 0 and %d differ at [%d]", round, r, k)
+				}
+			}
+		}
+		if round == 1 {
+			g.checkMean(g.all(), g.all(), pre, steps, 1) // the seed round: the plain mean
+		}
+	}
+}
+
+// A rank whose filter state is fresh (its plugin replaced) makes every rank
+// reseed from that round's consensus, so they stay equal.
+func TestSmoothingReseedsWhenStatesDiffer(t *testing.T) {
+	g := newGroup(t, 2, `{"smoothing": 0.5}`)
+	steps := []uint64{1, 1}
+	for round := 1; round <= 3; round++ {
+		g.fillRound(round)
+		g.mustAverage(g.all(), uint64(round), steps)
+	}
+	g.avgs[1].smooth.steps = 0 // as a replaced averager starts
+	g.fillRound(4)
+	pre := g.snapshot()
+	g.mustAverage(g.all(), 4, steps)
+	g.checkMean(g.all(), g.all(), pre, steps, 1) // a seed round leaves the plain mean
+	if a, b := g.avgs[0].smooth.steps, g.avgs[1].smooth.steps; a != 1 || b != 1 {
+		t.Fatalf("step counts after the reseed: %d and %d, want 1 and 1", a, b)
+	}
+}
+
+// Ranks configured with different smoothing refuse the round, naming it.
+func TestSmoothingSettingsMustAgree(t *testing.T) {
+	g := newGroup(t, 2, `{"smoothing": 0.5}`)
+	errs := g.each(g.all(), func(ctx context.Context, r int) error {
+		set := `{"smoothing": 0.5}`
+		if r == 1 {
+			set = `{"smoothing": 0.25}`
+		}
+		_, err := g.avgs[r].Configure(ctx, plugin.AveragerConfig{Rank: uint32(r), WorldSize: 2,
+			Arena: g.arenas[r].Descriptor(), Settings: []byte(set), Relay: g.relay.Relay(uint32(r))})
+		return err
+	})
+	for r, err := range errs {
+		if err != nil {
+			t.Fatalf("Configure rank %d: %v", r, err)
+		}
+	}
+	for r, err := range g.average(g.all(), 1, []uint64{1, 1}) {
+		if err == nil || !strings.Contains(err.Error(), "smoothing settings differ") {
+			t.Errorf("rank %d: %v, want the smoothing settings named", r, err)
+		}
+	}
+}
+
+// A lone member's round leaves its arena bit for bit, smoothing or not.
+func TestSmoothingLoneRound(t *testing.T) {
+	g := newGroup(t, 1, `{"smoothing": 0.5}`)
+	for round := 1; round <= 3; round++ {
+		g.fillRound(round)
+		pre := g.values(0, 0)
+		g.mustAverage(g.all(), uint64(round), []uint64{2})
+		for k, x := range g.values(0, 0) {
+			if math.Float32bits(x) != math.Float32bits(pre[k]) {
+				t.Fatalf("round %d changed a lone rank's [%d]: %v → %v", round, k, pre[k], x)
+			}
+		}
+	}
+}
+
+func TestSmoothingSettings(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want float64
+		err  string
+	}{
+		{`{}`, 0.5, ""},
+		{`{"smoothing": 0}`, 0, ""},
+		{`{"smoothing": 0.9}`, 0.9, ""},
+		{`{"smoothing": 1}`, 0, "smoothing = 1"},
+		{`{"smoothing": -0.5}`, 0, "smoothing = -0.5"},
+	} {
+		c, err := parseSettings([]byte(tc.in))
+		switch {
+		case tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err)):
+			t.Errorf("%s: %v, want an error naming %q", tc.in, err, tc.err)
+		case tc.err == "" && (err != nil || c.smoothing != tc.want):
+			t.Errorf("%s: smoothing %v, %v; want %v", tc.in, c.smoothing, err, tc.want)
+		}
+	}
+}
+
+// FuzzSmoothingState: decoding any bytes errs or restores a state that
+// encodes back to them; it never panics.
+func FuzzSmoothingState(f *testing.F) {
+	m := newSmoother(0.5, 3)
+	m.prev[1], m.vel[2], m.steps = 1.5, -2, 7
+	f.Add(m.encode())
+	f.Add([]byte("cohort-nccl-smoothing-v1\n"))
+	f.Add([]byte{})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		d := newSmoother(0.5, 3)
+		if err := d.decode(b); err != nil {
+			return
+		}
+		if string(d.encode()) != string(b) {
+			t.Fatalf("decoded state encodes to other bytes")
+		}
+	})
+}
