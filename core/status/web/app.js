@@ -73,7 +73,7 @@ function line(svg, series) {
   let [x0, x1, y0, y1] = [Infinity, -Infinity, Infinity, -Infinity];
   for (const [x, y] of pts) { x0 = Math.min(x0, x); x1 = Math.max(x1, x); y0 = Math.min(y0, y); y1 = Math.max(y1, y); }
   if (x1 === x0) x1 = x0 + 1;
-  if (y1 === y0) { y1 += 0.5; y0 -= 0.5; }
+  if (y1 === y0) { const pad = Math.abs(y0) * 0.1 || 0.5; y1 += pad; y0 -= pad; }
   const sx = (x) => L + ((x - x0) / (x1 - x0)) * (W - L - R);
   const sy = (y) => H - B - ((y - y0) / (y1 - y0)) * (H - B - T);
   el("text", { x: 2, y: T + 8 }, y1.toPrecision(3));
