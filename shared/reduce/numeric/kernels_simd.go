@@ -66,23 +66,14 @@ func fused2AVX2(x0, x1 []float32, w0, w1, inv float32, st *Stats) {
 			s.StoreSlice(y0[i:])
 			s.StoreSlice(y1[i:])
 		}
-		sd0, sd1, sp0, sp1, sq := hsum(d0), hsum(d1), hsum(p0), hsum(p1), hsum(q)
-		for ; i < len(y0); i++ {
-			a0, a1 := y0[i], y1[i]
-			s := (a0*w0 + a1*w1) * inv
-			e0, e1 := a0-s, a1-s
-			sd0 += e0 * e0
-			sd1 += e1 * e1
-			sp0 += a0 * a0
-			sp1 += a1 * a1
-			sq += s * s
-			y0[i], y1[i] = s, s
+		D0 += float64(hsum(d0))
+		D1 += float64(hsum(d1))
+		P0 += float64(hsum(p0))
+		P1 += float64(hsum(p1))
+		Q += float64(hsum(q))
+		if i < len(y0) {
+			fused2Go(y0[i:], y1[i:], w0, w1, inv, st)
 		}
-		D0 += float64(sd0)
-		D1 += float64(sd1)
-		P0 += float64(sp0)
-		P1 += float64(sp1)
-		Q += float64(sq)
 	}
 	st.Diff2[0] += D0
 	st.Diff2[1] += D1
@@ -125,31 +116,42 @@ func fused4AVX2(x [4][]float32, w [4]float32, inv float32, st *Stats) {
 			p0, p1, p2, p3 = p0.Add(a0.Mul(a0)), p1.Add(a1.Mul(a1)), p2.Add(a2.Mul(a2)), p3.Add(a3.Mul(a3))
 			q = q.Add(s.Mul(s))
 		}
-		sd := [4]float32{hsum(d0), hsum(d1), hsum(d2), hsum(d3)}
-		sp := [4]float32{hsum(p0), hsum(p1), hsum(p2), hsum(p3)}
-		sq := hsum(q)
-		for ; i < m; i++ {
-			a := [4]float32{y0[i], y1[i], y2[i], y3[i]}
-			s := (((a[0]*w[0] + a[1]*w[1]) + a[2]*w[2]) + a[3]*w[3]) * inv
-			for j := range a {
-				e := a[j] - s
-				sd[j] += e * e
-				sp[j] += a[j] * a[j]
-			}
-			sq += s * s
-			y0[i], y1[i], y2[i], y3[i] = s, s, s, s
+		for j, acc := range [...][2]archsimd.Float32x8{{d0, p0}, {d1, p1}, {d2, p2}, {d3, p3}} {
+			D[j] += float64(hsum(acc[0]))
+			P[j] += float64(hsum(acc[1]))
 		}
-		for j := range D {
-			D[j] += float64(sd[j])
-			P[j] += float64(sp[j])
+		Q += float64(hsum(q))
+		if i < m {
+			fused4Tail([4][]float32{y0[i:], y1[i:], y2[i:], y3[i:]}, w, inv, st)
 		}
-		Q += float64(sq)
 	}
 	for j := range D {
 		st.Diff2[j] += D[j]
 		st.Pre2[j] += P[j]
 	}
 	st.Post2 += Q
+}
+
+// fused4Tail is fused4's scalar form, for the elements short of a vector.
+func fused4Tail(y [4][]float32, w [4]float32, inv float32, st *Stats) {
+	var sd, sp [4]float32
+	var sq float32
+	for i := range y[0] {
+		a := [4]float32{y[0][i], y[1][i], y[2][i], y[3][i]}
+		s := (((a[0]*w[0] + a[1]*w[1]) + a[2]*w[2]) + a[3]*w[3]) * inv
+		for j := range a {
+			e := a[j] - s
+			sd[j] += e * e
+			sp[j] += a[j] * a[j]
+			y[j][i] = s
+		}
+		sq += s * s
+	}
+	for j := range sd {
+		st.Diff2[j] += float64(sd[j])
+		st.Pre2[j] += float64(sp[j])
+	}
+	st.Post2 += float64(sq)
 }
 
 func pairAVX2(y0, y1, v []float32) (d0, d1, p0, p1 float32) {
@@ -168,18 +170,8 @@ func pairAVX2(y0, y1, v []float32) (d0, d1, p0, p1 float32) {
 		s.StoreSlice(y0[i:])
 		s.StoreSlice(y1[i:])
 	}
-	d0, d1, p0, p1 = hsum(D0), hsum(D1), hsum(P0), hsum(P1)
-	for ; i < len(v); i++ {
-		s := v[i]
-		a0, a1 := y0[i], y1[i]
-		e0, e1 := a0-s, a1-s
-		d0 += e0 * e0
-		d1 += e1 * e1
-		p0 += a0 * a0
-		p1 += a1 * a1
-		y0[i], y1[i] = s, s
-	}
-	return
+	e0, e1, q0, q1 := pairGo(y0[i:], y1[i:], v[i:])
+	return hsum(D0) + e0, hsum(D1) + e1, hsum(P0) + q0, hsum(P1) + q1
 }
 
 func singleAVX2(y, v []float32, al float32) (d0, p0 float32) {
@@ -199,18 +191,8 @@ func singleAVX2(y, v []float32, al float32) (d0, p0 float32) {
 			a.Sub(AL.Mul(e)).StoreSlice(y[i:])
 		}
 	}
-	d0, p0 = hsum(D), hsum(P)
-	for ; i < len(v); i++ {
-		a := y[i]
-		e := a - v[i]
-		d0 += e * e
-		p0 += a * a
-		y[i] = a - al*e
-		if al == 1 {
-			y[i] = v[i]
-		}
-	}
-	return
+	e, q := singleGo(y[i:], v[i:], al)
+	return hsum(D) + e, hsum(P) + q
 }
 
 // sumAVX2 is weighted.sum: up to four sources a pass, each pass's terms
