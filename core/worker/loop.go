@@ -438,6 +438,7 @@ func (w *worker) beginRound(ctx context.Context, m *wirepb.Sync) (*roundRun, err
 		}
 		rr.req.Broadcast, rr.req.Root = true, uint32(idx)
 	}
+	w.log.Debug("round begins", "round", n, "steps", rr.req.Steps, "broadcast", rr.req.Broadcast)
 	return rr, nil
 }
 

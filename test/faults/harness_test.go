@@ -159,6 +159,23 @@ func (p *proc) waitLine(substr string, timeout time.Duration) string {
 	}
 }
 
+// waitOutput waits for substr in the process's output (stdout and
+// stderr) after its first from bytes.
+func (p *proc) waitOutput(substr string, from int, timeout time.Duration) {
+	p.t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !strings.Contains(p.output()[from:], substr) {
+		select {
+		case <-p.done:
+			p.t.Fatalf("%s exited (%v) before printing %q", p.name, p.status, substr)
+		case <-time.After(2 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			p.t.Fatalf("%s printed no %q within %v", p.name, substr, timeout)
+		}
+	}
+}
+
 // exit waits for the process and returns its exit code (-1 when a signal
 // ended it).
 func (p *proc) exit(timeout time.Duration) int {

@@ -27,10 +27,14 @@ func TestWorkerFaults(t *testing.T) {
 		inRound string
 		reason  string
 		after   time.Duration // from the end of the first epoch to the signal
+		// inRoundOf, when set, waits after that for this worker log line
+		// of rank 1's, so the signal lands in the round it begins.
+		inRoundOf string
 	}{
 		{name: "SIGKILL mid-epoch", sig: syscall.SIGKILL, trainer: map[string]any{"sleep_per_batch": "10ms"}},
 		{name: "SIGKILL mid-round", sig: syscall.SIGKILL, trainer: map[string]any{"sleep_per_batch": "1ms"},
-			averager: map[string]any{"sleep_per_round": "150ms"}, after: 250 * time.Millisecond, inRound: "round will run again on the re-formed group"},
+			averager: map[string]any{"sleep_per_round": "150ms"}, after: 100 * time.Millisecond, inRound: "round will run again on the re-formed group",
+			inRoundOf: "cohort.worker: round begins: rank=1 "},
 		{name: "SIGSTOP", sig: syscall.SIGSTOP, trainer: map[string]any{"sleep_per_batch": "10ms"}, reason: "silent"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -40,6 +44,11 @@ func TestWorkerFaults(t *testing.T) {
 			// Mid-way through the second epoch's first window.
 			p.waitLine("epoch 1/3", 30*time.Second)
 			time.Sleep(tc.after)
+			if tc.inRoundOf != "" {
+				// The averager sleeps 150 ms in every round: a signal sent
+				// as rank 1 logs a round's start lands in it.
+				p.waitOutput(tc.inRoundOf, len(p.output()), 30*time.Second)
+			}
 			victim := workers(t, p.cmd.Process.Pid)[1]
 			if victim == 0 {
 				t.Fatal("no worker of rank 1")
