@@ -125,8 +125,8 @@ func TestSyncRunCompletes(t *testing.T) {
 	}
 	// 96 samples / 3 ranks = 32 each = 4 batches = 2 windows per epoch, plus
 	// round 0.
-	if sum.Averaging.Rounds != 5 || sum.Averaging.Backend != "mock" || sum.Averaging.BytesPerRound != 300 {
-		t.Errorf("averaging summary %+v: want 5 rounds of 300 bytes, backend mock", sum.Averaging)
+	if sum.Averaging.Rounds != 5 || sum.Averaging.Backend != "mock" || sum.Averaging.BytesPerRound != 300 || sum.Averaging.HostCopyBytes != 5*3*7 {
+		t.Errorf("averaging summary %+v: want 5 rounds of 300 bytes and 3·7 host copy bytes each, backend mock", sum.Averaging)
 	}
 	if sum.GlobalStep != 8 {
 		t.Errorf("global step %d, want 8 (24 batches over all ranks / 3 ranks)", sum.GlobalStep)

@@ -660,7 +660,7 @@ func (f *fakeRank) syncRound(ctx context.Context, v *wirepb.Sync, send func(prot
 	}
 	send(&wirepb.SnapshotReady{Rank: f.id, Round: v.GetRound()})
 	start := time.Now()
-	ack := &wirepb.SyncAck{Rank: f.id, Round: v.GetRound(), BytesMoved: 100}
+	ack := &wirepb.SyncAck{Rank: f.id, Round: v.GetRound(), BytesMoved: 100, HostCopyBytes: 7}
 	if s.abortRoundSet && v.GetRound() == s.abortRound {
 		f.h.group.arrive(v.GetRound(), f.id)
 		select {

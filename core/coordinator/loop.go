@@ -140,6 +140,7 @@ type runner struct {
 	rounds       uint64
 	roundMS      float64
 	bytes        float64
+	hostCopy     uint64 // SyncAck.host_copy_bytes of live ranks, summed
 	lastCkpt     string
 
 	hbSeq  uint64      // the last CoordinatorHeartbeat's sequence

@@ -175,6 +175,7 @@ func (r *runner) completeRound(rd *round) {
 			continue
 		}
 		bytes += float64(ack.GetBytesMoved())
+		r.hostCopy += ack.GetHostCopyBytes()
 		if v := ack.GetRoundMs(); finite(v) && v >= 0 {
 			minMS = min(minMS, v)
 		}

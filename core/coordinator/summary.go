@@ -149,6 +149,12 @@ type AveragingSummary struct {
 	// the rounds, else what the ranks' averagers report. It is 0 when every
 	// rank shares the host, as they reduce in shared memory.
 	BytesPerRound float64 `json:"bytes_per_round"`
+	// HostCopyBytes sums what the live ranks' trainers and averagers
+	// reported copying between device and host memory for the rounds
+	// (SyncAck.host_copy_bytes): 0 when parameters stay where they are
+	// (on the host for CPU training; on the device for a device-resident
+	// path).
+	HostCopyBytes uint64 `json:"host_copy_bytes"`
 }
 
 // ReadSummary reads a run's summary.json.
@@ -326,6 +332,7 @@ func (r *runner) summary() *Summary {
 	if r.rounds > 0 {
 		s.Averaging.MeanRoundMS = safe(r.roundMS / float64(r.rounds))
 		s.Averaging.BytesPerRound = safe(r.bytes / float64(r.rounds))
+		s.Averaging.HostCopyBytes = r.hostCopy
 	}
 	for _, rs := range r.ranks {
 		state := RankExited

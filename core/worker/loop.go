@@ -427,7 +427,7 @@ func (w *worker) beginRound(ctx context.Context, m *wirepb.Sync) (*roundRun, err
 		return nil, err
 	}
 	rr := &roundRun{m: m, n: n, start: start,
-		ack: &wirepb.SyncAck{Rank: w.o.Rank, Round: n, StepCount: pub.StepCount, PreNorm: &pub.ParamNorm},
+		ack: &wirepb.SyncAck{Rank: w.o.Rank, Round: n, StepCount: pub.StepCount, PreNorm: &pub.ParamNorm, HostCopyBytes: pub.HostCopyBytes},
 		req: plugin.Round{Round: n, Steps: w.pendingSteps}, members: slices.Clone(w.members)}
 	if m.GetMode() == wirepb.SyncMode_SYNC_MODE_BROADCAST {
 		// Sync names the root by global rank; the averager counts in the
@@ -527,6 +527,7 @@ func (w *worker) endRound(ctx context.Context, rr *roundRun, o roundOutcome) err
 	ack.PostNorm = &norm
 	ack.Weight, ack.TotalWeight = res.Weight, res.TotalWeight
 	ack.BytesMoved = res.BytesMoved
+	ack.HostCopyBytes += res.HostCopyBytes
 	ack.RoundMs = ms(time.Since(start))
 	w.log.Debug("round done", "round", n, "weight", res.Weight, "total_weight", res.TotalWeight, "divergence", div, "ms", ack.RoundMs)
 	return w.send(ctx, ack)

@@ -79,6 +79,14 @@ averager "nccl" {
 HCL
 if out=$(cd "$work" && timeout 180 "$BIN/cohort" run --config "$work/cohort.hcl" 2>&1); then
 	json "cohort-run-$ranks-rank" ok "$(echo "$out" | tail -3 | tr '\n' ' ')"
+	# The parameter bytes the rounds copied between device and host: the
+	# device-resident path (CUDA IPC from the trainer) would make it 0.
+	copies=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["averaging"].get("host_copy_bytes", -1))' "$work/run/summary.json" 2>&1)
+	if [ "$copies" = 0 ]; then
+		json host-copies ok "no parameter byte crossed between device and host in the rounds"
+	else
+		json host-copies not-built "$copies parameter bytes copied between device and host in the rounds: parameters still stage through the host arena"
+	fi
 else
 	json "cohort-run-$ranks-rank" fail "$(echo "$out" | tail -40)"
 fi

@@ -122,7 +122,7 @@ func TestTrainerRoundTrip(t *testing.T) {
 		},
 		{
 			name: "Publish", op: "Trainer.Publish", method: "Publish",
-			out:    PublishResult{Steps: 50, StepCount: math.MaxUint64, ParamNorm: 123.456},
+			out:    PublishResult{Steps: 50, StepCount: math.MaxUint64, ParamNorm: 123.456, HostCopyBytes: 5 << 30},
 			invoke: func(ctx context.Context, c Trainer, _ any) (any, error) { return c.Publish(ctx) },
 		},
 		{
@@ -217,7 +217,7 @@ func TestAveragerRoundTrip(t *testing.T) {
 			name: "Average", op: "Averager.Average", method: "Average",
 			in: Round{Round: 7, Steps: 50, Broadcast: true, Root: 2},
 			out: RoundResult{Weight: 50, TotalWeight: 197, Divergence: 0.0123, PreNorm: 41.5, PostNorm: 41.25,
-				BytesMoved: 3 << 30, ReduceMS: 12.5, WaitMS: 3.25, TotalMS: 16, Realized: true},
+				BytesMoved: 3 << 30, ReduceMS: 12.5, WaitMS: 3.25, TotalMS: 16, Realized: true, HostCopyBytes: 6 << 30},
 			invoke: func(ctx context.Context, c Averager, in any) (any, error) { return c.Average(ctx, in.(Round)) },
 		},
 		{

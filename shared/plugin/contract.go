@@ -177,6 +177,10 @@ type PublishResult struct {
 	Steps     uint64
 	StepCount uint64
 	ParamNorm float64
+	// HostCopyBytes counts the parameter bytes copied between device and
+	// host memory since the previous Publish: the Adopt before it and
+	// this Publish (0 for parameters that live in host memory).
+	HostCopyBytes uint64
 }
 
 // EvalResult is one evaluation on the trainer's test split.
@@ -308,6 +312,10 @@ type RoundResult struct {
 	TotalMS     float64
 	// Realized is false when nobody trained and the arena kept its values.
 	Realized bool
+	// HostCopyBytes counts the parameter bytes the round copied between
+	// device and host memory (0 for an averager that never leaves one of
+	// them): a device-resident path reports none.
+	HostCopyBytes uint64
 }
 
 // Session re-forms the group after a membership change.

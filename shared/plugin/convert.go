@@ -303,11 +303,11 @@ func fromprotoBatchReport(m *pb.BatchReport) BatchReport {
 }
 
 func toprotoPublishResult(r PublishResult) *pb.PublishResponse {
-	return &pb.PublishResponse{Steps: r.Steps, StepCount: r.StepCount, ParamNorm: r.ParamNorm}
+	return &pb.PublishResponse{Steps: r.Steps, StepCount: r.StepCount, ParamNorm: r.ParamNorm, HostCopyBytes: r.HostCopyBytes}
 }
 
 func fromprotoPublishResult(m *pb.PublishResponse) PublishResult {
-	return PublishResult{Steps: m.GetSteps(), StepCount: m.GetStepCount(), ParamNorm: m.GetParamNorm()}
+	return PublishResult{Steps: m.GetSteps(), StepCount: m.GetStepCount(), ParamNorm: m.GetParamNorm(), HostCopyBytes: m.GetHostCopyBytes()}
 }
 
 func toprotoEvalResult(r EvalResult) *pb.EvaluateResponse {
@@ -380,31 +380,33 @@ func fromprotoRound(m *pb.AverageRequest) Round {
 
 func toprotoRoundResult(r RoundResult) *pb.AverageResponse {
 	return &pb.AverageResponse{
-		Weight:      r.Weight,
-		TotalWeight: r.TotalWeight,
-		Divergence:  r.Divergence,
-		PreNorm:     r.PreNorm,
-		PostNorm:    r.PostNorm,
-		BytesMoved:  r.BytesMoved,
-		ReduceMs:    r.ReduceMS,
-		WaitMs:      r.WaitMS,
-		TotalMs:     r.TotalMS,
-		Realized:    r.Realized,
+		Weight:        r.Weight,
+		TotalWeight:   r.TotalWeight,
+		Divergence:    r.Divergence,
+		PreNorm:       r.PreNorm,
+		PostNorm:      r.PostNorm,
+		BytesMoved:    r.BytesMoved,
+		ReduceMs:      r.ReduceMS,
+		WaitMs:        r.WaitMS,
+		TotalMs:       r.TotalMS,
+		Realized:      r.Realized,
+		HostCopyBytes: r.HostCopyBytes,
 	}
 }
 
 func fromprotoRoundResult(m *pb.AverageResponse) RoundResult {
 	return RoundResult{
-		Weight:      m.GetWeight(),
-		TotalWeight: m.GetTotalWeight(),
-		Divergence:  m.GetDivergence(),
-		PreNorm:     m.GetPreNorm(),
-		PostNorm:    m.GetPostNorm(),
-		BytesMoved:  m.GetBytesMoved(),
-		ReduceMS:    m.GetReduceMs(),
-		WaitMS:      m.GetWaitMs(),
-		TotalMS:     m.GetTotalMs(),
-		Realized:    m.GetRealized(),
+		Weight:        m.GetWeight(),
+		TotalWeight:   m.GetTotalWeight(),
+		Divergence:    m.GetDivergence(),
+		PreNorm:       m.GetPreNorm(),
+		PostNorm:      m.GetPostNorm(),
+		BytesMoved:    m.GetBytesMoved(),
+		ReduceMS:      m.GetReduceMs(),
+		WaitMS:        m.GetWaitMs(),
+		TotalMS:       m.GetTotalMs(),
+		Realized:      m.GetRealized(),
+		HostCopyBytes: m.GetHostCopyBytes(),
 	}
 }
 

@@ -1804,8 +1804,12 @@ type SyncAck struct {
 	RoundMs     float64                `protobuf:"fixed64,10,opt,name=round_ms,json=roundMs,proto3" json:"round_ms,omitempty"`
 	// The round failed on this rank (aborted after a peer died, for
 	// instance); the coordinator re-forms the group and runs it again.
-	Aborted       bool   `protobuf:"varint,11,opt,name=aborted,proto3" json:"aborted,omitempty"`
-	Error         string `protobuf:"bytes,12,opt,name=error,proto3" json:"error,omitempty"`
+	Aborted bool   `protobuf:"varint,11,opt,name=aborted,proto3" json:"aborted,omitempty"`
+	Error   string `protobuf:"bytes,12,opt,name=error,proto3" json:"error,omitempty"`
+	// Parameter bytes this rank's trainer and averager copied between
+	// device and host memory for the round (the trainer's Adopt of the
+	// previous round counted with this one's Publish).
+	HostCopyBytes uint64 `protobuf:"varint,13,opt,name=host_copy_bytes,json=hostCopyBytes,proto3" json:"host_copy_bytes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1922,6 +1926,13 @@ func (x *SyncAck) GetError() string {
 		return x.Error
 	}
 	return ""
+}
+
+func (x *SyncAck) GetHostCopyBytes() uint64 {
+	if x != nil {
+		return x.HostCopyBytes
+	}
+	return 0
 }
 
 type Heartbeat struct {
@@ -3177,7 +3188,7 @@ const file_core_wire_wirepb_wire_proto_rawDesc = "" +
 	"\x10partition_offset\x18\v \x01(\x04R\x0fpartitionOffset\x12%\n" +
 	"\x0epartition_size\x18\f \x01(\x04R\rpartitionSizeB\r\n" +
 	"\v_param_normB\x12\n" +
-	"\x10_sync_divergence\"\x8a\x03\n" +
+	"\x10_sync_divergence\"\xb2\x03\n" +
 	"\aSyncAck\x12\x12\n" +
 	"\x04rank\x18\x01 \x01(\rR\x04rank\x12\x14\n" +
 	"\x05round\x18\x02 \x01(\x04R\x05round\x12\x1d\n" +
@@ -3195,7 +3206,8 @@ const file_core_wire_wirepb_wire_proto_rawDesc = "" +
 	"\bround_ms\x18\n" +
 	" \x01(\x01R\aroundMs\x12\x18\n" +
 	"\aaborted\x18\v \x01(\bR\aaborted\x12\x14\n" +
-	"\x05error\x18\f \x01(\tR\x05errorB\r\n" +
+	"\x05error\x18\f \x01(\tR\x05error\x12&\n" +
+	"\x0fhost_copy_bytes\x18\r \x01(\x04R\rhostCopyBytesB\r\n" +
 	"\v_divergenceB\f\n" +
 	"\n" +
 	"_post_normB\v\n" +

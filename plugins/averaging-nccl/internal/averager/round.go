@@ -127,6 +127,12 @@ func (a *Averager) round(ctx context.Context, r plugin.Round) (plugin.RoundResul
 	res.ReduceMS = ms(time.Since(reduce))
 	if res.Realized {
 		res.BytesMoved = uint64(len(a.staging))
+		// The staging buffer went to the device and came back (a
+		// broadcast's non-root only reads it back).
+		res.HostCopyBytes = 2 * uint64(len(a.staging))
+		if r.Broadcast && int(r.Root) != s.rank {
+			res.HostCopyBytes = uint64(len(a.staging))
+		}
 	}
 	res.PostNorm = a.norm()
 	return res, nil

@@ -4,6 +4,7 @@ import (
 	"context"
 	"math"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/cohortdl/cohort/shared/plugin"
@@ -167,4 +168,48 @@ func FuzzSmoothingState(f *testing.F) {
 			t.Fatalf("decoded state encodes to other bytes")
 		}
 	})
+}
+
+// TestHostCopyBytes: a round reports the parameter bytes it copied
+// between host and device: the staging buffer both ways for a mean and a
+// broadcast's root, one way for the other ranks of a broadcast, none for
+// a lone member.
+func TestHostCopyBytes(t *testing.T) {
+	g := newGroup(t, 2, `{}`)
+	staging := uint64(len(g.avgs[0].staging))
+	results := func(rq func(r int) plugin.Round) map[int]plugin.RoundResult {
+		out := map[int]plugin.RoundResult{}
+		var mu sync.Mutex
+		for r, err := range g.each(g.all(), func(ctx context.Context, r int) error {
+			res, err := g.avgs[r].Average(ctx, rq(r))
+			mu.Lock()
+			out[r] = res
+			mu.Unlock()
+			return err
+		}) {
+			if err != nil {
+				t.Fatalf("rank %d: %v", r, err)
+			}
+		}
+		return out
+	}
+	for r, res := range results(func(int) plugin.Round { return plugin.Round{Round: 1, Steps: 1} }) {
+		if res.HostCopyBytes != 2*staging {
+			t.Errorf("mean, rank %d: %d host copy bytes, want %d", r, res.HostCopyBytes, 2*staging)
+		}
+	}
+	for r, res := range results(func(int) plugin.Round { return plugin.Round{Round: 2, Broadcast: true, Root: 1} }) {
+		want := staging
+		if r == 1 {
+			want = 2 * staging
+		}
+		if res.HostCopyBytes != want {
+			t.Errorf("broadcast, rank %d: %d host copy bytes, want %d", r, res.HostCopyBytes, want)
+		}
+	}
+	lone := newGroup(t, 1, `{}`)
+	res, err := lone.avgs[0].Average(context.Background(), plugin.Round{Round: 1, Steps: 3})
+	if err != nil || res.HostCopyBytes != 0 {
+		t.Errorf("lone member: %d host copy bytes, %v; want none", res.HostCopyBytes, err)
+	}
 }

@@ -61,8 +61,9 @@ func (t *Trainer) Publish(context.Context) (plugin.PublishResult, error) {
 	if err != nil {
 		return plugin.PublishResult{}, fmt.Errorf("libtorch trainer: %w", err)
 	}
-	res := plugin.PublishResult{Steps: t.steps - t.lastPub, StepCount: t.steps, ParamNorm: norm}
-	t.lastPub, t.published = t.steps, true
+	t.noteHostCopy()
+	res := plugin.PublishResult{Steps: t.steps - t.lastPub, StepCount: t.steps, ParamNorm: norm, HostCopyBytes: t.hostCopy}
+	t.lastPub, t.published, t.hostCopy = t.steps, true, 0
 	return res, nil
 }
 
@@ -88,7 +89,16 @@ func (t *Trainer) Adopt(_ context.Context, blendAlpha float64) (float64, error) 
 	if err != nil {
 		return 0, fmt.Errorf("libtorch trainer: %w", err)
 	}
+	t.noteHostCopy()
 	return norm, nil
+}
+
+// noteHostCopy counts a Publish's or an Adopt's copy of the arena between
+// the model's device memory and the host's: none for a model on the CPU.
+func (t *Trainer) noteHostCopy() {
+	if t.s.Device != "cpu" {
+		t.hostCopy += t.layout.Size
+	}
 }
 
 func (t *Trainer) attachedLocked(op string) error {

@@ -72,6 +72,9 @@ type Trainer struct {
 	published bool
 	steps     uint64 // optimizer steps in total
 	lastPub   uint64 // steps at the last Publish
+	// hostCopy counts arena bytes copied between device and host since
+	// the last Publish, for PublishResult.HostCopyBytes.
+	hostCopy  uint64
 	schedStep uint64 // the learning-rate schedule's step
 	// bufs are the two batches Train alternates between: one trains while
 	// the other is gathered.

@@ -333,7 +333,9 @@ type AverageResponse struct {
 	WaitMs     float64 `protobuf:"fixed64,8,opt,name=wait_ms,json=waitMs,proto3" json:"wait_ms,omitempty"`
 	TotalMs    float64 `protobuf:"fixed64,9,opt,name=total_ms,json=totalMs,proto3" json:"total_ms,omitempty"`
 	// False when nobody trained and the arena was left as it was.
-	Realized      bool `protobuf:"varint,10,opt,name=realized,proto3" json:"realized,omitempty"`
+	Realized bool `protobuf:"varint,10,opt,name=realized,proto3" json:"realized,omitempty"`
+	// Parameter bytes the round copied between device and host memory.
+	HostCopyBytes uint64 `protobuf:"varint,11,opt,name=host_copy_bytes,json=hostCopyBytes,proto3" json:"host_copy_bytes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -436,6 +438,13 @@ func (x *AverageResponse) GetRealized() bool {
 		return x.Realized
 	}
 	return false
+}
+
+func (x *AverageResponse) GetHostCopyBytes() uint64 {
+	if x != nil {
+		return x.HostCopyBytes
+	}
+	return 0
 }
 
 type NewSessionIdRequest struct {
@@ -920,7 +929,7 @@ const file_shared_plugin_internal_pluginpb_averager_proto_rawDesc = "" +
 	"\x05round\x18\x01 \x01(\x04R\x05round\x12\x14\n" +
 	"\x05steps\x18\x02 \x01(\x04R\x05steps\x12\x1c\n" +
 	"\tbroadcast\x18\x03 \x01(\bR\tbroadcast\x12\x12\n" +
-	"\x04root\x18\x04 \x01(\rR\x04root\"\xb2\x02\n" +
+	"\x04root\x18\x04 \x01(\rR\x04root\"\xda\x02\n" +
 	"\x0fAverageResponse\x12\x16\n" +
 	"\x06weight\x18\x01 \x01(\x01R\x06weight\x12!\n" +
 	"\ftotal_weight\x18\x02 \x01(\x01R\vtotalWeight\x12\x1e\n" +
@@ -935,7 +944,8 @@ const file_shared_plugin_internal_pluginpb_averager_proto_rawDesc = "" +
 	"\await_ms\x18\b \x01(\x01R\x06waitMs\x12\x19\n" +
 	"\btotal_ms\x18\t \x01(\x01R\atotalMs\x12\x1a\n" +
 	"\brealized\x18\n" +
-	" \x01(\bR\brealized\"\x15\n" +
+	" \x01(\bR\brealized\x12&\n" +
+	"\x0fhost_copy_bytes\x18\v \x01(\x04R\rhostCopyBytes\"\x15\n" +
 	"\x13NewSessionIdRequest\"5\n" +
 	"\x14NewSessionIdResponse\x12\x1d\n" +
 	"\n" +

@@ -758,9 +758,12 @@ func (*PublishRequest) Descriptor() ([]byte, []int) {
 type PublishResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Optimizer steps since the previous Publish: the round's weight.
-	Steps         uint64  `protobuf:"varint,1,opt,name=steps,proto3" json:"steps,omitempty"`
-	StepCount     uint64  `protobuf:"varint,2,opt,name=step_count,json=stepCount,proto3" json:"step_count,omitempty"`
-	ParamNorm     float64 `protobuf:"fixed64,3,opt,name=param_norm,json=paramNorm,proto3" json:"param_norm,omitempty"`
+	Steps     uint64  `protobuf:"varint,1,opt,name=steps,proto3" json:"steps,omitempty"`
+	StepCount uint64  `protobuf:"varint,2,opt,name=step_count,json=stepCount,proto3" json:"step_count,omitempty"`
+	ParamNorm float64 `protobuf:"fixed64,3,opt,name=param_norm,json=paramNorm,proto3" json:"param_norm,omitempty"`
+	// Parameter bytes copied between device and host memory since the
+	// previous Publish: the Adopt before it and this Publish.
+	HostCopyBytes uint64 `protobuf:"varint,4,opt,name=host_copy_bytes,json=hostCopyBytes,proto3" json:"host_copy_bytes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -812,6 +815,13 @@ func (x *PublishResponse) GetStepCount() uint64 {
 func (x *PublishResponse) GetParamNorm() float64 {
 	if x != nil {
 		return x.ParamNorm
+	}
+	return 0
+}
+
+func (x *PublishResponse) GetHostCopyBytes() uint64 {
+	if x != nil {
+		return x.HostCopyBytes
 	}
 	return 0
 }
@@ -1404,13 +1414,14 @@ const file_shared_plugin_internal_pluginpb_trainer_proto_rawDesc = "" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01B\r\n" +
 	"\v_param_norm\"\x10\n" +
-	"\x0ePublishRequest\"e\n" +
+	"\x0ePublishRequest\"\x8d\x01\n" +
 	"\x0fPublishResponse\x12\x14\n" +
 	"\x05steps\x18\x01 \x01(\x04R\x05steps\x12\x1d\n" +
 	"\n" +
 	"step_count\x18\x02 \x01(\x04R\tstepCount\x12\x1d\n" +
 	"\n" +
-	"param_norm\x18\x03 \x01(\x01R\tparamNorm\"/\n" +
+	"param_norm\x18\x03 \x01(\x01R\tparamNorm\x12&\n" +
+	"\x0fhost_copy_bytes\x18\x04 \x01(\x04R\rhostCopyBytes\"/\n" +
 	"\fAdoptRequest\x12\x1f\n" +
 	"\vblend_alpha\x18\x01 \x01(\x01R\n" +
 	"blendAlpha\".\n" +
