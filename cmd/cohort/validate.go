@@ -12,11 +12,6 @@ import (
 	"github.com/cohortdl/cohort/shared/plugin"
 )
 
-// validateStartTimeout bounds each plugin's start in `cohort validate` (and
-// `cohort run`'s check before it starts ranks): a plugin that does not
-// complete the handshake by then is reported broken.
-const validateStartTimeout = pluginhost.DefaultStartTimeout
-
 func newValidateCommand(g *globals) *cobra.Command {
 	return &cobra.Command{
 		Use:   "validate FILE",
@@ -70,10 +65,9 @@ func checkPlugins(ctx context.Context, cfg *config.Config) []error {
 		ctx = context.Background()
 	}
 	h := pluginhost.New(pluginhost.Options{
-		Dirs:         pluginDirs(cfg),
-		StartTimeout: validateStartTimeout,
-		Withhold:     []string{envSecret, envSecretFile},
-		Lock:         cfg.Worker.PluginLock,
+		Dirs:     pluginDirs(cfg),
+		Withhold: []string{envSecret, envSecretFile},
+		Lock:     cfg.Worker.PluginLock,
 		Versions: map[pluginhost.Kind]string{
 			pluginhost.Trainer:  cfg.Trainer.Version,
 			pluginhost.Averager: cfg.Averager.Version,

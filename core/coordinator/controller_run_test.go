@@ -50,10 +50,7 @@ func TestAdaptiveSyncTightensOnDrift(t *testing.T) {
 	sum := h.mustComplete()
 	h.ledger.checkExactlyOnce(t, 2, samples)
 
-	var rules []string
-	for _, d := range sum.Controller.Decisions {
-		rules = append(rules, d.Rule)
-	}
+	rules := decisionRules(sum.Controller)
 	if want := []string{RuleTighten, RuleTighten}; !slices.Equal(rules, want) {
 		t.Fatalf("decisions %v, want %v (4 → 2 → 1)", rules, want)
 	}
@@ -98,10 +95,7 @@ func TestGuardScalesEveryRanksRate(t *testing.T) {
 	})
 	sum := h.mustComplete()
 	h.ledger.checkExactlyOnce(t, 2, samples)
-	var rules []string
-	for _, d := range sum.Controller.Decisions {
-		rules = append(rules, d.Rule)
-	}
+	rules := decisionRules(sum.Controller)
 	if want := []string{RuleGuard, RuleGuardRelease}; !slices.Equal(rules, want) {
 		t.Fatalf("decisions %v, want %v", rules, want)
 	}
@@ -218,11 +212,17 @@ func TestResumeKeepsTheController(t *testing.T) {
 	if len(plans) == 0 || plans[0].GetLrScale() != 0.5 {
 		t.Fatalf("the resumed run's first plan %v: want lr scale 0.5", plans)
 	}
-	var rules []string
-	for _, d := range sum2.Controller.Decisions {
-		rules = append(rules, d.Rule)
-	}
+	rules := decisionRules(sum2.Controller)
 	if !slices.Equal(rules, []string{RuleGuardRelease}) || sum2.Controller.LRScale != 1 {
 		t.Errorf("resumed decisions %v, final lr scale %g: want the guard released, rate 1", rules, sum2.Controller.LRScale)
 	}
+}
+
+// decisionRules lists the rules of c's decisions, in order.
+func decisionRules(c *ControllerSummary) []string {
+	var rules []string
+	for _, d := range c.Decisions {
+		rules = append(rules, d.Rule)
+	}
+	return rules
 }

@@ -164,7 +164,7 @@ func (p *proc) waitLine(substr string, timeout time.Duration) string {
 func (p *proc) waitOutput(substr string, from int, timeout time.Duration) {
 	p.t.Helper()
 	deadline := time.Now().Add(timeout)
-	for !strings.Contains(p.output()[from:], substr) {
+	for !p.printed(substr, from) {
 		select {
 		case <-p.done:
 			p.t.Fatalf("%s exited (%v) before printing %q", p.name, p.status, substr)
@@ -174,6 +174,14 @@ func (p *proc) waitOutput(substr string, from int, timeout time.Duration) {
 			p.t.Fatalf("%s printed no %q within %v", p.name, substr, timeout)
 		}
 	}
+}
+
+// printed reports whether substr is in the output after its first from
+// bytes, reading the buffer in place (the run's debug log grows fast).
+func (p *proc) printed(substr string, from int) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return bytes.Contains(p.out.Bytes()[from:], []byte(substr))
 }
 
 // exit waits for the process and returns its exit code (-1 when a signal

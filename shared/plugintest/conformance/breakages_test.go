@@ -3,6 +3,7 @@ package conformance_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"math"
 	"os"
 	"path/filepath"
@@ -194,15 +195,39 @@ type brokenTrainer struct {
 	*plugintest.Trainer
 	bug string
 
-	mu      sync.Mutex
-	mapping *arena.Mapping
+	mu       sync.Mutex
+	mapping  *arena.Mapping
+	training bool
 }
 
 // The trainer bugs.
 const (
-	forgetsSteps = "forgets steps trained since Publish"
-	viewsArena   = "trains in the arena"
+	forgetsSteps   = "forgets steps trained since Publish"
+	viewsArena     = "trains in the arena"
+	busyWhileTrain = "refuses Publish while Train runs"
 )
+
+func (b *brokenTrainer) Train(ctx context.Context, p plugin.Plan, report func(plugin.BatchReport) error) error {
+	b.mu.Lock()
+	b.training = true
+	b.mu.Unlock()
+	defer func() {
+		b.mu.Lock()
+		b.training = false
+		b.mu.Unlock()
+	}()
+	return b.Trainer.Train(ctx, p, report)
+}
+
+func (b *brokenTrainer) Publish(ctx context.Context) (plugin.PublishResult, error) {
+	b.mu.Lock()
+	busy := b.training && b.bug == busyWhileTrain
+	b.mu.Unlock()
+	if busy {
+		return plugin.PublishResult{}, errors.New("broken trainer: Train is running")
+	}
+	return b.Trainer.Publish(ctx)
+}
 
 func (b *brokenTrainer) Attach(ctx context.Context, d arena.Descriptor) (bool, error) {
 	zc, err := b.Trainer.Attach(ctx, d)
@@ -258,6 +283,7 @@ func TestTrainerBreakages(t *testing.T) {
 		{noBug, ""},
 		{forgetsSteps, "Adopt after steps trained since Publish must credit them, current + (arena − published)"},
 		{viewsArena, "configured with OverlapRounds, must keep its parameters out of the arena"},
+		{busyWhileTrain, "Publish and Adopt must succeed while Train runs: Publish: broken trainer: Train is running"},
 	} {
 		t.Run(c.bug, func(t *testing.T) {
 			t.Parallel()

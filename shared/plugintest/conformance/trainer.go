@@ -1,14 +1,17 @@
 package conformance
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/cohortdl/cohort/shared/arena"
 	"github.com/cohortdl/cohort/shared/plugin"
@@ -413,30 +416,36 @@ func (s *trainerSuite) trainsDuringRounds(t T) {
 		t.Logf("two trainers configured alike trained to different values: only checked that Adopt kept the steps")
 	}
 
-	// Publish and Adopt while Train runs: neither may fail or deadlock,
-	// and Train must finish its plan.
+	// Publish and Adopt while Train runs, from its first report, as the
+	// host calls them between batches: neither may fail or block, and
+	// Train must finish its plan.
 	z := s.startWith(t, cfg)
 	z.train(p1)
 	z.publish()
 	tctx, tcancel := callCtx(CallBound)
 	defer tcancel()
-	done := make(chan error, 1)
 	var reps []plugin.BatchReport
+	var during error
+	done := make(chan error, 1)
 	go func() {
-		done <- z.tr.Train(tctx, p2, func(r plugin.BatchReport) error { reps = append(reps, r); return nil })
+		done <- z.tr.Train(tctx, p2, func(r plugin.BatchReport) error {
+			if len(reps) == 0 {
+				during = publishAdopt(tctx, z.tr)
+			}
+			reps = append(reps, r)
+			return nil
+		})
 	}()
-	for range 3 {
-		if _, err := z.tr.Publish(tctx); err != nil {
-			t.Errorf("Publish must succeed while Train runs: %v", err)
-			break
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Train must finish its plan when Publish and Adopt run during it: %v", err)
 		}
-		if _, err := z.tr.Adopt(tctx, 0); err != nil {
-			t.Errorf("Adopt must succeed while Train runs: %v", err)
-			break
-		}
+	case <-time.After(CallBound + time.Second):
+		t.Fatalf("Train did not return within %v when Publish and Adopt ran during it (a lock held across the report?)", CallBound)
 	}
-	if err := <-done; err != nil {
-		t.Fatalf("Train must finish its plan while Publish and Adopt run beside it: %v", err)
+	if during != nil {
+		t.Errorf("Publish and Adopt must succeed while Train runs: %v", during)
 	}
 	for i, r := range reps {
 		if math.IsNaN(r.RoundWaitMS) || math.IsInf(r.RoundWaitMS, 0) || r.RoundWaitMS < 0 {
@@ -444,6 +453,18 @@ func (s *trainerSuite) trainsDuringRounds(t T) {
 			break
 		}
 	}
+}
+
+// publishAdopt publishes and adopts (an overwrite) on tr, as a round
+// beside training does.
+func publishAdopt(ctx context.Context, tr plugin.Trainer) error {
+	if _, err := tr.Publish(ctx); err != nil {
+		return fmt.Errorf("Publish: %w", err)
+	}
+	if _, err := tr.Adopt(ctx, 0); err != nil {
+		return fmt.Errorf("Adopt: %w", err)
+	}
+	return nil
 }
 
 // delta is what trainsDuringRounds moves the arena's entry i, element k, by.

@@ -7,7 +7,7 @@ import (
 
 // The kernels Apply and the folds run, by element: these scalar ones
 // unless kernels_simd.go swaps in vector ones at start-up. Vector is
-// "" for these, else the instruction set.
+// "" for these, else the instruction set (averaging-cpu logs it).
 var (
 	fused2 = fused2Go
 	// fused4, when a vector unit has it, is Run's one-pass path for four

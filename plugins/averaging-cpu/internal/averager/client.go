@@ -1,6 +1,7 @@
 package averager
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"crypto/tls"
@@ -163,7 +164,8 @@ func newClient(ctx context.Context, log hclog.Logger, cfg plugin.AveragerConfig)
 	if err := c.conn.Send(ctx, rdc.KindJoin, join.Encode()); err != nil {
 		return nil, fmt.Errorf("averager: join: %w", err)
 	}
-	log.Debug("joined the reduce server", "endpoint", cfg.Endpoint, "rank", cfg.Rank, "params", np, "buffers", nb, "wire", set.wire.String())
+	log.Debug("joined the reduce server", "endpoint", cfg.Endpoint, "rank", cfg.Rank, "params", np, "buffers", nb, "wire", set.wire.String(),
+		"kernels", cmp.Or(numeric.Vector, "scalar"))
 	return c, nil
 }
 

@@ -79,12 +79,11 @@ const DefaultSmoothing = 0.5
 
 // config is Settings validated, with defaults filled in.
 type config struct {
-	gamma float64
-	wire  rdc.Wire
-	alpha float32
-	outer numeric.Outer
-	// smoothing: outer is the Smoothing filter, which skips lone rounds.
-	smoothing      bool
+	gamma          float64
+	wire           rdc.Wire
+	alpha          float32
+	outer          numeric.Outer
+	smoothing      bool // outer is the Smoothing filter, which skips lone rounds
 	host           string
 	threads        int
 	timeout        time.Duration

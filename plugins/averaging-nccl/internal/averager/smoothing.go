@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 
 	"github.com/cohortdl/cohort/shared/arena"
+	"github.com/cohortdl/cohort/shared/atomicfile"
 	"github.com/cohortdl/cohort/shared/reduce/numeric"
 )
 
@@ -99,7 +100,7 @@ func (m *smoother) decode(b []byte) error {
 }
 
 // SaveState writes the smoothing filter's state into dir (nothing when
-// smoothing is off): a temporary file, synced, then renamed.
+// smoothing is off), atomically.
 func (a *Averager) SaveState(_ context.Context, dir string) ([]string, error) {
 	a.opMu.Lock()
 	defer a.opMu.Unlock()
@@ -107,23 +108,8 @@ func (a *Averager) SaveState(_ context.Context, dir string) ([]string, error) {
 		return nil, nil
 	}
 	path := filepath.Join(dir, stateFile)
-	tmp, err := os.CreateTemp(dir, stateFile+".tmp-*")
-	if err != nil {
+	if err := atomicfile.WriteBytes(path, a.smooth.encode()); err != nil {
 		return nil, fmt.Errorf("averager: save smoothing state: %w", err)
-	}
-	defer os.Remove(tmp.Name())
-	_, err = tmp.Write(a.smooth.encode())
-	if err == nil {
-		err = tmp.Sync()
-	}
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp.Name(), path)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("averager: save smoothing state to %s: %w", path, err)
 	}
 	return []string{path}, nil
 }

@@ -54,13 +54,14 @@ func TestSmoothing(t *testing.T) {
 				prev[k] = want[k]
 			}
 		}
+		rank0 := g.values(0, 0)
 		for r := range g.avgs {
 			got := g.values(r, 0)
 			for k := range want {
 				if math.Abs(float64(got[k])-want[k]) > 1e-5*(1+math.Abs(want[k])) {
 					t.Fatalf("round %d rank %d [%d] = %v, want %v", round, r, k, got[k], want[k])
 				}
-				if got[k] != g.values(0, 0)[k] {
+				if got[k] != rank0[k] {
 					t.Fatalf("round %d: ranks 0 and %d differ at [%d]", round, r, k)
 				}
 			}
