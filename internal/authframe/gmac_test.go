@@ -2,7 +2,11 @@ package authframe
 
 import (
 	"bytes"
+	"crypto/aes"
+	"crypto/cipher"
+	"encoding/binary"
 	"errors"
+	"math/rand/v2"
 	"testing"
 )
 
@@ -80,6 +84,70 @@ func TestGMAC(t *testing.T) {
 	}
 }
 
+// TestGMACIsGCM: every tag is AES-GCM's over an empty plaintext with the
+// payload as additional data, for each key size, at lengths around the
+// block (16 B) and the wide GHASH's 512-byte run, and at a ring frame's
+// sizes; so a build with the wide GHASH and one without agree on the wire.
+func TestGMACIsGCM(t *testing.T) {
+	t.Logf("wide GHASH: %v", newGHash != nil)
+	r := rand.New(rand.NewPCG(1, 2))
+	lengths := []int{0, 1, 15, 16, 17, 31, 32, 100, 511, 512, 513, 1023, 1024, 1040, 4099, 1 << 16, 1<<18 + 5}
+	for _, ks := range []int{16, 24, 32} {
+		for _, n := range lengths {
+			key, data := make([]byte, ks), make([]byte, n)
+			fill(r, key)
+			fill(r, data)
+			checkGCM(t, key, data, 3)
+		}
+	}
+	// The all-ones payload drives every carry and reduction step.
+	checkGCM(t, bytes.Repeat([]byte{0xff}, 32), bytes.Repeat([]byte{0xff}, 4096+48), 2)
+}
+
+// FuzzGMACIsGCM: the same for any key and payload.
+func FuzzGMACIsGCM(f *testing.F) {
+	f.Add(bytes.Repeat([]byte{7}, 16), []byte("payload"))
+	f.Add(bytes.Repeat([]byte{0xff}, 32), bytes.Repeat([]byte{0xff}, 700))
+	f.Fuzz(func(t *testing.T, key, data []byte) {
+		if len(key) != 16 && len(key) != 24 && len(key) != 32 {
+			return
+		}
+		checkGCM(t, key, data, 2)
+	})
+}
+
+// checkGCM compares frames GMAC tags of data under key with crypto/cipher's
+// GCM at the same sequence numbers.
+func checkGCM(t *testing.T, key, data []byte, frames int) {
+	t.Helper()
+	g, err := NewGMAC(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := aes.NewCipher(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gcm, err := cipher.NewGCM(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for seq := range uint64(frames) {
+		var nonce [12]byte
+		binary.LittleEndian.PutUint64(nonce[:], seq)
+		want := gcm.Seal(nil, nonce[:], nil, data)
+		if got := g.Seal(data); !bytes.Equal(got, want) {
+			t.Fatalf("%d-byte key, %d-byte payload, frame %d: tag %x, GCM's %x", len(key), len(data), seq, got, want)
+		}
+	}
+}
+
+func fill(r *rand.Rand, b []byte) {
+	for i := range b {
+		b[i] = byte(r.Uint32())
+	}
+}
+
 // BenchmarkTags compares the frame MACs over 1 MiB payloads.
 func BenchmarkTags(b *testing.B) {
 	p := make([]byte, 1<<20)
@@ -91,6 +159,14 @@ func BenchmarkTags(b *testing.B) {
 			m.Begin(nil)
 			m.Write(p)
 			m.Seal()
+		}
+	})
+	b.Run("gmac-crypto-cipher", func(b *testing.B) {
+		g, _ := NewGMAC(key)
+		g.gh = nil
+		b.SetBytes(int64(len(p)))
+		for b.Loop() {
+			g.Seal(p)
 		}
 	})
 	b.Run("gmac", func(b *testing.B) {
