@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"sync"
 
 	"github.com/cohortdl/cohort/shared/reduce/numeric"
 )
@@ -21,6 +22,19 @@ type Job struct {
 	// Own's, and, when last, to the final result (scaled): it runs once per
 	// verified chunk, on the shard this leader reduces in a step.
 	Reduce func(lo, hi int, last bool)
+	// Prepare, when set, is called once for each chunk of the shard of
+	// Own this leader sends first, elements [lo, hi), before that chunk is
+	// tagged: a leader that builds Own as it goes (folds it) need not
+	// finish the shard before the ring starts. It runs on a goroutine of
+	// its own while earlier chunks are on the wire; the rest of Own must
+	// be final before Reduce reads it.
+	Prepare func(lo, hi int)
+	// Final, when set, is called once for each chunk of Dst whose
+	// elements [lo, hi) hold their final value: the chunks this leader
+	// finished itself, after Reduce, and those the all-gather brings, once
+	// verified. It runs on the receive side while later chunks move, so a
+	// leader can use the result as it lands; it must not write Dst.
+	Final func(lo, hi int)
 }
 
 // Shard is the element range [lo, hi) of shard k of n elements over hosts.
@@ -70,6 +84,31 @@ func AllReduce(ctx context.Context, out, in *Link, j Job) (uint64, error) {
 		chunks += (hi - lo + Chunk(hi-lo) - 1) / Chunk(hi-lo)
 	}
 	ready := make(chan struct{}, chunks)
+	// prepared carries one value per chunk of the first shard Prepare
+	// finished; quit stops the preparer early when the ring failed.
+	var prepared chan struct{}
+	quit := make(chan struct{})
+	var prep sync.WaitGroup
+	defer func() {
+		close(quit)
+		prep.Wait()
+	}()
+	if j.Prepare != nil {
+		lo, hi := shard(i)
+		cs := Chunk(hi - lo)
+		prepared = make(chan struct{}, (hi-lo+cs-1)/cs)
+		prep.Go(func() {
+			for a := lo; a < hi; a += cs {
+				select {
+				case <-quit:
+					return
+				default:
+				}
+				j.Prepare(a/es, min(hi, a+cs)/es)
+				prepared <- struct{}{}
+			}
+		})
+	}
 	sent := make(chan error, 1)
 	go func() {
 		var err error
@@ -78,7 +117,7 @@ func AllReduce(ctx context.Context, out, in *Link, j Job) (uint64, error) {
 			var rdy <-chan struct{}
 			if s == 0 {
 				lo, hi := shard(i)
-				send = j.Own[lo:hi]
+				send, rdy = j.Own[lo:hi], prepared
 			} else {
 				lo, hi := shard(recvShard(s - 1))
 				send, rdy = j.Dst[lo:hi], ready
@@ -95,12 +134,14 @@ func AllReduce(ctx context.Context, out, in *Link, j Job) (uint64, error) {
 		defer close(ready) // stops a sender waiting for what will not come
 		for s := range steps {
 			lo, hi := shard(recvShard(s))
-			reduce := func(int, int) { ready <- struct{}{} }
-			if s < h-1 {
-				last := s == h-2
-				reduce = func(a, b int) {
-					j.Reduce((lo+a)/es, (lo+b)/es, last)
-					ready <- struct{}{}
+			final := s >= h-2 && j.Final != nil
+			reduce := func(a, b int) {
+				if s < h-1 {
+					j.Reduce((lo+a)/es, (lo+b)/es, s == h-2)
+				}
+				ready <- struct{}{}
+				if final {
+					j.Final((lo+a)/es, (lo+b)/es)
 				}
 			}
 			if err := in.Receive(uint32(s), j.Dst[lo:hi], reduce); err != nil {

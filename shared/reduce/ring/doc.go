@@ -40,7 +40,11 @@
 // wire, the receiver verifies and reduces chunk i while chunk i+1 arrives,
 // and a step sends each chunk of the shard the previous step received as
 // soon as that chunk is reduced: no step waits for the whole of the
-// previous one. Every read and write has a deadline.
+// previous one. A leader may also build the first shard it sends chunk by
+// chunk as the ring takes it (Job.Prepare) and use each chunk of the result
+// as soon as it is final (Job.Final), so neither a pass before the first
+// byte nor one after the last holds the ring up. Every read and write has a
+// deadline.
 //
 // Where is: handshake.go the keys, hello, ack, Dial and Listener; link.go
 // the frames and the pipelined Send and Receive; allreduce.go the ring

@@ -122,9 +122,44 @@ func TestAllReduce(t *testing.T) {
 				moved := make([]uint64, c.hosts)
 				sent0, got0 := make([]uint64, c.hosts), make([]uint64, c.hosts)
 				var wg sync.WaitGroup
+				// Final must see every element once, already final.
+				finals, atFinal := make([][]int, c.hosts), make([][]float32, c.hosts)
 				for i := range c.hosts {
 					j, dst := f32Job(i, c.hosts, own[i], scale)
 					dsts[i] = dst
+					finals[i], atFinal[i] = make([]int, c.n), make([]float32, c.n)
+					if call == 1 {
+						// The second call builds the first shard it sends
+						// as it goes: each chunk only when asked.
+						slo, shi := Shard(c.n, c.hosts, i)
+						clear(numeric.Float32s(j.Own)[slo:shi])
+						prepared := make([]int, c.n)
+						j.Prepare = func(lo, hi int) {
+							time.Sleep(time.Millisecond) // a sender that did not wait would send zeros
+							if lo < slo || hi > shi {
+								t.Errorf("host %d: Prepare(%d, %d) outside its first shard [%d, %d)", i, lo, hi, slo, shi)
+								return
+							}
+							for k := lo; k < hi; k++ {
+								prepared[k]++
+								numeric.Float32s(j.Own)[k] = own[i][k]
+							}
+						}
+						t.Cleanup(func() {
+							for k := slo; k < shi; k++ {
+								if prepared[k] != 1 {
+									t.Errorf("host %d element %d prepared %d times", i, k, prepared[k])
+									return
+								}
+							}
+						})
+					}
+					j.Final = func(lo, hi int) {
+						for k := lo; k < hi; k++ {
+							finals[i][k]++
+							atFinal[i][k] = dst[k]
+						}
+					}
 					sent0[i], got0[i] = b.out[i].Bytes(), b.in[i].Bytes()
 					wg.Go(func() { moved[i], errs[i] = AllReduce(context.Background(), b.out[i], b.in[i], j) })
 				}
@@ -136,6 +171,9 @@ func TestAllReduce(t *testing.T) {
 					for k, v := range dsts[i] {
 						if want := ref[k] * scale; math.Abs(float64(v)-want) > 1e-5*(1+math.Abs(want)) {
 							t.Fatalf("call %d, host %d element %d = %v, want %v", call, i, k, v, want)
+						}
+						if finals[i][k] != 1 || atFinal[i][k] != v {
+							t.Fatalf("call %d, host %d element %d: Final called %d times, saw %v, the result is %v", call, i, k, finals[i][k], atFinal[i][k], v)
 						}
 					}
 				}

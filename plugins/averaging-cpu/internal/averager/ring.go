@@ -87,9 +87,12 @@ func (r *rnd) during(f func(ctx context.Context) error) error {
 
 // allReduce is the host leader's part of the round's cross-host sum: the
 // host's fold (all zeros when nobody here trained) goes round the ring, and
-// the consensus lands in the fold segment's consensus area. It returns the
-// bytes its links moved.
-func (r *rnd) allReduce(j *job) (uint64, error) {
+// the consensus lands in the fold segment's consensus area. With applied
+// not nil (a one-rank host) the leader also applies the consensus to its
+// arena as each chunk of it is final, adding the divergence sums to
+// applied. It returns the bytes its links moved and the time the applying
+// took.
+func (r *rnd) allReduce(j *job, applied *numeric.Stats) (uint64, time.Duration, error) {
 	c, t := r.c, r.c.topo
 	own, dst := c.sendArea(j.wire), c.consArea(j.wire)
 	if !j.needFold {
@@ -104,7 +107,8 @@ func (r *rnd) allReduce(j *job) (uint64, error) {
 		}
 	}
 	// reduce sets dst's elements [lo, hi) to the received partial sum plus
-	// this host's fold (folded here first on a one-rank host), scaled once
+	// this host's fold (folded here first on a one-rank host, whose first
+	// shard the ring's Prepare folds chunk by chunk as it sends), scaled once
 	// on the last step: parameters by 1/Σweight, buffers by 1/Σmovers.
 	lazy := j.needFold && j.lazyFold()
 	reduce := func(lo, hi int, last bool) {
@@ -133,6 +137,17 @@ func (r *rnd) allReduce(j *job) (uint64, error) {
 		}
 	}
 	rj := ring.Job{Host: int(t.host), Hosts: int(t.hosts), ElemSize: int(j.wire.Size()), Own: own, Dst: dst, Reduce: reduce}
+	if lazy {
+		rj.Prepare = j.foldRange
+	}
+	var took time.Duration
+	if applied != nil {
+		rj.Final = func(lo, hi int) {
+			t0 := time.Now()
+			j.span(phaseApplyConsensus, lo, hi, applied)
+			took += time.Since(t0)
+		}
+	}
 	h := ring.Hello{From: t.host, To: (t.host + 1) % t.hosts, Hosts: t.hosts, Topology: t.gen, Round: r.id, Run: c.run}
 	pred := (t.host + t.hosts - 1) % t.hosts
 	var moved uint64
@@ -158,7 +173,7 @@ func (r *rnd) allReduce(j *job) (uint64, error) {
 	})
 	if err != nil {
 		c.dropLinks()
-		return 0, fmt.Errorf("round %d across %d hosts: %w", r.id, t.hosts, err)
+		return 0, 0, fmt.Errorf("round %d across %d hosts: %w", r.id, t.hosts, err)
 	}
-	return moved, nil
+	return moved, took, nil
 }

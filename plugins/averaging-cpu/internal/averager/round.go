@@ -12,7 +12,6 @@ import (
 	"github.com/cohortdl/cohort/shared/plugin"
 	rdc "github.com/cohortdl/cohort/shared/reduce"
 	"github.com/cohortdl/cohort/shared/reduce/numeric"
-	"github.com/cohortdl/cohort/shared/reduce/ring"
 )
 
 // errServer marks an error the server decided (a failed round): no need to
@@ -30,6 +29,9 @@ type rnd struct {
 	abortCh <-chan struct{}
 	reason  func() string
 	wait    time.Duration
+	// skip are kinds of this round's messages that carry nothing for this
+	// rank (a one-rank host's Send and Apply): dropped where they arrive.
+	skip []rdc.Kind
 }
 
 // next waits for the server's next message for this round of one of the
@@ -70,6 +72,8 @@ func (r *rnd) take(m inMsg, want ...rdc.Kind) (bool, error) {
 		return false, c.applyTopology(m.topo)
 	case m.round < r.id:
 		return false, nil // the tail of a round that ended here earlier
+	case m.round == r.id && slices.Contains(r.skip, m.kind):
+		return false, nil
 	case m.round == r.id && m.kind == rdc.KindFail:
 		return false, &serverFail{reason: "the reduce server failed the round: " + m.fail.Reason}
 	case m.round == r.id && slices.Contains(want, m.kind):
@@ -158,16 +162,17 @@ func (c *client) round(ctx context.Context, rq plugin.Round, root uint32, sess u
 		reduce += time.Since(t)
 	} else {
 		me := j.p
-		switch {
-		case j.needFold && j.lazyFold():
-			// A host of one rank: fold only the shard the ring sends
-			// first; the ring folds the rest chunk by chunk as it adds
-			// them, while the network moves the others.
-			t := time.Now()
-			lo, hi := ring.Shard(c.np+c.nb, int(plan.Hosts), int(c.topo.host))
-			j.foldRange(lo, hi)
-			reduce += time.Since(t)
-		case j.needFold:
+		// A host of one rank has nobody to wait for: its leader starts the
+		// ring at once, without the server's Send, folds each chunk as the
+		// ring sends or adds it, and applies the consensus chunk by chunk
+		// as it lands, so no pass over the parameters is left before the
+		// first byte leaves or after the last arrives. Its Apply then
+		// brings nothing. (A host applies when its own leader has the
+		// consensus, inline or not; a ring that fails midway leaves such a
+		// host's parameters part averaged, which the round's retry takes
+		// as they are.)
+		inline := j.lazyFold()
+		if j.needFold && !inline {
 			t := time.Now()
 			j.run(phaseFold)
 			reduce += time.Since(t)
@@ -175,25 +180,38 @@ func (c *client) round(ctx context.Context, rq plugin.Round, root uint32, sess u
 		if err := r.send(rdc.KindFolded, rdc.RoundRef{Round: r.id}.Encode()); err != nil {
 			return res, err
 		}
+		if inline {
+			r.skip = []rdc.Kind{rdc.KindSend, rdc.KindApply}
+			st = numeric.NewStats(1)
+		}
 		if me == 0 { // the host's leader: the host folded, sum with the others
-			if _, err := r.next(rdc.KindSend); err != nil {
-				return res, err
+			if !inline {
+				if _, err := r.next(rdc.KindSend); err != nil {
+					return res, err
+				}
 			}
-			moved, err := r.allReduce(j)
+			var applied *numeric.Stats
+			if inline {
+				applied = &st
+			}
+			moved, took, err := r.allReduce(j, applied)
 			if err != nil {
 				return res, err
 			}
 			ringBytes = moved
+			reduce += took
 			if err := r.send(rdc.KindReceived, rdc.RoundRef{Round: r.id}.Encode()); err != nil {
 				return res, err
 			}
 		}
-		if _, err := r.next(rdc.KindApply); err != nil {
-			return res, err
+		if !inline {
+			if _, err := r.next(rdc.KindApply); err != nil {
+				return res, err
+			}
+			t := time.Now()
+			st = j.run(phaseApplyConsensus)
+			reduce += time.Since(t)
 		}
-		t := time.Now()
-		st = j.run(phaseApplyConsensus)
-		reduce += time.Since(t)
 	}
 	done := rdc.Done{Round: r.id, Post2: st.Post2}
 	for i, q := range j.ranks {
@@ -372,46 +390,55 @@ func (j *job) run(ph phase) numeric.Stats {
 	var mu sync.Mutex
 	numeric.Parallel(hi-lo, c.threads(l), func(a, b int) {
 		st := numeric.NewStats(l)
-		junk := numeric.NewStats(l)
-		dst := make([][]float32, l)
-		c.pieces(lo+a, lo+b, func(sp span, x0, x1 int) {
-			o := sp.off + x0 - sp.idx
-			for i, ar := range j.arenas {
-				dst[i] = ar[o : o+x1-x0]
-			}
-			switch ph {
-			case phaseFold:
-				j.fold(dst, sp, x0, x1)
-			default:
-				ap := numeric.Apply{Dst: dst}
-				if ph == phaseApplyConsensus {
-					j.consensus(&ap, x0, x1)
-				} else if j.plan.Broadcast {
-					ap.Root = j.rootIdx
-				} else if sp.param {
-					ap.Weights, ap.Scale = j.w, 1/j.plan.TotalWeight
-				} else {
-					ap.Weights, ap.Scale = j.m, 1/j.plan.TotalMovers
-				}
-				if !j.plan.Broadcast {
-					ap.Blend = c.cfg.alpha
-					if sp.param && c.outer != nil {
-						ob := numeric.Float32s(c.outer.Bytes())
-						ap.Outer, ap.Prev, ap.Vel, ap.Seed = c.cfg.outer, ob[x0:x1], ob[c.np+x0:c.np+x1], j.seed
-					}
-				}
-				if sp.param {
-					ap.Run(&st)
-				} else {
-					ap.Run(&junk)
-				}
-			}
-		})
+		j.span(ph, lo+a, lo+b, &st)
 		mu.Lock()
 		total.Add(st)
 		mu.Unlock()
 	})
 	return total
+}
+
+// span does phase ph over reduce elements [lo, hi) of every rank of the
+// host, on the calling goroutine, adding the parameters' divergence sums
+// to st.
+func (j *job) span(ph phase, lo, hi int, st *numeric.Stats) {
+	c := j.c
+	l := len(j.ranks)
+	junk := numeric.NewStats(l)
+	dst := make([][]float32, l)
+	c.pieces(lo, hi, func(sp span, x0, x1 int) {
+		o := sp.off + x0 - sp.idx
+		for i, ar := range j.arenas {
+			dst[i] = ar[o : o+x1-x0]
+		}
+		switch ph {
+		case phaseFold:
+			j.fold(dst, sp, x0, x1)
+		default:
+			ap := numeric.Apply{Dst: dst}
+			if ph == phaseApplyConsensus {
+				j.consensus(&ap, x0, x1)
+			} else if j.plan.Broadcast {
+				ap.Root = j.rootIdx
+			} else if sp.param {
+				ap.Weights, ap.Scale = j.w, 1/j.plan.TotalWeight
+			} else {
+				ap.Weights, ap.Scale = j.m, 1/j.plan.TotalMovers
+			}
+			if !j.plan.Broadcast {
+				ap.Blend = c.cfg.alpha
+				if sp.param && c.outer != nil {
+					ob := numeric.Float32s(c.outer.Bytes())
+					ap.Outer, ap.Prev, ap.Vel, ap.Seed = c.cfg.outer, ob[x0:x1], ob[c.np+x0:c.np+x1], j.seed
+				}
+			}
+			if sp.param {
+				ap.Run(st)
+			} else {
+				ap.Run(&junk)
+			}
+		}
+	})
 }
 
 // lazyFold reports whether the ring folds as it goes: on a host of one
