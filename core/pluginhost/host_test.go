@@ -1,16 +1,20 @@
 package pluginhost_test
 
 import (
+	"bytes"
 	"context"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/cohortdl/cohort/core/pluginhost"
+	"github.com/cohortdl/cohort/shared/plugin"
 	"github.com/cohortdl/cohort/shared/plugintest"
+	"github.com/hashicorp/go-hclog"
 )
 
 func TestMain(m *testing.M) {
@@ -158,4 +162,64 @@ func TestStopKillsAfterGrace(t *testing.T) {
 		syscall.Kill(pid, syscall.SIGKILL)
 		t.Fatalf("frozen plugin %d survived Stop", pid)
 	}
+}
+
+// A plugin logs at the host logger's level unless the environment names
+// one: its debug line at start ("serving") reaches a debug host's log and
+// not an info host's, nor a debug host's whose environment says info.
+func TestPluginLogsAtTheHostsLevel(t *testing.T) {
+	trainerBin, _ := plugintest.BuildPlugins(t)
+	dir := t.TempDir()
+	if err := os.Symlink(trainerBin, filepath.Join(dir, filepath.Base(trainerBin))); err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name  string
+		level hclog.Level
+		env   string // COHORT_LOG_LEVEL, "" unset
+		want  bool
+	}{
+		{"debug host", hclog.Debug, "", true},
+		{"info host", hclog.Info, "", false},
+		{"environment wins", hclog.Debug, "info", false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Setenv(plugin.LogLevelEnv, c.env) // restored after the case
+			if c.env == "" {
+				os.Unsetenv(plugin.LogLevelEnv)
+			}
+			var log syncBuffer
+			h := pluginhost.New(pluginhost.Options{Dirs: []string{dir}, Grace: 2 * time.Second, Env: []string{"GORACE=atexit_sleep_ms=0"},
+				Logger: hclog.New(&hclog.LoggerOptions{Level: c.level, Output: &log})})
+			ctx := context.Background()
+			_, p, err := h.StartTrainer(ctx, plugintest.TrainerName)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := h.Stop(ctx, p); err != nil {
+				t.Fatal(err)
+			}
+			if got := strings.Contains(log.String(), "serving"); got != c.want {
+				t.Fatalf("the plugin's debug line in the host's log: %v, want %v:\n%s", got, c.want, log.String())
+			}
+		})
+	}
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

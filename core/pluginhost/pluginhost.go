@@ -413,6 +413,13 @@ func (h *Host) env() []string {
 			out = append(out, kv)
 		}
 	}
+	// The plugin logs at the rank's level (-v raises it), so its debug
+	// lines are there when the rank's are; an explicit setting wins.
+	if _, set := os.LookupEnv(plugin.LogLevelEnv); !set && h.opts.Logger != nil {
+		if lv := h.opts.Logger.GetLevel(); lv != hclog.NoLevel {
+			out = append(out, plugin.LogLevelEnv+"="+lv.String())
+		}
+	}
 	return append(out, h.opts.Env...)
 }
 

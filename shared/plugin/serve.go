@@ -13,10 +13,10 @@ import (
 	goplugin "github.com/hashicorp/go-plugin"
 )
 
-// logLevelEnv names the environment variable that sets a plugin's log level
-// (trace, debug, info, warn, error, off); the host's environment reaches
-// the plugin through go-plugin.
-const logLevelEnv = "COHORT_LOG_LEVEL"
+// LogLevelEnv names the environment variable that sets a plugin's log level
+// (trace, debug, info, warn, error, off). cohort's plugin host sets it to
+// its own level (raised by -v) unless the rank's environment already does.
+const LogLevelEnv = "COHORT_LOG_LEVEL"
 
 // parentPollInterval is how often a plugin checks that its host is alive.
 const parentPollInterval = 300 * time.Millisecond
@@ -154,7 +154,7 @@ func serveConfig(kind string, p goplugin.Plugin, protocols []int, logger hclog.L
 // newLogger is a plugin's logger: hclog JSON, which the host's go-plugin
 // parses and re-logs with the plugin's name and each line's level.
 func newLogger(name string, w io.Writer) hclog.Logger {
-	raw := os.Getenv(logLevelEnv)
+	raw := os.Getenv(LogLevelEnv)
 	level := hclog.Info
 	if raw != "" {
 		level = hclog.LevelFromString(raw)
@@ -167,7 +167,7 @@ func newLogger(name string, w io.Writer) hclog.Logger {
 	})
 	if level == hclog.NoLevel {
 		logger.SetLevel(hclog.Info)
-		logger.Warn("unknown log level; using info", "env", logLevelEnv, "value", strings.TrimSpace(raw))
+		logger.Warn("unknown log level; using info", "env", LogLevelEnv, "value", strings.TrimSpace(raw))
 	}
 	return logger
 }

@@ -235,7 +235,7 @@ func TestLogger(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.env, func(t *testing.T) {
-			t.Setenv(logLevelEnv, tc.env)
+			t.Setenv(LogLevelEnv, tc.env)
 			var b bytes.Buffer
 			l := newLogger("cohort-trainer-mock", &b)
 			if l.GetLevel() != tc.want {
