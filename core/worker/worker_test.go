@@ -837,6 +837,36 @@ func TestGlobalStepPassedOnce(t *testing.T) {
 	}
 }
 
+// TestSyncAckCountsHostCopies: a round's SyncAck carries the parameter
+// bytes the trainer's Publish and the averager's round copied between
+// device and host, added up (summary.json's averaging.host_copy_bytes is
+// the sum over ranks and rounds).
+func TestSyncAckCountsHostCopies(t *testing.T) {
+	c := newCoordinator(t)
+	ts := trainerSettings()
+	ts.HostCopyBytes = 1000
+	o := c.options(0, 1, ts)
+	inProcess(&o)
+	as := plugintest.DefaultAveragerSettings()
+	as.LoneRounds, as.HostCopyBytes = true, 234
+	o.Averager.Settings = as.JSON()
+	run := start(t, o)
+	l := c.accept(&wirepb.Admit{RunId: "copies", Seed: 3})
+	expect[*wirepb.Ready](l)
+	l.send(&wirepb.StartEpoch{Plan: plan(0, 0, 32, 3, 256)})
+	expectPlan(l, 2)
+	l.send(&wirepb.Sync{Round: 1, Mode: wirepb.SyncMode_SYNC_MODE_AVERAGE})
+	expect[*wirepb.SnapshotReady](l)
+	if ack := expect[*wirepb.SyncAck](l); ack.GetAborted() || ack.GetHostCopyBytes() != 1234 {
+		t.Fatalf("SyncAck = %v, want host_copy_bytes 1000 + 234", ack)
+	}
+	l.send(&wirepb.Shutdown{})
+	expect[*wirepb.Exiting](l)
+	if err := run.wait(frameWait); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestSyncBringsNextPlan: a plan that comes with a Sync starts right after
 // the round's SyncAck, before any Update, with the Sync's global step.
 func TestSyncBringsNextPlan(t *testing.T) {

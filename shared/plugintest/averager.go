@@ -59,6 +59,7 @@ type Averager struct {
 	relay   plugin.Relay
 	gamma   float64
 	sleep   time.Duration // before each round's exchange (sleep_per_round)
+	copies  uint64        // reported per realized round (host_copy_bytes)
 	mapping *arena.Mapping
 	floats  []int // layout indices of f32 entries
 	count   int   // f32 values in all of them
@@ -150,7 +151,7 @@ func (a *Averager) Configure(_ context.Context, cfg plugin.AveragerConfig) (plug
 		}
 	}
 	sleep, _ := s.roundSleep() // checked by parseAveragerSettings
-	a.relay, a.gamma, a.sleep = cfg.Relay, s.Gamma, sleep
+	a.relay, a.gamma, a.sleep, a.copies = cfg.Relay, s.Gamma, sleep, s.HostCopyBytes
 	a.mapping, a.floats, a.count, a.digest = m, floats, count, cfg.Arena.Layout.Digest()
 	a.buf = make([]byte, contribHeader+4*count)
 	a.pre = make([]byte, 4*count)
@@ -439,7 +440,7 @@ func (a *Averager) Average(ctx context.Context, r plugin.Round) (plugin.RoundRes
 	if res.PostNorm > 0 {
 		res.Divergence /= res.PostNorm
 	}
-	res.BytesMoved = moved
+	res.BytesMoved, res.HostCopyBytes = moved, a.copies
 	end := time.Now()
 	res.ReduceMS, res.TotalMS = ms(end.Sub(reduceStart)), ms(end.Sub(start))
 	return res, nil

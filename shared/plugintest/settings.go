@@ -51,6 +51,11 @@ type TrainerSettings struct {
 	// killed taking a round beside training would: for tests of the
 	// host's recovery. A fresh process counts afresh.
 	ExitOnAdopt uint64 `json:"exit_on_adopt,omitempty"`
+	// HostCopyBytes is what every Publish reports in
+	// PublishResult.HostCopyBytes, as a trainer on a device counts the
+	// bytes it copied to and from the host: for tests of the sum a rank
+	// reports.
+	HostCopyBytes uint64 `json:"host_copy_bytes,omitempty"`
 }
 
 // DefaultTrainerSettings are the settings of an empty config block.
@@ -135,6 +140,10 @@ type AveragerSettings struct {
 	// exchanges anything, so a test can land a fault inside a round. An
 	// abort or the call's end cuts the wait short.
 	SleepPerRound string `json:"sleep_per_round,omitempty" setting:"duration"`
+	// HostCopyBytes is what every realized round reports in
+	// RoundResult.HostCopyBytes, as an averager staging device parameters
+	// through the host would.
+	HostCopyBytes uint64 `json:"host_copy_bytes,omitempty"`
 }
 
 // DefaultAveragerSettings are the settings of an empty config block.

@@ -362,7 +362,7 @@ func (t *Trainer) Publish(context.Context) (plugin.PublishResult, error) {
 	b[0] = t.bias
 	copy(m, t.mean)
 	t.pub = append(append(append(t.pub[:0], t.weight...), t.bias), t.mean...)
-	res := plugin.PublishResult{Steps: t.steps - t.lastPub, StepCount: t.steps, ParamNorm: t.normLocked()}
+	res := plugin.PublishResult{Steps: t.steps - t.lastPub, StepCount: t.steps, ParamNorm: t.normLocked(), HostCopyBytes: t.settings.HostCopyBytes}
 	t.lastPub = t.steps
 	return res, nil
 }
