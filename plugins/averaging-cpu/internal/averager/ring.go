@@ -86,12 +86,12 @@ func (r *rnd) during(f func(ctx context.Context) error) error {
 }
 
 // allReduce is the host leader's part of the round's cross-host sum: the
-// host's fold (all zeros when nobody here trained) goes round the ring, and
-// the consensus lands in the fold segment's consensus area. With applied
-// not nil (a one-rank host) the leader also applies the consensus to its
-// arena as each chunk of it is final, adding the divergence sums to
-// applied. It returns the bytes its links moved and the time the applying
-// took.
+// host's fold (all zeros when nobody here trained) goes round the ring,
+// built chunk by chunk from the host's arenas as the ring takes it, and
+// the consensus lands in the fold segment's consensus area, each chunk
+// applied to the host's arenas as soon as it is final, adding the
+// divergence sums to applied. It returns the bytes its links moved and
+// the time the folding and applying took on the ring's receive side.
 func (r *rnd) allReduce(j *job, applied *numeric.Stats) (uint64, time.Duration, error) {
 	c, t := r.c, r.c.topo
 	own, dst := c.sendArea(j.wire), c.consArea(j.wire)
@@ -106,14 +106,19 @@ func (r *rnd) allReduce(j *job, applied *numeric.Stats) (uint64, time.Duration, 
 			bs = float32(1 / j.plan.TotalMovers)
 		}
 	}
-	// reduce sets dst's elements [lo, hi) to the received partial sum plus
-	// this host's fold (folded here first on a one-rank host, whose first
-	// shard the ring's Prepare folds chunk by chunk as it sends), scaled once
-	// on the last step: parameters by 1/Σweight, buffers by 1/Σmovers.
-	lazy := j.needFold && j.lazyFold()
+	// reduce folds the host's elements [lo, hi) and sets dst's to the
+	// received partial sum plus that fold, scaled once on the last step:
+	// parameters by 1/Σweight, buffers by 1/Σmovers. (The ring's Prepare
+	// folds the first shard chunk by chunk as it sends it.)
+	var took time.Duration
+	timed := func(f func()) {
+		t0 := time.Now()
+		f()
+		took += time.Since(t0)
+	}
 	reduce := func(lo, hi int, last bool) {
-		if lazy {
-			j.foldRange(lo, hi)
+		if j.needFold {
+			timed(func() { j.chunk(phaseFold, lo, hi, nil) })
 		}
 		for _, part := range [2][2]int{{lo, min(hi, c.np)}, {max(lo, c.np), hi}} {
 			a, b := part[0], part[1]
@@ -137,17 +142,10 @@ func (r *rnd) allReduce(j *job, applied *numeric.Stats) (uint64, time.Duration, 
 		}
 	}
 	rj := ring.Job{Host: int(t.host), Hosts: int(t.hosts), ElemSize: int(j.wire.Size()), Own: own, Dst: dst, Reduce: reduce}
-	if lazy {
-		rj.Prepare = j.foldRange
+	if j.needFold {
+		rj.Prepare = func(lo, hi int) { j.chunk(phaseFold, lo, hi, nil) }
 	}
-	var took time.Duration
-	if applied != nil {
-		rj.Final = func(lo, hi int) {
-			t0 := time.Now()
-			j.span(phaseApplyConsensus, lo, hi, applied)
-			took += time.Since(t0)
-		}
-	}
+	rj.Final = func(lo, hi int) { timed(func() { j.chunk(phaseApplyConsensus, lo, hi, applied) }) }
 	h := ring.Hello{From: t.host, To: (t.host + 1) % t.hosts, Hosts: t.hosts, Topology: t.gen, Round: r.id, Run: c.run}
 	pred := (t.host + t.hosts - 1) % t.hosts
 	var moved uint64

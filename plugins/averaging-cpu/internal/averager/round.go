@@ -29,10 +29,15 @@ type rnd struct {
 	abortCh <-chan struct{}
 	reason  func() string
 	wait    time.Duration
-	// skip are kinds of this round's messages that carry nothing for this
-	// rank (a one-rank host's Send and Apply): dropped where they arrive.
+	// skip are kinds of this round's messages the rank does not wait for
+	// (a leader's Send and Apply): taken where they arrive and noted in
+	// seen.
 	skip []rdc.Kind
+	seen []rdc.Kind
 }
+
+// skipped reports whether a message of kind k in skip came.
+func (r *rnd) skipped(k rdc.Kind) bool { return slices.Contains(r.seen, k) }
 
 // next waits for the server's next message for this round of one of the
 // wanted kinds, applying topologies and skipping what is left of earlier
@@ -61,7 +66,8 @@ func (r *rnd) next(want ...rdc.Kind) (inMsg, error) {
 
 // take handles one message from the server: true when it is one of the
 // wanted kinds for this round, an error when it ends the round, neither
-// when it is a topology (applied) or what is left of an earlier round.
+// when it is a topology (applied), one the round skips (noted), or what is
+// left of an earlier round.
 func (r *rnd) take(m inMsg, want ...rdc.Kind) (bool, error) {
 	c := r.c
 	switch {
@@ -72,12 +78,13 @@ func (r *rnd) take(m inMsg, want ...rdc.Kind) (bool, error) {
 		return false, c.applyTopology(m.topo)
 	case m.round < r.id:
 		return false, nil // the tail of a round that ended here earlier
+	case m.round == r.id && slices.Contains(want, m.kind):
+		return true, nil
 	case m.round == r.id && slices.Contains(r.skip, m.kind):
+		r.seen = append(r.seen, m.kind)
 		return false, nil
 	case m.round == r.id && m.kind == rdc.KindFail:
 		return false, &serverFail{reason: "the reduce server failed the round: " + m.fail.Reason}
-	case m.round == r.id && slices.Contains(want, m.kind):
-		return true, nil
 	}
 	return false, fmt.Errorf("reduce server sent %v for round %d while this rank waits for %v of round %d", m.kind, m.round, want, r.id)
 }
@@ -161,56 +168,43 @@ func (c *client) round(ctx context.Context, rq plugin.Round, root uint32, sess u
 		st = j.run(phaseApply)
 		reduce += time.Since(t)
 	} else {
-		me := j.p
-		// A host of one rank has nobody to wait for: its leader starts the
-		// ring at once, without the server's Send, folds each chunk as the
-		// ring sends or adds it, and applies the consensus chunk by chunk
-		// as it lands, so no pass over the parameters is left before the
-		// first byte leaves or after the last arrives. Its Apply then
-		// brings nothing. (A host applies when its own leader has the
-		// consensus, inline or not; a ring that fails midway leaves such a
-		// host's parameters part averaged, which the round's retry takes
-		// as they are.)
-		inline := j.lazyFold()
-		if j.needFold && !inline {
-			t := time.Now()
-			j.run(phaseFold)
-			reduce += time.Since(t)
-		}
+		// Each host folds and applies inside the ring: its leader starts
+		// the ring at once, folds each chunk of its host's ranks as the
+		// ring sends or adds it, and applies each chunk of the consensus
+		// to every rank of the host as soon as it is final, while later
+		// chunks still move; no pass over the parameters is left before
+		// the first byte leaves or after the last arrives. The host's
+		// other ranks wait for Apply, which the server sends once the
+		// leader has the whole consensus in place. (Every rank published
+		// before the server planned the round, so the leader may read
+		// their arenas from the Plan on. A ring that fails midway leaves
+		// the host part averaged, which the round's retry takes as it is.)
 		if err := r.send(rdc.KindFolded, rdc.RoundRef{Round: r.id}.Encode()); err != nil {
 			return res, err
 		}
-		if inline {
+		st = numeric.NewStats(len(j.ranks))
+		if j.p == 0 {
+			// The leader's Send (all the host's ranks folded, which here
+			// means they are in the round) may come during the ring, and
+			// its Apply brings nothing.
 			r.skip = []rdc.Kind{rdc.KindSend, rdc.KindApply}
-			st = numeric.NewStats(1)
-		}
-		if me == 0 { // the host's leader: the host folded, sum with the others
-			if !inline {
-				if _, err := r.next(rdc.KindSend); err != nil {
-					return res, err
-				}
-			}
-			var applied *numeric.Stats
-			if inline {
-				applied = &st
-			}
-			moved, took, err := r.allReduce(j, applied)
+			moved, took, err := r.allReduce(j, &st)
 			if err != nil {
 				return res, err
 			}
 			ringBytes = moved
 			reduce += took
+			// The server takes Received once the host's ranks all folded.
+			if !r.skipped(rdc.KindSend) {
+				if _, err := r.next(rdc.KindSend); err != nil {
+					return res, err
+				}
+			}
 			if err := r.send(rdc.KindReceived, rdc.RoundRef{Round: r.id}.Encode()); err != nil {
 				return res, err
 			}
-		}
-		if !inline {
-			if _, err := r.next(rdc.KindApply); err != nil {
-				return res, err
-			}
-			t := time.Now()
-			st = j.run(phaseApplyConsensus)
-			reduce += time.Since(t)
+		} else if _, err := r.next(rdc.KindApply); err != nil {
+			return res, err
 		}
 	}
 	done := rdc.Done{Round: r.id, Post2: st.Post2}
@@ -331,8 +325,8 @@ type phase int
 
 const (
 	phaseApply          phase = iota // single host: reduce from the arenas
-	phaseFold                        // several hosts: fold into the segment
-	phaseApplyConsensus              // several hosts: apply the consensus
+	phaseFold                        // several hosts: fold into the segment (a leader, in the ring)
+	phaseApplyConsensus              // several hosts: apply the consensus (a leader, in the ring)
 )
 
 // job is this rank's share of a round on its host.
@@ -441,18 +435,33 @@ func (j *job) span(ph phase, lo, hi int, st *numeric.Stats) {
 	})
 }
 
-// lazyFold reports whether the ring folds as it goes: on a host of one
-// rank, whose leader is the only one folding.
-func (j *job) lazyFold() bool { return len(j.ranks) == 1 }
-
-// foldRange folds reduce elements [lo, hi) of a one-rank host, on the
-// calling goroutine.
-func (j *job) foldRange(lo, hi int) {
-	ar := j.arenas[0]
-	j.c.pieces(lo, hi, func(sp span, x0, x1 int) {
-		o := sp.off + x0 - sp.idx
-		j.fold([][]float32{ar[o : o+x1-x0]}, sp, x0, x1)
+// chunk does phase ph (a fold or the consensus's apply) over reduce
+// elements [lo, hi) of every rank of the host, split over up to as many
+// goroutines as the host has ranks (a one-rank host's stays on the ring's
+// goroutine: more, on a busy CPU, only cost), adding the parameters'
+// divergence sums to st (nil for a fold) in element order.
+func (j *job) chunk(ph phase, lo, hi int, st *numeric.Stats) {
+	l := len(j.ranks)
+	type part struct {
+		at int
+		st numeric.Stats
+	}
+	var mu sync.Mutex
+	var parts []part
+	numeric.Parallel(hi-lo, l, func(a, b int) {
+		p := part{at: a, st: numeric.NewStats(l)}
+		j.span(ph, lo+a, lo+b, &p.st)
+		mu.Lock()
+		parts = append(parts, p)
+		mu.Unlock()
 	})
+	if st == nil {
+		return
+	}
+	slices.SortFunc(parts, func(x, y part) int { return x.at - y.at })
+	for _, p := range parts {
+		st.Add(p.st)
+	}
 }
 
 // fold writes the host's weighted sum of reduce elements [x0, x1) into the
