@@ -13,9 +13,9 @@ type Kind uint16
 const (
 	KindJoin       Kind = 0x01 // Join: the rank's arena, once, first
 	KindAnnounce   Kind = 0x02 // Announce: the rank enters a round
-	KindFolded     Kind = 0x03 // RoundRef: the rank folded its slice
+	KindFolded     Kind = 0x03 // RoundRef: the rank's part of its host's fold is done (averaging-cpu's leaders fold in the ring)
 	KindReceived   Kind = 0x06 // RoundRef: the leader holds the consensus
-	KindDone       Kind = 0x07 // Done: the rank applied its slice
+	KindDone       Kind = 0x07 // Done: the rank's part of the apply is done, with its sums
 	KindAbort      Kind = 0x08 // Abort: the rank abandons a round
 	KindSession    Kind = 0x09 // Session: a new membership
 	KindBye        Kind = 0x0A // empty: clean goodbye
@@ -26,8 +26,8 @@ const (
 const (
 	KindTopology Kind = 0x41 // Topology: who shares the rank's host
 	KindPlan     Kind = 0x42 // Plan: the round's weights and roles
-	KindSend     Kind = 0x43 // RoundRef: the host folded; its leader joins the ring
-	KindApply    Kind = 0x45 // RoundRef: the host's consensus is ready
+	KindSend     Kind = 0x43 // RoundRef: every rank of the host folded (a leader may take Received)
+	KindApply    Kind = 0x45 // RoundRef: the host's consensus is ready (averaging-cpu's leader applied it already)
 	KindResult   Kind = 0x46 // Result: the rank's divergence figures
 	KindFail     Kind = 0x47 // Fail: the round failed
 	KindPingRank Kind = 0x7F // empty: keepalive
