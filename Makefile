@@ -125,18 +125,33 @@ multihost: build
 slurm-check: build
 	deploy/slurm/check.sh
 
-# gpu-prep builds what plugins/averaging-nccl/gpu-check.sh runs: cohort,
-# the plugins, and the NCCL backend's GPU tests as a test binary, so a GPU
-# host without Go runs them from a copy of $(BIN) and the repository.
-gpu-prep: build
-	@mkdir -p $(BIN)/gpu
-	$(GO) test -c -tags gpu -o $(BIN)/gpu/backend.test ./plugins/averaging-nccl/internal/backend
+# gpu-prep packs what plugins/averaging-nccl/gpu-check.sh runs into
+# $(BIN)/gpu, small enough to carry to a GPU host without Go: stripped
+# builds of cohort, the plugins it uses and bench/averaging, the NCCL
+# backend's GPU tests as a test binary, in one xz archive with the
+# plugins' SHA256SUMS, and Fashion-MNIST beside it. The libtorch shim is
+# built there, against the host's CUDA libtorch.
+GPU_PACK := $(BIN)/gpu/pack
+GPU_LDFLAGS := -ldflags=-s\ -w
+gpu-prep: deps
+	rm -rf $(BIN)/gpu && mkdir -p $(GPU_PACK)/plugins $(GPU_PACK)/gpu
+	$(GO) build $(GPU_LDFLAGS) -o $(GPU_PACK)/ ./cmd/cohort
+	$(GO) build $(GPU_LDFLAGS) -o $(GPU_PACK)/gpu/bench-averaging ./bench/averaging
+	$(GO) build $(GPU_LDFLAGS) -o $(GPU_PACK)/plugins/cohort-averaging-nccl ./plugins/averaging-nccl
+	$(GO) build $(GPU_LDFLAGS) -o $(GPU_PACK)/plugins/cohort-trainer-libtorch ./plugins/trainer-libtorch
+	GOEXPERIMENT=simd $(GO) build $(GPU_LDFLAGS) -o $(GPU_PACK)/plugins/cohort-averaging-cpu ./plugins/averaging-cpu
+	cd $(GPU_PACK)/plugins && sha256sum cohort-* > SHA256SUMS
+	$(GO) test -c -tags gpu $(GPU_LDFLAGS) -o $(GPU_PACK)/gpu/backend.test ./plugins/averaging-nccl/internal/backend
+	tar -C $(GPU_PACK) -cJf $(BIN)/gpu/bundle.tar.xz . && rm -rf $(GPU_PACK)
+	cp -r /usr/share/datasets/fashion-mnist $(BIN)/gpu/fashion-mnist
+	@du -sh $(BIN)/gpu
 
 # gpu-check runs the NCCL averager's checks on this host's GPUs (a CUDA
-# PyTorch from pip supplies libtorch, NCCL and the CUDA runtime); one JSON
-# line per check.
+# PyTorch from pip supplies libtorch, NCCL, cuBLAS and the CUDA runtime);
+# one JSON line per check. On a GPU machine lent without Go, carry
+# $(BIN)/gpu and run plugins/averaging-nccl/gpu-check.sh $(BIN)/gpu there.
 gpu-check: gpu-prep
-	plugins/averaging-nccl/gpu-check.sh $(BIN)
+	plugins/averaging-nccl/gpu-check.sh $(BIN)/gpu
 
 clean:
 	rm -rf $(BIN) $(TOOLS)

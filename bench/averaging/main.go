@@ -48,6 +48,7 @@ import (
 	"github.com/cohortdl/cohort/core/reduce"
 	"github.com/cohortdl/cohort/shared/arena"
 	"github.com/cohortdl/cohort/shared/plugin"
+	"github.com/cohortdl/cohort/shared/plugintest"
 )
 
 func main() {
@@ -66,6 +67,7 @@ func main() {
 	netns := flag.Bool("netns", false, "instead, the rows of hosts as network namespaces with shaped links (root): 2 hosts × 2 ranks and 4 × 1, f32 and bf16 wires, against gloo and the link floor")
 	netnsMB := flag.Float64("netns-mb", 25, "float32 payload per rank of the -netns rows, in MB")
 	netnsRate := flag.String("netns-rate", "1gbit", "each namespace host's link rate, as tc writes it (bits per second)")
+	nccl := flag.String("nccl", "", "also time this cohort-averaging-nccl binary on the same-host rows (a GPU host), as a ratio to the CPU plugin's rounds")
 	flag.Parse()
 
 	if *netns {
@@ -76,7 +78,7 @@ func main() {
 		return
 	}
 
-	if err := run(*ranksFlag, *mb, *crossMB, *iters, *pluginPath, *settings, *python, *gloo, *noGloo); err != nil {
+	if err := run(*ranksFlag, *mb, *crossMB, *iters, *pluginPath, *settings, *python, *gloo, *noGloo, *nccl); err != nil {
 		fmt.Fprintln(os.Stderr, "bench/averaging:", err)
 		os.Exit(1)
 	}
@@ -92,6 +94,7 @@ type result struct {
 	CohortLo float64 `json:"cohort_min_s"`
 	CohortHi float64 `json:"cohort_max_s"`
 	GlooS    float64 `json:"gloo_median_s,omitempty"`
+	CPUS     float64 `json:"cpu_median_s,omitempty"` // an nccl row's CPU plugin, its ratio's base
 	Ratio    float64 `json:"ratio,omitempty"`
 	FloorS   float64 `json:"floor_median_s,omitempty"`
 	XFloor   float64 `json:"ratio_to_floor,omitempty"`
@@ -127,7 +130,7 @@ func resolve(pluginPath, gloo string) (string, string, func(), error) {
 	return pluginPath, gloo, cleanup, nil
 }
 
-func run(ranksFlag string, mb, crossMB float64, iters int, pluginPath, settings, python, gloo string, noGloo bool) error {
+func run(ranksFlag string, mb, crossMB float64, iters int, pluginPath, settings, python, gloo string, noGloo bool, nccl string) error {
 	pluginPath, gloo, cleanup, err := resolve(pluginPath, gloo)
 	if err != nil {
 		return err
@@ -193,6 +196,19 @@ func run(ranksFlag string, mb, crossMB float64, iters int, pluginPath, settings,
 			}
 			fmt.Printf("%-10s  %5d  %5.0f  %10.1f  %10.1f  %10.1f  %10s  %7s  %10s  %7s\n", k.name, n, k.mb, r.CohortS*1e3, r.CohortLo*1e3, r.CohortHi*1e3, glooCol, ratioCol, floorCol, xCol)
 			out = append(out, r)
+			if nccl != "" && k.name == "same-host" {
+				// The NCCL plugin on the same arenas: its ratio is to the
+				// CPU plugin's row above, not to gloo.
+				times, _, err := benchOn(nil, n, elems, iters, nccl, func(int) string { return k.settings })
+				if err != nil {
+					return fmt.Errorf("nccl, %d ranks: %w", n, err)
+				}
+				sort.Float64s(times)
+				g := result{Kind: "nccl", Ranks: n, Bytes: elems * 4, CohortS: times[len(times)/2], CohortLo: times[0], CohortHi: times[len(times)-1]}
+				g.CPUS, g.Ratio = r.CohortS, g.CohortS/r.CohortS
+				fmt.Printf("%-10s  %5d  %5.0f  %10.1f  %10.1f  %10.1f  %10s  %7.3f  %10s  %7s   (ratio: to the cpu row)\n", "nccl", n, k.mb, g.CohortS*1e3, g.CohortLo*1e3, g.CohortHi*1e3, "-", g.Ratio, "-", "-")
+				out = append(out, g)
+			}
 		}
 	}
 	fmt.Println()
@@ -264,6 +280,9 @@ func benchOn(bed *nsBed, n int, elems int64, iters int, pluginPath string, setti
 	}
 	defer srv.Close()
 
+	// The relay the NCCL plugin meets through (the CPU plugin meets at
+	// the reduce server and ignores it).
+	relays := plugintest.NewRelayGroup(uint32(n))
 	arenas := make([]*arena.Owned, n)
 	clients := make([]*goplugin.Client, n)
 	avgs := make([]plugin.Averager, n)
@@ -298,7 +317,7 @@ func benchOn(bed *nsBed, n int, elems int64, iters int, pluginPath string, setti
 	if err := parallel(n, func(r int) error {
 		_, err := avgs[r].Configure(ctx, plugin.AveragerConfig{
 			Rank: uint32(r), WorldSize: uint32(n), Arena: arenas[r].Descriptor(), Endpoint: srv.Addr(),
-			DataKey: key, Settings: json.RawMessage(settings(r)), RunID: runID,
+			DataKey: key, Settings: json.RawMessage(settings(r)), RunID: runID, Relay: relays.Relay(uint32(r)),
 		})
 		return err
 	}); err != nil {

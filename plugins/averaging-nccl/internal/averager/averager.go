@@ -1,13 +1,17 @@
 // Package averager is the averaging-nccl plugin's Averager: it averages
-// the arena's f32 parameters with the other ranks by an NCCL all-reduce
-// on a GPU. Its ranks meet through the coordinator's relay alone: a
-// session's lowest member makes the NCCL unique id and posts it under a
-// key naming the session's generation, and every member builds its part
-// of the session's communicator from it. CUDA and NCCL are reached
-// through internal/backend, so the state machine is tested on a fake.
+// the arena's f32 parameters with the other ranks on their GPUs. Ranks
+// that share a GPU are folded there by the lowest of them, its leader,
+// which maps the others' device memory (CUDA IPC); the leaders of the
+// session's GPUs sum their folds by an NCCL all-reduce and write the
+// result back into their GPU's ranks. The ranks meet through the
+// coordinator's relay alone: they post their GPU's name and their
+// memory's handle, a session's lowest leader makes the NCCL unique id and
+// posts it, and each round's weights and barriers go through it too. CUDA,
+// cuBLAS and NCCL are reached through internal/backend, so the state
+// machine is tested on a fake.
 //
 // The parameters stay in the CPU arena for now: each round copies them to
-// a device buffer and back.
+// the rank's device memory and back.
 package averager
 
 import (
@@ -57,6 +61,7 @@ type Averager struct {
 	spans   []span
 	np, nb  int // f32 elements of parameters and of buffers
 	staging []byte
+	mem     backend.Memory // the staging buffer's copy on the device
 	sess    session
 	smooth  *smoother // nil: smoothing off
 
@@ -68,19 +73,37 @@ type Averager struct {
 	shutdown bool
 }
 
-// session is one membership and its communicator, built at its first
-// round.
+// session is one membership; a session of several members is laid out
+// over the GPUs, and its communicator built, at its first round.
 type session struct {
 	gen     uint64
 	members []uint32
 	rank    int
-	comm    backend.Comm
-	data    backend.Buffer
-	weights backend.Buffer
-	// failed is why the communicator could not be built or was aborted:
+	built   bool
+	// gpus is how many GPUs the members are on, gpu this rank's among
+	// them (ordered by their leaders' ranks): its leader's rank in NCCL;
+	// gpuIndex is every member's.
+	gpus, gpu int
+	gpuIndex  map[uint32]int
+	// lead: this rank folds its GPU's ranks and joins the communicator.
+	lead bool
+	// mates are, for a leader, the other ranks on its GPU; for the
+	// others, their leader.
+	mates []mate
+	comm  backend.Comm // a leader's, when there are several GPUs
+	// failed is why the session could not be built or a round failed:
 	// rounds are refused until the next session.
 	failed error
 }
+
+// mate is another rank on this rank's GPU, with its device memory mapped.
+type mate struct {
+	rank uint32
+	mem  backend.Memory
+}
+
+// shared reports whether some GPU holds more than one member.
+func (s *session) shared() bool { return s.gpus < len(s.members) }
 
 // New returns an unconfigured averager loading its backend with open.
 func New(log hclog.Logger, open OpenFunc) *Averager {
@@ -155,6 +178,9 @@ func (a *Averager) configure(cfg plugin.AveragerConfig) error {
 	a.cfg, a.arena, a.relay, a.rank, a.device = c, m, cfg.Relay, cfg.Rank, dev
 	a.spans, a.np, a.nb = spans, np, nb
 	a.staging = make([]byte, 4*(np+nb))
+	if a.mem, err = be.Alloc(dev, max(len(a.staging), 4)); err != nil {
+		return fmt.Errorf("averaging-nccl: device memory for %d bytes of parameters: %w", len(a.staging), err)
+	}
 	a.smooth = nil
 	if c.smoothing > 0 {
 		a.smooth = newSmoother(c.smoothing, np)
@@ -168,9 +194,14 @@ func (a *Averager) configure(cfg plugin.AveragerConfig) error {
 	return nil
 }
 
-// teardown aborts the communicator and releases the arena and libraries.
+// teardown aborts the communicator and releases the device memory, the
+// arena and the libraries.
 func (a *Averager) teardown() error {
-	errs := []error{a.dropComm()}
+	errs := []error{a.dropSession()}
+	if a.mem != nil {
+		errs = append(errs, a.mem.Close())
+		a.mem = nil
+	}
 	if a.arena != nil {
 		errs = append(errs, a.arena.Close())
 		a.arena = nil
@@ -182,15 +213,21 @@ func (a *Averager) teardown() error {
 	return errors.Join(errs...)
 }
 
-// dropComm aborts the session's communicator, if any: ncclCommAbort
-// never waits on peers, which after a membership change may be gone.
-func (a *Averager) dropComm() error {
-	if a.sess.comm == nil {
-		return nil
+// dropSession aborts the session's communicator, if any (ncclCommAbort
+// never waits on peers, which after a membership change may be gone), and
+// unmaps the other ranks' memory.
+func (a *Averager) dropSession() error {
+	s := &a.sess
+	var errs []error
+	if s.comm != nil {
+		errs = append(errs, s.comm.Abort())
+		s.comm = nil
 	}
-	err := a.sess.comm.Abort()
-	a.sess.comm, a.sess.data, a.sess.weights = nil, nil, nil
-	return err
+	for _, m := range s.mates {
+		errs = append(errs, m.mem.Close())
+	}
+	s.mates, s.built = nil, false
+	return errors.Join(errs...)
 }
 
 // NewSessionID returns a fresh unique id's bytes; it only names the
@@ -215,7 +252,7 @@ func (a *Averager) NewSession(_ context.Context, s plugin.Session) error {
 	if a.arena != nil && s.Members[s.NewRank] != a.rank {
 		return fmt.Errorf("averager: session %d names global rank %d as new rank %d, this averager is rank %d", s.Generation, s.Members[s.NewRank], s.NewRank, a.rank)
 	}
-	err := a.dropComm()
+	err := a.dropSession()
 	a.sess = session{gen: s.Generation, members: append([]uint32(nil), s.Members...), rank: int(s.NewRank)}
 	a.mu.Lock()
 	if !a.shutdown {
@@ -223,7 +260,7 @@ func (a *Averager) NewSession(_ context.Context, s plugin.Session) error {
 	}
 	a.mu.Unlock()
 	if err != nil {
-		a.log.Warn("aborting the previous session's communicator", "generation", s.Generation, "error", err)
+		a.log.Warn("releasing the previous session", "generation", s.Generation, "error", err)
 	}
 	return nil
 }

@@ -45,13 +45,19 @@ func testLayout(t *testing.T) arena.Layout {
 }
 
 // newGroup configures world averagers with settings, each arena filled
-// with values of its own.
+// with values of its own, every rank on a host and GPU of its own.
 func newGroup(t *testing.T, world int, settings string) *group {
+	return newGroupOn(t, world, settings, 1, func(r int) string { return fmt.Sprintf("h%d", r) })
+}
+
+// newGroupOn is newGroup with rank r on host(r), whose devices GPUs the
+// ranks there take in turn (the averager's default: rank modulo devices).
+func newGroupOn(t *testing.T, world int, settings string, devices int, host func(r int) string) *group {
 	t.Helper()
-	g := &group{t: t, fabric: backend.NewFabric(1), relay: plugintest.NewRelayGroup(uint32(world))}
+	g := &group{t: t, fabric: backend.NewFabric(devices), relay: plugintest.NewRelayGroup(uint32(world))}
 	layout, dir := testLayout(t), t.TempDir()
 	for r := range world {
-		be := g.fabric.Backend()
+		be := g.fabric.BackendOn(host(r))
 		a := New(nil, func(cudalib.Options) (backend.Backend, error) { return be, nil })
 		ar, err := arena.Create(dir, fmt.Sprintf("nccl-test-r%d", r), layout)
 		if err != nil {
@@ -72,6 +78,9 @@ func newGroup(t *testing.T, world int, settings string) *group {
 		g.each(g.all(), func(ctx context.Context, r int) error { return g.avgs[r].Shutdown(ctx) })
 		if n := g.fabric.Live(); n != 0 {
 			t.Errorf("%d communicators outlived Shutdown", n)
+		}
+		if n := g.fabric.Allocated(); n != 0 {
+			t.Errorf("%d device allocations outlived Shutdown", n)
 		}
 	})
 	errs := g.each(g.all(), func(ctx context.Context, r int) error {
@@ -355,6 +364,119 @@ func TestRebuildAfterDeath(t *testing.T) {
 			if n := g.fabric.Live(); n != want {
 				t.Errorf("%d live communicators after the rebuild, want %d", n, want)
 			}
+		})
+	}
+}
+
+// Ranks that share a GPU are folded there by their leader, which alone
+// joins NCCL: the mean, the buffers' mean among the ranks that trained
+// and a broadcast from a rank that leads nothing hold whatever the layout,
+// every rank ends with the same bits, and the communicators are one per
+// GPU (none for one GPU).
+func TestSharedGPUs(t *testing.T) {
+	tests := []struct {
+		name    string
+		devices int
+		host    func(r int) string
+		steps   []uint64
+		gpus    int
+	}{
+		{"4 ranks on one GPU", 1, func(int) string { return "h0" }, []uint64{4, 0, 2, 1}, 1},
+		{"2 GPUs of 2 ranks", 2, func(int) string { return "h0" }, []uint64{1, 2, 3, 0}, 2},
+		{"2 hosts: 3 ranks on one GPU, 1 on another", 1, func(r int) string { return []string{"a", "a", "a", "b"}[r] }, []uint64{0, 5, 1, 2}, 2},
+		{"a lone idle rank's GPU", 1, func(r int) string { return []string{"a", "a", "b"}[r] }, []uint64{1, 2, 0}, 2},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			g := newGroupOn(t, len(tc.steps), `{"smoothing": 0}`, tc.devices, tc.host)
+			pre := g.snapshot()
+			g.mustAverage(g.all(), 1, tc.steps)
+			g.checkMean(g.all(), g.all(), pre, tc.steps, 1)
+			g.checkEqual()
+			if want := tc.gpus; want == 1 && g.fabric.Live() != 0 || want > 1 && g.fabric.Live() != want {
+				t.Errorf("%d live communicators with %d GPUs", g.fabric.Live(), want)
+			}
+			// A broadcast from the last rank, which leads no GPU of
+			// several ranks in these layouts.
+			root := len(tc.steps) - 1
+			for i, v := range []float32{1.5, -2, 7} {
+				g.values(root, 0)
+				x, _ := g.arenas[root].Float32s(0)
+				x[i] = v
+			}
+			want := g.values(root, 0)
+			errs := g.each(g.all(), func(ctx context.Context, r int) error {
+				_, err := g.avgs[r].Average(ctx, plugin.Round{Round: 2, Broadcast: true, Root: uint32(root)})
+				return err
+			})
+			for r, err := range errs {
+				if err != nil {
+					t.Fatalf("broadcast, rank %d: %v", r, err)
+				}
+				if got := g.values(r, 0); !slices.Equal(got, want) {
+					t.Fatalf("after the broadcast from rank %d, rank %d holds %v, want %v", root, r, got[:3], want[:3])
+				}
+			}
+		})
+	}
+}
+
+// checkEqual: every rank holds the same bits as rank 0.
+func (g *group) checkEqual() {
+	g.t.Helper()
+	for r := range g.avgs {
+		for entry := range 2 {
+			if !slices.Equal(g.values(r, entry), g.values(0, entry)) {
+				g.t.Fatalf("rank %d's entry %d differs from rank 0's", r, entry)
+			}
+		}
+	}
+}
+
+// When a rank on a shared GPU dies, or its GPU's leader fails to fold, the
+// round fails on every rank (its mates hear the leader's reason at once),
+// and a new session of the survivors averages again.
+func TestSharedGPUFailures(t *testing.T) {
+	tests := []struct {
+		name string
+		fail func(g *group) []int // breaks the group, returns the survivors
+	}{
+		{"a mate dies", func(g *group) []int { g.kill(2); return []int{0, 1, 3} }},
+		{"the leader dies", func(g *group) []int { g.kill(0); return []int{1, 2, 3} }},
+		{"the leader's fold fails", func(g *group) []int {
+			g.bes[0].Set(backend.Knobs{FoldErr: errors.New("illegal address")})
+			return nil
+		}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			// Ranks 0 and 2 on one GPU, 1 and 3 on the other.
+			g := newGroupOn(t, 4, `{}`, 2, func(int) string { return "h0" })
+			g.mustAverage(g.all(), 1, ones(4))
+			survivors := tc.fail(g)
+			live := survivors
+			if live == nil {
+				live = g.all()
+			}
+			for r, err := range g.average(live, 2, ones(len(live))) {
+				if !errors.Is(err, plugin.ErrRoundAborted) {
+					t.Fatalf("rank %d's round: %v; want ErrRoundAborted", r, err)
+				}
+				if survivors == nil && r == 2 && !strings.Contains(err.Error(), "rank 0, this GPU's leader, failed the round: ") {
+					t.Errorf("rank 2's error does not give its leader's reason: %v", err)
+				}
+			}
+			if survivors == nil {
+				g.bes[0].Set(backend.Knobs{})
+			}
+			g.newSession(1, live)
+			pre := g.snapshot()
+			steps := make([]uint64, len(live))
+			for i := range steps {
+				steps[i] = uint64(i + 1)
+			}
+			g.mustAverage(live, 3, steps)
+			g.checkMean(live, live, pre, steps, 1)
 		})
 	}
 }

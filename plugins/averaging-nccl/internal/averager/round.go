@@ -107,22 +107,23 @@ func (a *Averager) round(ctx context.Context, r plugin.Round) (plugin.RoundResul
 		return res, nil
 	}
 	wait := time.Now()
-	if err := a.ensureComm(ctx); err != nil {
+	if err := a.ensureSession(ctx); err != nil {
 		return plugin.RoundResult{}, err
 	}
 	res.WaitMS = ms(time.Since(wait))
 	reduce := time.Now()
 	var err error
 	if r.Broadcast {
-		err = a.broadcast(ctx, int(r.Root))
+		err = a.broadcast(ctx, r.Round, int(r.Root))
 		res.Realized = err == nil
 	} else {
-		res.TotalWeight, res.Realized, err = a.mean(ctx, w)
+		res.TotalWeight, res.Realized, err = a.mean(ctx, r.Round, w)
 	}
 	if err != nil {
-		// The backend aborted the communicator; so is the session.
+		// A rank gone mid-round, a failed collective or fold: the
+		// session is over, and so is its communicator.
 		s.failed = err
-		return plugin.RoundResult{}, errors.Join(fmt.Errorf("%w: session %d: %w", plugin.ErrRoundAborted, s.gen, err), a.dropComm())
+		return plugin.RoundResult{}, errors.Join(fmt.Errorf("%w: session %d: %w", plugin.ErrRoundAborted, s.gen, err), a.dropSession())
 	}
 	res.ReduceMS = ms(time.Since(reduce))
 	if res.Realized {
@@ -138,15 +139,14 @@ func (a *Averager) round(ctx context.Context, r plugin.Round) (plugin.RoundResul
 	return res, nil
 }
 
-// ensureComm builds the session's communicator unless it has one: the
-// lowest member makes the unique id, the relay carries it, and every
-// member joins, all within init_timeout.
-func (a *Averager) ensureComm(ctx context.Context) error {
+// ensureSession lays the session out over the GPUs and builds its
+// communicator unless that is done, all within init_timeout.
+func (a *Averager) ensureSession(ctx context.Context) error {
 	s := &a.sess
 	if s.failed != nil {
-		return fmt.Errorf("%w: session %d's communicator failed (%v); waiting for a new session", plugin.ErrRoundAborted, s.gen, s.failed)
+		return fmt.Errorf("%w: session %d failed (%v); waiting for a new session", plugin.ErrRoundAborted, s.gen, s.failed)
 	}
-	if s.comm != nil {
+	if s.built {
 		return nil
 	}
 	ictx, cancel := context.WithTimeout(ctx, a.cfg.initTimeout)
@@ -157,104 +157,225 @@ func (a *Averager) ensureComm(ctx context.Context) error {
 	}
 	if err != nil {
 		s.failed = err
-		return fmt.Errorf("%w: session %d: communicator of %d ranks on device %d: %w", plugin.ErrRoundAborted, s.gen, len(s.members), a.device, err)
+		return errors.Join(fmt.Errorf("%w: session %d of %d ranks on device %d: %w", plugin.ErrRoundAborted, s.gen, len(s.members), a.device, err), a.dropSession())
 	}
+	s.built = true
 	return nil
 }
 
+// gpuPost is what a member posts when a session is laid out: its device
+// memory's size and handle, then its GPU's name.
+func (a *Averager) gpuPost() ([]byte, error) {
+	id, err := a.be.DeviceID(a.device)
+	if err != nil {
+		return nil, err
+	}
+	h, err := a.mem.Handle()
+	if err != nil {
+		return nil, err
+	}
+	b := binary.LittleEndian.AppendUint64(nil, uint64(a.mem.Len()))
+	b = append(b, h[:]...)
+	return append(b, id...), nil
+}
+
+// build groups the members by GPU, has each GPU's leader map its mates'
+// memory and the others their leader's, and, with several GPUs, builds
+// the leaders' communicator.
 func (a *Averager) build(ctx context.Context) error {
 	s := &a.sess
-	creator := slices.Min(s.members)
+	post, err := a.gpuPost()
+	if err != nil {
+		return fmt.Errorf("name this rank's GPU: %w", err)
+	}
+	key := fmt.Sprintf("nccl-gpu/g%d", s.gen)
+	got, err := a.relay.Exchange(ctx, key, post)
+	if err != nil {
+		return fmt.Errorf("relay exchange %s: %w", key, err)
+	}
+	type place struct {
+		gpu    string
+		handle backend.IPCHandle
+	}
+	places := map[uint32]place{}
+	onGPU := map[string][]uint32{}
+	for _, m := range s.members {
+		b := got[m]
+		if len(b) <= 8+len(backend.IPCHandle{}) || binary.LittleEndian.Uint64(b) != uint64(a.mem.Len()) {
+			return fmt.Errorf("relay exchange %s: rank %d posted %d bytes, not its device memory's size (%d here), handle and GPU", key, m, len(b), a.mem.Len())
+		}
+		var p place
+		copy(p.handle[:], b[8:])
+		p.gpu = string(b[8+len(p.handle):])
+		places[m] = p
+		onGPU[p.gpu] = append(onGPU[p.gpu], m)
+	}
+	var leaders []uint32
+	for _, ranks := range onGPU {
+		slices.Sort(ranks)
+		leaders = append(leaders, ranks[0])
+	}
+	slices.Sort(leaders)
+	s.gpuIndex = map[uint32]int{}
+	for i, l := range leaders {
+		for _, m := range onGPU[places[l].gpu] {
+			s.gpuIndex[m] = i
+		}
+	}
+	mine := onGPU[places[a.rank].gpu]
+	s.gpus, s.gpu, s.lead = len(leaders), slices.Index(leaders, mine[0]), mine[0] == a.rank
+	others := mine[:1] // a rank's leader
+	if s.lead {
+		others = mine[1:]
+	}
+	for _, m := range others {
+		mem, err := a.be.Open(a.device, places[m].handle, a.mem.Len())
+		if err != nil {
+			return fmt.Errorf("map rank %d's device memory (both on GPU %s): %w", m, places[m].gpu, err)
+		}
+		s.mates = append(s.mates, mate{rank: m, mem: mem})
+	}
+	if s.gpus == 1 {
+		return nil // one GPU: its leader's fold is the whole mean
+	}
+	// The lowest leader makes the unique id; every member posts, as the
+	// relay wants, and only leaders build their part.
+	creator := leaders[0]
 	var blob []byte
-	if s.members[s.rank] == creator {
+	if a.rank == creator {
 		id, err := a.be.NewUniqueID()
 		if err != nil {
 			return err
 		}
 		blob = id[:]
 	}
-	key := fmt.Sprintf("nccl-id/g%d", s.gen)
-	got, err := a.relay.Exchange(ctx, key, blob)
-	if err != nil {
+	key = fmt.Sprintf("nccl-id/g%d", s.gen)
+	if got, err = a.relay.Exchange(ctx, key, blob); err != nil {
 		return fmt.Errorf("relay exchange %s: %w", key, err)
+	}
+	if !s.lead {
+		return nil
 	}
 	var id backend.UniqueID
 	if len(got[creator]) != len(id) {
 		return fmt.Errorf("relay exchange %s: rank %d posted %d bytes, not a unique id of %d", key, creator, len(got[creator]), len(id))
 	}
 	copy(id[:], got[creator])
-	comm, err := a.be.InitComm(ctx, id, len(s.members), s.rank, a.device)
+	comm, err := a.be.InitComm(ctx, id, s.gpus, s.gpu, a.device)
 	if err != nil {
 		return err
 	}
-	data, err := comm.Alloc(max(len(a.staging), 4))
-	if err != nil {
-		return errors.Join(err, comm.Abort())
-	}
-	weights, err := comm.Alloc(8 * weightSums)
-	if err != nil {
-		return errors.Join(err, comm.Abort())
-	}
-	s.comm, s.data, s.weights = comm, data, weights
+	s.comm = comm
 	return nil
 }
 
+// exchange posts blob under the round's key for step and returns every
+// member's post; it is also the round's barrier.
+func (a *Averager) exchange(ctx context.Context, step string, round uint64, blob []byte) (map[uint32][]byte, error) {
+	key := fmt.Sprintf("nccl-%s/g%d/r%d", step, a.sess.gen, round)
+	got, err := a.relay.Exchange(ctx, key, blob)
+	if err != nil {
+		return nil, fmt.Errorf("relay exchange %s: %w", key, err)
+	}
+	return got, nil
+}
+
+// weighing is one member's part in a mean: its weight, whether it
+// trained, and its smoothing setting and step count.
+type weighing struct {
+	w, trained, sm float64
+	steps          uint64
+}
+
+const weighingSize = 32
+
+func (x weighing) encode() []byte {
+	b := make([]byte, 0, weighingSize)
+	for _, v := range []float64{x.w, x.trained, x.sm} {
+		b = binary.LittleEndian.AppendUint64(b, math.Float64bits(v))
+	}
+	return binary.LittleEndian.AppendUint64(b, x.steps)
+}
+
+func decodeWeighing(b []byte) (weighing, error) {
+	if len(b) != weighingSize {
+		return weighing{}, fmt.Errorf("%d bytes, not a weighing of %d", len(b), weighingSize)
+	}
+	f := func(i int) float64 { return math.Float64frombits(binary.LittleEndian.Uint64(b[8*i:])) }
+	return weighing{w: f(0), trained: f(1), sm: f(2), steps: binary.LittleEndian.Uint64(b[24:])}, nil
+}
+
 // mean leaves Σ wᵢxᵢ / Σ wᵢ in the parameters and the plain mean of the
-// ranks that trained in the buffers: the weights are all-reduced first
-// (in f64), then each rank scales its values by its share and the shares
-// are summed. With no weight anywhere the arena is left as it is.
-func (a *Averager) mean(ctx context.Context, w float64) (total float64, realized bool, err error) {
+// ranks that trained in the buffers. Every member posts its weight; each
+// then scales its values by its share (each GPU's leader scales its
+// mates' as it folds them), the leaders sum across GPUs, and write the
+// sum back to their mates. With no weight anywhere the arena is left as
+// it is.
+func (a *Averager) mean(ctx context.Context, round uint64, w float64) (total float64, realized bool, err error) {
 	s := &a.sess
-	trained := 0.0
+	me := weighing{w: w}
 	if w > 0 {
-		trained = 1
+		me.trained = 1
 	}
-	// Beside the weights, the smoothing filter's settings and step counts,
-	// summed with their squares: equal on every rank exactly when
-	// sum² = n·Σx².
-	var sm, steps float64
 	if a.smooth != nil {
-		sm, steps = float64(a.smooth.outer.Mu), float64(a.smooth.steps)
+		me.sm, me.steps = float64(a.smooth.outer.Mu), a.smooth.steps
 	}
-	sums := [weightSums]float64{w, trained, sm, sm * sm, steps, steps * steps}
-	wb := make([]byte, 8*weightSums)
-	for i, v := range sums {
-		binary.LittleEndian.PutUint64(wb[8*i:], math.Float64bits(v))
+	if s.shared() {
+		// The leader scales this rank's values on the device: they go
+		// there as they are, before the weights, which also tell the
+		// leader they are in place.
+		a.pack(1, 1)
+		if err := a.mem.Write(a.staging); err != nil {
+			return 0, false, err
+		}
 	}
-	if err := s.weights.Write(wb); err != nil {
+	got, err := a.exchange(ctx, "w", round, me.encode())
+	if err != nil {
 		return 0, false, err
 	}
-	if err := s.comm.AllReduceSum(ctx, s.weights, backend.Float64); err != nil {
-		return 0, false, err
+	ws := map[uint32]weighing{}
+	var ranks float64
+	sameSteps := true
+	for _, m := range s.members {
+		x, err := decodeWeighing(got[m])
+		if err != nil {
+			return 0, false, fmt.Errorf("rank %d's weight: %w", m, err)
+		}
+		if x.sm != me.sm {
+			return 0, false, fmt.Errorf("the ranks' smoothing settings differ (this rank's is %v, rank %d's %v): every rank needs the same", me.sm, m, x.sm)
+		}
+		sameSteps = sameSteps && x.steps == me.steps
+		ws[m] = x
+		total += x.w
+		ranks += x.trained
 	}
-	if err := s.weights.Read(wb); err != nil {
-		return 0, false, err
-	}
-	for i := range sums {
-		sums[i] = math.Float64frombits(binary.LittleEndian.Uint64(wb[8*i:]))
-	}
-	n := float64(len(s.members))
-	if !agree(sums[2], sums[3], n) {
-		return 0, false, fmt.Errorf("the ranks' smoothing settings differ (this rank's is %v): every rank needs the same", sm)
-	}
-	total = sums[0]
-	ranks := sums[1]
 	if !(total > 0) || !(ranks > 0) {
 		return total, false, nil
 	}
-	a.pack(float32(w/total), float32(trained/ranks))
-	if err := s.data.Write(a.staging); err != nil {
-		return 0, false, err
+	share := func(m uint32) (p, b float32) { return float32(ws[m].w / total), float32(ws[m].trained / ranks) }
+	if s.shared() {
+		var ferr error
+		if s.lead {
+			ferr = a.fold(ctx, share)
+		}
+		if err := a.done(ctx, round, ferr); err != nil {
+			return 0, false, err
+		}
+	} else {
+		a.pack(share(a.rank))
+		if err := a.mem.Write(a.staging); err != nil {
+			return 0, false, err
+		}
+		if err := s.comm.AllReduceSum(ctx, a.mem, backend.Float32); err != nil {
+			return 0, false, err
+		}
 	}
-	if err := s.comm.AllReduceSum(ctx, s.data, backend.Float32); err != nil {
-		return 0, false, err
-	}
-	if err := s.data.Read(a.staging); err != nil {
+	if err := a.mem.Read(a.staging); err != nil {
 		return 0, false, err
 	}
 	if a.smooth != nil {
 		// The parameters lead the staging buffer (buildSpans).
-		seed := a.smooth.steps == 0 || !agree(sums[4], sums[5], n)
+		seed := a.smooth.steps == 0 || !sameSteps
 		if seed && a.smooth.steps != 0 {
 			a.log.Warn("the ranks' smoothing states differ: reseeding from this round's consensus")
 		}
@@ -264,29 +385,128 @@ func (a *Averager) mean(ctx context.Context, w float64) (total float64, realized
 	return total, true, nil
 }
 
-// weightSums is how many float64 sums a round's first all-reduce carries:
-// the weight, whether the rank trained, and the smoothing setting and
-// step count with their squares.
-const weightSums = 6
-
-// broadcast copies the root's f32 entries into every member's arena.
-func (a *Averager) broadcast(ctx context.Context, root int) error {
+// fold is a leader's part of a mean on a shared GPU: its own values and
+// its mates', each scaled by its share, summed into its memory, summed
+// with the other GPUs' leaders, and written back into its mates' memory.
+func (a *Averager) fold(ctx context.Context, share func(uint32) (p, b float32)) error {
 	s := &a.sess
-	if s.rank == root {
-		a.pack(1, 1)
-		if err := s.data.Write(a.staging); err != nil {
+	p, b := share(a.rank)
+	if err := errors.Join(a.be.Scale(a.mem, 0, a.np, p), a.be.Scale(a.mem, a.np, a.nb, b)); err != nil {
+		return fmt.Errorf("fold: %w", err)
+	}
+	for _, m := range s.mates {
+		p, b := share(m.rank)
+		if p != 0 {
+			if err := a.be.Axpy(a.mem, m.mem, 0, a.np, p); err != nil {
+				return fmt.Errorf("fold rank %d: %w", m.rank, err)
+			}
+		}
+		if b != 0 {
+			if err := a.be.Axpy(a.mem, m.mem, a.np, a.nb, b); err != nil {
+				return fmt.Errorf("fold rank %d: %w", m.rank, err)
+			}
+		}
+	}
+	if s.comm != nil {
+		if err := s.comm.AllReduceSum(ctx, a.mem, backend.Float32); err != nil {
 			return err
 		}
 	}
-	if err := s.comm.Broadcast(ctx, s.data, backend.Float32, root); err != nil {
+	return a.spread()
+}
+
+// spread writes a leader's memory into its mates'.
+func (a *Averager) spread() error {
+	for _, m := range a.sess.mates {
+		if err := a.be.Copy(m.mem, a.mem); err != nil {
+			return fmt.Errorf("write the result to rank %d: %w", m.rank, err)
+		}
+	}
+	return nil
+}
+
+// broadcast copies the root's f32 entries into every member's arena.
+func (a *Averager) broadcast(ctx context.Context, round uint64, root int) error {
+	s := &a.sess
+	rootRank := s.members[root]
+	if s.rank == root {
+		a.pack(1, 1)
+		if err := a.mem.Write(a.staging); err != nil {
+			return err
+		}
+	}
+	if s.shared() {
+		// The barrier tells the root's leader its values are in place.
+		if _, err := a.exchange(ctx, "b", round, nil); err != nil {
+			return err
+		}
+		var ferr error
+		if s.lead {
+			ferr = a.spreadRoot(ctx, rootRank)
+		}
+		if err := a.done(ctx, round, ferr); err != nil {
+			return err
+		}
+	} else if err := s.comm.Broadcast(ctx, a.mem, backend.Float32, a.gpuOf(rootRank)); err != nil {
 		return err
 	}
-	if err := s.data.Read(a.staging); err != nil {
+	if err := a.mem.Read(a.staging); err != nil {
 		return err
 	}
 	a.unpack()
 	return nil
 }
+
+// spreadRoot is a leader's part of a broadcast on a shared GPU: the
+// root's values into its memory (from its mate, or through the leaders'
+// broadcast) and on into its mates'.
+func (a *Averager) spreadRoot(ctx context.Context, root uint32) error {
+	s := &a.sess
+	for _, m := range s.mates {
+		if m.rank == root {
+			if err := a.be.Copy(a.mem, m.mem); err != nil {
+				return fmt.Errorf("take the root's values: %w", err)
+			}
+		}
+	}
+	if s.comm != nil {
+		if err := s.comm.Broadcast(ctx, a.mem, backend.Float32, a.gpuOf(root)); err != nil {
+			return err
+		}
+	}
+	return a.spread()
+}
+
+// done is the barrier that ends a round on shared GPUs: each leader posts
+// how its part went (nothing when it went well), so its mates learn at
+// once that the result is in their memory, or why it is not.
+func (a *Averager) done(ctx context.Context, round uint64, failed error) error {
+	var blob []byte
+	if failed != nil {
+		blob = []byte(failed.Error())
+		// The other GPUs' leaders may wait in a collective this one
+		// never joins: the aborted communicator fails it for them.
+		if c := a.sess.comm; c != nil {
+			failed = errors.Join(failed, c.Abort())
+		}
+	}
+	got, err := a.exchange(ctx, "done", round, blob)
+	if failed != nil || err != nil {
+		return errors.Join(failed, err)
+	}
+	if !a.sess.lead {
+		leader := a.sess.mates[0].rank
+		if why := got[leader]; len(why) > 0 {
+			return fmt.Errorf("rank %d, this GPU's leader, failed the round: %s", leader, why)
+		}
+	}
+	return nil
+}
+
+// gpuOf is the NCCL rank of rank's GPU: its leader's place among the
+// leaders, which the layout put in rank order. Every member computes it
+// from the same session.
+func (a *Averager) gpuOf(rank uint32) int { return a.sess.gpuIndex[rank] }
 
 // pack writes the arena's f32 entries into the staging buffer, parameters
 // scaled by pw and buffers by bw (1 copies them bit for bit).

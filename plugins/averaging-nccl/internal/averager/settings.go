@@ -21,10 +21,13 @@ type Settings struct {
 	// InitTimeout bounds building a session's communicator, the unique
 	// id's exchange included. Default "60s".
 	InitTimeout string `json:"init_timeout" setting:"duration"`
-	// NCCLLibrary and CUDARuntimeLibrary point at libnccl.so.2 and
-	// libcudart.so.* (a file or its directory) ahead of the usual places.
+	// NCCLLibrary, CUDARuntimeLibrary and CUBLASLibrary point at
+	// libnccl.so.2, libcudart.so.* and libcublas.so.* (a file or its
+	// directory) ahead of the usual places. cuBLAS is loaded only where
+	// ranks share a GPU.
 	NCCLLibrary        string `json:"nccl_library"`
 	CUDARuntimeLibrary string `json:"cudart_library"`
+	CUBLASLibrary      string `json:"cublas_library"`
 	// Smoothing, in [0, 1), low-pass filters the consensus across rounds
 	// as averaging-cpu's setting of that name does: slow momentum at unit
 	// gain (v = s·v + g; new = prev − (1−s)·v, g = prev − consensus) on
@@ -49,7 +52,7 @@ func parseSettings(raw json.RawMessage) (config, error) {
 		return config{}, fmt.Errorf("averager settings: %w", err)
 	}
 	c := config{gamma: 1, device: -1, initTimeout: 60 * time.Second, smoothing: 0.5,
-		libs: cudalib.Options{NCCLPath: s.NCCLLibrary, RuntimePath: s.CUDARuntimeLibrary}}
+		libs: cudalib.Options{NCCLPath: s.NCCLLibrary, RuntimePath: s.CUDARuntimeLibrary, BLASPath: s.CUBLASLibrary}}
 	if s.Gamma != nil {
 		if g := *s.Gamma; math.IsNaN(g) || g < 0 || g > 4 {
 			return config{}, fmt.Errorf("averager settings: gamma = %v: want a number in [0, 4]", g)

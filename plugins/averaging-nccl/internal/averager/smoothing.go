@@ -20,8 +20,8 @@ import (
 // smoother is the smoothing filter (the setting's doc says what it does),
 // as averaging-cpu runs it: slow momentum at unit gain on the parameters'
 // consensus. Every rank keeps the same state and steps it on the same
-// all-reduced values, so they stay equal without another collective; each
-// round's weight all-reduce also sums the ranks' step counts, and ranks
+// consensus, so they stay equal without another collective; each round's
+// weights, which every rank posts, carry the ranks' step counts, and ranks
 // that find them unequal (a replaced plugin, a checkpoint loaded on some
 // ranks only, a round one rank failed) all reseed from that round's
 // consensus.
@@ -34,12 +34,6 @@ type smoother struct {
 func newSmoother(s float64, np int) *smoother {
 	return &smoother{outer: numeric.Outer{Kind: numeric.OuterSlowMo, LR: float32(1 - s), Mu: float32(s)},
 		prev: make([]float32, np), vel: make([]float32, np)}
-}
-
-// agree reports whether n ranks' values whose sum and sum of squares
-// these are were all equal: then sum² = n·Σx², else it is smaller.
-func agree(sum, squares, n float64) bool {
-	return math.Abs(sum*sum-n*squares) <= 1e-9*math.Max(1, n*squares)
 }
 
 // step filters the consensus c of the parameters in place; seed starts the

@@ -8,24 +8,34 @@ import (
 	"fmt"
 	"math"
 	"sync"
+	"unsafe"
 )
 
 // Fabric is a fake NCCL for tests on machines without a GPU: the backends
-// it makes are ranks in this process whose communicators meet by unique
-// id, whose device buffers are host memory, and whose knobs make a rank
-// never arrive, stall in a collective, or fail.
+// it makes are ranks in this process, on hosts the test names, whose
+// communicators meet by unique id, whose device memory is host memory that
+// ranks of the same host and device can map by handle, and whose knobs
+// make a rank never arrive, stall in a collective, or fail.
 type Fabric struct {
 	devices int
 
 	mu     sync.Mutex
 	groups map[UniqueID]*group
 	live   int
+	mems   map[IPCHandle]*fakeAlloc
 }
 
 // NewFabric is a fabric whose hosts each see devices GPUs (0: none, and
 // DeviceCount fails as CUDA does on such a host).
 func NewFabric(devices int) *Fabric {
-	return &Fabric{devices: devices, groups: map[UniqueID]*group{}}
+	return &Fabric{devices: devices, groups: map[UniqueID]*group{}, mems: map[IPCHandle]*fakeAlloc{}}
+}
+
+// Allocated is how many device allocations are not freed.
+func (f *Fabric) Allocated() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.mems)
 }
 
 // Live is how many communicators are built and not aborted.
@@ -43,19 +53,25 @@ type Knobs struct {
 	// Stall: the rank's collectives never reach the others (a rank
 	// wedged mid-collective); they wait for their context or an abort.
 	Stall bool
-	// InitErr and CollectiveErr make InitComm and the collectives fail.
-	InitErr, CollectiveErr error
+	// InitErr and CollectiveErr make InitComm and the collectives fail;
+	// FoldErr makes Scale, Axpy and Copy fail.
+	InitErr, CollectiveErr, FoldErr error
 }
 
-// Fake is one rank's Backend on a Fabric.
+// Fake is one rank's Backend on a Fabric: one process on one host.
 type Fake struct {
 	f     *Fabric
+	host  string
 	mu    sync.Mutex
 	knobs Knobs
 }
 
-// Backend makes a rank's backend.
-func (f *Fabric) Backend() *Fake { return &Fake{f: f} }
+// Backend makes the backend of a rank on the fabric's first host.
+func (f *Fabric) Backend() *Fake { return f.BackendOn("h0") }
+
+// BackendOn makes the backend of a rank on host: ranks of one host share
+// its devices.
+func (f *Fabric) BackendOn(host string) *Fake { return &Fake{f: f, host: host} }
 
 // Set replaces the rank's knobs; operations already waiting keep theirs.
 func (b *Fake) Set(k Knobs) {
@@ -76,6 +92,119 @@ func (b *Fake) DeviceCount() (int, error) {
 		return 0, errors.New("cudaGetDeviceCount: no CUDA-capable device is detected (code 100)")
 	}
 	return b.f.devices, nil
+}
+
+// DeviceID is the host's name and the device's index.
+func (b *Fake) DeviceID(device int) (string, error) {
+	if device < 0 || device >= b.f.devices {
+		return "", fmt.Errorf("fake cuda: no device %d (the host has %d)", device, b.f.devices)
+	}
+	return fmt.Sprintf("%s/%d", b.host, device), nil
+}
+
+// fakeAlloc is one allocation: its bytes, where it lives, who made it.
+type fakeAlloc struct {
+	b      []byte
+	host   string
+	device int
+	owner  *Fake
+	freed  bool
+}
+
+// Alloc is host memory registered under a random handle.
+func (b *Fake) Alloc(device, n int) (Memory, error) {
+	if device < 0 || device >= b.f.devices {
+		return nil, fmt.Errorf("fake cuda: alloc on device %d (the host has %d)", device, b.f.devices)
+	}
+	a := &fakeAlloc{b: make([]byte, n), host: b.host, device: device, owner: b}
+	var h IPCHandle
+	rand.Read(h[:])
+	b.f.mu.Lock()
+	b.f.mems[h] = a
+	b.f.mu.Unlock()
+	return &fakeMemory{f: b.f, a: a, h: h}, nil
+}
+
+// Open maps an allocation of another rank of the same host and device, as
+// cudaIpcOpenMemHandle does (a process's own handle does not open).
+func (b *Fake) Open(device int, h IPCHandle, n int) (Memory, error) {
+	b.f.mu.Lock()
+	a := b.f.mems[h]
+	b.f.mu.Unlock()
+	switch {
+	case a == nil:
+		return nil, errors.New("fake cuda: open: no memory has this handle (freed, or never made)")
+	case a.host != b.host:
+		return nil, fmt.Errorf("fake cuda: open: the memory is on host %s, this rank on %s", a.host, b.host)
+	case a.device != device:
+		return nil, fmt.Errorf("fake cuda: open: the memory is on device %d, not %d", a.device, device)
+	case a.owner == b:
+		return nil, errors.New("fake cuda: open: a process cannot open its own memory's handle")
+	case n > len(a.b):
+		return nil, fmt.Errorf("fake cuda: open: %d bytes of an allocation of %d", n, len(a.b))
+	}
+	return &fakeMemory{f: b.f, a: a, opened: true, n: n}, nil
+}
+
+func (b *Fake) fold(name string, ms ...Memory) ([][]float32, error) {
+	if err := b.get().FoldErr; err != nil {
+		return nil, fmt.Errorf("fake cublas: %s: %w", name, err)
+	}
+	out := make([][]float32, len(ms))
+	for i, m := range ms {
+		fm := m.(*fakeMemory)
+		if err := fm.usable(); err != nil {
+			return nil, fmt.Errorf("fake cublas: %s: %w", name, err)
+		}
+		out[i] = unsafe.Slice((*float32)(unsafe.Pointer(unsafe.SliceData(fm.a.b))), fm.Len()/4)
+	}
+	return out, nil
+}
+
+// Scale multiplies in float32.
+func (b *Fake) Scale(m Memory, off, n int, alpha float32) error {
+	v, err := b.fold("scale", m)
+	if err != nil {
+		return err
+	}
+	if off < 0 || n < 0 || off+n > len(v[0]) {
+		return fmt.Errorf("fake cublas: scale of elements [%d, %d) of %d", off, off+n, len(v[0]))
+	}
+	for i := off; i < off+n; i++ {
+		v[0][i] *= alpha
+	}
+	return nil
+}
+
+// Axpy multiplies and adds in float32, as cuBLAS may not fuse.
+func (b *Fake) Axpy(dst, src Memory, off, n int, alpha float32) error {
+	v, err := b.fold("axpy", dst, src)
+	if err != nil {
+		return err
+	}
+	if off < 0 || n < 0 || off+n > len(v[0]) || off+n > len(v[1]) {
+		return fmt.Errorf("fake cublas: axpy of elements [%d, %d) of %d and %d", off, off+n, len(v[0]), len(v[1]))
+	}
+	for i := off; i < off+n; i++ {
+		v[0][i] += alpha * v[1][i]
+	}
+	return nil
+}
+
+// Copy copies dst.Len() bytes.
+func (b *Fake) Copy(dst, src Memory) error {
+	if err := b.get().FoldErr; err != nil {
+		return fmt.Errorf("fake cuda: copy: %w", err)
+	}
+	d, s := dst.(*fakeMemory), src.(*fakeMemory)
+	if err := errors.Join(d.usable(), s.usable()); err != nil {
+		return fmt.Errorf("fake cuda: copy: %w", err)
+	}
+	if s.Len() < d.Len() {
+		return fmt.Errorf("fake cuda: copy of %d bytes from memory of %d", d.Len(), s.Len())
+	}
+	copy(d.a.b[:d.Len()], s.a.b)
+	return nil
 }
 
 // NewUniqueID is random bytes.
@@ -186,18 +315,11 @@ func (c *fakeComm) isAborted() bool {
 	}
 }
 
-func (c *fakeComm) Alloc(n int) (Buffer, error) {
-	if c.isAborted() {
-		return nil, ErrAborted
-	}
-	return &fakeBuffer{c: c, b: make([]byte, n)}, nil
-}
-
-func (c *fakeComm) AllReduceSum(ctx context.Context, buf Buffer, dt DType) error {
+func (c *fakeComm) AllReduceSum(ctx context.Context, buf Memory, dt DType) error {
 	return c.collective(ctx, "all-reduce", buf, func(bufs [][]byte) []byte { return sum(bufs, dt) })
 }
 
-func (c *fakeComm) Broadcast(ctx context.Context, buf Buffer, dt DType, root int) error {
+func (c *fakeComm) Broadcast(ctx context.Context, buf Memory, dt DType, root int) error {
 	if root < 0 || root >= c.g.n {
 		return fmt.Errorf("fake nccl: broadcast root %d of %d ranks", root, c.g.n)
 	}
@@ -206,10 +328,13 @@ func (c *fakeComm) Broadcast(ctx context.Context, buf Buffer, dt DType, root int
 
 // collective contributes buf to the group's next operation and waits for
 // its result, which combine makes from every rank's buffer.
-func (c *fakeComm) collective(ctx context.Context, name string, buf Buffer, combine func([][]byte) []byte) error {
-	fb := buf.(*fakeBuffer)
+func (c *fakeComm) collective(ctx context.Context, name string, buf Memory, combine func([][]byte) []byte) error {
+	fb := buf.(*fakeMemory)
 	if c.isAborted() {
 		return fmt.Errorf("fake nccl: %s: %w", name, ErrAborted)
+	}
+	if err := fb.usable(); err != nil {
+		return fmt.Errorf("fake nccl: %s: %w", name, err)
 	}
 	k := c.b.get()
 	if k.CollectiveErr != nil {
@@ -225,7 +350,7 @@ func (c *fakeComm) collective(ctx context.Context, name string, buf Buffer, comb
 			o = &op{bufs: make([][]byte, c.g.n), done: make(chan struct{})}
 			c.g.ops[c.seq] = o
 		}
-		o.bufs[c.rank] = append([]byte(nil), fb.b...)
+		o.bufs[c.rank] = append([]byte(nil), fb.a.b[:fb.Len()]...)
 		if o.arrived++; o.arrived == c.g.n {
 			o.result = combine(o.bufs)
 			delete(c.g.ops, c.seq)
@@ -236,7 +361,7 @@ func (c *fakeComm) collective(ctx context.Context, name string, buf Buffer, comb
 	}
 	select {
 	case <-done:
-		copy(fb.b, o.result)
+		copy(fb.a.b[:fb.Len()], o.result)
 		return nil
 	case <-c.aborted:
 		return fmt.Errorf("fake nccl: %s: %w", name, ErrAborted)
@@ -264,31 +389,76 @@ func sum(bufs [][]byte, dt DType) []byte {
 	return out
 }
 
-type fakeBuffer struct {
-	c *fakeComm
-	b []byte
+// fakeMemory is an allocation as one rank holds it: its own (h set) or
+// mapped from another's handle (opened, the first n bytes).
+type fakeMemory struct {
+	f      *Fabric
+	a      *fakeAlloc
+	h      IPCHandle
+	opened bool
+	n      int
+	closed bool
 }
 
-func (b *fakeBuffer) Len() int { return len(b.b) }
+func (m *fakeMemory) Len() int {
+	if m.opened {
+		return m.n
+	}
+	return len(m.a.b)
+}
 
-func (b *fakeBuffer) Write(src []byte) error {
-	if b.c.isAborted() {
-		return ErrAborted
+// usable fails for memory closed here, or freed by its owner.
+func (m *fakeMemory) usable() error {
+	m.f.mu.Lock()
+	defer m.f.mu.Unlock()
+	switch {
+	case m.closed:
+		return errors.New("device memory used after Close")
+	case m.a.freed:
+		return errors.New("mapped device memory its owner freed")
 	}
-	if len(src) > len(b.b) {
-		return fmt.Errorf("fake nccl: write of %d bytes into a buffer of %d", len(src), len(b.b))
-	}
-	copy(b.b, src)
 	return nil
 }
 
-func (b *fakeBuffer) Read(dst []byte) error {
-	if b.c.isAborted() {
-		return ErrAborted
+func (m *fakeMemory) Write(src []byte) error {
+	if err := m.usable(); err != nil {
+		return err
 	}
-	if len(dst) > len(b.b) {
-		return fmt.Errorf("fake nccl: read of %d bytes from a buffer of %d", len(dst), len(b.b))
+	if len(src) > m.Len() {
+		return fmt.Errorf("fake cuda: write of %d bytes into memory of %d", len(src), m.Len())
 	}
-	copy(dst, b.b)
+	copy(m.a.b, src)
+	return nil
+}
+
+func (m *fakeMemory) Read(dst []byte) error {
+	if err := m.usable(); err != nil {
+		return err
+	}
+	if len(dst) > m.Len() {
+		return fmt.Errorf("fake cuda: read of %d bytes from memory of %d", len(dst), m.Len())
+	}
+	copy(dst, m.a.b)
+	return nil
+}
+
+func (m *fakeMemory) Handle() (IPCHandle, error) {
+	if m.opened {
+		return IPCHandle{}, errors.New("fake cuda: mapped memory has no handle of its own")
+	}
+	return m.h, m.usable()
+}
+
+func (m *fakeMemory) Close() error {
+	m.f.mu.Lock()
+	defer m.f.mu.Unlock()
+	if m.closed {
+		return nil
+	}
+	m.closed = true
+	if !m.opened {
+		m.a.freed = true
+		delete(m.f.mems, m.h)
+	}
 	return nil
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -13,6 +15,13 @@ import (
 // NCCL is the Backend over the libraries cudalib loads.
 type NCCL struct {
 	libs *cudalib.Libraries
+	opts cudalib.Options
+
+	// mu guards cuBLAS, loaded when a fold first needs it, and its
+	// contexts, one per device.
+	mu      sync.Mutex
+	blas    *cudalib.BLAS
+	handles map[int]cudalib.BLASHandle
 }
 
 // OpenNCCL loads NCCL and the CUDA runtime from the places o adds to the
@@ -27,7 +36,7 @@ func OpenNCCL(o cudalib.Options) (*NCCL, error) {
 		v, _ := libs.NCCL.Version()
 		return nil, errors.Join(fmt.Errorf("NCCL %v from %s is older than 2.14: the averager needs ncclCommInitRankConfig, so that building a communicator whose peer never comes can be given up on", v, libs.NCCL.Source().Path), libs.Close())
 	}
-	return &NCCL{libs: libs}, nil
+	return &NCCL{libs: libs, opts: o, handles: map[int]cudalib.BLASHandle{}}, nil
 }
 
 // DeviceCount asks the CUDA runtime.
@@ -36,8 +45,146 @@ func (b *NCCL) DeviceCount() (int, error) { return b.libs.Runtime.DeviceCount() 
 // NewUniqueID calls ncclGetUniqueId.
 func (b *NCCL) NewUniqueID() (UniqueID, error) { return b.libs.NCCL.GetUniqueID() }
 
-// Close unloads the libraries.
-func (b *NCCL) Close() error { return b.libs.Close() }
+// Close releases cuBLAS's contexts and unloads the libraries.
+func (b *NCCL) Close() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var errs []error
+	for dev, h := range b.handles {
+		errs = append(errs, b.libs.Runtime.OnDevice(dev, func() error { return b.blas.Destroy(h) }))
+	}
+	b.handles = map[int]cudalib.BLASHandle{}
+	if b.blas != nil {
+		errs = append(errs, b.blas.Close())
+		b.blas = nil
+	}
+	return errors.Join(append(errs, b.libs.Close())...)
+}
+
+// bootID names this boot of this host: with a PCI bus id it names a GPU
+// across the cohort's hosts, and containers sharing a kernel share it as
+// they share its GPUs.
+var bootID = sync.OnceValues(func() (string, error) {
+	b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	if err != nil {
+		return "", fmt.Errorf("the host's boot id: %w", err)
+	}
+	return strings.TrimSpace(string(b)), nil
+})
+
+// DeviceID is the host's boot id and the device's PCI bus id.
+func (b *NCCL) DeviceID(device int) (string, error) {
+	boot, err := bootID()
+	if err != nil {
+		return "", err
+	}
+	var bus string
+	err = b.libs.Runtime.OnDevice(device, func() error {
+		var err error
+		bus, err = b.libs.Runtime.PCIBusID(device)
+		return err
+	})
+	if err != nil {
+		return "", fmt.Errorf("device %d: %w", device, err)
+	}
+	return boot + "/" + bus, nil
+}
+
+// Alloc calls cudaMalloc on device.
+func (b *NCCL) Alloc(device, n int) (Memory, error) {
+	m := &ncclMemory{rt: b.libs.Runtime, device: device, n: n}
+	err := b.libs.Runtime.OnDevice(device, func() error {
+		var err error
+		m.p, err = b.libs.Runtime.Malloc(max(n, 4))
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("device %d: %w", device, err)
+	}
+	return m, nil
+}
+
+// Open calls cudaIpcOpenMemHandle on device.
+func (b *NCCL) Open(device int, h IPCHandle, n int) (Memory, error) {
+	m := &ncclMemory{rt: b.libs.Runtime, device: device, n: n, opened: true}
+	err := b.libs.Runtime.OnDevice(device, func() error {
+		var err error
+		m.p, err = b.libs.Runtime.IPCOpen(h)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("device %d: map another rank's memory: %w", device, err)
+	}
+	return m, nil
+}
+
+// onBLAS runs f with device's cuBLAS context as the current device's,
+// loading cuBLAS and making the context the first time, and waits for the
+// device's work.
+func (b *NCCL) onBLAS(device int, f func(*cudalib.BLAS, cudalib.BLASHandle) error) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.blas == nil {
+		l, err := cudalib.OpenBLAS(b.opts)
+		if err != nil {
+			return fmt.Errorf("ranks sharing a GPU fold with cuBLAS: %w", err)
+		}
+		b.blas = l
+	}
+	return b.libs.Runtime.OnDevice(device, func() error {
+		h, ok := b.handles[device]
+		if !ok {
+			var err error
+			if h, err = b.blas.Create(); err != nil {
+				return err
+			}
+			b.handles[device] = h
+		}
+		if err := f(b.blas, h); err != nil {
+			return err
+		}
+		return b.libs.Runtime.Synchronize()
+	})
+}
+
+// span checks that elements [off, off+n) lie in m.
+func span(m *ncclMemory, off, n int) error {
+	if off < 0 || n < 0 || 4*(off+n) > m.n {
+		return fmt.Errorf("elements [%d, %d) of device memory of %d bytes", off, off+n, m.n)
+	}
+	return nil
+}
+
+// Scale calls cublasSscal.
+func (b *NCCL) Scale(m Memory, off, n int, alpha float32) error {
+	x := m.(*ncclMemory)
+	if err := span(x, off, n); err != nil || n == 0 {
+		return err
+	}
+	return b.onBLAS(x.device, func(l *cudalib.BLAS, h cudalib.BLASHandle) error {
+		return l.Scale(h, n, alpha, x.p.Add(4*off))
+	})
+}
+
+// Axpy calls cublasSaxpy.
+func (b *NCCL) Axpy(dst, src Memory, off, n int, alpha float32) error {
+	y, x := dst.(*ncclMemory), src.(*ncclMemory)
+	if err := errors.Join(span(y, off, n), span(x, off, n)); err != nil || n == 0 {
+		return err
+	}
+	return b.onBLAS(y.device, func(l *cudalib.BLAS, h cudalib.BLASHandle) error {
+		return l.Axpy(h, n, alpha, x.p.Add(4*off), y.p.Add(4*off))
+	})
+}
+
+// Copy calls cudaMemcpy, device to device, and waits for it.
+func (b *NCCL) Copy(dst, src Memory) error {
+	d, s := dst.(*ncclMemory), src.(*ncclMemory)
+	if s.n < d.n {
+		return fmt.Errorf("copy of %d bytes from device memory of %d", d.n, s.n)
+	}
+	return b.libs.Runtime.OnDevice(d.device, func() error { return b.libs.Runtime.CopyOnDevice(d.p, s.p, d.n) })
+}
 
 // pollInterval is how often a wait asks NCCL and the stream how they are:
 // short next to a round, long enough not to spin a core.
@@ -80,7 +227,6 @@ type ncclComm struct {
 	live   bool
 	comm   cudalib.Comm
 	stream cudalib.Stream
-	bufs   []cudalib.DevicePtr
 }
 
 // do runs f on the device unless the communicator was aborted.
@@ -125,24 +271,8 @@ func (c *ncclComm) wait(ctx context.Context, stream bool) error {
 	}
 }
 
-func (c *ncclComm) Alloc(n int) (Buffer, error) {
-	var p cudalib.DevicePtr
-	err := c.do(func() error {
-		var err error
-		p, err = c.rt.Malloc(n)
-		if err == nil {
-			c.bufs = append(c.bufs, p)
-		}
-		return err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("nccl: device %d: %w", c.device, err)
-	}
-	return &ncclBuffer{c: c, p: p, n: n}, nil
-}
-
-func (c *ncclComm) AllReduceSum(ctx context.Context, buf Buffer, dt DType) error {
-	b := buf.(*ncclBuffer)
+func (c *ncclComm) AllReduceSum(ctx context.Context, m Memory, dt DType) error {
+	b := m.(*ncclMemory)
 	if err := c.do(func() error {
 		return c.nccl.AllReduceSum(c.comm, b.p, b.n/dt.Size(), ncclType(dt), c.stream)
 	}); err != nil {
@@ -154,8 +284,8 @@ func (c *ncclComm) AllReduceSum(ctx context.Context, buf Buffer, dt DType) error
 	return nil
 }
 
-func (c *ncclComm) Broadcast(ctx context.Context, buf Buffer, dt DType, root int) error {
-	b := buf.(*ncclBuffer)
+func (c *ncclComm) Broadcast(ctx context.Context, m Memory, dt DType, root int) error {
+	b := m.(*ncclMemory)
 	if err := c.do(func() error {
 		return c.nccl.Broadcast(c.comm, b.p, b.n/dt.Size(), ncclType(dt), root, c.stream)
 	}); err != nil {
@@ -168,7 +298,7 @@ func (c *ncclComm) Broadcast(ctx context.Context, buf Buffer, dt DType, root int
 }
 
 // Abort calls ncclCommAbort, which ends any kernel of the communicator
-// still waiting for a peer, then frees the buffers and the stream.
+// still waiting for a peer, then frees the stream.
 func (c *ncclComm) Abort() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -177,12 +307,7 @@ func (c *ncclComm) Abort() error {
 	}
 	c.live = false
 	return c.rt.OnDevice(c.device, func() error {
-		errs := []error{c.nccl.Abort(c.comm)}
-		for _, p := range c.bufs {
-			errs = append(errs, c.rt.Free(p))
-		}
-		c.bufs = nil
-		return errors.Join(append(errs, c.rt.StreamDestroy(c.stream))...)
+		return errors.Join(c.nccl.Abort(c.comm), c.rt.StreamDestroy(c.stream))
 	})
 }
 
@@ -193,24 +318,68 @@ func ncclType(dt DType) cudalib.DataType {
 	return cudalib.Float32
 }
 
-type ncclBuffer struct {
-	c *ncclComm
-	p cudalib.DevicePtr
-	n int
+// ncclMemory is device memory this process allocated or mapped.
+type ncclMemory struct {
+	rt     *cudalib.Runtime
+	device int
+	p      cudalib.DevicePtr
+	n      int
+	opened bool // mapped from another process's handle
+
+	mu     sync.Mutex
+	closed bool
 }
 
-func (b *ncclBuffer) Len() int { return b.n }
+func (m *ncclMemory) Len() int { return m.n }
 
-func (b *ncclBuffer) Write(src []byte) error {
-	if len(src) > b.n {
-		return fmt.Errorf("nccl: write of %d bytes into a buffer of %d", len(src), b.n)
+// do runs f on the memory's device unless it was closed.
+func (m *ncclMemory) do(f func() error) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return errors.New("device memory used after Close")
 	}
-	return b.c.do(func() error { return b.c.rt.CopyToDevice(b.p, src) })
+	return m.rt.OnDevice(m.device, f)
 }
 
-func (b *ncclBuffer) Read(dst []byte) error {
-	if len(dst) > b.n {
-		return fmt.Errorf("nccl: read of %d bytes from a buffer of %d", len(dst), b.n)
+func (m *ncclMemory) Write(src []byte) error {
+	if len(src) > m.n {
+		return fmt.Errorf("write of %d bytes into device memory of %d", len(src), m.n)
 	}
-	return b.c.do(func() error { return b.c.rt.CopyToHost(dst, b.p) })
+	return m.do(func() error { return m.rt.CopyToDevice(m.p, src) })
+}
+
+func (m *ncclMemory) Read(dst []byte) error {
+	if len(dst) > m.n {
+		return fmt.Errorf("read of %d bytes from device memory of %d", len(dst), m.n)
+	}
+	return m.do(func() error { return m.rt.CopyToHost(dst, m.p) })
+}
+
+func (m *ncclMemory) Handle() (IPCHandle, error) {
+	if m.opened {
+		return IPCHandle{}, errors.New("memory mapped from another process has no handle of its own")
+	}
+	var h IPCHandle
+	err := m.do(func() error {
+		var err error
+		h, err = m.rt.IPCHandleOf(m.p)
+		return err
+	})
+	return h, err
+}
+
+func (m *ncclMemory) Close() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return nil
+	}
+	m.closed = true
+	return m.rt.OnDevice(m.device, func() error {
+		if m.opened {
+			return m.rt.IPCClose(m.p)
+		}
+		return m.rt.Free(m.p)
+	})
 }

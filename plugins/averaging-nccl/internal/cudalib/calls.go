@@ -15,8 +15,18 @@ type Comm struct{ p unsafe.Pointer }
 // Stream is a CUDA stream (cudaStream_t).
 type Stream struct{ p unsafe.Pointer }
 
-// DevicePtr is device memory from Malloc.
+// DevicePtr is device memory from Malloc or IPCOpen.
 type DevicePtr struct{ p unsafe.Pointer }
+
+// Add is the address off bytes past p.
+func (p DevicePtr) Add(off int) DevicePtr { return DevicePtr{unsafe.Add(p.p, off)} }
+
+// IPCHandle names device memory to other processes (cudaIpcMemHandle_t).
+type IPCHandle [64]byte
+
+// BLASHandle is a cuBLAS context (cublasHandle_t), bound to the device
+// current when it was made.
+type BLASHandle struct{ p unsafe.Pointer }
 
 // DataType is NCCL's ncclDataType_t.
 type DataType int
@@ -35,6 +45,10 @@ const (
 	ncclSum            = 0
 	cudaMemcpyToDevice = 1
 	cudaMemcpyToHost   = 2
+	cudaMemcpyDevice   = 3 // device to device
+	// cudaIpcMemLazyEnablePeerAccess: map another device's memory with
+	// peer access turned on as needed.
+	cudaIpcLazyPeer = 1
 )
 
 func (n *NCCL) check(name string, code int) error {
@@ -233,4 +247,157 @@ func (r *Runtime) CopyToHost(dst []byte, src DevicePtr) error {
 		return err
 	}
 	return r.check("cudaMemcpy to host", cudaMemcpy(fn, unsafe.Pointer(&dst[0]), src.p, len(dst), cudaMemcpyToHost))
+}
+
+// CopyOnDevice copies n bytes from src to dst, both device memory, and
+// waits for the copy (cudaMemcpy does not wait for device to device).
+func (r *Runtime) CopyOnDevice(dst, src DevicePtr, n int) error {
+	if n == 0 {
+		return nil
+	}
+	fn, err := r.l.sym("cudaMemcpy")
+	if err != nil {
+		return err
+	}
+	if err := r.check("cudaMemcpy on device", cudaMemcpy(fn, dst.p, src.p, n, cudaMemcpyDevice)); err != nil {
+		return err
+	}
+	return r.Synchronize()
+}
+
+// Synchronize waits for all work on the current device
+// (cudaDeviceSynchronize).
+func (r *Runtime) Synchronize() error {
+	fn, err := r.l.sym("cudaDeviceSynchronize")
+	if err != nil {
+		return err
+	}
+	return r.check("cudaDeviceSynchronize", callVoid(fn))
+}
+
+// PCIBusID is dev's PCI bus id ("0000:3b:00.0"), which names it the same
+// in every process of the host whatever CUDA_VISIBLE_DEVICES says
+// (cudaDeviceGetPCIBusId).
+func (r *Runtime) PCIBusID(dev int) (string, error) {
+	fn, err := r.l.sym("cudaDeviceGetPCIBusId")
+	if err != nil {
+		return "", err
+	}
+	id, code := cudaPCIBusID(fn, dev)
+	return id, r.check(fmt.Sprintf("cudaDeviceGetPCIBusId(%d)", dev), code)
+}
+
+// IPCHandleOf names memory this process allocated with Malloc to other
+// processes (cudaIpcGetMemHandle).
+func (r *Runtime) IPCHandleOf(p DevicePtr) (IPCHandle, error) {
+	fn, err := r.l.sym("cudaIpcGetMemHandle")
+	if err != nil {
+		return IPCHandle{}, err
+	}
+	h, code := cudaIPCGet(fn, p.p)
+	return h, r.check("cudaIpcGetMemHandle", code)
+}
+
+// IPCOpen maps another process's memory on the current device
+// (cudaIpcOpenMemHandle); IPCClose unmaps it. A handle of this process's
+// own memory does not open.
+func (r *Runtime) IPCOpen(h IPCHandle) (DevicePtr, error) {
+	fn, err := r.l.sym("cudaIpcOpenMemHandle")
+	if err != nil {
+		return DevicePtr{}, err
+	}
+	p, code := cudaIPCOpen(fn, h, cudaIpcLazyPeer)
+	return DevicePtr{p}, r.check("cudaIpcOpenMemHandle", code)
+}
+
+// IPCClose unmaps memory IPCOpen mapped.
+func (r *Runtime) IPCClose(p DevicePtr) error {
+	code, err := r.callPtr("cudaIpcCloseMemHandle", p.p)
+	if err != nil {
+		return err
+	}
+	return r.check("cudaIpcCloseMemHandle", code)
+}
+
+func (b *BLAS) check(name string, code int) error {
+	if code == 0 {
+		return nil
+	}
+	return &CallError{Func: name, Code: code, Message: blasStatus(code)}
+}
+
+// blasStatus names cublasStatus_t's codes; cublasGetStatusString is
+// newer than some cuBLAS 12 builds.
+func blasStatus(code int) string {
+	switch code {
+	case 1:
+		return "CUBLAS_STATUS_NOT_INITIALIZED"
+	case 3:
+		return "CUBLAS_STATUS_ALLOC_FAILED"
+	case 7:
+		return "CUBLAS_STATUS_INVALID_VALUE"
+	case 8:
+		return "CUBLAS_STATUS_ARCH_MISMATCH"
+	case 11:
+		return "CUBLAS_STATUS_MAPPING_ERROR"
+	case 13:
+		return "CUBLAS_STATUS_EXECUTION_FAILED"
+	case 14:
+		return "CUBLAS_STATUS_INTERNAL_ERROR"
+	case 15:
+		return "CUBLAS_STATUS_NOT_SUPPORTED"
+	}
+	return fmt.Sprintf("cublasStatus_t %d", code)
+}
+
+// Create makes a cuBLAS context on the current device (cublasCreate).
+func (b *BLAS) Create() (BLASHandle, error) {
+	fn, err := b.l.sym("cublasCreate_v2")
+	if err != nil {
+		return BLASHandle{}, err
+	}
+	p, code := callPtrOut(fn)
+	return BLASHandle{p}, b.check("cublasCreate", code)
+}
+
+// Destroy releases h (cublasDestroy).
+func (b *BLAS) Destroy(h BLASHandle) error {
+	fn, err := b.l.sym("cublasDestroy_v2")
+	if err != nil {
+		return err
+	}
+	return b.check("cublasDestroy", callPtr(fn, h.p))
+}
+
+// blasChunk bounds one call's elements: cuBLAS counts in int.
+const blasChunk = 1 << 30
+
+// Scale multiplies n float32 values at x by alpha, in place
+// (cublasSscal), on h's device; the work is queued, not waited for.
+func (b *BLAS) Scale(h BLASHandle, n int, alpha float32, x DevicePtr) error {
+	fn, err := b.l.sym("cublasSscal_v2")
+	if err != nil {
+		return err
+	}
+	for off := 0; off < n; off += blasChunk {
+		if err := b.check("cublasSscal", cublasSscal(fn, h.p, min(blasChunk, n-off), alpha, x.Add(4*off).p)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Axpy adds alpha times n float32 values at x to those at y
+// (cublasSaxpy), on h's device; the work is queued, not waited for.
+func (b *BLAS) Axpy(h BLASHandle, n int, alpha float32, x, y DevicePtr) error {
+	fn, err := b.l.sym("cublasSaxpy_v2")
+	if err != nil {
+		return err
+	}
+	for off := 0; off < n; off += blasChunk {
+		if err := b.check("cublasSaxpy", cublasSaxpy(fn, h.p, min(blasChunk, n-off), alpha, x.Add(4*off).p, y.Add(4*off).p)); err != nil {
+			return err
+		}
+	}
+	return nil
 }

@@ -81,6 +81,34 @@ static int cohort_cuda_malloc(void *fn, void **out, size_t n) {
 static int cohort_cuda_memcpy(void *fn, void *dst, const void *src, size_t n, int kind) {
 	return ((int (*)(void *, const void *, size_t, int))fn)(dst, src, n, kind);
 }
+
+// cudaIpcMemHandle_t is 64 opaque bytes, passed by value to open.
+typedef struct { char reserved[64]; } cohort_ipc_handle;
+
+static int cohort_call_void(void *fn) {
+	return ((int (*)(void))fn)();
+}
+
+static int cohort_cuda_pci_bus_id(void *fn, char *out, int len, int dev) {
+	return ((int (*)(char *, int, int))fn)(out, len, dev);
+}
+
+static int cohort_cuda_ipc_get(void *fn, cohort_ipc_handle *h, void *p) {
+	return ((int (*)(cohort_ipc_handle *, void *))fn)(h, p);
+}
+
+static int cohort_cuda_ipc_open(void *fn, void **out, cohort_ipc_handle *h, unsigned int flags) {
+	return ((int (*)(void **, cohort_ipc_handle, unsigned int))fn)(out, *h, flags);
+}
+
+// cuBLAS with the default pointer mode: alpha is read from host memory.
+static int cohort_cublas_sscal(void *fn, void *h, int n, float alpha, void *x) {
+	return ((int (*)(void *, int, const float *, float *, int))fn)(h, n, &alpha, (float *)x, 1);
+}
+
+static int cohort_cublas_saxpy(void *fn, void *h, int n, float alpha, void *x, void *y) {
+	return ((int (*)(void *, int, const float *, const float *, int, float *, int))fn)(h, n, &alpha, (const float *)x, 1, (float *)y, 1);
+}
 */
 import "C"
 
@@ -137,4 +165,41 @@ func cudaMalloc(fn unsafe.Pointer, n int) (unsafe.Pointer, int) {
 // the arena's mapping), pinned for the call's length by cgo's rules.
 func cudaMemcpy(fn, dst, src unsafe.Pointer, n, kind int) int {
 	return int(C.cohort_cuda_memcpy(fn, dst, src, C.size_t(n), C.int(kind)))
+}
+
+func callVoid(fn unsafe.Pointer) int { return int(C.cohort_call_void(fn)) }
+
+func cudaPCIBusID(fn unsafe.Pointer, dev int) (string, int) {
+	var buf [32]C.char
+	code := C.cohort_cuda_pci_bus_id(fn, &buf[0], C.int(len(buf)), C.int(dev))
+	if code != 0 {
+		return "", int(code)
+	}
+	return C.GoString(&buf[0]), 0
+}
+
+func cudaIPCGet(fn, p unsafe.Pointer) (IPCHandle, int) {
+	var h C.cohort_ipc_handle
+	code := C.cohort_cuda_ipc_get(fn, &h, p)
+	var out IPCHandle
+	copy(out[:], C.GoBytes(unsafe.Pointer(&h.reserved[0]), C.int(len(out))))
+	return out, int(code)
+}
+
+func cudaIPCOpen(fn unsafe.Pointer, h IPCHandle, flags uint) (unsafe.Pointer, int) {
+	var ch C.cohort_ipc_handle
+	for i, b := range h {
+		ch.reserved[i] = C.char(b)
+	}
+	var out unsafe.Pointer
+	code := C.cohort_cuda_ipc_open(fn, &out, &ch, C.uint(flags))
+	return out, int(code)
+}
+
+func cublasSscal(fn, h unsafe.Pointer, n int, alpha float32, x unsafe.Pointer) int {
+	return int(C.cohort_cublas_sscal(fn, h, C.int(n), C.float(alpha), x))
+}
+
+func cublasSaxpy(fn, h unsafe.Pointer, n int, alpha float32, x, y unsafe.Pointer) int {
+	return int(C.cohort_cublas_saxpy(fn, h, C.int(n), C.float(alpha), x, y))
 }

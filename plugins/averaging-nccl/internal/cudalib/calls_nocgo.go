@@ -30,3 +30,17 @@ func callInt(unsafe.Pointer, int) int { return -1 }
 func cudaMalloc(unsafe.Pointer, int) (unsafe.Pointer, int) { return nil, -1 }
 
 func cudaMemcpy(unsafe.Pointer, unsafe.Pointer, unsafe.Pointer, int, int) int { return -1 }
+
+func callVoid(unsafe.Pointer) int { return -1 }
+
+func cudaPCIBusID(unsafe.Pointer, int) (string, int) { return "", -1 }
+
+func cudaIPCGet(unsafe.Pointer, unsafe.Pointer) (IPCHandle, int) { return IPCHandle{}, -1 }
+
+func cudaIPCOpen(unsafe.Pointer, IPCHandle, uint) (unsafe.Pointer, int) { return nil, -1 }
+
+func cublasSscal(unsafe.Pointer, unsafe.Pointer, int, float32, unsafe.Pointer) int { return -1 }
+
+func cublasSaxpy(unsafe.Pointer, unsafe.Pointer, int, float32, unsafe.Pointer, unsafe.Pointer) int {
+	return -1
+}

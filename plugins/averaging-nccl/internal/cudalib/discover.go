@@ -9,11 +9,12 @@ import (
 
 // Options is where to look beyond the host's usual places.
 type Options struct {
-	// NCCLPath and RuntimePath come from the plugin's settings
-	// (nccl_library, cudart_library): a library file, or a directory
-	// holding it. Empty: not set.
+	// NCCLPath, RuntimePath and BLASPath come from the plugin's settings
+	// (nccl_library, cudart_library, cublas_library): a library file, or
+	// a directory holding it. Empty: not set.
 	NCCLPath    string
 	RuntimePath string
+	BLASPath    string
 	// Getenv reads the environment; nil means os.Getenv.
 	Getenv func(string) string
 	// Root is prepended to the fixed system and python locations, so a
@@ -47,12 +48,13 @@ func systemDirs() []string {
 	return append(dirs, "/usr/local/cuda/lib64", "/usr/lib64", "/usr/lib", "/usr/local/lib")
 }
 
-// Candidates lists, in the order OpenNCCL and OpenRuntime try them, the
+// Candidates lists, in the order OpenNCCL, OpenRuntime and OpenBLAS try them, the
 // places lib is looked for:
 //
-//  1. the settings path (Options.NCCLPath or RuntimePath);
-//  2. the environment: COHORT_NCCL_LIBRARY or COHORT_CUDART_LIBRARY (a
-//     file or a directory), then each directory of LD_LIBRARY_PATH;
+//  1. the settings path (Options.NCCLPath, RuntimePath or BLASPath);
+//  2. the environment: COHORT_NCCL_LIBRARY, COHORT_CUDART_LIBRARY or
+//     COHORT_CUBLAS_LIBRARY (a file or a directory), then each directory
+//     of LD_LIBRARY_PATH;
 //  3. the system directories, then the bare soname for the dynamic
 //     loader (ld.so.cache, its built-in paths);
 //  4. the libraries pip wheels such as PyTorch's install beside it,
@@ -105,8 +107,11 @@ func Candidates(lib Library, o Options) []Candidate {
 	}
 
 	settingPath := o.NCCLPath
-	if lib == LibRuntime {
+	switch lib {
+	case LibRuntime:
 		settingPath = o.RuntimePath
+	case LibBLAS:
+		settingPath = o.BLASPath
 	}
 	explicit(settingPath, "setting "+s.setting)
 	explicit(getenv(s.env), s.env)

@@ -10,6 +10,9 @@ const (
 	LibNCCL Library = iota
 	// LibRuntime is the CUDA runtime, libcudart.so.13 or libcudart.so.12.
 	LibRuntime
+	// LibBLAS is cuBLAS, libcublas.so.13 or libcublas.so.12: the fold of
+	// the ranks that share a GPU scales and adds on the device with it.
+	LibBLAS
 )
 
 // spec is what discovery and loading need to know about a Library. It is
@@ -67,6 +70,8 @@ func (l Library) spec() spec {
 				{"cudaSetDevice"},
 				{"cudaGetErrorString"},
 				{"cudaDeviceSynchronize"},
+				{"cudaDeviceGetPCIBusId"},
+				{"cudaIpcGetMemHandle"},
 				{"cudaIpcOpenMemHandle"},
 				{"cudaIpcCloseMemHandle"},
 				{"cudaStreamCreate"},
@@ -79,13 +84,27 @@ func (l Library) spec() spec {
 			},
 			install: "install the CUDA runtime 12 or 13 (the CUDA toolkit, or `pip install nvidia-cuda-runtime-cu12` / `nvidia-cuda-runtime`, which a CUDA build of PyTorch brings along)",
 		}
+	case LibBLAS:
+		return spec{
+			name:    "cuBLAS",
+			sonames: []string{"libcublas.so.13", "libcublas.so.12"},
+			setting: "cublas_library",
+			env:     "COHORT_CUBLAS_LIBRARY",
+			symbols: [][]string{
+				{"cublasCreate_v2"},
+				{"cublasDestroy_v2"},
+				{"cublasSscal_v2"},
+				{"cublasSaxpy_v2"},
+			},
+			install: "install cuBLAS 12 or 13 (the CUDA toolkit, or `pip install nvidia-cublas-cu12` / `nvidia-cublas`, which a CUDA build of PyTorch brings along)",
+		}
 	}
 	panic(fmt.Sprintf("cudalib: unknown Library %d", int(l)))
 }
 
 // String names the library and its sonames, e.g. "NCCL (libnccl.so.2)".
 func (l Library) String() string {
-	if l != LibNCCL && l != LibRuntime {
+	if l != LibNCCL && l != LibRuntime && l != LibBLAS {
 		return fmt.Sprintf("Library(%d)", int(l))
 	}
 	s := l.spec()

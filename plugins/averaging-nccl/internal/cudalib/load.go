@@ -167,6 +167,26 @@ func (r *Runtime) DeviceCount() (int, error) {
 // Close unloads the library; later calls fail. It is idempotent.
 func (r *Runtime) Close() error { return r.l.close() }
 
+// BLAS is an opened cuBLAS. Its methods must not race with Close.
+type BLAS struct{ l *library }
+
+// OpenBLAS loads cuBLAS from the first of Candidates(LibBLAS, o) that
+// opens and has every symbol the plugin calls; otherwise the error is a
+// *LoadError.
+func OpenBLAS(o Options) (*BLAS, error) {
+	l, err := open(LibBLAS, o)
+	if err != nil {
+		return nil, err
+	}
+	return &BLAS{l}, nil
+}
+
+// Source is the candidate the library was loaded from.
+func (b *BLAS) Source() Candidate { return b.l.from }
+
+// Close unloads the library; later calls fail. It is idempotent.
+func (b *BLAS) Close() error { return b.l.close() }
+
 // Libraries are NCCL and the CUDA runtime, loaded together.
 type Libraries struct {
 	NCCL    *NCCL

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"unsafe"
 )
 
 // buildLib compiles testdata/src into dir/name as a shared library, with
@@ -136,6 +137,7 @@ func TestOpenOtherLibrary(t *testing.T) {
 	}{
 		{LibNCCL, "ncclGetVersion"},
 		{LibRuntime, "cudaRuntimeGetVersion"},
+		{LibBLAS, "cublasCreate_v2"},
 	}
 	for _, tc := range tests {
 		_, err := openCandidate(tc.lib, Candidate{Path: "libm.so.6", From: "test"})
@@ -175,6 +177,22 @@ func TestRuntime(t *testing.T) {
 			if v, err := r.Version(); err != nil || v.String() != "12.4.0" {
 				t.Errorf("Version = %v, %v; want 12.4.0", v, err)
 			}
+			if id, err := r.PCIBusID(2); err != nil || id != "0000:03:00.0" {
+				t.Errorf("PCIBusID(2) = %q, %v; want the fake's 0000:03:00.0", id, err)
+			}
+			// The handle goes out and comes back in by value, as CUDA's.
+			var x int
+			h, err := r.IPCHandleOf(DevicePtr{unsafe.Pointer(&x)})
+			if err != nil {
+				t.Fatalf("IPCHandleOf: %v", err)
+			}
+			if p, err := r.IPCOpen(h); err != nil || p.p != unsafe.Pointer(&x) {
+				t.Errorf("IPCOpen(IPCHandleOf(p)) = %v, %v; want p back", p.p, err)
+			}
+			h[63] = 0
+			if _, err := r.IPCOpen(h); err == nil {
+				t.Errorf("IPCOpen of a handle the runtime did not make: no error")
+			}
 			n, err := r.DeviceCount()
 			var ce *CallError
 			switch {
@@ -193,6 +211,55 @@ func TestRuntime(t *testing.T) {
 				t.Errorf("DeviceCount after Close: %v; want an error", err)
 			}
 		})
+	}
+}
+
+// cuBLAS's calls pass alpha by pointer and the vectors with unit strides:
+// the fake computes on host memory, so a call that gets them wrong gets
+// wrong numbers or a status.
+func TestBLAS(t *testing.T) {
+	dir := t.TempDir()
+	path := buildLib(t, "fake_cublas.c", filepath.Join(dir, "blas"), "libcublas.so.12")
+	o := hermetic(dir)
+	o.BLASPath = filepath.Join(dir, "blas")
+	b, err := OpenBLAS(o)
+	if err != nil {
+		t.Fatalf("OpenBLAS: %v", err)
+	}
+	defer b.Close()
+	if b.Source() != (Candidate{Path: path, From: "setting cublas_library"}) {
+		t.Errorf("Source = %+v", b.Source())
+	}
+	h, err := b.Create()
+	if err != nil {
+		t.Fatalf("Create: %v", err)
+	}
+	x, y := []float32{1, 2, 3, 4}, []float32{10, 20, 30, 40}
+	if err := b.Scale(h, 3, 0.5, DevicePtr{unsafe.Pointer(&x[0])}); err != nil {
+		t.Fatalf("Scale: %v", err)
+	}
+	if err := b.Axpy(h, 2, 2, DevicePtr{unsafe.Pointer(&x[1])}, DevicePtr{unsafe.Pointer(&y[2])}); err != nil {
+		t.Fatalf("Axpy: %v", err)
+	}
+	if want := []float32{0.5, 1, 1.5, 4}; !slices.Equal(x, want) {
+		t.Errorf("after Scale(3, 0.5): %v, want %v", x, want)
+	}
+	if want := []float32{10, 20, 32, 43}; !slices.Equal(y, want) {
+		t.Errorf("after Axpy(2, 2, x[1:], y[2:]): %v, want %v", y, want)
+	}
+	var ce *CallError
+	if err := b.Scale(BLASHandle{}, 1, 1, DevicePtr{unsafe.Pointer(&x[0])}); !errors.As(err, &ce) || ce.Message != "CUBLAS_STATUS_INVALID_VALUE" {
+		t.Errorf("Scale on no handle: %v; want CUBLAS_STATUS_INVALID_VALUE", err)
+	}
+	if err := b.Destroy(h); err != nil {
+		t.Errorf("Destroy: %v", err)
+	}
+
+	broken := buildLib(t, "fake_cublas.c", filepath.Join(dir, "broken"), "libcublas.so.13", "-DOMIT_cublasSaxpy_v2")
+	o.BLASPath = broken
+	_, err = OpenBLAS(o)
+	if !strings.Contains(err.Error(), broken+" (setting cublas_library): missing symbol cublasSaxpy_v2") {
+		t.Errorf("OpenBLAS of a library without cublasSaxpy_v2: %v", err)
 	}
 }
 
