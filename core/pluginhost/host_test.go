@@ -1,12 +1,10 @@
 package pluginhost_test
 
 import (
-	"bytes"
 	"context"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -189,7 +187,7 @@ func TestPluginLogsAtTheHostsLevel(t *testing.T) {
 			if c.env == "" {
 				os.Unsetenv(plugin.LogLevelEnv)
 			}
-			var log syncBuffer
+			var log plugintest.LogBuffer
 			h := pluginhost.New(pluginhost.Options{Dirs: []string{dir}, Grace: 2 * time.Second, Env: []string{"GORACE=atexit_sleep_ms=0"},
 				Logger: hclog.New(&hclog.LoggerOptions{Level: c.level, Output: &log})})
 			ctx := context.Background()
@@ -205,21 +203,4 @@ func TestPluginLogsAtTheHostsLevel(t *testing.T) {
 			}
 		})
 	}
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
