@@ -1,6 +1,7 @@
 package averager
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -525,4 +526,27 @@ func ones(n int) []uint64 {
 		s[i] = 1
 	}
 	return s
+}
+
+// FuzzRelayPosts: whatever a rank posts, the decoders of a session's GPU
+// post and of a round's weighing never panic, refuse what is not one, and
+// decode what they accept to what encodes back to the same bytes.
+func FuzzRelayPosts(f *testing.F) {
+	f.Add(gpuPost{size: 1 << 20, handle: backend.IPCHandle{1, 2, 3}, gpu: "boot/0000:3b:00.0"}.encode())
+	f.Add(weighing{w: 2.5, trained: 1, sm: 0.5, steps: 7}.encode())
+	f.Add([]byte{})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		if p, err := decodeGPUPost(b); err == nil {
+			if !bytes.Equal(p.encode(), b) || p.gpu == "" || len(p.gpu) > maxGPUName {
+				t.Fatalf("decoded %d bytes to %+v, which encodes to other bytes", len(b), p)
+			}
+		}
+		if x, err := decodeWeighing(b); err == nil {
+			if !bytes.Equal(x.encode(), b) {
+				t.Fatalf("decoded %x to %+v, which encodes to other bytes", b, x)
+			}
+		} else if len(b) == weighingSize {
+			t.Fatalf("a weighing of %d bytes refused: %v", len(b), err)
+		}
+	})
 }

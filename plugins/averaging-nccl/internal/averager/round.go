@@ -165,7 +165,35 @@ func (a *Averager) ensureSession(ctx context.Context) error {
 
 // gpuPost is what a member posts when a session is laid out: its device
 // memory's size and handle, then its GPU's name.
-func (a *Averager) gpuPost() ([]byte, error) {
+type gpuPost struct {
+	size   uint64
+	handle backend.IPCHandle
+	gpu    string
+}
+
+// maxGPUName bounds a posted GPU name (a boot id and a PCI bus id are
+// under 64 bytes).
+const maxGPUName = 256
+
+func (p gpuPost) encode() []byte {
+	b := binary.LittleEndian.AppendUint64(nil, p.size)
+	b = append(b, p.handle[:]...)
+	return append(b, p.gpu...)
+}
+
+func decodeGPUPost(b []byte) (gpuPost, error) {
+	var p gpuPost
+	n := 8 + len(p.handle)
+	if len(b) <= n || len(b) > n+maxGPUName {
+		return p, fmt.Errorf("%d bytes, not a size, a handle and a GPU name of 1 to %d bytes", len(b), maxGPUName)
+	}
+	p.size = binary.LittleEndian.Uint64(b)
+	copy(p.handle[:], b[8:])
+	p.gpu = string(b[n:])
+	return p, nil
+}
+
+func (a *Averager) myGPUPost() ([]byte, error) {
 	id, err := a.be.DeviceID(a.device)
 	if err != nil {
 		return nil, err
@@ -174,9 +202,10 @@ func (a *Averager) gpuPost() ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	b := binary.LittleEndian.AppendUint64(nil, uint64(a.mem.Len()))
-	b = append(b, h[:]...)
-	return append(b, id...), nil
+	if len(id) == 0 || len(id) > maxGPUName {
+		return nil, fmt.Errorf("GPU name %q is empty or longer than %d bytes", id, maxGPUName)
+	}
+	return gpuPost{size: uint64(a.mem.Len()), handle: h, gpu: id}.encode(), nil
 }
 
 // build groups the members by GPU, has each GPU's leader map its mates'
@@ -184,7 +213,7 @@ func (a *Averager) gpuPost() ([]byte, error) {
 // the leaders' communicator.
 func (a *Averager) build(ctx context.Context) error {
 	s := &a.sess
-	post, err := a.gpuPost()
+	post, err := a.myGPUPost()
 	if err != nil {
 		return fmt.Errorf("name this rank's GPU: %w", err)
 	}
@@ -193,20 +222,16 @@ func (a *Averager) build(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("relay exchange %s: %w", key, err)
 	}
-	type place struct {
-		gpu    string
-		handle backend.IPCHandle
-	}
-	places := map[uint32]place{}
+	places := map[uint32]gpuPost{}
 	onGPU := map[string][]uint32{}
 	for _, m := range s.members {
-		b := got[m]
-		if len(b) <= 8+len(backend.IPCHandle{}) || binary.LittleEndian.Uint64(b) != uint64(a.mem.Len()) {
-			return fmt.Errorf("relay exchange %s: rank %d posted %d bytes, not its device memory's size (%d here), handle and GPU", key, m, len(b), a.mem.Len())
+		p, err := decodeGPUPost(got[m])
+		if err != nil {
+			return fmt.Errorf("relay exchange %s: rank %d's post: %w", key, m, err)
 		}
-		var p place
-		copy(p.handle[:], b[8:])
-		p.gpu = string(b[8+len(p.handle):])
+		if p.size != uint64(a.mem.Len()) {
+			return fmt.Errorf("relay exchange %s: rank %d's device memory is %d bytes, this rank's %d (another layout?)", key, m, p.size, a.mem.Len())
+		}
 		places[m] = p
 		onGPU[p.gpu] = append(onGPU[p.gpu], m)
 	}
