@@ -85,10 +85,11 @@ type session struct {
 	// gpuIndex is every member's.
 	gpus, gpu int
 	gpuIndex  map[uint32]int
-	// lead: this rank folds its GPU's ranks and joins the communicator.
-	lead bool
-	// mates are, for a leader, the other ranks on its GPU; for the
-	// others, their leader.
+	// leader is the lowest rank on this rank's GPU, which folds its GPU's
+	// ranks and joins the communicator; lead says this rank is it.
+	leader uint32
+	lead   bool
+	// mates are a leader's other ranks on its GPU, their memory mapped.
 	mates []mate
 	comm  backend.Comm // a leader's, when there are several GPUs
 	// failed is why the session could not be built or a round failed:

@@ -248,12 +248,14 @@ func (a *Averager) build(ctx context.Context) error {
 		}
 	}
 	mine := onGPU[places[a.rank].gpu]
-	s.gpus, s.gpu, s.lead = len(leaders), slices.Index(leaders, mine[0]), mine[0] == a.rank
-	others := mine[:1] // a rank's leader
-	if s.lead {
-		others = mine[1:]
+	s.gpus, s.gpu, s.leader = len(leaders), slices.Index(leaders, mine[0]), mine[0]
+	s.lead = s.leader == a.rank
+	if !s.lead {
+		// The leader reads and writes this rank's memory; this rank
+		// never touches the leader's.
+		mine = nil
 	}
-	for _, m := range others {
+	for _, m := range mine[min(1, len(mine)):] {
 		mem, err := a.be.Open(a.device, places[m].handle, a.mem.Len())
 		if err != nil {
 			return fmt.Errorf("map rank %d's device memory (both on GPU %s): %w", m, places[m].gpu, err)
@@ -519,8 +521,7 @@ func (a *Averager) done(ctx context.Context, round uint64, failed error) error {
 	if failed != nil || err != nil {
 		return errors.Join(failed, err)
 	}
-	if !a.sess.lead {
-		leader := a.sess.mates[0].rank
+	if leader := a.sess.leader; !a.sess.lead {
 		if why := got[leader]; len(why) > 0 {
 			return fmt.Errorf("rank %d, this GPU's leader, failed the round: %s", leader, why)
 		}
