@@ -62,6 +62,7 @@ type Averager struct {
 	np, nb  int // f32 elements of parameters and of buffers
 	staging []byte
 	mem     backend.Memory // the staging buffer's copy on the device
+	wmem    backend.Memory // a round's weighing sums on the device
 	sess    session
 	smooth  *smoother // nil: smoothing off
 
@@ -182,6 +183,9 @@ func (a *Averager) configure(cfg plugin.AveragerConfig) error {
 	if a.mem, err = be.Alloc(dev, max(len(a.staging), 4)); err != nil {
 		return fmt.Errorf("averaging-nccl: device memory for %d bytes of parameters: %w", len(a.staging), err)
 	}
+	if a.wmem, err = be.Alloc(dev, 8*weighSums); err != nil {
+		return fmt.Errorf("averaging-nccl: device memory for the weights: %w", err)
+	}
 	a.smooth = nil
 	if c.smoothing > 0 {
 		a.smooth = newSmoother(c.smoothing, np)
@@ -199,9 +203,11 @@ func (a *Averager) configure(cfg plugin.AveragerConfig) error {
 // arena and the libraries.
 func (a *Averager) teardown() error {
 	errs := []error{a.dropSession()}
-	if a.mem != nil {
-		errs = append(errs, a.mem.Close())
-		a.mem = nil
+	for _, m := range []*backend.Memory{&a.mem, &a.wmem} {
+		if *m != nil {
+			errs = append(errs, (*m).Close())
+			*m = nil
+		}
 	}
 	if a.arena != nil {
 		errs = append(errs, a.arena.Close())

@@ -356,25 +356,17 @@ func (a *Averager) mean(ctx context.Context, round uint64, w float64) (total flo
 			return 0, false, err
 		}
 	}
-	got, err := a.exchange(ctx, "w", round, me.encode())
+	var ws map[uint32]weighing
+	var ranks float64
+	var sameSteps bool
+	if s.shared() {
+		ws, total, ranks, sameSteps, err = a.weighAll(ctx, round, me)
+	} else {
+		total, ranks, sameSteps, err = a.weighSums(ctx, me)
+		ws = map[uint32]weighing{a.rank: me}
+	}
 	if err != nil {
 		return 0, false, err
-	}
-	ws := map[uint32]weighing{}
-	var ranks float64
-	sameSteps := true
-	for _, m := range s.members {
-		x, err := decodeWeighing(got[m])
-		if err != nil {
-			return 0, false, fmt.Errorf("rank %d's weight: %w", m, err)
-		}
-		if x.sm != me.sm {
-			return 0, false, fmt.Errorf("the ranks' smoothing settings differ (this rank's is %v, rank %d's %v): every rank needs the same", me.sm, m, x.sm)
-		}
-		sameSteps = sameSteps && x.steps == me.steps
-		ws[m] = x
-		total += x.w
-		ranks += x.trained
 	}
 	if !(total > 0) || !(ranks > 0) {
 		return total, false, nil
@@ -410,6 +402,73 @@ func (a *Averager) mean(ctx context.Context, round uint64, w float64) (total flo
 	}
 	a.unpack()
 	return total, true, nil
+}
+
+// weighAll has every member post its weighing through the relay: on
+// shared GPUs each leader needs its mates' shares, and the exchange also
+// tells it their values are in place. It returns every member's, their
+// sums, and whether the members' smoothing step counts agree.
+func (a *Averager) weighAll(ctx context.Context, round uint64, me weighing) (ws map[uint32]weighing, total, ranks float64, sameSteps bool, err error) {
+	got, err := a.exchange(ctx, "w", round, me.encode())
+	if err != nil {
+		return nil, 0, 0, false, err
+	}
+	ws, sameSteps = map[uint32]weighing{}, true
+	for _, m := range a.sess.members {
+		x, err := decodeWeighing(got[m])
+		if err != nil {
+			return nil, 0, 0, false, fmt.Errorf("rank %d's weight: %w", m, err)
+		}
+		if x.sm != me.sm {
+			return nil, 0, 0, false, fmt.Errorf("the ranks' smoothing settings differ (this rank's is %v, rank %d's %v): every rank needs the same", me.sm, m, x.sm)
+		}
+		sameSteps = sameSteps && x.steps == me.steps
+		ws[m] = x
+		total += x.w
+		ranks += x.trained
+	}
+	return ws, total, ranks, sameSteps, nil
+}
+
+// weighSums all-reduces the members' weighings (in f64) where every rank
+// has a GPU of its own, so no round goes through the coordinator: the
+// weight, whether the rank trained, and the smoothing setting and step
+// count with their squares, which are equal on every rank exactly when
+// sum² = n·Σx².
+func (a *Averager) weighSums(ctx context.Context, me weighing) (total, ranks float64, sameSteps bool, err error) {
+	s := &a.sess
+	steps := float64(me.steps)
+	sums := [weighSums]float64{me.w, me.trained, me.sm, me.sm * me.sm, steps, steps * steps}
+	b := make([]byte, 8*weighSums)
+	for i, v := range sums {
+		binary.LittleEndian.PutUint64(b[8*i:], math.Float64bits(v))
+	}
+	if err := a.wmem.Write(b); err != nil {
+		return 0, 0, false, err
+	}
+	if err := s.comm.AllReduceSum(ctx, a.wmem, backend.Float64); err != nil {
+		return 0, 0, false, err
+	}
+	if err := a.wmem.Read(b); err != nil {
+		return 0, 0, false, err
+	}
+	for i := range sums {
+		sums[i] = math.Float64frombits(binary.LittleEndian.Uint64(b[8*i:]))
+	}
+	n := float64(len(s.members))
+	if !agree(sums[2], sums[3], n) {
+		return 0, 0, false, fmt.Errorf("the ranks' smoothing settings differ (this rank's is %v): every rank needs the same", me.sm)
+	}
+	return sums[0], sums[1], agree(sums[4], sums[5], n), nil
+}
+
+// weighSums is how many float64 sums weighSums all-reduces.
+const weighSums = 6
+
+// agree reports whether n ranks' values whose sum and sum of squares
+// these are were all equal: then sum² = n·Σx², else it is smaller.
+func agree(sum, squares, n float64) bool {
+	return math.Abs(sum*sum-n*squares) <= 1e-9*math.Max(1, n*squares)
 }
 
 // fold is a leader's part of a mean on a shared GPU: its own values and

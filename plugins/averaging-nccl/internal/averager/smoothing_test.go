@@ -25,9 +25,27 @@ func (g *group) fillRound(round int) {
 // consensus filtered as averaging-cpu filters it (slow momentum, lr 1−s,
 // momentum s, seeded by the first round), computed here in float64, and
 // identical on every rank; buffers stay the plain mean.
+// layouts are the two ways a mean runs: every rank on a GPU of its own
+// (weights all-reduced by NCCL) and ranks sharing one (weights through the
+// relay, the fold on the device).
+var layouts = []struct {
+	name  string
+	group func(t *testing.T, world int, settings string) *group
+}{
+	{"own GPUs", newGroup},
+	{"one shared GPU", func(t *testing.T, world int, settings string) *group {
+		return newGroupOn(t, world, settings, 1, func(int) string { return "h0" })
+	}},
+}
+
 func TestSmoothing(t *testing.T) {
+	for _, l := range layouts {
+		t.Run(l.name, func(t *testing.T) { testSmoothing(t, l.group(t, 3, `{"smoothing": 0.5}`)) })
+	}
+}
+
+func testSmoothing(t *testing.T, g *group) {
 	const s = 0.5
-	g := newGroup(t, 3, `{"smoothing": 0.5}`)
 	steps := []uint64{1, 2, 3}
 	var prev, vel []float64
 	for round := 1; round <= 4; round++ {
@@ -75,7 +93,12 @@ func TestSmoothing(t *testing.T) {
 // A rank whose filter state is fresh (its plugin replaced) makes every rank
 // reseed from that round's consensus, so they stay equal.
 func TestSmoothingReseedsWhenStatesDiffer(t *testing.T) {
-	g := newGroup(t, 2, `{"smoothing": 0.5}`)
+	for _, l := range layouts {
+		t.Run(l.name, func(t *testing.T) { testSmoothingReseeds(t, l.group(t, 2, `{"smoothing": 0.5}`)) })
+	}
+}
+
+func testSmoothingReseeds(t *testing.T, g *group) {
 	steps := []uint64{1, 1}
 	for round := 1; round <= 3; round++ {
 		g.fillRound(round)
@@ -93,7 +116,12 @@ func TestSmoothingReseedsWhenStatesDiffer(t *testing.T) {
 
 // Ranks configured with different smoothing refuse the round, naming it.
 func TestSmoothingSettingsMustAgree(t *testing.T) {
-	g := newGroup(t, 2, `{"smoothing": 0.5}`)
+	for _, l := range layouts {
+		t.Run(l.name, func(t *testing.T) { testSmoothingSettingsMustAgree(t, l.group(t, 2, `{"smoothing": 0.5}`)) })
+	}
+}
+
+func testSmoothingSettingsMustAgree(t *testing.T, g *group) {
 	errs := g.each(g.all(), func(ctx context.Context, r int) error {
 		set := `{"smoothing": 0.5}`
 		if r == 1 {
