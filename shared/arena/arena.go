@@ -256,6 +256,10 @@ func (l Layout) Index(name string) int {
 type Descriptor struct {
 	Path   string
 	Layout Layout
+	// Device, when set, is where the trainer keeps the arena's f32
+	// entries instead (an averager that declared plugin.CapDeviceBlock
+	// gets it): the arena's copies of them are then not kept current.
+	Device *DeviceBlock
 }
 
 // Mapping is an arena mapped into this process.

@@ -121,6 +121,22 @@ func TestTrainerRoundTrip(t *testing.T) {
 			invoke: func(ctx context.Context, c Trainer, in any) (any, error) { return c.Attach(ctx, in.(arena.Descriptor)) },
 		},
 		{
+			name: "ExportDevice", op: "Trainer.ExportDevice", method: "ExportDevice",
+			out: deviceExport{B: arena.DeviceBlock{GPU: "boot/0000:3b:00.0", Handle: [64]byte{7, 63: 1}, Size: 4096}, OK: true},
+			invoke: func(ctx context.Context, c Trainer, _ any) (any, error) {
+				b, ok, err := c.(DeviceExporter).ExportDevice(ctx)
+				return deviceExport{b, ok}, err
+			},
+		},
+		{
+			name: "ExportDevice/none", op: "Trainer.ExportDevice", method: "ExportDevice",
+			out: deviceExport{},
+			invoke: func(ctx context.Context, c Trainer, _ any) (any, error) {
+				b, ok, err := c.(DeviceExporter).ExportDevice(ctx)
+				return deviceExport{b, ok}, err
+			},
+		},
+		{
 			name: "Publish", op: "Trainer.Publish", method: "Publish",
 			out:    PublishResult{Steps: 50, StepCount: math.MaxUint64, ParamNorm: 123.456, HostCopyBytes: 5 << 30},
 			invoke: func(ctx context.Context, c Trainer, _ any) (any, error) { return c.Publish(ctx) },
@@ -201,6 +217,15 @@ func TestAveragerRoundTrip(t *testing.T) {
 				TLS:      &TLSFiles{CA: "/etc/cohort/ca.pem", Cert: "/etc/cohort/n1.pem", Key: "/etc/cohort/n1-key.pem"},
 			},
 			out: AveragerTraits{SoloIdentity: true},
+			invoke: func(ctx context.Context, c Averager, in any) (any, error) {
+				return c.Configure(ctx, in.(AveragerConfig))
+			},
+		},
+		{
+			name: "Configure/device block", op: "Averager.Configure", method: "Configure",
+			in: AveragerConfig{WorldSize: 2, Arena: arena.Descriptor{Path: "/dev/shm/a", Layout: layout,
+				Device: &arena.DeviceBlock{GPU: "boot/0000:3b:00.0", Handle: [64]byte{1, 2, 63: 9}, Size: layout.DeviceBytes()}}},
+			out: AveragerTraits{},
 			invoke: func(ctx context.Context, c Averager, in any) (any, error) {
 				return c.Configure(ctx, in.(AveragerConfig))
 			},
@@ -552,6 +577,10 @@ func TestInvalidLayouts(t *testing.T) {
 		{"overlap", arena.Descriptor{Path: "/dev/shm/a", Layout: overlap}, codes.InvalidArgument},
 		{"no path", arena.Descriptor{Layout: good}, codes.InvalidArgument},
 		{"unknown dtype", arena.Descriptor{Path: "/dev/shm/a", Layout: unknown}, codes.Unknown},
+		{"device block of another size", arena.Descriptor{Path: "/dev/shm/a", Layout: good,
+			Device: &arena.DeviceBlock{GPU: "g", Size: good.DeviceBytes() + 4}}, codes.InvalidArgument},
+		{"device block naming no GPU", arena.Descriptor{Path: "/dev/shm/a", Layout: good,
+			Device: &arena.DeviceBlock{Size: good.DeviceBytes()}}, codes.InvalidArgument},
 	} {
 		t.Run("Attach/"+tc.name, func(t *testing.T) {
 			rec := &recorder{}

@@ -37,6 +37,24 @@ type EpochEnder interface {
 	EpochEnd(ctx context.Context, epoch uint64) (ran bool, err error)
 }
 
+// CapDeviceBlock is the capability a plugin declares in
+// Description.Capabilities when it handles an arena.DeviceBlock: a
+// trainer that implements DeviceExporter, or an averager that averages the
+// block of AveragerConfig.Arena.Device in place of the arena's f32
+// entries. The core asks for a block only when both plugins declare it.
+const CapDeviceBlock = "device-block"
+
+// DeviceExporter is an optional Trainer method. ExportDevice, called once
+// after Attach, makes the trainer keep its f32 parameters and buffers in a
+// GPU block from then on (Publish leaves it current, Adopt takes it as the
+// arena's values; the arena's copies of those entries go stale) and
+// describes the block; ok false leaves the trainer on the arena (its model
+// is on the CPU, or it keeps its parameters apart for rounds beside
+// training). The block lives as long as the trainer process.
+type DeviceExporter interface {
+	ExportDevice(ctx context.Context) (b arena.DeviceBlock, ok bool, err error)
+}
+
 // CapTrainsDuringRounds is the capability a trainer declares in
 // Description.Capabilities when it can train while a round runs: with
 // TrainerConfig.OverlapRounds it keeps its parameters out of the arena,

@@ -163,7 +163,26 @@ func toprotoDescriptor(d arena.Descriptor) (*pb.ArenaDescriptor, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &pb.ArenaDescriptor{Path: d.Path, Layout: l}, nil
+	return &pb.ArenaDescriptor{Path: d.Path, Layout: l, Device: toprotoDevice(d.Device)}, nil
+}
+
+func toprotoDevice(b *arena.DeviceBlock) *pb.DeviceBlock {
+	if b == nil {
+		return nil
+	}
+	return &pb.DeviceBlock{Gpu: b.GPU, Handle: b.Handle[:], Size: b.Size}
+}
+
+func fromprotoDevice(m *pb.DeviceBlock) (*arena.DeviceBlock, error) {
+	if m == nil {
+		return nil, nil
+	}
+	b := &arena.DeviceBlock{GPU: m.Gpu, Size: m.Size}
+	if len(m.Handle) != len(b.Handle) {
+		return nil, fmt.Errorf("device block handle of %d bytes, not %d", len(m.Handle), len(b.Handle))
+	}
+	copy(b.Handle[:], m.Handle)
+	return b, nil
 }
 
 func fromprotoDescriptor(m *pb.ArenaDescriptor) (arena.Descriptor, error) {
@@ -177,7 +196,16 @@ func fromprotoDescriptor(m *pb.ArenaDescriptor) (arena.Descriptor, error) {
 	if err != nil {
 		return arena.Descriptor{}, fmt.Errorf("arena %s: %w", m.Path, err)
 	}
-	return arena.Descriptor{Path: m.Path, Layout: l}, nil
+	d := arena.Descriptor{Path: m.Path, Layout: l}
+	if d.Device, err = fromprotoDevice(m.Device); err != nil {
+		return arena.Descriptor{}, fmt.Errorf("arena %s: %w", m.Path, err)
+	}
+	if d.Device != nil {
+		if err := l.CheckDevice(*d.Device); err != nil {
+			return arena.Descriptor{}, fmt.Errorf("arena %s: %w", m.Path, err)
+		}
+	}
+	return d, nil
 }
 
 func settings(b []byte) json.RawMessage {

@@ -76,6 +76,18 @@ func (f *fakeTrainer) Attach(ctx context.Context, d arena.Descriptor) (bool, err
 	return as[bool](out), err
 }
 
+// deviceExport is ExportDevice's two results, as a round-trip case's value.
+type deviceExport struct {
+	B  arena.DeviceBlock
+	OK bool
+}
+
+func (f *fakeTrainer) ExportDevice(ctx context.Context) (arena.DeviceBlock, bool, error) {
+	out, err := f.call(ctx, "ExportDevice", nil)
+	x := as[deviceExport](out)
+	return x.B, x.OK, err
+}
+
 func (f *fakeTrainer) Train(ctx context.Context, p Plan, report func(BatchReport) error) error {
 	return f.train(ctx, p, report)
 }

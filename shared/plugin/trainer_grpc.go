@@ -101,6 +101,18 @@ func (s *trainerServer) Evaluate(ctx context.Context, _ *pb.EvaluateRequest) (*p
 	return toprotoEvalResult(r), nil
 }
 
+func (s *trainerServer) ExportDevice(ctx context.Context, _ *pb.ExportDeviceRequest) (*pb.ExportDeviceResponse, error) {
+	e, ok := s.impl.(DeviceExporter)
+	if !ok {
+		return &pb.ExportDeviceResponse{}, nil
+	}
+	b, ok, err := e.ExportDevice(ctx)
+	if err != nil || !ok {
+		return &pb.ExportDeviceResponse{}, err
+	}
+	return &pb.ExportDeviceResponse{Device: toprotoDevice(&b)}, nil
+}
+
 func (s *trainerServer) EpochEnd(ctx context.Context, req *pb.EpochEndRequest) (*pb.EpochEndResponse, error) {
 	e, ok := s.impl.(EpochEnder)
 	if !ok {
@@ -143,8 +155,9 @@ type trainerClient struct {
 }
 
 var (
-	_ Trainer    = (*trainerClient)(nil)
-	_ EpochEnder = (*trainerClient)(nil)
+	_ Trainer        = (*trainerClient)(nil)
+	_ EpochEnder     = (*trainerClient)(nil)
+	_ DeviceExporter = (*trainerClient)(nil)
 )
 
 func (c *trainerClient) Describe(ctx context.Context) (Description, error) {
@@ -247,6 +260,23 @@ func (c *trainerClient) EpochEnd(ctx context.Context, epoch uint64) (bool, error
 		return false, callError(ctx, "Trainer.EpochEnd", err)
 	}
 	return resp.GetRan(), nil
+}
+
+// ExportDevice asks the plugin for its GPU block; a plugin built before
+// the method existed has none.
+func (c *trainerClient) ExportDevice(ctx context.Context) (arena.DeviceBlock, bool, error) {
+	resp, err := c.rpc.ExportDevice(ctx, &pb.ExportDeviceRequest{})
+	if status.Code(err) == codes.Unimplemented {
+		return arena.DeviceBlock{}, false, nil
+	}
+	if err != nil {
+		return arena.DeviceBlock{}, false, callError(ctx, "Trainer.ExportDevice", err)
+	}
+	b, err := fromprotoDevice(resp.GetDevice())
+	if err != nil || b == nil {
+		return arena.DeviceBlock{}, false, err
+	}
+	return *b, true, nil
 }
 
 func (c *trainerClient) SaveCheckpoint(ctx context.Context, dir string) ([]string, error) {

@@ -279,8 +279,10 @@ func (x *Layout) GetSize() uint64 {
 type ArenaDescriptor struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Path of the shared-memory file (under /dev/shm on Linux).
-	Path          string  `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
-	Layout        *Layout `protobuf:"bytes,2,opt,name=layout,proto3" json:"layout,omitempty"`
+	Path   string  `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
+	Layout *Layout `protobuf:"bytes,2,opt,name=layout,proto3" json:"layout,omitempty"`
+	// Where the trainer keeps the f32 entries instead, when it does.
+	Device        *DeviceBlock `protobuf:"bytes,3,opt,name=device,proto3" json:"device,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -329,6 +331,77 @@ func (x *ArenaDescriptor) GetLayout() *Layout {
 	return nil
 }
 
+func (x *ArenaDescriptor) GetDevice() *DeviceBlock {
+	if x != nil {
+		return x.Device
+	}
+	return nil
+}
+
+// A trainer's f32 parameters, then f32 buffers, in layout order, packed,
+// on a GPU, for an averager of the same host to map by CUDA IPC.
+type DeviceBlock struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The host's boot id, "/", and the GPU's PCI bus id.
+	Gpu string `protobuf:"bytes,1,opt,name=gpu,proto3" json:"gpu,omitempty"`
+	// cudaIpcMemHandle_t, 64 bytes.
+	Handle        []byte `protobuf:"bytes,2,opt,name=handle,proto3" json:"handle,omitempty"`
+	Size          uint64 `protobuf:"varint,3,opt,name=size,proto3" json:"size,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeviceBlock) Reset() {
+	*x = DeviceBlock{}
+	mi := &file_shared_plugin_internal_pluginpb_arena_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeviceBlock) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeviceBlock) ProtoMessage() {}
+
+func (x *DeviceBlock) ProtoReflect() protoreflect.Message {
+	mi := &file_shared_plugin_internal_pluginpb_arena_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeviceBlock.ProtoReflect.Descriptor instead.
+func (*DeviceBlock) Descriptor() ([]byte, []int) {
+	return file_shared_plugin_internal_pluginpb_arena_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *DeviceBlock) GetGpu() string {
+	if x != nil {
+		return x.Gpu
+	}
+	return ""
+}
+
+func (x *DeviceBlock) GetHandle() []byte {
+	if x != nil {
+		return x.Handle
+	}
+	return nil
+}
+
+func (x *DeviceBlock) GetSize() uint64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
 var File_shared_plugin_internal_pluginpb_arena_proto protoreflect.FileDescriptor
 
 const file_shared_plugin_internal_pluginpb_arena_proto_rawDesc = "" +
@@ -343,10 +416,15 @@ const file_shared_plugin_internal_pluginpb_arena_proto_rawDesc = "" +
 	"\x04role\x18\x06 \x01(\x0e2\x15.cohort.v1.TensorRoleR\x04role\"N\n" +
 	"\x06Layout\x120\n" +
 	"\aentries\x18\x01 \x03(\v2\x16.cohort.v1.TensorEntryR\aentries\x12\x12\n" +
-	"\x04size\x18\x02 \x01(\x04R\x04size\"P\n" +
+	"\x04size\x18\x02 \x01(\x04R\x04size\"\x80\x01\n" +
 	"\x0fArenaDescriptor\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12)\n" +
-	"\x06layout\x18\x02 \x01(\v2\x11.cohort.v1.LayoutR\x06layout*y\n" +
+	"\x06layout\x18\x02 \x01(\v2\x11.cohort.v1.LayoutR\x06layout\x12.\n" +
+	"\x06device\x18\x03 \x01(\v2\x16.cohort.v1.DeviceBlockR\x06device\"K\n" +
+	"\vDeviceBlock\x12\x10\n" +
+	"\x03gpu\x18\x01 \x01(\tR\x03gpu\x12\x16\n" +
+	"\x06handle\x18\x02 \x01(\fR\x06handle\x12\x12\n" +
+	"\x04size\x18\x03 \x01(\x04R\x04size*y\n" +
 	"\x05DType\x12\x15\n" +
 	"\x11DTYPE_UNSPECIFIED\x10\x00\x12\r\n" +
 	"\tDTYPE_F32\x10\x01\x12\r\n" +
@@ -375,24 +453,26 @@ func file_shared_plugin_internal_pluginpb_arena_proto_rawDescGZIP() []byte {
 }
 
 var file_shared_plugin_internal_pluginpb_arena_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_shared_plugin_internal_pluginpb_arena_proto_msgTypes = make([]protoimpl.MessageInfo, 3)
+var file_shared_plugin_internal_pluginpb_arena_proto_msgTypes = make([]protoimpl.MessageInfo, 4)
 var file_shared_plugin_internal_pluginpb_arena_proto_goTypes = []any{
 	(DType)(0),              // 0: cohort.v1.DType
 	(TensorRole)(0),         // 1: cohort.v1.TensorRole
 	(*TensorEntry)(nil),     // 2: cohort.v1.TensorEntry
 	(*Layout)(nil),          // 3: cohort.v1.Layout
 	(*ArenaDescriptor)(nil), // 4: cohort.v1.ArenaDescriptor
+	(*DeviceBlock)(nil),     // 5: cohort.v1.DeviceBlock
 }
 var file_shared_plugin_internal_pluginpb_arena_proto_depIdxs = []int32{
 	0, // 0: cohort.v1.TensorEntry.dtype:type_name -> cohort.v1.DType
 	1, // 1: cohort.v1.TensorEntry.role:type_name -> cohort.v1.TensorRole
 	2, // 2: cohort.v1.Layout.entries:type_name -> cohort.v1.TensorEntry
 	3, // 3: cohort.v1.ArenaDescriptor.layout:type_name -> cohort.v1.Layout
-	4, // [4:4] is the sub-list for method output_type
-	4, // [4:4] is the sub-list for method input_type
-	4, // [4:4] is the sub-list for extension type_name
-	4, // [4:4] is the sub-list for extension extendee
-	0, // [0:4] is the sub-list for field type_name
+	5, // 4: cohort.v1.ArenaDescriptor.device:type_name -> cohort.v1.DeviceBlock
+	5, // [5:5] is the sub-list for method output_type
+	5, // [5:5] is the sub-list for method input_type
+	5, // [5:5] is the sub-list for extension type_name
+	5, // [5:5] is the sub-list for extension extendee
+	0, // [0:5] is the sub-list for field type_name
 }
 
 func init() { file_shared_plugin_internal_pluginpb_arena_proto_init() }
@@ -406,7 +486,7 @@ func file_shared_plugin_internal_pluginpb_arena_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_shared_plugin_internal_pluginpb_arena_proto_rawDesc), len(file_shared_plugin_internal_pluginpb_arena_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   3,
+			NumMessages:   4,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -1259,6 +1259,88 @@ func (*ShutdownResponse) Descriptor() ([]byte, []int) {
 	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{21}
 }
 
+type ExportDeviceRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExportDeviceRequest) Reset() {
+	*x = ExportDeviceRequest{}
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExportDeviceRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExportDeviceRequest) ProtoMessage() {}
+
+func (x *ExportDeviceRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExportDeviceRequest.ProtoReflect.Descriptor instead.
+func (*ExportDeviceRequest) Descriptor() ([]byte, []int) {
+	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{22}
+}
+
+type ExportDeviceResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Unset: the trainer keeps its parameters in the arena (a model on the
+	// CPU, say).
+	Device        *DeviceBlock `protobuf:"bytes,1,opt,name=device,proto3" json:"device,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExportDeviceResponse) Reset() {
+	*x = ExportDeviceResponse{}
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExportDeviceResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExportDeviceResponse) ProtoMessage() {}
+
+func (x *ExportDeviceResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExportDeviceResponse.ProtoReflect.Descriptor instead.
+func (*ExportDeviceResponse) Descriptor() ([]byte, []int) {
+	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *ExportDeviceResponse) GetDevice() *DeviceBlock {
+	if x != nil {
+		return x.Device
+	}
+	return nil
+}
+
 type EpochEndRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The epoch that ended, from 0.
@@ -1269,7 +1351,7 @@ type EpochEndRequest struct {
 
 func (x *EpochEndRequest) Reset() {
 	*x = EpochEndRequest{}
-	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[22]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1281,7 +1363,7 @@ func (x *EpochEndRequest) String() string {
 func (*EpochEndRequest) ProtoMessage() {}
 
 func (x *EpochEndRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[22]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1294,7 +1376,7 @@ func (x *EpochEndRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EpochEndRequest.ProtoReflect.Descriptor instead.
 func (*EpochEndRequest) Descriptor() ([]byte, []int) {
-	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{22}
+	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *EpochEndRequest) GetEpoch() uint64 {
@@ -1314,7 +1396,7 @@ type EpochEndResponse struct {
 
 func (x *EpochEndResponse) Reset() {
 	*x = EpochEndResponse{}
-	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[23]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1326,7 +1408,7 @@ func (x *EpochEndResponse) String() string {
 func (*EpochEndResponse) ProtoMessage() {}
 
 func (x *EpochEndResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[23]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1339,7 +1421,7 @@ func (x *EpochEndResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EpochEndResponse.ProtoReflect.Descriptor instead.
 func (*EpochEndResponse) Descriptor() ([]byte, []int) {
-	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{23}
+	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *EpochEndResponse) GetRan() bool {
@@ -1444,11 +1526,14 @@ const file_shared_plugin_internal_pluginpb_trainer_proto_rawDesc = "" +
 	"\n" +
 	"step_count\x18\x01 \x01(\x04R\tstepCount\"\x11\n" +
 	"\x0fShutdownRequest\"\x12\n" +
-	"\x10ShutdownResponse\"'\n" +
+	"\x10ShutdownResponse\"\x15\n" +
+	"\x13ExportDeviceRequest\"F\n" +
+	"\x14ExportDeviceResponse\x12.\n" +
+	"\x06device\x18\x01 \x01(\v2\x16.cohort.v1.DeviceBlockR\x06device\"'\n" +
 	"\x0fEpochEndRequest\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\"$\n" +
 	"\x10EpochEndResponse\x12\x10\n" +
-	"\x03ran\x18\x01 \x01(\bR\x03ran2\x9c\x06\n" +
+	"\x03ran\x18\x01 \x01(\bR\x03ran2\xed\x06\n" +
 	"\aTrainer\x12D\n" +
 	"\bDescribe\x12\x1a.cohort.v1.DescribeRequest\x1a\x1c.cohort.v1.PluginDescription\x12T\n" +
 	"\tConfigure\x12\".cohort.v1.TrainerConfigureRequest\x1a#.cohort.v1.TrainerConfigureResponse\x12=\n" +
@@ -1459,7 +1544,8 @@ const file_shared_plugin_internal_pluginpb_trainer_proto_rawDesc = "" +
 	"\bEvaluate\x12\x1a.cohort.v1.EvaluateRequest\x1a\x1b.cohort.v1.EvaluateResponse\x12U\n" +
 	"\x0eSaveCheckpoint\x12 .cohort.v1.SaveCheckpointRequest\x1a!.cohort.v1.SaveCheckpointResponse\x12U\n" +
 	"\x0eLoadCheckpoint\x12 .cohort.v1.LoadCheckpointRequest\x1a!.cohort.v1.LoadCheckpointResponse\x12C\n" +
-	"\bEpochEnd\x12\x1a.cohort.v1.EpochEndRequest\x1a\x1b.cohort.v1.EpochEndResponse\x12C\n" +
+	"\bEpochEnd\x12\x1a.cohort.v1.EpochEndRequest\x1a\x1b.cohort.v1.EpochEndResponse\x12O\n" +
+	"\fExportDevice\x12\x1e.cohort.v1.ExportDeviceRequest\x1a\x1f.cohort.v1.ExportDeviceResponse\x12C\n" +
 	"\bShutdown\x12\x1a.cohort.v1.ShutdownRequest\x1a\x1b.cohort.v1.ShutdownResponseBEZCgithub.com/cohortdl/cohort/shared/plugin/internal/pluginpb;pluginpbb\x06proto3"
 
 var (
@@ -1474,7 +1560,7 @@ func file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP() []byte {
 	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescData
 }
 
-var file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
+var file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
 var file_shared_plugin_internal_pluginpb_trainer_proto_goTypes = []any{
 	(*DescribeRequest)(nil),          // 0: cohort.v1.DescribeRequest
 	(*PluginDescription)(nil),        // 1: cohort.v1.PluginDescription
@@ -1498,45 +1584,51 @@ var file_shared_plugin_internal_pluginpb_trainer_proto_goTypes = []any{
 	(*LoadCheckpointResponse)(nil),   // 19: cohort.v1.LoadCheckpointResponse
 	(*ShutdownRequest)(nil),          // 20: cohort.v1.ShutdownRequest
 	(*ShutdownResponse)(nil),         // 21: cohort.v1.ShutdownResponse
-	(*EpochEndRequest)(nil),          // 22: cohort.v1.EpochEndRequest
-	(*EpochEndResponse)(nil),         // 23: cohort.v1.EpochEndResponse
-	nil,                              // 24: cohort.v1.BatchReport.ScalarsEntry
-	(*Layout)(nil),                   // 25: cohort.v1.Layout
-	(*ArenaDescriptor)(nil),          // 26: cohort.v1.ArenaDescriptor
+	(*ExportDeviceRequest)(nil),      // 22: cohort.v1.ExportDeviceRequest
+	(*ExportDeviceResponse)(nil),     // 23: cohort.v1.ExportDeviceResponse
+	(*EpochEndRequest)(nil),          // 24: cohort.v1.EpochEndRequest
+	(*EpochEndResponse)(nil),         // 25: cohort.v1.EpochEndResponse
+	nil,                              // 26: cohort.v1.BatchReport.ScalarsEntry
+	(*Layout)(nil),                   // 27: cohort.v1.Layout
+	(*ArenaDescriptor)(nil),          // 28: cohort.v1.ArenaDescriptor
+	(*DeviceBlock)(nil),              // 29: cohort.v1.DeviceBlock
 }
 var file_shared_plugin_internal_pluginpb_trainer_proto_depIdxs = []int32{
 	2,  // 0: cohort.v1.PluginDescription.settings:type_name -> cohort.v1.SettingSpec
-	25, // 1: cohort.v1.TrainerConfigureResponse.layout:type_name -> cohort.v1.Layout
-	26, // 2: cohort.v1.AttachRequest.arena:type_name -> cohort.v1.ArenaDescriptor
+	27, // 1: cohort.v1.TrainerConfigureResponse.layout:type_name -> cohort.v1.Layout
+	28, // 2: cohort.v1.AttachRequest.arena:type_name -> cohort.v1.ArenaDescriptor
 	9,  // 3: cohort.v1.TrainReports.reports:type_name -> cohort.v1.BatchReport
-	24, // 4: cohort.v1.BatchReport.scalars:type_name -> cohort.v1.BatchReport.ScalarsEntry
-	0,  // 5: cohort.v1.Trainer.Describe:input_type -> cohort.v1.DescribeRequest
-	3,  // 6: cohort.v1.Trainer.Configure:input_type -> cohort.v1.TrainerConfigureRequest
-	5,  // 7: cohort.v1.Trainer.Attach:input_type -> cohort.v1.AttachRequest
-	7,  // 8: cohort.v1.Trainer.Train:input_type -> cohort.v1.TrainRequest
-	10, // 9: cohort.v1.Trainer.Publish:input_type -> cohort.v1.PublishRequest
-	12, // 10: cohort.v1.Trainer.Adopt:input_type -> cohort.v1.AdoptRequest
-	14, // 11: cohort.v1.Trainer.Evaluate:input_type -> cohort.v1.EvaluateRequest
-	16, // 12: cohort.v1.Trainer.SaveCheckpoint:input_type -> cohort.v1.SaveCheckpointRequest
-	18, // 13: cohort.v1.Trainer.LoadCheckpoint:input_type -> cohort.v1.LoadCheckpointRequest
-	22, // 14: cohort.v1.Trainer.EpochEnd:input_type -> cohort.v1.EpochEndRequest
-	20, // 15: cohort.v1.Trainer.Shutdown:input_type -> cohort.v1.ShutdownRequest
-	1,  // 16: cohort.v1.Trainer.Describe:output_type -> cohort.v1.PluginDescription
-	4,  // 17: cohort.v1.Trainer.Configure:output_type -> cohort.v1.TrainerConfigureResponse
-	6,  // 18: cohort.v1.Trainer.Attach:output_type -> cohort.v1.AttachResponse
-	8,  // 19: cohort.v1.Trainer.Train:output_type -> cohort.v1.TrainReports
-	11, // 20: cohort.v1.Trainer.Publish:output_type -> cohort.v1.PublishResponse
-	13, // 21: cohort.v1.Trainer.Adopt:output_type -> cohort.v1.AdoptResponse
-	15, // 22: cohort.v1.Trainer.Evaluate:output_type -> cohort.v1.EvaluateResponse
-	17, // 23: cohort.v1.Trainer.SaveCheckpoint:output_type -> cohort.v1.SaveCheckpointResponse
-	19, // 24: cohort.v1.Trainer.LoadCheckpoint:output_type -> cohort.v1.LoadCheckpointResponse
-	23, // 25: cohort.v1.Trainer.EpochEnd:output_type -> cohort.v1.EpochEndResponse
-	21, // 26: cohort.v1.Trainer.Shutdown:output_type -> cohort.v1.ShutdownResponse
-	16, // [16:27] is the sub-list for method output_type
-	5,  // [5:16] is the sub-list for method input_type
-	5,  // [5:5] is the sub-list for extension type_name
-	5,  // [5:5] is the sub-list for extension extendee
-	0,  // [0:5] is the sub-list for field type_name
+	26, // 4: cohort.v1.BatchReport.scalars:type_name -> cohort.v1.BatchReport.ScalarsEntry
+	29, // 5: cohort.v1.ExportDeviceResponse.device:type_name -> cohort.v1.DeviceBlock
+	0,  // 6: cohort.v1.Trainer.Describe:input_type -> cohort.v1.DescribeRequest
+	3,  // 7: cohort.v1.Trainer.Configure:input_type -> cohort.v1.TrainerConfigureRequest
+	5,  // 8: cohort.v1.Trainer.Attach:input_type -> cohort.v1.AttachRequest
+	7,  // 9: cohort.v1.Trainer.Train:input_type -> cohort.v1.TrainRequest
+	10, // 10: cohort.v1.Trainer.Publish:input_type -> cohort.v1.PublishRequest
+	12, // 11: cohort.v1.Trainer.Adopt:input_type -> cohort.v1.AdoptRequest
+	14, // 12: cohort.v1.Trainer.Evaluate:input_type -> cohort.v1.EvaluateRequest
+	16, // 13: cohort.v1.Trainer.SaveCheckpoint:input_type -> cohort.v1.SaveCheckpointRequest
+	18, // 14: cohort.v1.Trainer.LoadCheckpoint:input_type -> cohort.v1.LoadCheckpointRequest
+	24, // 15: cohort.v1.Trainer.EpochEnd:input_type -> cohort.v1.EpochEndRequest
+	22, // 16: cohort.v1.Trainer.ExportDevice:input_type -> cohort.v1.ExportDeviceRequest
+	20, // 17: cohort.v1.Trainer.Shutdown:input_type -> cohort.v1.ShutdownRequest
+	1,  // 18: cohort.v1.Trainer.Describe:output_type -> cohort.v1.PluginDescription
+	4,  // 19: cohort.v1.Trainer.Configure:output_type -> cohort.v1.TrainerConfigureResponse
+	6,  // 20: cohort.v1.Trainer.Attach:output_type -> cohort.v1.AttachResponse
+	8,  // 21: cohort.v1.Trainer.Train:output_type -> cohort.v1.TrainReports
+	11, // 22: cohort.v1.Trainer.Publish:output_type -> cohort.v1.PublishResponse
+	13, // 23: cohort.v1.Trainer.Adopt:output_type -> cohort.v1.AdoptResponse
+	15, // 24: cohort.v1.Trainer.Evaluate:output_type -> cohort.v1.EvaluateResponse
+	17, // 25: cohort.v1.Trainer.SaveCheckpoint:output_type -> cohort.v1.SaveCheckpointResponse
+	19, // 26: cohort.v1.Trainer.LoadCheckpoint:output_type -> cohort.v1.LoadCheckpointResponse
+	25, // 27: cohort.v1.Trainer.EpochEnd:output_type -> cohort.v1.EpochEndResponse
+	23, // 28: cohort.v1.Trainer.ExportDevice:output_type -> cohort.v1.ExportDeviceResponse
+	21, // 29: cohort.v1.Trainer.Shutdown:output_type -> cohort.v1.ShutdownResponse
+	18, // [18:30] is the sub-list for method output_type
+	6,  // [6:18] is the sub-list for method input_type
+	6,  // [6:6] is the sub-list for extension type_name
+	6,  // [6:6] is the sub-list for extension extendee
+	0,  // [0:6] is the sub-list for field type_name
 }
 
 func init() { file_shared_plugin_internal_pluginpb_trainer_proto_init() }
@@ -1553,7 +1645,7 @@ func file_shared_plugin_internal_pluginpb_trainer_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_shared_plugin_internal_pluginpb_trainer_proto_rawDesc), len(file_shared_plugin_internal_pluginpb_trainer_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   25,
+			NumMessages:   27,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

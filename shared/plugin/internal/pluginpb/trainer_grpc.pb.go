@@ -33,6 +33,7 @@ const (
 	Trainer_SaveCheckpoint_FullMethodName = "/cohort.v1.Trainer/SaveCheckpoint"
 	Trainer_LoadCheckpoint_FullMethodName = "/cohort.v1.Trainer/LoadCheckpoint"
 	Trainer_EpochEnd_FullMethodName       = "/cohort.v1.Trainer/EpochEnd"
+	Trainer_ExportDevice_FullMethodName   = "/cohort.v1.Trainer/ExportDevice"
 	Trainer_Shutdown_FullMethodName       = "/cohort.v1.Trainer/Shutdown"
 )
 
@@ -59,6 +60,9 @@ type TrainerClient interface {
 	// EpochEnd runs the user's end-of-epoch code, where the trainer has any
 	// (plugin.EpochEnder); a plugin without it answers Unimplemented.
 	EpochEnd(ctx context.Context, in *EpochEndRequest, opts ...grpc.CallOption) (*EpochEndResponse, error)
+	// Optional (DeviceExporter): keep the parameters in a GPU block from now
+	// on and describe it. Plugins built before it answer Unimplemented.
+	ExportDevice(ctx context.Context, in *ExportDeviceRequest, opts ...grpc.CallOption) (*ExportDeviceResponse, error)
 	// Shutdown drains and releases everything; the host kills the process
 	// after a grace period if it does not exit.
 	Shutdown(ctx context.Context, in *ShutdownRequest, opts ...grpc.CallOption) (*ShutdownResponse, error)
@@ -181,6 +185,16 @@ func (c *trainerClient) EpochEnd(ctx context.Context, in *EpochEndRequest, opts 
 	return out, nil
 }
 
+func (c *trainerClient) ExportDevice(ctx context.Context, in *ExportDeviceRequest, opts ...grpc.CallOption) (*ExportDeviceResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ExportDeviceResponse)
+	err := c.cc.Invoke(ctx, Trainer_ExportDevice_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *trainerClient) Shutdown(ctx context.Context, in *ShutdownRequest, opts ...grpc.CallOption) (*ShutdownResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(ShutdownResponse)
@@ -214,6 +228,9 @@ type TrainerServer interface {
 	// EpochEnd runs the user's end-of-epoch code, where the trainer has any
 	// (plugin.EpochEnder); a plugin without it answers Unimplemented.
 	EpochEnd(context.Context, *EpochEndRequest) (*EpochEndResponse, error)
+	// Optional (DeviceExporter): keep the parameters in a GPU block from now
+	// on and describe it. Plugins built before it answer Unimplemented.
+	ExportDevice(context.Context, *ExportDeviceRequest) (*ExportDeviceResponse, error)
 	// Shutdown drains and releases everything; the host kills the process
 	// after a grace period if it does not exit.
 	Shutdown(context.Context, *ShutdownRequest) (*ShutdownResponse, error)
@@ -256,6 +273,9 @@ func (UnimplementedTrainerServer) LoadCheckpoint(context.Context, *LoadCheckpoin
 }
 func (UnimplementedTrainerServer) EpochEnd(context.Context, *EpochEndRequest) (*EpochEndResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method EpochEnd not implemented")
+}
+func (UnimplementedTrainerServer) ExportDevice(context.Context, *ExportDeviceRequest) (*ExportDeviceResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ExportDevice not implemented")
 }
 func (UnimplementedTrainerServer) Shutdown(context.Context, *ShutdownRequest) (*ShutdownResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method Shutdown not implemented")
@@ -454,6 +474,24 @@ func _Trainer_EpochEnd_Handler(srv interface{}, ctx context.Context, dec func(in
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Trainer_ExportDevice_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ExportDeviceRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(TrainerServer).ExportDevice(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Trainer_ExportDevice_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(TrainerServer).ExportDevice(ctx, req.(*ExportDeviceRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Trainer_Shutdown_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(ShutdownRequest)
 	if err := dec(in); err != nil {
@@ -514,6 +552,10 @@ var Trainer_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "EpochEnd",
 			Handler:    _Trainer_EpochEnd_Handler,
+		},
+		{
+			MethodName: "ExportDevice",
+			Handler:    _Trainer_ExportDevice_Handler,
 		},
 		{
 			MethodName: "Shutdown",
