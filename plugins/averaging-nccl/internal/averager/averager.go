@@ -61,10 +61,15 @@ type Averager struct {
 	spans   []span
 	np, nb  int // f32 elements of parameters and of buffers
 	staging []byte
-	mem     backend.Memory // the staging buffer's copy on the device
-	wmem    backend.Memory // a round's weighing sums on the device
-	sess    session
-	smooth  *smoother // nil: smoothing off
+	// mem is the parameters on the device: the staging buffer's copy, or
+	// the trainer's own block (onDevice), mapped; handle is what another
+	// process opens it by.
+	mem      backend.Memory
+	onDevice bool
+	handle   backend.IPCHandle
+	wmem     backend.Memory // a round's weighing sums on the device
+	sess     session
+	smooth   *smoother // nil: smoothing off
 
 	// mu guards the abort state and the in-flight round's cancel.
 	mu       sync.Mutex
@@ -119,7 +124,7 @@ var _ plugin.Averager = (*Averager)(nil)
 
 // Describe names the plugin; its ranks meet through the relay.
 func (a *Averager) Describe(context.Context) (plugin.Description, error) {
-	return plugin.Description{Name: Name, Version: Version, Capabilities: []string{"cuda"},
+	return plugin.Description{Name: Name, Version: Version, Capabilities: []string{"cuda", plugin.CapDeviceBlock},
 		Meeting: plugin.MeetRelay, Settings: plugin.SchemaOf(Settings{})}, nil
 }
 
@@ -167,6 +172,26 @@ func (a *Averager) configure(cfg plugin.AveragerConfig) error {
 		return fmt.Errorf("averaging-nccl: no usable GPU: %w", err)
 	}
 	dev := c.device
+	if d := cfg.Arena.Device; d != nil {
+		// The trainer's parameters are on a GPU: average them there.
+		if err := cfg.Arena.Layout.CheckDevice(*d); err != nil {
+			return fmt.Errorf("averager: %w", err)
+		}
+		on := -1
+		for i := range n {
+			if id, err := be.DeviceID(i); err == nil && id == d.GPU {
+				on = i
+				break
+			}
+		}
+		switch {
+		case on < 0:
+			return fmt.Errorf("averaging-nccl: the trainer's parameters are on GPU %s, which is none of the %d this process sees", d.GPU, n)
+		case dev >= 0 && dev != on:
+			return fmt.Errorf("averaging-nccl: device = %d, but the trainer's parameters are on device %d", dev, on)
+		}
+		dev = on
+	}
 	if dev < 0 {
 		dev = int(cfg.Rank) % n
 	}
@@ -180,8 +205,19 @@ func (a *Averager) configure(cfg plugin.AveragerConfig) error {
 	a.cfg, a.arena, a.relay, a.rank, a.device = c, m, cfg.Relay, cfg.Rank, dev
 	a.spans, a.np, a.nb = spans, np, nb
 	a.staging = make([]byte, 4*(np+nb))
-	if a.mem, err = be.Alloc(dev, max(len(a.staging), 4)); err != nil {
-		return fmt.Errorf("averaging-nccl: device memory for %d bytes of parameters: %w", len(a.staging), err)
+	if d := cfg.Arena.Device; d != nil {
+		if a.mem, err = be.Open(dev, d.Handle, int(d.Size)); err != nil {
+			return fmt.Errorf("averaging-nccl: map the trainer's parameters on device %d: %w", dev, err)
+		}
+		a.handle, a.onDevice = d.Handle, true
+	} else {
+		if a.mem, err = be.Alloc(dev, max(len(a.staging), 4)); err != nil {
+			return fmt.Errorf("averaging-nccl: device memory for %d bytes of parameters: %w", len(a.staging), err)
+		}
+		if a.handle, err = a.mem.Handle(); err != nil {
+			return fmt.Errorf("averaging-nccl: %w", err)
+		}
+		a.onDevice = false
 	}
 	if a.wmem, err = be.Alloc(dev, 8*weighSums); err != nil {
 		return fmt.Errorf("averaging-nccl: device memory for the weights: %w", err)
@@ -189,13 +225,18 @@ func (a *Averager) configure(cfg plugin.AveragerConfig) error {
 	a.smooth = nil
 	if c.smoothing > 0 {
 		a.smooth = newSmoother(c.smoothing, np)
+		if a.onDevice {
+			if err := a.smooth.onDevice(be, dev); err != nil {
+				return fmt.Errorf("averaging-nccl: smoothing state on device %d: %w", dev, err)
+			}
+		}
 	}
 	members := make([]uint32, cfg.WorldSize)
 	for i := range members {
 		members[i] = uint32(i)
 	}
 	a.sess = session{members: members, rank: int(cfg.Rank)}
-	a.log.Info("configured", "device", dev, "devices", n, "elements", np+nb)
+	a.log.Info("configured", "device", dev, "devices", n, "elements", np+nb, "parameters_on_device", a.onDevice)
 	return nil
 }
 
@@ -208,6 +249,9 @@ func (a *Averager) teardown() error {
 			errs = append(errs, (*m).Close())
 			*m = nil
 		}
+	}
+	if a.smooth != nil {
+		errs = append(errs, a.smooth.release())
 	}
 	if a.arena != nil {
 		errs = append(errs, a.arena.Close())

@@ -3,6 +3,7 @@ package averager
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
@@ -31,6 +32,11 @@ type group struct {
 	bes    []*backend.Fake
 	avgs   []*Averager
 	arenas []*arena.Owned
+	// blocks, in a device group, are the trainers' parameters on the
+	// device (f32 entries packed, arena.DeviceBlock), allocated by a
+	// backend of their own on each rank's host: the averagers map them.
+	blocks []backend.Memory
+	gpus   []string
 }
 
 func testLayout(t *testing.T) arena.Layout {
@@ -55,6 +61,18 @@ func newGroup(t *testing.T, world int, settings string) *group {
 // ranks there take in turn (the averager's default: rank modulo devices).
 func newGroupOn(t *testing.T, world int, settings string, devices int, host func(r int) string) *group {
 	t.Helper()
+	return newGroupWith(t, world, settings, devices, host, false)
+}
+
+// newDeviceGroup is newGroupOn with every trainer's parameters on its GPU,
+// handed to the averager as a device block.
+func newDeviceGroup(t *testing.T, world int, settings string, devices int, host func(r int) string) *group {
+	t.Helper()
+	return newGroupWith(t, world, settings, devices, host, true)
+}
+
+func newGroupWith(t *testing.T, world int, settings string, devices int, host func(r int) string, device bool) *group {
+	t.Helper()
 	g := &group{t: t, fabric: backend.NewFabric(devices), relay: plugintest.NewRelayGroup(uint32(world))}
 	layout, dir := testLayout(t), t.TempDir()
 	for r := range world {
@@ -74,9 +92,28 @@ func newGroupOn(t *testing.T, world int, settings string, devices int, host func
 			b[k] = float32(r*10 + k)
 		}
 		g.bes, g.avgs, g.arenas = append(g.bes, be), append(g.avgs, a), append(g.arenas, ar)
+		if device {
+			// The trainer, a process of its own on the rank's host and
+			// GPU, holds the parameters; the arena's copies go stale.
+			tr := g.fabric.BackendOn(host(r))
+			dev := r % devices
+			m, err := tr.Alloc(dev, int(layout.DeviceBytes()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			id, _ := tr.DeviceID(dev)
+			g.blocks, g.gpus = append(g.blocks, m), append(g.gpus, id)
+			g.setValues(r, 0, v)
+			g.setValues(r, 1, b)
+			clear(v)
+			clear(b)
+		}
 	}
 	t.Cleanup(func() {
 		g.each(g.all(), func(ctx context.Context, r int) error { return g.avgs[r].Shutdown(ctx) })
+		for _, m := range g.blocks {
+			m.Close() // the trainers'
+		}
 		if n := g.fabric.Live(); n != 0 {
 			t.Errorf("%d communicators outlived Shutdown", n)
 		}
@@ -86,7 +123,7 @@ func newGroupOn(t *testing.T, world int, settings string, devices int, host func
 	})
 	errs := g.each(g.all(), func(ctx context.Context, r int) error {
 		_, err := g.avgs[r].Configure(ctx, plugin.AveragerConfig{Rank: uint32(r), WorldSize: uint32(world),
-			Arena: g.arenas[r].Descriptor(), Settings: []byte(settings), Relay: g.relay.Relay(uint32(r))})
+			Arena: g.desc(r), Settings: []byte(settings), Relay: g.relay.Relay(uint32(r))})
 		return err
 	})
 	for r, err := range errs {
@@ -95,6 +132,66 @@ func newGroupOn(t *testing.T, world int, settings string, devices int, host func
 		}
 	}
 	return g
+}
+
+// desc is rank r's arena descriptor, with its trainer's block in a device
+// group.
+func (g *group) desc(r int) arena.Descriptor {
+	d := g.arenas[r].Descriptor()
+	if g.blocks != nil {
+		h, err := g.blocks[r].Handle()
+		if err != nil {
+			g.t.Fatal(err)
+		}
+		d.Device = &arena.DeviceBlock{GPU: g.gpus[r], Handle: h, Size: d.Layout.DeviceBytes()}
+	}
+	return d
+}
+
+// span is where f32 entry k lies among the device block's elements.
+func (g *group) span(r, entry int) (off, n int) {
+	for k, e := range g.arenas[r].Descriptor().Layout.Entries {
+		if e.DType != arena.F32 {
+			continue
+		}
+		if k == entry {
+			return off, int(e.Bytes / 4)
+		}
+		off += int(e.Bytes / 4)
+	}
+	g.t.Fatalf("no f32 entry %d", entry)
+	return 0, 0
+}
+
+// setValues writes rank r's f32 entry where its parameters live.
+func (g *group) setValues(r, entry int, vals []float32) {
+	if g.blocks == nil {
+		v, _ := g.arenas[r].Float32s(entry)
+		copy(v, vals)
+		return
+	}
+	all := g.block(r)
+	off, n := g.span(r, entry)
+	copy(all[off:off+n], vals)
+	if err := g.blocks[r].Write(f32bytes(all)); err != nil {
+		g.t.Fatal(err)
+	}
+}
+
+func (g *group) block(r int) []float32 {
+	b := make([]byte, g.blocks[r].Len())
+	if err := g.blocks[r].Read(b); err != nil {
+		g.t.Fatal(err)
+	}
+	return append([]float32(nil), arena.AsFloat32s(b)...)
+}
+
+func f32bytes(v []float32) []byte {
+	b := make([]byte, 4*len(v))
+	for i, x := range v {
+		binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(x))
+	}
+	return b
 }
 
 func (g *group) all() []int {
@@ -155,7 +252,12 @@ func (g *group) mustAverage(idx []int, round uint64, steps []uint64) {
 	}
 }
 
+// values is rank r's f32 entry where its parameters live.
 func (g *group) values(r, entry int) []float32 {
+	if g.blocks != nil {
+		off, n := g.span(r, entry)
+		return g.block(r)[off : off+n]
+	}
 	v, _ := g.arenas[r].Float32s(entry)
 	return append([]float32(nil), v...)
 }
@@ -388,37 +490,43 @@ func TestSharedGPUs(t *testing.T) {
 		{"a lone idle rank's GPU", 1, func(r int) string { return []string{"a", "a", "b"}[r] }, []uint64{1, 2, 0}, 2},
 	}
 	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			g := newGroupOn(t, len(tc.steps), `{"smoothing": 0}`, tc.devices, tc.host)
-			pre := g.snapshot()
-			g.mustAverage(g.all(), 1, tc.steps)
-			g.checkMean(g.all(), g.all(), pre, tc.steps, 1)
-			g.checkEqual()
-			if want := tc.gpus; want == 1 && g.fabric.Live() != 0 || want > 1 && g.fabric.Live() != want {
-				t.Errorf("%d live communicators with %d GPUs", g.fabric.Live(), want)
-			}
-			// A broadcast from the last rank, which leads no GPU of
-			// several ranks in these layouts.
-			root := len(tc.steps) - 1
-			for i, v := range []float32{1.5, -2, 7} {
-				g.values(root, 0)
-				x, _ := g.arenas[root].Float32s(0)
-				x[i] = v
-			}
-			want := g.values(root, 0)
-			errs := g.each(g.all(), func(ctx context.Context, r int) error {
-				_, err := g.avgs[r].Average(ctx, plugin.Round{Round: 2, Broadcast: true, Root: uint32(root)})
-				return err
+		for _, device := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/parameters on the device=%v", tc.name, device), func(t *testing.T) {
+				g := newGroupWith(t, len(tc.steps), `{"smoothing": 0}`, tc.devices, tc.host, device)
+				sharedGPU(t, g, tc.steps, tc.gpus)
 			})
-			for r, err := range errs {
-				if err != nil {
-					t.Fatalf("broadcast, rank %d: %v", r, err)
-				}
-				if got := g.values(r, 0); !slices.Equal(got, want) {
-					t.Fatalf("after the broadcast from rank %d, rank %d holds %v, want %v", root, r, got[:3], want[:3])
-				}
-			}
-		})
+		}
+	}
+}
+
+// sharedGPU checks a mean over steps and a broadcast on g, whose ranks
+// are on gpus GPUs.
+func sharedGPU(t *testing.T, g *group, steps []uint64, gpus int) {
+	pre := g.snapshot()
+	g.mustAverage(g.all(), 1, steps)
+	g.checkMean(g.all(), g.all(), pre, steps, 1)
+	g.checkEqual()
+	if want := gpus; want == 1 && g.fabric.Live() != 0 || want > 1 && g.fabric.Live() != want {
+		t.Errorf("%d live communicators with %d GPUs", g.fabric.Live(), want)
+	}
+	// A broadcast from the last rank, which leads no GPU of several ranks
+	// in these layouts.
+	root := len(steps) - 1
+	x := g.values(root, 0)
+	copy(x, []float32{1.5, -2, 7})
+	g.setValues(root, 0, x)
+	want := g.values(root, 0)
+	errs := g.each(g.all(), func(ctx context.Context, r int) error {
+		_, err := g.avgs[r].Average(ctx, plugin.Round{Round: 2, Broadcast: true, Root: uint32(root)})
+		return err
+	})
+	for r, err := range errs {
+		if err != nil {
+			t.Fatalf("broadcast, rank %d: %v", r, err)
+		}
+		if got := g.values(r, 0); !slices.Equal(got, want) {
+			t.Fatalf("after the broadcast from rank %d, rank %d holds %v, want %v", root, r, got[:3], want[:3])
+		}
 	}
 }
 
@@ -492,6 +600,8 @@ func TestConfigureRefuses(t *testing.T) {
 		{"device beyond the host's", `{"device": 2}`, 2, "device = 2, but this process sees 2 GPUs"},
 		{"unknown key", `{"gama": 2}`, 1, "gama"},
 		{"bad init_timeout", `{"init_timeout": "1ns"}`, 1, "init_timeout"},
+		{"the trainer's GPU is not here", `{}`, 2, "the trainer's parameters are on GPU elsewhere/0, which is none of the 2 this process sees"},
+		{"device set against the trainer's GPU", `{"device": 1}`, 2, "device = 1, but the trainer's parameters are on device 0"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -502,7 +612,15 @@ func TestConfigureRefuses(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer ar.Remove()
-			_, err = a.Configure(context.Background(), plugin.AveragerConfig{WorldSize: 1, Arena: ar.Descriptor(), Settings: []byte(tc.settings)})
+			d := ar.Descriptor()
+			if strings.Contains(tc.name, "trainer's GPU") {
+				gpu := "h0/0"
+				if strings.Contains(tc.name, "not here") {
+					gpu = "elsewhere/0"
+				}
+				d.Device = &arena.DeviceBlock{GPU: gpu, Size: d.Layout.DeviceBytes()}
+			}
+			_, err = a.Configure(context.Background(), plugin.AveragerConfig{WorldSize: 1, Arena: d, Settings: []byte(tc.settings)})
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("Configure: %v; want an error containing %q", err, tc.want)
 			}

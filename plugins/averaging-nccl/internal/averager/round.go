@@ -96,7 +96,11 @@ func (a *Averager) round(ctx context.Context, r plugin.Round) (plugin.RoundResul
 		return plugin.RoundResult{}, fmt.Errorf("broadcast root %d is not a rank of session %d (%d members)", r.Root, s.gen, len(s.members))
 	}
 	w := a.cfg.weight(r.Steps)
-	res := plugin.RoundResult{Weight: w, PreNorm: a.norm()}
+	pre, err := a.norm()
+	if err != nil {
+		return plugin.RoundResult{}, err
+	}
+	res := plugin.RoundResult{Weight: w, PreNorm: pre}
 	if len(s.members) == 1 {
 		// A lone member's mean, or broadcast, is its own values; the
 		// smoothing filter starts afresh should the cohort grow again.
@@ -112,7 +116,6 @@ func (a *Averager) round(ctx context.Context, r plugin.Round) (plugin.RoundResul
 	}
 	res.WaitMS = ms(time.Since(wait))
 	reduce := time.Now()
-	var err error
 	if r.Broadcast {
 		err = a.broadcast(ctx, r.Round, int(r.Root))
 		res.Realized = err == nil
@@ -129,13 +132,19 @@ func (a *Averager) round(ctx context.Context, r plugin.Round) (plugin.RoundResul
 	if res.Realized {
 		res.BytesMoved = uint64(len(a.staging))
 		// The staging buffer went to the device and came back (a
-		// broadcast's non-root only reads it back).
+		// broadcast's non-root only reads it back); the trainer's own
+		// block never leaves it.
 		res.HostCopyBytes = 2 * uint64(len(a.staging))
 		if r.Broadcast && int(r.Root) != s.rank {
 			res.HostCopyBytes = uint64(len(a.staging))
 		}
+		if a.onDevice {
+			res.HostCopyBytes = 0
+		}
 	}
-	res.PostNorm = a.norm()
+	if res.PostNorm, err = a.norm(); err != nil {
+		return plugin.RoundResult{}, err
+	}
 	return res, nil
 }
 
@@ -198,10 +207,7 @@ func (a *Averager) myGPUPost() ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	h, err := a.mem.Handle()
-	if err != nil {
-		return nil, err
-	}
+	h := a.handle
 	if len(id) == 0 || len(id) > maxGPUName {
 		return nil, fmt.Errorf("GPU name %q is empty or longer than %d bytes", id, maxGPUName)
 	}
@@ -347,7 +353,7 @@ func (a *Averager) mean(ctx context.Context, round uint64, w float64) (total flo
 	if a.smooth != nil {
 		me.sm, me.steps = float64(a.smooth.outer.Mu), a.smooth.steps
 	}
-	if s.shared() {
+	if s.shared() && !a.onDevice {
 		// The leader scales this rank's values on the device: they go
 		// there as they are, before the weights, which also tell the
 		// leader they are in place.
@@ -381,27 +387,49 @@ func (a *Averager) mean(ctx context.Context, round uint64, w float64) (total flo
 			return 0, false, err
 		}
 	} else {
-		a.pack(share(a.rank))
-		if err := a.mem.Write(a.staging); err != nil {
+		if err := a.scaled(share(a.rank)); err != nil {
 			return 0, false, err
 		}
 		if err := s.comm.AllReduceSum(ctx, a.mem, backend.Float32); err != nil {
 			return 0, false, err
 		}
 	}
-	if err := a.mem.Read(a.staging); err != nil {
-		return 0, false, err
+	if !a.onDevice {
+		if err := a.mem.Read(a.staging); err != nil {
+			return 0, false, err
+		}
 	}
 	if a.smooth != nil {
-		// The parameters lead the staging buffer (buildSpans).
+		// The parameters lead the staging buffer and the trainer's block.
 		seed := a.smooth.steps == 0 || !sameSteps
 		if seed && a.smooth.steps != 0 {
 			a.log.Warn("the ranks' smoothing states differ: reseeding from this round's consensus")
 		}
-		a.smooth.step(arena.AsFloat32s(a.staging)[:a.np], seed)
+		if a.onDevice {
+			if err := a.smooth.stepDevice(a.mem, a.np, seed); err != nil {
+				return 0, false, err
+			}
+		} else {
+			a.smooth.step(arena.AsFloat32s(a.staging)[:a.np], seed)
+		}
 	}
-	a.unpack()
+	if !a.onDevice {
+		a.unpack()
+	}
 	return total, true, nil
+}
+
+// scaled leaves this rank's values times its shares in its device memory:
+// scaled on the host as they are copied there, or in place on the device.
+func (a *Averager) scaled(p, b float32) error {
+	if a.onDevice {
+		if err := errors.Join(a.be.Scale(a.mem, 0, a.np, p), a.be.Scale(a.mem, a.np, a.nb, b)); err != nil {
+			return fmt.Errorf("scale by the rank's share: %w", err)
+		}
+		return nil
+	}
+	a.pack(p, b)
+	return a.mem.Write(a.staging)
 }
 
 // weighAll has every member post its weighing through the relay: on
@@ -515,7 +543,7 @@ func (a *Averager) spread() error {
 func (a *Averager) broadcast(ctx context.Context, round uint64, root int) error {
 	s := &a.sess
 	rootRank := s.members[root]
-	if s.rank == root {
+	if s.rank == root && !a.onDevice {
 		a.pack(1, 1)
 		if err := a.mem.Write(a.staging); err != nil {
 			return err
@@ -535,6 +563,9 @@ func (a *Averager) broadcast(ctx context.Context, round uint64, root int) error 
 		}
 	} else if err := s.comm.Broadcast(ctx, a.mem, backend.Float32, a.gpuOf(rootRank)); err != nil {
 		return err
+	}
+	if a.onDevice {
+		return nil
 	}
 	if err := a.mem.Read(a.staging); err != nil {
 		return err
@@ -622,8 +653,15 @@ func (a *Averager) unpack() {
 	}
 }
 
-// norm is the L2 norm of the f32 parameters.
-func (a *Averager) norm() float64 {
+// norm is the L2 norm of the f32 parameters, where they are.
+func (a *Averager) norm() (float64, error) {
+	if a.onDevice {
+		n, err := a.be.Norm(a.mem, 0, a.np)
+		if err != nil {
+			return 0, fmt.Errorf("the parameters' norm on the device: %w", err)
+		}
+		return n, nil
+	}
 	all := arena.AsFloat32s(a.arena.Bytes())
 	var sum float64
 	for _, sp := range a.spans {
@@ -634,5 +672,5 @@ func (a *Averager) norm() float64 {
 			sum += float64(x) * float64(x)
 		}
 	}
-	return math.Sqrt(sum)
+	return math.Sqrt(sum), nil
 }

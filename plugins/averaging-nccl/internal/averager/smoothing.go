@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/cohortdl/cohort/plugins/averaging-nccl/internal/backend"
 	"github.com/cohortdl/cohort/shared/arena"
 	"github.com/cohortdl/cohort/shared/atomicfile"
 	"github.com/cohortdl/cohort/shared/reduce/numeric"
@@ -29,6 +30,112 @@ type smoother struct {
 	outer     numeric.Outer
 	prev, vel []float32 // over the parameter elements, in span order
 	steps     uint64    // realized rounds stepped since the seed; 0: seed next
+	// dev, when the parameters are on the device, holds prev and vel
+	// there (prev and vel above then only carry them to and from a
+	// checkpoint) and a scratch vector.
+	dev *devState
+}
+
+type devState struct {
+	be             backend.Backend
+	prev, vel, tmp backend.Memory
+}
+
+// onDevice moves the filter's state to device memory on dev.
+func (m *smoother) onDevice(be backend.Backend, dev int) error {
+	d := &devState{be: be}
+	m.dev = d
+	for _, p := range []*backend.Memory{&d.prev, &d.vel, &d.tmp} {
+		var err error
+		if *p, err = be.Alloc(dev, max(4*len(m.prev), 4)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// release frees the device state, if any.
+func (m *smoother) release() error {
+	d := m.dev
+	if d == nil {
+		return nil
+	}
+	m.dev = nil
+	var errs []error
+	for _, p := range []backend.Memory{d.prev, d.vel, d.tmp} {
+		if p != nil {
+			errs = append(errs, p.Close())
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// stepDevice is step on the device, over the first np elements of c:
+// with g = prev − c, v = mu·v + g and c = prev − lr·v, then prev = c; a
+// seed sets prev = c and v = 0, leaving c.
+func (m *smoother) stepDevice(c backend.Memory, np int, seed bool) error {
+	d, be := m.dev, m.dev.be
+	var err error
+	if seed {
+		err = errors.Join(be.CopyRange(d.prev, 0, c, 0, np), d.vel.Write(make([]byte, 4*np)))
+	} else {
+		lr, mu := m.outer.LR, m.outer.Mu
+		err = errors.Join(
+			be.CopyRange(d.tmp, 0, d.prev, 0, np),
+			be.Axpy(d.tmp, c, 0, np, -1),
+			be.Scale(d.vel, 0, np, mu),
+			be.Axpy(d.vel, d.tmp, 0, np, 1),
+			be.CopyRange(c, 0, d.prev, 0, np),
+			be.Axpy(c, d.vel, 0, np, -lr),
+			be.CopyRange(d.prev, 0, c, 0, np))
+	}
+	if err != nil {
+		return fmt.Errorf("smoothing on the device: %w", err)
+	}
+	if seed {
+		m.steps = 1
+	} else {
+		m.steps++
+	}
+	return nil
+}
+
+// toHost and toDevice carry a device state to prev and vel, for a
+// checkpoint, and back.
+func (m *smoother) toHost() error {
+	if m.dev == nil {
+		return nil
+	}
+	for _, x := range []struct {
+		src backend.Memory
+		dst []float32
+	}{{m.dev.prev, m.prev}, {m.dev.vel, m.vel}} {
+		b := make([]byte, 4*len(x.dst))
+		if err := x.src.Read(b); err != nil {
+			return err
+		}
+		copy(x.dst, arena.AsFloat32s(b))
+	}
+	return nil
+}
+
+func (m *smoother) toDevice() error {
+	if m.dev == nil {
+		return nil
+	}
+	for _, x := range []struct {
+		dst backend.Memory
+		src []float32
+	}{{m.dev.prev, m.prev}, {m.dev.vel, m.vel}} {
+		b := make([]byte, 4*len(x.src))
+		for i, v := range x.src {
+			binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(v))
+		}
+		if err := x.dst.Write(b); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func newSmoother(s float64, np int) *smoother {
@@ -101,6 +208,9 @@ func (a *Averager) SaveState(_ context.Context, dir string) ([]string, error) {
 	if a.smooth == nil {
 		return nil, nil
 	}
+	if err := a.smooth.toHost(); err != nil {
+		return nil, fmt.Errorf("averager: read the smoothing state off the device: %w", err)
+	}
 	path := filepath.Join(dir, stateFile)
 	if err := atomicfile.WriteBytes(path, a.smooth.encode()); err != nil {
 		return nil, fmt.Errorf("averager: save smoothing state: %w", err)
@@ -124,6 +234,9 @@ func (a *Averager) LoadState(_ context.Context, dir string) error {
 	}
 	if err == nil {
 		err = a.smooth.decode(b)
+	}
+	if err == nil {
+		err = a.smooth.toDevice()
 	}
 	if err != nil {
 		return fmt.Errorf("averager: load smoothing state %s: %w", path, err)

@@ -2,7 +2,9 @@ package averager
 
 import (
 	"context"
+	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -14,20 +16,18 @@ import (
 // rounds would.
 func (g *group) fillRound(round int) {
 	for r := range g.avgs {
-		v, _ := g.arenas[r].Float32s(0)
+		v := g.values(r, 0)
 		for k := range v {
 			v[k] = float32(math.Cos(float64(round*37+r*11+k))) * float32(round+r+1)
 		}
+		g.setValues(r, 0, v)
 	}
 }
 
-// TestSmoothing: with smoothing, each round's parameters are the plain
-// consensus filtered as averaging-cpu filters it (slow momentum, lr 1−s,
-// momentum s, seeded by the first round), computed here in float64, and
-// identical on every rank; buffers stay the plain mean.
-// layouts are the two ways a mean runs: every rank on a GPU of its own
-// (weights all-reduced by NCCL) and ranks sharing one (weights through the
-// relay, the fold on the device).
+// layouts are the ways a mean runs: every rank on a GPU of its own
+// (weights all-reduced by NCCL) or ranks sharing one (weights through the
+// relay, the fold on the device), with the parameters staged through the
+// host arena or kept on the device by the trainer.
 var layouts = []struct {
 	name  string
 	group func(t *testing.T, world int, settings string) *group
@@ -36,8 +36,18 @@ var layouts = []struct {
 	{"one shared GPU", func(t *testing.T, world int, settings string) *group {
 		return newGroupOn(t, world, settings, 1, func(int) string { return "h0" })
 	}},
+	{"own GPUs, parameters on them", func(t *testing.T, world int, settings string) *group {
+		return newDeviceGroup(t, world, settings, 1, func(r int) string { return fmt.Sprintf("h%d", r) })
+	}},
+	{"one shared GPU, parameters on it", func(t *testing.T, world int, settings string) *group {
+		return newDeviceGroup(t, world, settings, 1, func(int) string { return "h0" })
+	}},
 }
 
+// TestSmoothing: with smoothing, each round's parameters are the plain
+// consensus filtered as averaging-cpu filters it (slow momentum, lr 1−s,
+// momentum s, seeded by the first round), computed here in float64, and
+// identical on every rank; buffers stay the plain mean.
 func TestSmoothing(t *testing.T) {
 	for _, l := range layouts {
 		t.Run(l.name, func(t *testing.T) { testSmoothing(t, l.group(t, 3, `{"smoothing": 0.5}`)) })
@@ -128,7 +138,7 @@ func testSmoothingSettingsMustAgree(t *testing.T, g *group) {
 			set = `{"smoothing": 0.25}`
 		}
 		_, err := g.avgs[r].Configure(ctx, plugin.AveragerConfig{Rank: uint32(r), WorldSize: 2,
-			Arena: g.arenas[r].Descriptor(), Settings: []byte(set), Relay: g.relay.Relay(uint32(r))})
+			Arena: g.desc(r), Settings: []byte(set), Relay: g.relay.Relay(uint32(r))})
 		return err
 	})
 	for r, err := range errs {
@@ -240,5 +250,46 @@ func TestHostCopyBytes(t *testing.T) {
 	res, err := lone.avgs[0].Average(context.Background(), plugin.Round{Round: 1, Steps: 3})
 	if err != nil || res.HostCopyBytes != 0 {
 		t.Errorf("lone member: %d host copy bytes, %v; want none", res.HostCopyBytes, err)
+	}
+}
+
+// With the trainers' parameters on the device, no round copies any to or
+// from the host, and the arenas' f32 entries stay as the trainers left
+// them (stale, here zero), in either layout, smoothing included.
+func TestParametersStayOnTheDevice(t *testing.T) {
+	for _, shared := range []bool{false, true} {
+		t.Run(fmt.Sprintf("shared=%v", shared), func(t *testing.T) {
+			host := func(r int) string { return fmt.Sprintf("h%d", r) }
+			if shared {
+				host = func(int) string { return "h0" }
+			}
+			g := newDeviceGroup(t, 3, `{}`, 1, host)
+			for round, rq := range []func(r int) plugin.Round{
+				func(int) plugin.Round { return plugin.Round{Round: 1, Broadcast: true, Root: 2} },
+				func(r int) plugin.Round { return plugin.Round{Round: 2, Steps: uint64(r + 1)} },
+				func(r int) plugin.Round { return plugin.Round{Round: 3, Steps: uint64(r + 1)} },
+			} {
+				for r, err := range g.each(g.all(), func(ctx context.Context, r int) error {
+					res, err := g.avgs[r].Average(ctx, rq(r))
+					if err == nil && (res.HostCopyBytes != 0 || !res.Realized || !(res.PostNorm > 0)) {
+						err = fmt.Errorf("round %d: %+v; want realized, a norm, no host copies", round+1, res)
+					}
+					return err
+				}) {
+					if err != nil {
+						t.Fatalf("rank %d: %v", r, err)
+					}
+				}
+			}
+			g.checkEqual()
+			for r := range g.avgs {
+				for entry := range 2 {
+					v, _ := g.arenas[r].Float32s(entry)
+					if slices.ContainsFunc(v, func(x float32) bool { return x != 0 }) {
+						t.Fatalf("rank %d's arena entry %d was written: %v", r, entry, v)
+					}
+				}
+			}
+		})
 	}
 }

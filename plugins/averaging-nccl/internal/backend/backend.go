@@ -61,8 +61,13 @@ type Backend interface {
 	// are done when they return.
 	Scale(m Memory, off, n int, alpha float32) error
 	Axpy(dst, src Memory, off, n int, alpha float32) error
-	// Copy copies src's first dst.Len() bytes into dst, device to device.
+	// Copy copies src's first dst.Len() bytes into dst, device to device;
+	// CopyRange copies n float32 elements from src's srcOff to dst's
+	// dstOff.
 	Copy(dst, src Memory) error
+	CopyRange(dst Memory, dstOff int, src Memory, srcOff, n int) error
+	// Norm is the L2 norm of m's float32 elements [off, off+n).
+	Norm(m Memory, off, n int) (float64, error)
 	// NewUniqueID makes the id a new communicator's ranks meet at. The
 	// process that made it must live until they have met.
 	NewUniqueID() (UniqueID, error)

@@ -191,6 +191,35 @@ func (b *Fake) Axpy(dst, src Memory, off, n int, alpha float32) error {
 	return nil
 }
 
+// CopyRange copies n float32 elements.
+func (b *Fake) CopyRange(dst Memory, dstOff int, src Memory, srcOff, n int) error {
+	v, err := b.fold("copy", dst, src)
+	if err != nil {
+		return err
+	}
+	if dstOff < 0 || srcOff < 0 || n < 0 || dstOff+n > len(v[0]) || srcOff+n > len(v[1]) {
+		return fmt.Errorf("fake cuda: copy of %d elements from %d of %d to %d of %d", n, srcOff, len(v[1]), dstOff, len(v[0]))
+	}
+	copy(v[0][dstOff:dstOff+n], v[1][srcOff:srcOff+n])
+	return nil
+}
+
+// Norm sums the squares in float64.
+func (b *Fake) Norm(m Memory, off, n int) (float64, error) {
+	v, err := b.fold("norm", m)
+	if err != nil {
+		return 0, err
+	}
+	if off < 0 || n < 0 || off+n > len(v[0]) {
+		return 0, fmt.Errorf("fake cublas: norm of elements [%d, %d) of %d", off, off+n, len(v[0]))
+	}
+	var s float64
+	for _, x := range v[0][off : off+n] {
+		s += float64(x) * float64(x)
+	}
+	return math.Sqrt(s), nil
+}
+
 // Copy copies dst.Len() bytes.
 func (b *Fake) Copy(dst, src Memory) error {
 	if err := b.get().FoldErr; err != nil {

@@ -177,6 +177,32 @@ func (b *NCCL) Axpy(dst, src Memory, off, n int, alpha float32) error {
 	})
 }
 
+// CopyRange calls cudaMemcpy, device to device, and waits for it.
+func (b *NCCL) CopyRange(dst Memory, dstOff int, src Memory, srcOff, n int) error {
+	d, s := dst.(*ncclMemory), src.(*ncclMemory)
+	if err := errors.Join(span(d, dstOff, n), span(s, srcOff, n)); err != nil || n == 0 {
+		return err
+	}
+	return b.libs.Runtime.OnDevice(d.device, func() error {
+		return b.libs.Runtime.CopyOnDevice(d.p.Add(4*dstOff), s.p.Add(4*srcOff), 4*n)
+	})
+}
+
+// Norm calls cublasSnrm2.
+func (b *NCCL) Norm(m Memory, off, n int) (float64, error) {
+	x := m.(*ncclMemory)
+	if err := span(x, off, n); err != nil || n == 0 {
+		return 0, err
+	}
+	var r float64
+	err := b.onBLAS(x.device, func(l *cudalib.BLAS, h cudalib.BLASHandle) error {
+		var err error
+		r, err = l.Norm(h, n, x.p.Add(4*off))
+		return err
+	})
+	return r, err
+}
+
 // Copy calls cudaMemcpy, device to device, and waits for it.
 func (b *NCCL) Copy(dst, src Memory) error {
 	d, s := dst.(*ncclMemory), src.(*ncclMemory)

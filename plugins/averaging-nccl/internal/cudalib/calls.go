@@ -2,6 +2,7 @@ package cudalib
 
 import (
 	"fmt"
+	"math"
 	"runtime"
 	"unsafe"
 )
@@ -400,4 +401,21 @@ func (b *BLAS) Axpy(h BLASHandle, n int, alpha float32, x, y DevicePtr) error {
 		}
 	}
 	return nil
+}
+
+// Norm is the L2 norm of n float32 values at x (cublasSnrm2), waited for.
+func (b *BLAS) Norm(h BLASHandle, n int, x DevicePtr) (float64, error) {
+	fn, err := b.l.sym("cublasSnrm2_v2")
+	if err != nil {
+		return 0, err
+	}
+	var sq float64
+	for off := 0; off < n; off += blasChunk {
+		r, code := cublasSnrm2(fn, h.p, min(blasChunk, n-off), x.Add(4*off).p)
+		if err := b.check("cublasSnrm2", code); err != nil {
+			return 0, err
+		}
+		sq += float64(r) * float64(r)
+	}
+	return math.Sqrt(sq), nil
 }

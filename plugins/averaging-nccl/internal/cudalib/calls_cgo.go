@@ -106,6 +106,12 @@ static int cohort_cublas_sscal(void *fn, void *h, int n, float alpha, void *x) {
 	return ((int (*)(void *, int, const float *, float *, int))fn)(h, n, &alpha, (float *)x, 1);
 }
 
+// Snrm2 writes its result to host memory in the default pointer mode and
+// returns once it has.
+static int cohort_cublas_snrm2(void *fn, void *h, int n, void *x, float *result) {
+	return ((int (*)(void *, int, const float *, int, float *))fn)(h, n, (const float *)x, 1, result);
+}
+
 static int cohort_cublas_saxpy(void *fn, void *h, int n, float alpha, void *x, void *y) {
 	return ((int (*)(void *, int, const float *, const float *, int, float *, int))fn)(h, n, &alpha, (const float *)x, 1, (float *)y, 1);
 }
@@ -202,4 +208,10 @@ func cublasSscal(fn, h unsafe.Pointer, n int, alpha float32, x unsafe.Pointer) i
 
 func cublasSaxpy(fn, h unsafe.Pointer, n int, alpha float32, x, y unsafe.Pointer) int {
 	return int(C.cohort_cublas_saxpy(fn, h, C.int(n), C.float(alpha), x, y))
+}
+
+func cublasSnrm2(fn, h unsafe.Pointer, n int, x unsafe.Pointer) (float32, int) {
+	var r C.float
+	code := C.cohort_cublas_snrm2(fn, h, C.int(n), x, &r)
+	return float32(r), int(code)
 }

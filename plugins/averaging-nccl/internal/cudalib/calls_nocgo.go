@@ -44,3 +44,5 @@ func cublasSscal(unsafe.Pointer, unsafe.Pointer, int, float32, unsafe.Pointer) i
 func cublasSaxpy(unsafe.Pointer, unsafe.Pointer, int, float32, unsafe.Pointer, unsafe.Pointer) int {
 	return -1
 }
+
+func cublasSnrm2(unsafe.Pointer, unsafe.Pointer, int, unsafe.Pointer) (float32, int) { return 0, -1 }

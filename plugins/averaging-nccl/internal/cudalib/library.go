@@ -95,6 +95,7 @@ func (l Library) spec() spec {
 				{"cublasDestroy_v2"},
 				{"cublasSscal_v2"},
 				{"cublasSaxpy_v2"},
+				{"cublasSnrm2_v2"},
 			},
 			install: "install cuBLAS 12 or 13 (the CUDA toolkit, or `pip install nvidia-cublas-cu12` / `nvidia-cublas`, which a CUDA build of PyTorch brings along)",
 		}

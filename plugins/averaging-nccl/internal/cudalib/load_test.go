@@ -5,6 +5,7 @@ package cudalib
 import (
 	"errors"
 	"io/fs"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -246,6 +247,9 @@ func TestBLAS(t *testing.T) {
 	}
 	if want := []float32{10, 20, 32, 43}; !slices.Equal(y, want) {
 		t.Errorf("after Axpy(2, 2, x[1:], y[2:]): %v, want %v", y, want)
+	}
+	if n, err := b.Norm(h, 2, DevicePtr{unsafe.Pointer(&y[2])}); err != nil || math.Abs(n-math.Hypot(32, 43)) > 1e-4 {
+		t.Errorf("Norm(y[2:4]) = %v, %v; want %v", n, err, math.Hypot(32, 43))
 	}
 	var ce *CallError
 	if err := b.Scale(BLASHandle{}, 1, 1, DevicePtr{unsafe.Pointer(&x[0])}); !errors.As(err, &ce) || ce.Message != "CUBLAS_STATUS_INVALID_VALUE" {

@@ -12,6 +12,24 @@ int cublasSscal_v2(void *h, int n, const float *alpha, float *x, int incx) {
 		x[i] *= *alpha;
 	return 0;
 }
+/* sqrt without libm, which a test process may not have loaded. */
+static double root(double s) {
+	double r = s > 1 ? s : 1;
+	for (int i = 0; i < 64; i++)
+		r = (r + s / r) / 2;
+	return s > 0 ? r : 0;
+}
+
+int cublasSnrm2_v2(void *h, int n, const float *x, int incx, float *result) {
+	if (h != HANDLE || incx != 1)
+		return 7;
+	double s = 0;
+	for (int i = 0; i < n; i++)
+		s += (double)x[i] * x[i];
+	*result = (float)root(s);
+	return 0;
+}
+
 #ifndef OMIT_cublasSaxpy_v2
 int cublasSaxpy_v2(void *h, int n, const float *alpha, const float *x, int incx, float *y, int incy) {
 	if (h != HANDLE || incx != 1 || incy != 1)
