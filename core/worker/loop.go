@@ -13,6 +13,7 @@ import (
 
 	"github.com/cohortdl/cohort/core/pluginhost"
 	"github.com/cohortdl/cohort/core/wire/wirepb"
+	sharena "github.com/cohortdl/cohort/shared/arena"
 	"github.com/cohortdl/cohort/shared/plugin"
 )
 
@@ -55,9 +56,14 @@ type loopState struct {
 	// of the arena); ovl is such a round in flight, ovlWG its goroutine;
 	// training is set while Train runs.
 	canOverlap bool
-	ovl        *overlapRound
-	ovlWG      sync.WaitGroup
-	training   bool
+	// device is the trainer's parameters on its GPU, handed to the
+	// averager in its arena descriptor, when both plugins take device
+	// blocks (plugin.CapDeviceBlock) and the trainer exported one.
+	device       *sharena.DeviceBlock
+	deviceBlocks bool // both plugins take device blocks
+	ovl          *overlapRound
+	ovlWG        sync.WaitGroup
+	training     bool
 	// roundHeld is how long rounds held training since the last Metrics:
 	// whole rounds and round steps taken between plans, and, while Train
 	// runs beside a round, what its batches say they waited for the

@@ -124,10 +124,20 @@ func (w *worker) replaceTrainer(ctx context.Context, cause error, lost *plugin.P
 		w.log.Warn("new trainer starts its optimizer fresh: this rank has no checkpoint to restore it from")
 	}
 	// The arena holds the parameters of the last Publish or round, newer
-	// than any checkpoint's.
-	if _, err := t.Adopt(ctx, 0); err != nil {
-		return fail(fmt.Errorf("adopt the arena's parameters: %w", err))
+	// than any checkpoint's; unless they lived on the GPU, in the lost
+	// trainer's block, which died with it: then the new trainer keeps the
+	// checkpoint's, the next round averages them in, and the averager,
+	// whose mapping of the block died too, is replaced after this.
+	blockLost := w.device != nil
+	if !blockLost {
+		if _, err := t.Adopt(ctx, 0); err != nil {
+			return fail(fmt.Errorf("adopt the arena's parameters: %w", err))
+		}
 	}
+	if err := w.exportDevice(ctx, t); err != nil {
+		return fail(err)
+	}
+	w.avgCfg.Arena = w.arenaDescriptor()
 	// The next plan passes the cohort's step count again, to the new
 	// trainer's learning-rate schedule.
 	w.stepFresh = true
@@ -135,7 +145,10 @@ func (w *worker) replaceTrainer(ctx context.Context, cause error, lost *plugin.P
 	if lost != nil {
 		msg.PlanLost, msg.Epoch, msg.PartitionOffset, msg.PartitionSize = true, lost.Epoch, lost.PartitionOffset, lost.PartitionSize
 	}
-	return w.send(ctx, msg)
+	if err := w.send(ctx, msg); err != nil || !blockLost {
+		return err
+	}
+	return w.replaceAverager(ctx, fmt.Errorf("its map of the trainer's parameters on the GPU died with the trainer (%w)", cause))
 }
 
 // replaceAverager starts a fresh averager in place of the lost one,

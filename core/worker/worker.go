@@ -276,6 +276,10 @@ func (w *worker) setUp(ctx context.Context) error {
 	}
 	w.trainerReady = true
 	w.canOverlap = overlap && !zeroCopy
+	w.deviceBlocks = slices.Contains(td.Capabilities, plugin.CapDeviceBlock) && slices.Contains(ad.Capabilities, plugin.CapDeviceBlock)
+	if err := w.exportDevice(ctx, t); err != nil {
+		return err
+	}
 	w.log.Debug("arena ready", "path", w.arena.Path(), "bytes", w.setup.Layout.Size, "zero_copy", zeroCopy,
 		"rounds_beside_training", w.canOverlap)
 
@@ -299,7 +303,7 @@ func (w *worker) setUp(ctx context.Context) error {
 	w.avgCfg = plugin.AveragerConfig{
 		Rank:      w.o.Rank,
 		WorldSize: w.o.World,
-		Arena:     w.arena.Descriptor(),
+		Arena:     w.arenaDescriptor(),
 		Endpoint:  averagingEndpoint(endpoint, w.o.Coordinator),
 		DataKey:   dataKey,
 		Settings:  w.o.Averager.Settings,
@@ -495,4 +499,36 @@ func (w *worker) teardown(ctx context.Context, clean bool, runErr error) error {
 		w.log.Info("rank worker exited", "clean", clean)
 	}
 	return runErr
+}
+
+// exportDevice asks a trainer that can for its parameters on the GPU, when
+// the averager can average them there: from then on the arena's f32
+// entries go stale, and the averager gets the block instead.
+func (w *worker) exportDevice(ctx context.Context, t plugin.Trainer) error {
+	w.device = nil
+	e, ok := t.(plugin.DeviceExporter)
+	if !w.deviceBlocks || !ok {
+		return nil
+	}
+	b, ok, err := e.ExportDevice(ctx)
+	if err != nil {
+		return fmt.Errorf("the trainer's parameters on the GPU: %w", err)
+	}
+	if !ok {
+		return nil
+	}
+	if err := w.setup.Layout.CheckDevice(b); err != nil {
+		return fmt.Errorf("the trainer's parameters on the GPU: %w", err)
+	}
+	w.device = &b
+	w.log.Info("parameters stay on the GPU: the averager maps the trainer's block", "gpu", b.GPU, "bytes", b.Size)
+	return nil
+}
+
+// arenaDescriptor is the arena the averager is given, with the trainer's
+// device block when there is one.
+func (w *worker) arenaDescriptor() sharena.Descriptor {
+	d := w.arena.Descriptor()
+	d.Device = w.device
+	return d
 }

@@ -3,6 +3,7 @@ package worker_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -19,6 +20,7 @@ import (
 	"github.com/cohortdl/cohort/core/config"
 	"github.com/cohortdl/cohort/core/wire/wirepb"
 	"github.com/cohortdl/cohort/core/worker"
+	sharena "github.com/cohortdl/cohort/shared/arena"
 	"github.com/cohortdl/cohort/shared/plugin"
 	"github.com/cohortdl/cohort/shared/plugintest"
 )
@@ -960,5 +962,87 @@ func TestConnectGivesUp(t *testing.T) {
 	}
 	if !strings.Contains(logs.String(), "waiting for the coordinator") || !strings.Contains(logs.String(), addr) {
 		t.Errorf("the worker never said whom it waits for:\n%s", logs.String())
+	}
+}
+
+// deviceTrainer is the mock trainer that also says it takes device blocks
+// and exports block, counting the calls.
+type deviceTrainer struct {
+	*plugintest.Trainer
+	block   sharena.DeviceBlock
+	exports atomic.Int32
+}
+
+func (d *deviceTrainer) Describe(ctx context.Context) (plugin.Description, error) {
+	desc, err := d.Trainer.Describe(ctx)
+	desc.Capabilities = append(desc.Capabilities, plugin.CapDeviceBlock)
+	return desc, err
+}
+
+func (d *deviceTrainer) Configure(ctx context.Context, cfg plugin.TrainerConfig) (plugin.TrainerSetup, error) {
+	setup, err := d.Trainer.Configure(ctx, cfg)
+	d.block = sharena.DeviceBlock{GPU: "boot/0000:3b:00.0", Handle: [64]byte{9}, Size: setup.Layout.DeviceBytes()}
+	return setup, err
+}
+
+func (d *deviceTrainer) ExportDevice(context.Context) (sharena.DeviceBlock, bool, error) {
+	d.exports.Add(1)
+	return d.block, true, nil
+}
+
+// deviceAverager is the mock averager that says, or not, it takes device
+// blocks and keeps the descriptor Configure got.
+type deviceAverager struct {
+	*plugintest.Averager
+	takes bool
+	mu    sync.Mutex
+	got   sharena.Descriptor
+}
+
+func (d *deviceAverager) Describe(ctx context.Context) (plugin.Description, error) {
+	desc, err := d.Averager.Describe(ctx)
+	if d.takes {
+		desc.Capabilities = append(desc.Capabilities, plugin.CapDeviceBlock)
+	}
+	return desc, err
+}
+
+func (d *deviceAverager) Configure(ctx context.Context, cfg plugin.AveragerConfig) (plugin.AveragerTraits, error) {
+	d.mu.Lock()
+	d.got = cfg.Arena
+	d.mu.Unlock()
+	return d.Averager.Configure(ctx, cfg)
+}
+
+// The trainer's parameters on the GPU reach the averager in its arena
+// descriptor when both plugins take device blocks; otherwise the trainer
+// is not asked and stays on the arena.
+func TestDeviceBlockReachesTheAverager(t *testing.T) {
+	for _, takes := range []bool{true, false} {
+		t.Run(fmt.Sprintf("averager takes blocks=%v", takes), func(t *testing.T) {
+			c := newCoordinator(t)
+			o := c.options(0, 1, trainerSettings())
+			tr := &deviceTrainer{Trainer: plugintest.NewTrainer(nil)}
+			av := &deviceAverager{Averager: plugintest.NewAverager(nil), takes: takes}
+			o.Plugins = worker.InProcess(tr, av)
+			run := start(t, o)
+			l := c.accept(&wirepb.Admit{RunId: "device", Seed: 3})
+			expect[*wirepb.Ready](l)
+			av.mu.Lock()
+			got := av.got
+			av.mu.Unlock()
+			if takes {
+				if tr.exports.Load() != 1 || got.Device == nil || *got.Device != tr.block {
+					t.Fatalf("exports %d, averager's descriptor %+v; want the trainer's block", tr.exports.Load(), got.Device)
+				}
+			} else if tr.exports.Load() != 0 || got.Device != nil {
+				t.Fatalf("exports %d, averager's device %+v; want neither", tr.exports.Load(), got.Device)
+			}
+			l.send(&wirepb.Shutdown{})
+			expect[*wirepb.Exiting](l)
+			if err := run.wait(frameWait); err != nil {
+				t.Fatal(err)
+			}
+		})
 	}
 }
