@@ -34,7 +34,7 @@
 extern "C" {
 #endif
 
-#define COHORT_TORCH_SHIM_ABI 4u
+#define COHORT_TORCH_SHIM_ABI 5u
 
 /* Element types: the values of arena.DType in shared/arena. */
 #define CT_DTYPE_F32 1
@@ -165,6 +165,15 @@ typedef struct ct_api {
   /* epoch_end runs a TorchScript model's epoch_end(epoch: int) method,
    * without gradients, when it has one; *ran says whether it did. */
   int (*epoch_end)(ct_model *m, int64_t epoch, int32_t *ran, char *err, size_t errlen);
+  /* device_index is the CUDA device the model is on, -1 on the CPU. */
+  int32_t (*device_index)(const ct_model *m);
+  /* attach_device, after attach, moves the tensors with an offset of 0 or
+   * more into the device block at base (size bytes, on the model's CUDA
+   * device, which the caller owns and keeps until destroy): each is copied
+   * there and becomes a view of it, so publish and adopt copy nothing for
+   * them. Tensors with offset -1 stay as attach left them. */
+  int (*attach_device)(ct_model *m, void *base, uint64_t size, const int64_t *offsets, int64_t n,
+                       char *err, size_t errlen);
 } ct_api;
 
 uint32_t cohort_torch_shim_abi_version(void);

@@ -542,6 +542,55 @@ int attach(ct_model *m, void *base, uint64_t size, const uint64_t *offsets, int6
   });
 }
 
+int32_t device_index(const ct_model *m) { return m->device.is_cuda() ? m->device.index() : -1; }
+
+int attach_device(ct_model *m, void *base, uint64_t size, const int64_t *offsets, int64_t n, char *err,
+                  size_t errlen) {
+  return guard(err, errlen, [&] {
+    use_threads(m->threads);
+    if (!m->attached) {
+      fail("attach_device before attach");
+    }
+    if (!m->device.is_cuda()) {
+      fail("attach_device for a model on the CPU");
+    }
+    if (n != static_cast<int64_t>(m->entries.size())) {
+      fail("device block for " + std::to_string(n) + " tensors, the model has " + std::to_string(m->entries.size()));
+    }
+    if (base == nullptr && size > 0) {
+      fail("no device memory");
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      const Entry &e = m->entries[i];
+      if (offsets[i] < 0) {
+        continue;
+      }
+      uint64_t off = static_cast<uint64_t>(offsets[i]);
+      if (off > size || e.bytes > size - off || off % e.t.element_size() != 0 || e.t.device() != m->device) {
+        fail("tensor \"" + e.name + "\": " + std::to_string(e.bytes) + " bytes at offset " + std::to_string(off) +
+             " do not fit a device block of " + std::to_string(size) + " bytes on the model's device");
+      }
+    }
+    torch::NoGradGuard ng;
+    for (int64_t i = 0; i < n; ++i) {
+      if (offsets[i] < 0) {
+        continue;
+      }
+      Entry &e = m->entries[i];
+      auto mem = torch::from_blob(static_cast<char *>(base) + offsets[i], e.shape,
+                                  torch::TensorOptions().dtype(e.t.scalar_type()).device(m->device));
+      mem.copy_(e.t);
+      e.t.set_data(mem);
+      e.view = true;
+      e.arena = mem;
+      e.published = torch::Tensor();
+    }
+    // The averager reads the block from another process: nothing may be
+    // left queued on the way in.
+    torch::cuda::synchronize(m->device.index());
+  });
+}
+
 int publish(ct_model *m, double *norm, char *err, size_t errlen) {
   return guard(err, errlen, [&] {
     use_threads(m->threads);
@@ -849,6 +898,8 @@ const ct_api api_table = {
     load,
     export_model,
     epoch_end,
+    device_index,
+    attach_device,
 };
 
 } // namespace

@@ -6,7 +6,7 @@ import (
 	"math"
 	"time"
 
-	"github.com/cohortdl/cohort/plugins/averaging-nccl/internal/cudalib"
+	"github.com/cohortdl/cohort/internal/cudalib"
 	"github.com/cohortdl/cohort/shared/plugin"
 )
 

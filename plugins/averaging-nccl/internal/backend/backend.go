@@ -11,7 +11,7 @@ import (
 	"context"
 	"errors"
 
-	"github.com/cohortdl/cohort/plugins/averaging-nccl/internal/cudalib"
+	"github.com/cohortdl/cohort/internal/cudalib"
 )
 
 // UniqueID is where a communicator's ranks meet (NCCL's ncclUniqueId).

@@ -4,12 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"strings"
 	"sync"
 	"time"
 
-	"github.com/cohortdl/cohort/plugins/averaging-nccl/internal/cudalib"
+	"github.com/cohortdl/cohort/internal/cudalib"
 )
 
 // NCCL is the Backend over the libraries cudalib loads.
@@ -61,34 +59,8 @@ func (b *NCCL) Close() error {
 	return errors.Join(append(errs, b.libs.Close())...)
 }
 
-// bootID names this boot of this host: with a PCI bus id it names a GPU
-// across the cohort's hosts, and containers sharing a kernel share it as
-// they share its GPUs.
-var bootID = sync.OnceValues(func() (string, error) {
-	b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
-	if err != nil {
-		return "", fmt.Errorf("the host's boot id: %w", err)
-	}
-	return strings.TrimSpace(string(b)), nil
-})
-
-// DeviceID is the host's boot id and the device's PCI bus id.
-func (b *NCCL) DeviceID(device int) (string, error) {
-	boot, err := bootID()
-	if err != nil {
-		return "", err
-	}
-	var bus string
-	err = b.libs.Runtime.OnDevice(device, func() error {
-		var err error
-		bus, err = b.libs.Runtime.PCIBusID(device)
-		return err
-	})
-	if err != nil {
-		return "", fmt.Errorf("device %d: %w", device, err)
-	}
-	return boot + "/" + bus, nil
-}
+// DeviceID is the device's GPUName: the host's boot id and its PCI bus id.
+func (b *NCCL) DeviceID(device int) (string, error) { return b.libs.Runtime.GPUName(device) }
 
 // Alloc calls cudaMalloc on device.
 func (b *NCCL) Alloc(device, n int) (Memory, error) {

@@ -22,7 +22,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cohortdl/cohort/plugins/averaging-nccl/internal/cudalib"
+	"github.com/cohortdl/cohort/internal/cudalib"
 )
 
 func openGPU(t *testing.T) *NCCL {

@@ -27,6 +27,11 @@ static int go_ct_attach(const ct_api *a, ct_model *m, void *base, uint64_t size,
 		int32_t force, int32_t *zc, char *e, size_t n) {
 	return a->attach(m, base, size, off, k, force, zc, e, n);
 }
+static int32_t go_ct_device_index(const ct_api *a, ct_model *m) { return a->device_index(m); }
+static int go_ct_attach_device(const ct_api *a, ct_model *m, void *base, uint64_t size, const int64_t *off, int64_t k,
+		char *e, size_t n) {
+	return a->attach_device(m, base, size, off, k, e, n);
+}
 static int go_ct_publish(const ct_api *a, ct_model *m, double *norm, char *e, size_t n) { return a->publish(m, norm, e, n); }
 static int go_ct_adopt(const ct_api *a, ct_model *m, double alpha, int32_t credit, double *norm, char *e, size_t n) {
 	return a->adopt(m, alpha, credit, norm, e, n);
@@ -285,6 +290,25 @@ func (m *Model) Tensors() ([]TensorInfo, error) {
 		})
 	}
 	return out, nil
+}
+
+// DeviceIndex is the CUDA device the model is on, -1 on the CPU.
+func (m *Model) DeviceIndex() int { return int(C.go_ct_device_index(m.s.api, m.m)) }
+
+// AttachDevice, after Attach, moves the tensors with an offset of 0 or
+// more into the device block at base (size bytes, on the model's device,
+// kept by the caller until Close): they become views of it.
+func (m *Model) AttachDevice(base unsafe.Pointer, size uint64, offsets []int64) error {
+	var offp *C.int64_t
+	if len(offsets) > 0 {
+		offp = (*C.int64_t)(unsafe.Pointer(&offsets[0]))
+	}
+	buf := make([]byte, ErrBufLen)
+	e, n := errPtr(buf)
+	if rc := C.go_ct_attach_device(m.s.api, m.m, base, C.uint64_t(size), offp, C.int64_t(len(offsets)), e, n); rc != 0 {
+		return shimError("attach device block", buf)
+	}
+	return nil
 }
 
 // Attach places the tensors in the mapped block at the given offsets.

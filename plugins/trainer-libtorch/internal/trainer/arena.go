@@ -94,9 +94,10 @@ func (t *Trainer) Adopt(_ context.Context, blendAlpha float64) (float64, error) 
 }
 
 // noteHostCopy counts a Publish's or an Adopt's copy of the arena between
-// the model's device memory and the host's: none for a model on the CPU.
+// the model's device memory and the host's: none for a model on the CPU,
+// nor for one whose parameters are in a device block.
 func (t *Trainer) noteHostCopy() {
-	if t.s.Device != "cpu" {
+	if t.s.Device != "cpu" && t.device == nil {
 		t.hostCopy += t.layout.Size
 	}
 }

@@ -75,7 +75,8 @@ type Trainer struct {
 	// hostCopy counts arena bytes copied between device and host since
 	// the last Publish, for PublishResult.HostCopyBytes.
 	hostCopy  uint64
-	schedStep uint64 // the learning-rate schedule's step
+	device    *deviceBlock // the parameters' GPU block, once exported
+	schedStep uint64       // the learning-rate schedule's step
 	// bufs are the two batches Train alternates between: one trains while
 	// the other is gathered.
 	bufs     [2]*batchBuf
@@ -111,7 +112,7 @@ func New(logger hclog.Logger) (*Trainer, error) {
 func (t *Trainer) Describe(context.Context) (plugin.Description, error) {
 	caps := []string{"cpu", "torchscript", "zero-copy", plugin.CapTrainsDuringRounds}
 	if t.shim.CUDADevices > 0 {
-		caps = append(caps, "cuda")
+		caps = append(caps, "cuda", plugin.CapDeviceBlock)
 	}
 	return plugin.Description{
 		Name:         pluginName,
@@ -125,7 +126,7 @@ func (t *Trainer) Describe(context.Context) (plugin.Description, error) {
 func (t *Trainer) releaseLocked() error {
 	t.model.Close()
 	t.model = nil
-	var errs []error
+	errs := []error{t.releaseDevice()}
 	if t.mapping != nil {
 		errs = append(errs, t.mapping.Close())
 		t.mapping = nil

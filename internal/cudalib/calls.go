@@ -3,7 +3,10 @@ package cudalib
 import (
 	"fmt"
 	"math"
+	"os"
 	"runtime"
+	"strings"
+	"sync"
 	"unsafe"
 )
 
@@ -419,3 +422,37 @@ func (b *BLAS) Norm(h BLASHandle, n int, x DevicePtr) (float64, error) {
 	}
 	return math.Sqrt(sq), nil
 }
+
+// bootID names this boot of this host: with a PCI bus id it names a GPU
+// across the cohort's hosts, and containers sharing a kernel share it as
+// they share its GPUs.
+var bootID = sync.OnceValues(func() (string, error) {
+	b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	if err != nil {
+		return "", fmt.Errorf("the host's boot id: %w", err)
+	}
+	return strings.TrimSpace(string(b)), nil
+})
+
+// GPUName names dev the same in every process that sees it and
+// differently from every other GPU of the cohort: the host's boot id, "/",
+// and the GPU's PCI bus id.
+func (r *Runtime) GPUName(dev int) (string, error) {
+	boot, err := bootID()
+	if err != nil {
+		return "", err
+	}
+	var bus string
+	err = r.OnDevice(dev, func() error {
+		var err error
+		bus, err = r.PCIBusID(dev)
+		return err
+	})
+	if err != nil {
+		return "", fmt.Errorf("device %d: %w", dev, err)
+	}
+	return boot + "/" + bus, nil
+}
+
+// Pointer is p's address, to hand to a library that takes device memory.
+func (p DevicePtr) Pointer() unsafe.Pointer { return p.p }
