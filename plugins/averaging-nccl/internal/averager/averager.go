@@ -23,8 +23,8 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
-	"github.com/cohortdl/cohort/plugins/averaging-nccl/internal/backend"
 	"github.com/cohortdl/cohort/internal/cudalib"
+	"github.com/cohortdl/cohort/plugins/averaging-nccl/internal/backend"
 	"github.com/cohortdl/cohort/shared/arena"
 	"github.com/cohortdl/cohort/shared/plugin"
 )

@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cohortdl/cohort/plugins/averaging-nccl/internal/backend"
 	"github.com/cohortdl/cohort/internal/cudalib"
+	"github.com/cohortdl/cohort/plugins/averaging-nccl/internal/backend"
 	"github.com/cohortdl/cohort/shared/arena"
 	"github.com/cohortdl/cohort/shared/plugin"
 	"github.com/cohortdl/cohort/shared/plugintest"

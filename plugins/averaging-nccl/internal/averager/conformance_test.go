@@ -3,8 +3,8 @@ package averager
 import (
 	"testing"
 
-	"github.com/cohortdl/cohort/plugins/averaging-nccl/internal/backend"
 	"github.com/cohortdl/cohort/internal/cudalib"
+	"github.com/cohortdl/cohort/plugins/averaging-nccl/internal/backend"
 	"github.com/cohortdl/cohort/shared/plugin"
 	"github.com/cohortdl/cohort/shared/plugintest/conformance"
 )
