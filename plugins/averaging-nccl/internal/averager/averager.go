@@ -6,7 +6,8 @@
 // result back into their GPU's ranks. The ranks meet through the
 // coordinator's relay alone: they post their GPU's name and their
 // memory's handle, a session's lowest leader makes the NCCL unique id and
-// posts it, and each round's weights and barriers go through it too. CUDA,
+// posts it, and on shared GPUs each round's weights and barriers go
+// through it too. CUDA,
 // cuBLAS and NCCL are reached through internal/backend, so the state
 // machine is tested on a fake.
 //
@@ -67,6 +68,7 @@ type Averager struct {
 	mem      backend.Memory
 	onDevice bool
 	handle   backend.IPCHandle
+	gpuName  string         // the device's name across processes (backend.DeviceID)
 	wmem     backend.Memory // a round's weighing sums on the device
 	sess     session
 	smooth   *smoother // nil: smoothing off
@@ -86,11 +88,11 @@ type session struct {
 	members []uint32
 	rank    int
 	built   bool
-	// gpus is how many GPUs the members are on, gpu this rank's among
-	// them (ordered by their leaders' ranks): its leader's rank in NCCL;
-	// gpuIndex is every member's.
-	gpus, gpu int
-	gpuIndex  map[uint32]int
+	// gpus is how many GPUs the members are on; gpuIndex is each
+	// member's GPU among them (ordered by their leaders' ranks): its
+	// leader's rank in NCCL.
+	gpus     int
+	gpuIndex map[uint32]int
 	// leader is the lowest rank on this rank's GPU, which folds its GPU's
 	// ranks and joins the communicator; lead says this rank is it.
 	leader uint32
@@ -204,13 +206,22 @@ func (a *Averager) configure(cfg plugin.AveragerConfig) error {
 	}
 	a.cfg, a.arena, a.relay, a.rank, a.device = c, m, cfg.Relay, cfg.Rank, dev
 	a.spans, a.np, a.nb = spans, np, nb
-	a.staging = make([]byte, 4*(np+nb))
+	if a.gpuName, err = be.DeviceID(dev); err != nil {
+		return fmt.Errorf("averaging-nccl: name device %d: %w", dev, err)
+	}
+	if len(a.gpuName) == 0 || len(a.gpuName) > maxGPUName {
+		return fmt.Errorf("averaging-nccl: device %d's name %q is empty or longer than %d bytes", dev, a.gpuName, maxGPUName)
+	}
+	a.staging = nil
 	if d := cfg.Arena.Device; d != nil {
 		if a.mem, err = be.Open(dev, d.Handle, int(d.Size)); err != nil {
 			return fmt.Errorf("averaging-nccl: map the trainer's parameters on device %d: %w", dev, err)
 		}
 		a.handle, a.onDevice = d.Handle, true
 	} else {
+		// Staging through the host: a host buffer the size of the f32
+		// entries, and its copy on the device.
+		a.staging = make([]byte, 4*(np+nb))
 		if a.mem, err = be.Alloc(dev, max(len(a.staging), 4)); err != nil {
 			return fmt.Errorf("averaging-nccl: device memory for %d bytes of parameters: %w", len(a.staging), err)
 		}

@@ -130,16 +130,17 @@ func (a *Averager) round(ctx context.Context, r plugin.Round) (plugin.RoundResul
 	}
 	res.ReduceMS = ms(time.Since(reduce))
 	if res.Realized {
-		res.BytesMoved = uint64(len(a.staging))
+		size := uint64(4 * (a.np + a.nb))
+		res.BytesMoved = size
 		// The staging buffer went to the device and came back (a
 		// broadcast's non-root only reads it back); the trainer's own
 		// block never leaves it.
-		res.HostCopyBytes = 2 * uint64(len(a.staging))
-		if r.Broadcast && int(r.Root) != s.rank {
-			res.HostCopyBytes = uint64(len(a.staging))
-		}
-		if a.onDevice {
-			res.HostCopyBytes = 0
+		switch {
+		case a.onDevice:
+		case r.Broadcast && int(r.Root) != s.rank:
+			res.HostCopyBytes = size
+		default:
+			res.HostCopyBytes = 2 * size
 		}
 	}
 	if res.PostNorm, err = a.norm(); err != nil {
@@ -202,27 +203,12 @@ func decodeGPUPost(b []byte) (gpuPost, error) {
 	return p, nil
 }
 
-func (a *Averager) myGPUPost() ([]byte, error) {
-	id, err := a.be.DeviceID(a.device)
-	if err != nil {
-		return nil, err
-	}
-	h := a.handle
-	if len(id) == 0 || len(id) > maxGPUName {
-		return nil, fmt.Errorf("GPU name %q is empty or longer than %d bytes", id, maxGPUName)
-	}
-	return gpuPost{size: uint64(a.mem.Len()), handle: h, gpu: id}.encode(), nil
-}
-
 // build groups the members by GPU, has each GPU's leader map its mates'
 // memory and the others their leader's, and, with several GPUs, builds
 // the leaders' communicator.
 func (a *Averager) build(ctx context.Context) error {
 	s := &a.sess
-	post, err := a.myGPUPost()
-	if err != nil {
-		return fmt.Errorf("name this rank's GPU: %w", err)
-	}
+	post := gpuPost{size: uint64(a.mem.Len()), handle: a.handle, gpu: a.gpuName}.encode()
 	key := fmt.Sprintf("nccl-gpu/g%d", s.gen)
 	got, err := a.relay.Exchange(ctx, key, post)
 	if err != nil {
@@ -254,7 +240,7 @@ func (a *Averager) build(ctx context.Context) error {
 		}
 	}
 	mine := onGPU[places[a.rank].gpu]
-	s.gpus, s.gpu, s.leader = len(leaders), slices.Index(leaders, mine[0]), mine[0]
+	s.gpus, s.leader = len(leaders), mine[0]
 	s.lead = s.leader == a.rank
 	if !s.lead {
 		// The leader reads and writes this rank's memory; this rank
@@ -294,7 +280,7 @@ func (a *Averager) build(ctx context.Context) error {
 		return fmt.Errorf("relay exchange %s: rank %d posted %d bytes, not a unique id of %d", key, creator, len(got[creator]), len(id))
 	}
 	copy(id[:], got[creator])
-	comm, err := a.be.InitComm(ctx, id, s.gpus, s.gpu, a.device)
+	comm, err := a.be.InitComm(ctx, id, s.gpus, a.gpuOf(a.rank), a.device)
 	if err != nil {
 		return err
 	}
@@ -339,11 +325,11 @@ func decodeWeighing(b []byte) (weighing, error) {
 }
 
 // mean leaves Σ wᵢxᵢ / Σ wᵢ in the parameters and the plain mean of the
-// ranks that trained in the buffers. Every member posts its weight; each
-// then scales its values by its share (each GPU's leader scales its
-// mates' as it folds them), the leaders sum across GPUs, and write the
-// sum back to their mates. With no weight anywhere the arena is left as
-// it is.
+// ranks that trained in the buffers. The weights are summed first
+// (weighAll or weighSums); each rank's values are then scaled by its
+// share (each GPU's leader scales its mates' as it folds them), the
+// leaders sum across GPUs, and write the sum back to their mates. With no
+// weight anywhere the parameters are left as they are.
 func (a *Averager) mean(ctx context.Context, round uint64, w float64) (total float64, realized bool, err error) {
 	s := &a.sess
 	me := weighing{w: w}
@@ -423,13 +409,19 @@ func (a *Averager) mean(ctx context.Context, round uint64, w float64) (total flo
 // scaled on the host as they are copied there, or in place on the device.
 func (a *Averager) scaled(p, b float32) error {
 	if a.onDevice {
-		if err := errors.Join(a.be.Scale(a.mem, 0, a.np, p), a.be.Scale(a.mem, a.np, a.nb, b)); err != nil {
-			return fmt.Errorf("scale by the rank's share: %w", err)
-		}
-		return nil
+		return a.scaleOnDevice(p, b)
 	}
 	a.pack(p, b)
 	return a.mem.Write(a.staging)
+}
+
+// scaleOnDevice multiplies this rank's device memory, parameters by p and
+// buffers by b.
+func (a *Averager) scaleOnDevice(p, b float32) error {
+	if err := errors.Join(a.be.Scale(a.mem, 0, a.np, p), a.be.Scale(a.mem, a.np, a.nb, b)); err != nil {
+		return fmt.Errorf("scale by the rank's share: %w", err)
+	}
+	return nil
 }
 
 // weighAll has every member post its weighing through the relay: on
@@ -504,8 +496,7 @@ func agree(sum, squares, n float64) bool {
 // with the other GPUs' leaders, and written back into its mates' memory.
 func (a *Averager) fold(ctx context.Context, share func(uint32) (p, b float32)) error {
 	s := &a.sess
-	p, b := share(a.rank)
-	if err := errors.Join(a.be.Scale(a.mem, 0, a.np, p), a.be.Scale(a.mem, a.np, a.nb, b)); err != nil {
+	if err := a.scaleOnDevice(share(a.rank)); err != nil {
 		return fmt.Errorf("fold: %w", err)
 	}
 	for _, m := range s.mates {
@@ -532,7 +523,7 @@ func (a *Averager) fold(ctx context.Context, share func(uint32) (p, b float32)) 
 // spread writes a leader's memory into its mates'.
 func (a *Averager) spread() error {
 	for _, m := range a.sess.mates {
-		if err := a.be.Copy(m.mem, a.mem); err != nil {
+		if err := a.be.CopyRange(m.mem, 0, a.mem, 0, a.np+a.nb); err != nil {
 			return fmt.Errorf("write the result to rank %d: %w", m.rank, err)
 		}
 	}
@@ -581,7 +572,7 @@ func (a *Averager) spreadRoot(ctx context.Context, root uint32) error {
 	s := &a.sess
 	for _, m := range s.mates {
 		if m.rank == root {
-			if err := a.be.Copy(a.mem, m.mem); err != nil {
+			if err := a.be.CopyRange(a.mem, 0, m.mem, 0, a.np+a.nb); err != nil {
 				return fmt.Errorf("take the root's values: %w", err)
 			}
 		}

@@ -61,10 +61,8 @@ type Backend interface {
 	// are done when they return.
 	Scale(m Memory, off, n int, alpha float32) error
 	Axpy(dst, src Memory, off, n int, alpha float32) error
-	// Copy copies src's first dst.Len() bytes into dst, device to device;
 	// CopyRange copies n float32 elements from src's srcOff to dst's
-	// dstOff.
-	Copy(dst, src Memory) error
+	// dstOff, device to device.
 	CopyRange(dst Memory, dstOff int, src Memory, srcOff, n int) error
 	// Norm is the L2 norm of m's float32 elements [off, off+n).
 	Norm(m Memory, off, n int) (float64, error)

@@ -220,22 +220,6 @@ func (b *Fake) Norm(m Memory, off, n int) (float64, error) {
 	return math.Sqrt(s), nil
 }
 
-// Copy copies dst.Len() bytes.
-func (b *Fake) Copy(dst, src Memory) error {
-	if err := b.get().FoldErr; err != nil {
-		return fmt.Errorf("fake cuda: copy: %w", err)
-	}
-	d, s := dst.(*fakeMemory), src.(*fakeMemory)
-	if err := errors.Join(d.usable(), s.usable()); err != nil {
-		return fmt.Errorf("fake cuda: copy: %w", err)
-	}
-	if s.Len() < d.Len() {
-		return fmt.Errorf("fake cuda: copy of %d bytes from memory of %d", d.Len(), s.Len())
-	}
-	copy(d.a.b[:d.Len()], s.a.b)
-	return nil
-}
-
 // NewUniqueID is random bytes.
 func (b *Fake) NewUniqueID() (UniqueID, error) {
 	var id UniqueID

@@ -175,15 +175,6 @@ func (b *NCCL) Norm(m Memory, off, n int) (float64, error) {
 	return r, err
 }
 
-// Copy calls cudaMemcpy, device to device, and waits for it.
-func (b *NCCL) Copy(dst, src Memory) error {
-	d, s := dst.(*ncclMemory), src.(*ncclMemory)
-	if s.n < d.n {
-		return fmt.Errorf("copy of %d bytes from device memory of %d", d.n, s.n)
-	}
-	return b.libs.Runtime.OnDevice(d.device, func() error { return b.libs.Runtime.CopyOnDevice(d.p, s.p, d.n) })
-}
-
 // pollInterval is how often a wait asks NCCL and the stream how they are:
 // short next to a round, long enough not to spin a core.
 const pollInterval = 200 * time.Microsecond

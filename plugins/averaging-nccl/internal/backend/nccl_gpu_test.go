@@ -129,7 +129,7 @@ func TestGPUFold(t *testing.T) {
 		}
 	}
 	for r := 1; r < ranks; r++ {
-		if err := b.Copy(mems[r], mems[0]); err != nil {
+		if err := b.CopyRange(mems[r], 0, mems[0], 0, n); err != nil {
 			t.Fatal(err)
 		}
 	}
