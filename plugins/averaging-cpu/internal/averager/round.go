@@ -165,7 +165,7 @@ func (c *client) round(ctx context.Context, rq plugin.Round, root uint32, sess u
 	var ringBytes uint64
 	if plan.Hosts == 1 {
 		t := time.Now()
-		st = j.run(phaseApply)
+		st = j.run()
 		reduce += time.Since(t)
 	} else {
 		// Each host folds and applies inside the ring: its leader starts
@@ -374,22 +374,14 @@ func (c *client) job(p rdc.Plan, seed bool) *job {
 	return j
 }
 
-// run does this rank's slice of phase ph with its threads and returns the
-// divergence sums over the parameters.
-func (j *job) run(ph phase) numeric.Stats {
-	c := j.c
+// run does this rank's slice of a single-host round with its threads and
+// returns the divergence sums over the parameters.
+func (j *job) run() numeric.Stats {
 	l := len(j.ranks)
-	total := numeric.NewStats(l)
-	lo, hi := numeric.Split(c.np+c.nb, l, j.p)
-	var mu sync.Mutex
-	numeric.Parallel(hi-lo, c.threads(l), func(a, b int) {
-		st := numeric.NewStats(l)
-		j.span(ph, lo+a, lo+b, &st)
-		mu.Lock()
-		total.Add(st)
-		mu.Unlock()
-	})
-	return total
+	lo, hi := numeric.Split(j.c.np+j.c.nb, l, j.p)
+	st := numeric.NewStats(l)
+	j.parallel(phaseApply, lo, hi, j.c.threads(l), &st)
+	return st
 }
 
 // span does phase ph over reduce elements [lo, hi) of every rank of the
@@ -436,11 +428,18 @@ func (j *job) span(ph phase, lo, hi int, st *numeric.Stats) {
 }
 
 // chunk does phase ph (a fold or the consensus's apply) over reduce
-// elements [lo, hi) of every rank of the host, split over up to as many
-// goroutines as the host has ranks (a one-rank host's stays on the ring's
-// goroutine: more, on a busy CPU, only cost), adding the parameters'
-// divergence sums to st (nil for a fold) in element order.
+// elements [lo, hi) of every rank of the host, for the ring: split over up
+// to as many goroutines as the host has ranks (a one-rank host's stays on
+// the ring's goroutine: more, on a busy CPU, only cost), adding the
+// parameters' divergence sums to st (nil for a fold).
 func (j *job) chunk(ph phase, lo, hi int, st *numeric.Stats) {
+	j.parallel(ph, lo, hi, len(j.ranks), st)
+}
+
+// parallel does phase ph over reduce elements [lo, hi) with up to threads
+// goroutines, adding the parameters' divergence sums to st (nil: none) in
+// element order, so they come out the same however the work was split.
+func (j *job) parallel(ph phase, lo, hi, threads int, st *numeric.Stats) {
 	l := len(j.ranks)
 	type part struct {
 		at int
@@ -448,7 +447,7 @@ func (j *job) chunk(ph phase, lo, hi int, st *numeric.Stats) {
 	}
 	var mu sync.Mutex
 	var parts []part
-	numeric.Parallel(hi-lo, l, func(a, b int) {
+	numeric.Parallel(hi-lo, threads, func(a, b int) {
 		p := part{at: a, st: numeric.NewStats(l)}
 		j.span(ph, lo+a, lo+b, &p.st)
 		mu.Lock()
