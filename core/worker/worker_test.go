@@ -17,7 +17,11 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"google.golang.org/protobuf/proto"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"github.com/cohortdl/cohort/core/config"
+	"github.com/cohortdl/cohort/core/pluginhost"
 	"github.com/cohortdl/cohort/core/wire/wirepb"
 	"github.com/cohortdl/cohort/core/worker"
 	sharena "github.com/cohortdl/cohort/shared/arena"
@@ -971,6 +975,7 @@ type deviceTrainer struct {
 	*plugintest.Trainer
 	block   sharena.DeviceBlock
 	exports atomic.Int32
+	id      byte // the first byte of the block's handle
 }
 
 func (d *deviceTrainer) Describe(ctx context.Context) (plugin.Description, error) {
@@ -981,7 +986,7 @@ func (d *deviceTrainer) Describe(ctx context.Context) (plugin.Description, error
 
 func (d *deviceTrainer) Configure(ctx context.Context, cfg plugin.TrainerConfig) (plugin.TrainerSetup, error) {
 	setup, err := d.Trainer.Configure(ctx, cfg)
-	d.block = sharena.DeviceBlock{GPU: "boot/0000:3b:00.0", Handle: [64]byte{9}, Size: setup.Layout.DeviceBytes()}
+	d.block = sharena.DeviceBlock{GPU: "boot/0000:3b:00.0", Handle: [64]byte{9, d.id}, Size: setup.Layout.DeviceBytes()}
 	return setup, err
 }
 
@@ -1038,6 +1043,180 @@ func TestDeviceBlockReachesTheAverager(t *testing.T) {
 			} else if tr.exports.Load() != 0 || got.Device != nil {
 				t.Fatalf("exports %d, averager's device %+v; want neither", tr.exports.Load(), got.Device)
 			}
+			l.send(&wirepb.Shutdown{})
+			expect[*wirepb.Exiting](l)
+			if err := run.wait(frameWait); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+// lostTrainer is a deviceTrainer whose process "dies" after dieAfter
+// batches of a plan (its calls fail as a lost gRPC connection does), and
+// that counts what the worker asks of it.
+type lostTrainer struct {
+	deviceTrainer
+	dieAfter      int
+	gone          *atomic.Bool
+	adopts, loads atomic.Int32
+	loadedFrom    atomic.Value
+}
+
+func (d *lostTrainer) Train(ctx context.Context, p plugin.Plan, report func(plugin.BatchReport) error) error {
+	n := 0
+	errGone := status.Error(codes.Unavailable, "mock trainer process gone")
+	err := d.Trainer.Train(ctx, p, func(b plugin.BatchReport) error {
+		if d.dieAfter > 0 && n == d.dieAfter {
+			d.gone.Store(true)
+			return errGone
+		}
+		n++
+		return report(b)
+	})
+	if d.gone.Load() {
+		return errGone
+	}
+	return err
+}
+
+func (d *lostTrainer) Adopt(ctx context.Context, alpha float64) (float64, error) {
+	d.adopts.Add(1)
+	return d.Trainer.Adopt(ctx, alpha)
+}
+
+func (d *lostTrainer) LoadCheckpoint(ctx context.Context, dir string) (uint64, error) {
+	d.loads.Add(1)
+	d.loadedFrom.Store(dir)
+	return d.Trainer.LoadCheckpoint(ctx, dir)
+}
+
+// swapPlugins are in-process plugins the worker can replace: each start
+// makes a fresh trainer or averager, and a trainer that died says so.
+type swapPlugins struct {
+	averagerTakes bool
+
+	mu        sync.Mutex
+	trainers  []*lostTrainer
+	averagers []*deviceAverager
+	stopped   []pluginhost.Kind
+}
+
+func (s *swapPlugins) StartTrainer(context.Context, string) (plugin.Trainer, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	tr := &lostTrainer{deviceTrainer: deviceTrainer{Trainer: plugintest.NewTrainer(nil)}, gone: new(atomic.Bool)}
+	if len(s.trainers) == 0 {
+		tr.dieAfter = 3
+	}
+	tr.id = byte(len(s.trainers) + 1)
+	s.trainers = append(s.trainers, tr)
+	return tr, nil
+}
+
+func (s *swapPlugins) StartAverager(context.Context, string) (plugin.Averager, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	av := &deviceAverager{Averager: plugintest.NewAverager(nil), takes: s.averagerTakes}
+	s.averagers = append(s.averagers, av)
+	return av, nil
+}
+
+func (s *swapPlugins) StopAll(ctx context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var errs []error
+	for _, tr := range s.trainers {
+		errs = append(errs, tr.Shutdown(ctx))
+	}
+	for _, av := range s.averagers {
+		errs = append(errs, av.Shutdown(ctx))
+	}
+	return errors.Join(errs...)
+}
+
+func (s *swapPlugins) Exited(kind pluginhost.Kind) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return kind == pluginhost.Trainer && s.trainers[len(s.trainers)-1].gone.Load()
+}
+
+func (s *swapPlugins) Stop(_ context.Context, kind pluginhost.Kind) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.stopped = append(s.stopped, kind)
+	return nil
+}
+
+// A trainer lost mid-plan is replaced. When its parameters lived in a
+// device block, the block died with it: the new trainer keeps the last
+// checkpoint's parameters rather than adopting the arena's (stale: no
+// round ever wrote them), exports a block of its own, and the averager,
+// whose map of the old block is dead, is replaced and handed the new one.
+// On the arena the new trainer adopts the arena and the averager stays.
+func TestTrainerLostWithItsDeviceBlock(t *testing.T) {
+	for _, device := range []bool{true, false} {
+		t.Run(fmt.Sprintf("device=%v", device), func(t *testing.T) {
+			c := newCoordinator(t)
+			o := c.options(0, 1, trainerSettings())
+			o.PluginRestarts = 2
+			sp := &swapPlugins{averagerTakes: device}
+			o.Plugins = sp
+			run := start(t, o)
+			l := c.accept(&wirepb.Admit{RunId: "lost-block", Seed: 5})
+			expect[*wirepb.Ready](l)
+			ckpt := filepath.Join(t.TempDir(), "ckpt-1", "rank-0")
+			l.send(&wirepb.Checkpoint{Version: 1, TargetRank: 0, Dir: ckpt})
+			if res := expect[*wirepb.CheckpointResult](l); res.GetError() != "" {
+				t.Fatalf("CheckpointResult = %v", res)
+			}
+
+			l.send(&wirepb.StartEpoch{Plan: plan(0, 0, 256, 1, 256)})
+			for range 3 {
+				expect[*wirepb.Batch](l)
+			}
+			pr := expect[*wirepb.PluginRestarted](l)
+			if pr.GetKind() != "trainer" || !pr.GetPlanLost() || pr.GetPartitionSize() != 256 {
+				t.Fatalf("PluginRestarted = %v, want the trainer with the lost plan", pr)
+			}
+			if device {
+				if pr := expect[*wirepb.PluginRestarted](l); pr.GetKind() != "averager" || !strings.Contains(pr.GetReason(), "GPU") {
+					t.Fatalf("PluginRestarted = %v, want the averager, for the block that died", pr)
+				}
+			}
+
+			sp.mu.Lock()
+			trainers, averagers, stopped := slices.Clone(sp.trainers), slices.Clone(sp.averagers), slices.Clone(sp.stopped)
+			sp.mu.Unlock()
+			if len(trainers) != 2 {
+				t.Fatalf("%d trainers started, want 2", len(trainers))
+			}
+			fresh := trainers[1]
+			if n, from := fresh.loads.Load(), fresh.loadedFrom.Load(); n != 1 || from != ckpt {
+				t.Errorf("new trainer loaded %d checkpoints (from %v), want 1 from %s", n, from, ckpt)
+			}
+			wantAverager, wantAdopts, wantStopped := 1, int32(1), []pluginhost.Kind{pluginhost.Trainer}
+			if device {
+				wantAverager, wantAdopts = 2, 0
+				wantStopped = append(wantStopped, pluginhost.Averager)
+			}
+			if got := fresh.adopts.Load(); got != wantAdopts {
+				t.Errorf("new trainer adopted the arena %d times, want %d", got, wantAdopts)
+			}
+			if len(averagers) != wantAverager || !slices.Equal(stopped, wantStopped) {
+				t.Fatalf("%d averagers started and %v stopped, want %d and %v", len(averagers), stopped, wantAverager, wantStopped)
+			}
+			last := averagers[len(averagers)-1]
+			last.mu.Lock()
+			got := last.got.Device
+			last.mu.Unlock()
+			switch {
+			case device && (fresh.exports.Load() != 1 || got == nil || *got != fresh.block):
+				t.Errorf("new averager got block %+v (new trainer exported %d), want the new trainer's %+v", got, fresh.exports.Load(), fresh.block)
+			case !device && got != nil:
+				t.Errorf("averager got block %+v, want none", got)
+			}
+
 			l.send(&wirepb.Shutdown{})
 			expect[*wirepb.Exiting](l)
 			if err := run.wait(frameWait); err != nil {
