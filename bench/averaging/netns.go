@@ -236,12 +236,22 @@ func segmentOverhead(ns string) (float64, error) {
 	if err != nil {
 		return 0, err
 	}
+	o, err := frameOverhead(mtu, ts != 0)
+	if err != nil {
+		return 0, fmt.Errorf("eth0 in %s: %w", ns, err)
+	}
+	return o, nil
+}
+
+// frameOverhead is an Ethernet frame's bytes over its TCP payload for a
+// full segment at mtu, with or without the timestamps option.
+func frameOverhead(mtu int, timestamps bool) (float64, error) {
 	payload := mtu - 40
-	if ts != 0 {
+	if timestamps {
 		payload -= 12
 	}
 	if payload <= 0 {
-		return 0, fmt.Errorf("eth0 in %s has MTU %d", ns, mtu)
+		return 0, fmt.Errorf("MTU %d leaves no room for a TCP payload", mtu)
 	}
 	return float64(mtu+14) / float64(payload), nil
 }
