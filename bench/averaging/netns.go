@@ -302,6 +302,9 @@ func netnsRows(mb float64, iters int, rate, pluginPath, settings, python, gloo s
 				return fmt.Errorf("gloo, %d hosts × %d: %w", l.hosts, l.perHost, err)
 			}
 		}
+		h := float64(l.hosts)
+		// floor is the link floor of a round of wireBytes per host.
+		floor := func(wireBytes float64) float64 { return 2 * (h - 1) / h * wireBytes * 8 / rateBits }
 		for _, wire := range []string{"f32", "bf16"} {
 			set := func(r int) string {
 				m := map[string]any{}
@@ -322,15 +325,14 @@ func netnsRows(mb float64, iters int, rate, pluginPath, settings, python, gloo s
 			if wire == "bf16" {
 				wireBytes /= 2
 			}
-			h := float64(l.hosts)
 			r := netnsResult{Kind: "netns", Hosts: l.hosts, PerHost: l.perHost, Wire: wire, Bytes: elems * 4, Rate: rate,
-				CohortS: times[len(times)/2], FloorS: 2 * (h - 1) / h * wireBytes * 8 / rateBits, LinkBytes: moved / 2}
+				CohortS: times[len(times)/2], FloorS: floor(wireBytes), LinkBytes: moved / 2}
 			r.XFloor = r.CohortS / r.FloorS
 			r.TCPFloorS = r.FloorS * over
 			glooCol, ratioCol, gxCol, boundCol := "-", "-", "-", "-"
 			if g > 0 {
 				r.GlooS, r.Ratio = g, r.CohortS/g
-				r.GlooXFloor = g / (2 * (h - 1) / h * float64(elems) * 4 * 8 / rateBits)
+				r.GlooXFloor = g / floor(float64(elems)*4)
 				r.Bound = r.TCPFloorS / g
 				glooCol, ratioCol = fmt.Sprintf("%.1f", g*1e3), fmt.Sprintf("%.3f", r.Ratio)
 				gxCol, boundCol = fmt.Sprintf("%.3f", r.GlooXFloor), fmt.Sprintf("%.3f", r.Bound)

@@ -386,7 +386,7 @@ func (j *job) run() numeric.Stats {
 
 // span does phase ph over reduce elements [lo, hi) of every rank of the
 // host, on the calling goroutine, adding the parameters' divergence sums
-// to st.
+// to st (which a fold, having none, may leave nil).
 func (j *job) span(ph phase, lo, hi int, st *numeric.Stats) {
 	c := j.c
 	l := len(j.ranks)
@@ -445,6 +445,10 @@ func (j *job) parallel(ph phase, lo, hi, threads int, st *numeric.Stats) {
 		at int
 		st numeric.Stats
 	}
+	if st == nil {
+		numeric.Parallel(hi-lo, threads, func(a, b int) { j.span(ph, lo+a, lo+b, nil) })
+		return
+	}
 	var mu sync.Mutex
 	var parts []part
 	numeric.Parallel(hi-lo, threads, func(a, b int) {
@@ -454,9 +458,6 @@ func (j *job) parallel(ph phase, lo, hi, threads int, st *numeric.Stats) {
 		parts = append(parts, p)
 		mu.Unlock()
 	})
-	if st == nil {
-		return
-	}
 	slices.SortFunc(parts, func(x, y part) int { return x.at - y.at })
 	for _, p := range parts {
 		st.Add(p.st)

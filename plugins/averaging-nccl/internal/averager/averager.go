@@ -11,8 +11,10 @@
 // cuBLAS and NCCL are reached through internal/backend, so the state
 // machine is tested on a fake.
 //
-// The parameters stay in the CPU arena for now: each round copies them to
-// the rank's device memory and back.
+// Where the trainer keeps its parameters on the GPU (a device block in the
+// arena descriptor) the averager maps that block and averages it in
+// place; otherwise each round copies the arena's f32 entries to the rank's
+// device memory and back.
 package averager
 
 import (

@@ -128,9 +128,7 @@ func (m *smoother) toDevice() error {
 		src []float32
 	}{{m.dev.prev, m.prev}, {m.dev.vel, m.vel}} {
 		b := make([]byte, 4*len(x.src))
-		for i, v := range x.src {
-			binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(v))
-		}
+		copy(arena.AsFloat32s(b), x.src)
 		if err := x.dst.Write(b); err != nil {
 			return err
 		}
