@@ -26,7 +26,7 @@ func TestReadFullWithin(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			a, b := net.Pipe()
+			a, b := tcpPair(t)
 			defer a.Close()
 			go func() {
 				b.Write(c.send)
@@ -46,4 +46,26 @@ func TestReadFullWithin(t *testing.T) {
 			}
 		})
 	}
+}
+
+// tcpPair is both ends of a loopback TCP connection. (net.Pipe will not
+// do: its SetReadDeadline fails once the other end closed, where a
+// socket's reads go on to the end of what was sent.)
+func tcpPair(t *testing.T) (net.Conn, net.Conn) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	b, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := ln.Accept()
+	if err != nil {
+		b.Close()
+		t.Fatal(err)
+	}
+	return a, b
 }
