@@ -15,6 +15,14 @@
 // arena descriptor) the averager maps that block and averages it in
 // place; otherwise each round copies the arena's f32 entries to the rank's
 // device memory and back.
+//
+// The package by job: averager.go is the plugin's surface (Configure,
+// NewSession, Abort, Shutdown); session.go lays a membership out over the
+// GPUs and builds its communicator; posts.go holds what the ranks post
+// through the relay (a GPU's place, a round's weighing) and the relay
+// keys; round.go is a round's mean and broadcast; packing.go is the
+// arena's f32 spans, copied into the staging buffer and back;
+// smoothing.go is the outer optimizer.
 package averager
 
 import (
@@ -82,39 +90,6 @@ type Averager struct {
 	cancel   context.CancelFunc
 	shutdown bool
 }
-
-// session is one membership; a session of several members is laid out
-// over the GPUs, and its communicator built, at its first round.
-type session struct {
-	gen     uint64
-	members []uint32
-	rank    int
-	built   bool
-	// gpus is how many GPUs the members are on; gpuIndex is each
-	// member's GPU among them (ordered by their leaders' ranks): its
-	// leader's rank in NCCL.
-	gpus     int
-	gpuIndex map[uint32]int
-	// leader is the lowest rank on this rank's GPU, which folds its GPU's
-	// ranks and joins the communicator; lead says this rank is it.
-	leader uint32
-	lead   bool
-	// mates are a leader's other ranks on its GPU, their memory mapped.
-	mates []mate
-	comm  backend.Comm // a leader's, when there are several GPUs
-	// failed is why the session could not be built or a round failed:
-	// rounds are refused until the next session.
-	failed error
-}
-
-// mate is another rank on this rank's GPU, with its device memory mapped.
-type mate struct {
-	rank uint32
-	mem  backend.Memory
-}
-
-// shared reports whether some GPU holds more than one member.
-func (s *session) shared() bool { return s.gpus < len(s.members) }
 
 // New returns an unconfigured averager loading its backend with open.
 func New(log hclog.Logger, open OpenFunc) *Averager {
@@ -274,23 +249,6 @@ func (a *Averager) teardown() error {
 		errs = append(errs, a.be.Close())
 		a.be = nil
 	}
-	return errors.Join(errs...)
-}
-
-// dropSession aborts the session's communicator, if any (ncclCommAbort
-// never waits on peers, which after a membership change may be gone), and
-// unmaps the other ranks' memory.
-func (a *Averager) dropSession() error {
-	s := &a.sess
-	var errs []error
-	if s.comm != nil {
-		errs = append(errs, s.comm.Abort())
-		s.comm = nil
-	}
-	for _, m := range s.mates {
-		errs = append(errs, m.mem.Close())
-	}
-	s.mates, s.built = nil, false
 	return errors.Join(errs...)
 }
 
