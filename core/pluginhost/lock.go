@@ -10,8 +10,9 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"slices"
+
+	"github.com/cohortdl/cohort/shared/atomicfile"
 )
 
 // The lock file records, per plugin kind and name, the SHA-256 of the
@@ -127,7 +128,7 @@ func (l *Lock) Save(path string) error {
 	if err != nil {
 		return fmt.Errorf("write plugin lock %s: %w", path, err)
 	}
-	return writeFileAtomic(path, append(src, '\n'), 0o644)
+	return atomicfile.WriteBytes(path, append(src, '\n'), atomicfile.Perm(0o644))
 }
 
 // Check refuses loc when the lock names it with another checksum than
@@ -171,29 +172,4 @@ func fileSHA256(path string) ([]byte, error) {
 		return nil, fmt.Errorf("read %s: %w", path, err)
 	}
 	return h.Sum(nil), nil
-}
-
-// writeFileAtomic writes data to path through a temporary file in the same
-// directory, renamed over path once complete.
-func writeFileAtomic(path string, data []byte, perm os.FileMode) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
-	if err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := tmp.Chmod(perm); err != nil {
-		tmp.Close()
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	return nil
 }

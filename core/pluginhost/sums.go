@@ -10,6 +10,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/cohortdl/cohort/shared/atomicfile"
 )
 
 // maxSumsSize bounds a SHA256SUMS file that AddSum rewrites.
@@ -53,5 +55,5 @@ func AddSum(dir, bin string, sum []byte) error {
 		}
 	}
 	fmt.Fprintf(&out, "%s  %s\n", hex.EncodeToString(sum), bin)
-	return writeFileAtomic(path, out.Bytes(), 0o644)
+	return atomicfile.WriteBytes(path, out.Bytes(), atomicfile.Perm(0o644))
 }

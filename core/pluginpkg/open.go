@@ -23,6 +23,7 @@ import (
 	"strings"
 
 	"github.com/cohortdl/cohort/core/pluginhost"
+	"github.com/cohortdl/cohort/shared/atomicfile"
 )
 
 // Limits on what a package may hold; a package past them is refused.
@@ -289,21 +290,8 @@ func copyInto(src, dst string) error {
 		return err
 	}
 	defer in.Close()
-	tmp, err := os.CreateTemp(filepath.Dir(dst), "."+filepath.Base(dst)+".*")
-	if err != nil {
+	return atomicfile.Write(dst, func(w io.Writer) error {
+		_, err := io.Copy(w, in)
 		return err
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := io.Copy(tmp, in); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Chmod(0o755); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), dst)
+	}, atomicfile.Perm(0o755))
 }

@@ -5,6 +5,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
 
 	"github.com/cohortdl/cohort/shared/atomicfile"
@@ -53,5 +54,32 @@ func TestWriteFailureKeepsOld(t *testing.T) {
 func TestWriteIntoMissingDir(t *testing.T) {
 	if err := atomicfile.WriteBytes(filepath.Join(t.TempDir(), "no", "such", "f"), nil); err == nil {
 		t.Fatal("write into a missing directory succeeded")
+	}
+}
+
+// The file gets the bits Perm names, whatever the umask, and 0600 without
+// it; a replaced file takes the new bits.
+func TestWritePerm(t *testing.T) {
+	defer syscall.Umask(syscall.Umask(0o077))
+	path := filepath.Join(t.TempDir(), "bin")
+	cases := []struct {
+		opts []atomicfile.Option
+		want os.FileMode
+	}{
+		{nil, 0o600},
+		{[]atomicfile.Option{atomicfile.Perm(0o755)}, 0o755},
+		{[]atomicfile.Option{atomicfile.Perm(0o644)}, 0o644},
+	}
+	for _, c := range cases {
+		if err := atomicfile.WriteBytes(path, []byte("x"), c.opts...); err != nil {
+			t.Fatal(err)
+		}
+		st, err := os.Stat(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := st.Mode().Perm(); got != c.want {
+			t.Errorf("mode %v, want %v", got, c.want)
+		}
 	}
 }

@@ -11,6 +11,8 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+
+	"github.com/cohortdl/cohort/shared/atomicfile"
 )
 
 // The files of a checkpoint directory. Their names do not depend on the
@@ -120,7 +122,7 @@ func (t *Trainer) saveLocked(dir string) ([]string, error) {
 		return nil, err
 	}
 	metaPath := filepath.Join(dir, CheckpointMeta)
-	if err := writeFileAtomic(metaPath, append(buf, '\n')); err != nil {
+	if err := atomicfile.WriteBytes(metaPath, append(buf, '\n')); err != nil {
 		return nil, err
 	}
 	return append(out, metaPath), nil
@@ -223,39 +225,4 @@ func hashReader(r io.Reader) (checkpointFile, error) {
 		return checkpointFile{}, err
 	}
 	return checkpointFile{Bytes: n, SHA256: hex.EncodeToString(h.Sum(nil))}, nil
-}
-
-// writeFileAtomic replaces path with data: a temp file in the same
-// directory, fsync, rename, and an fsync of the directory.
-func writeFileAtomic(path string, data []byte) (err error) {
-	dir := filepath.Dir(path)
-	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".*.tmp")
-	if err != nil {
-		return err
-	}
-	tmp := f.Name()
-	defer func() {
-		if err != nil {
-			f.Close()
-			os.Remove(tmp)
-		}
-	}()
-	if _, err = f.Write(data); err != nil {
-		return err
-	}
-	if err = f.Sync(); err != nil {
-		return err
-	}
-	if err = f.Close(); err != nil {
-		return err
-	}
-	if err = os.Rename(tmp, path); err != nil {
-		return err
-	}
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
 }
