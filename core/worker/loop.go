@@ -321,12 +321,12 @@ func (w *worker) runNextPlan(ctx context.Context) error {
 		return fmt.Errorf("train epoch %d, plan [%d, +%d): %w", p.Epoch, p.PartitionOffset, p.PartitionSize, err)
 	}
 	m := &wirepb.Metrics{
-		RoundWaitMs:     ms(w.roundHeld),
+		RoundWaitMs:     plugin.Milliseconds(w.roundHeld),
 		Rank:            w.o.Rank,
 		Epoch:           p.Epoch,
 		Batches:         st.batches,
 		Samples:         st.samples,
-		EpochMs:         ms(elapsed),
+		EpochMs:         plugin.Milliseconds(elapsed),
 		ComputeMs:       st.computeMS,
 		DataMs:          st.dataMS,
 		Resources:       w.lastSample.Load(),
@@ -355,7 +355,7 @@ func (w *worker) fireEpochFn(ctx context.Context, epoch uint64) error {
 	if err := w.o.EpochFn(ctx, epoch); err != nil {
 		w.log.Warn("epoch callback failed", "epoch", epoch, "error", err)
 	}
-	return w.send(ctx, &wirepb.EpochFnElapsed{Rank: w.o.Rank, Epoch: epoch, ElapsedMs: ms(time.Since(start))})
+	return w.send(ctx, &wirepb.EpochFnElapsed{Rank: w.o.Rank, Epoch: epoch, ElapsedMs: plugin.Milliseconds(time.Since(start))})
 }
 
 // round runs one averaging round (docs/protocol.md, "Averaging rounds").
@@ -534,7 +534,7 @@ func (w *worker) endRound(ctx context.Context, rr *roundRun, o roundOutcome) err
 	ack.Weight, ack.TotalWeight = res.Weight, res.TotalWeight
 	ack.BytesMoved = res.BytesMoved
 	ack.HostCopyBytes += res.HostCopyBytes
-	ack.RoundMs = ms(time.Since(start))
+	ack.RoundMs = plugin.Milliseconds(time.Since(start))
 	w.log.Debug("round done", "round", n, "weight", res.Weight, "total_weight", res.TotalWeight, "divergence", div, "ms", ack.RoundMs)
 	return w.send(ctx, ack)
 }
@@ -542,7 +542,7 @@ func (w *worker) endRound(ctx context.Context, rr *roundRun, o roundOutcome) err
 func (w *worker) abortedAck(ctx context.Context, ack *wirepb.SyncAck, start time.Time, why error) error {
 	w.log.Warn("averaging round aborted", "round", ack.GetRound(), "reason", why)
 	ack.Aborted, ack.Error = true, why.Error()
-	ack.RoundMs = ms(time.Since(start))
+	ack.RoundMs = plugin.Milliseconds(time.Since(start))
 	return w.send(ctx, ack)
 }
 
@@ -563,8 +563,6 @@ func isShutdownWithSave(m proto.Message) bool {
 	_, ok := m.(*wirepb.ShutdownWithSave)
 	return ok
 }
-
-func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
 // holdTraining adds the time since start to what rounds held training.
 func (w *worker) holdTraining(start time.Time) { w.roundHeld += time.Since(start) }
@@ -590,6 +588,6 @@ func (w *worker) epochEnd(ctx context.Context, epoch uint64) error {
 	if !ran {
 		return nil
 	}
-	w.log.Debug("end-of-epoch code ran", "epoch", epoch, "ms", ms(time.Since(start)))
-	return w.send(ctx, &wirepb.EpochFnElapsed{Rank: w.o.Rank, Epoch: epoch, ElapsedMs: ms(time.Since(start))})
+	w.log.Debug("end-of-epoch code ran", "epoch", epoch, "ms", plugin.Milliseconds(time.Since(start)))
+	return w.send(ctx, &wirepb.EpochFnElapsed{Rank: w.o.Rank, Epoch: epoch, ElapsedMs: plugin.Milliseconds(time.Since(start))})
 }

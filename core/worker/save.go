@@ -22,7 +22,7 @@ import (
 func (w *worker) checkpoint(ctx context.Context, m *wirepb.Checkpoint) error {
 	start := time.Now()
 	files, err := w.save(ctx, m.GetDir())
-	res := &wirepb.CheckpointResult{Rank: w.o.Rank, Version: m.GetVersion(), ElapsedMs: ms(time.Since(start)), Files: files}
+	res := &wirepb.CheckpointResult{Rank: w.o.Rank, Version: m.GetVersion(), ElapsedMs: plugin.Milliseconds(time.Since(start)), Files: files}
 	if err != nil {
 		w.log.Error("checkpoint failed", "version", m.GetVersion(), "error", err)
 		res.Error = err.Error()
@@ -44,7 +44,7 @@ func (w *worker) shutdownWithSave(ctx context.Context, m *wirepb.ShutdownWithSav
 	start := time.Now()
 	dir := filepath.Join(m.GetDir(), "rank-"+strconv.FormatUint(uint64(w.o.Rank), 10))
 	files, saveErr := w.save(ctx, dir)
-	res := &wirepb.CheckpointResult{Rank: w.o.Rank, Version: m.GetVersion(), ElapsedMs: ms(time.Since(start)), Files: files}
+	res := &wirepb.CheckpointResult{Rank: w.o.Rank, Version: m.GetVersion(), ElapsedMs: plugin.Milliseconds(time.Since(start)), Files: files}
 	if saveErr != nil {
 		res.Error = saveErr.Error()
 	} else {
@@ -92,7 +92,7 @@ func (w *worker) evaluate(ctx context.Context, m *wirepb.Evaluate) error {
 		r, err = t.Evaluate(ctx)
 		return err
 	})
-	res := &wirepb.EvalResult{Rank: w.o.Rank, ScheduleId: m.GetScheduleId(), Epoch: m.GetEpoch(), ElapsedMs: ms(time.Since(start))}
+	res := &wirepb.EvalResult{Rank: w.o.Rank, ScheduleId: m.GetScheduleId(), Epoch: m.GetEpoch(), ElapsedMs: plugin.Milliseconds(time.Since(start))}
 	if err != nil {
 		w.log.Error("evaluation failed", "epoch", m.GetEpoch(), "error", err)
 		res.Loss, res.Error = math.NaN(), err.Error()

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"time"
 
 	"github.com/cohortdl/cohort/shared/arena"
 	"github.com/cohortdl/cohort/shared/mtls"
@@ -139,6 +140,10 @@ func (p Plan) LRMultiplier() (float64, error) {
 	}
 	return 0, fmt.Errorf("learning-rate scale %v, want a finite number above 0", p.LRScale)
 }
+
+// Milliseconds is d as the float64 milliseconds that BatchReport and
+// RoundResult carry their times in (and the core's own reports too).
+func Milliseconds(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
 // BatchReport describes one trained batch.
 type BatchReport struct {

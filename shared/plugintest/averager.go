@@ -364,7 +364,7 @@ func (a *Averager) Average(ctx context.Context, r plugin.Round) (plugin.RoundRes
 		}
 	}
 	reduceStart := time.Now()
-	res := plugin.RoundResult{Weight: weight, WaitMS: ms(reduceStart.Sub(waitStart))}
+	res := plugin.RoundResult{Weight: weight, WaitMS: plugin.Milliseconds(reduceStart.Sub(waitStart))}
 	var total float64
 	nonzero := 0
 	for _, p := range peers {
@@ -442,7 +442,7 @@ func (a *Averager) Average(ctx context.Context, r plugin.Round) (plugin.RoundRes
 	}
 	res.BytesMoved, res.HostCopyBytes = moved, a.copies
 	end := time.Now()
-	res.ReduceMS, res.TotalMS = ms(end.Sub(reduceStart)), ms(end.Sub(start))
+	res.ReduceMS, res.TotalMS = plugin.Milliseconds(end.Sub(reduceStart)), plugin.Milliseconds(end.Sub(start))
 	return res, nil
 }
 

@@ -233,7 +233,7 @@ func (t *Trainer) Train(ctx context.Context, plan plugin.Plan, report func(plugi
 				return fmt.Errorf("mock trainer: stopped in batch %d: %w", b, err)
 			}
 		}
-		rep.BatchMS = ms(time.Since(start))
+		rep.BatchMS = plugin.Milliseconds(time.Since(start))
 		if line, err = t.writeLedger(line, plan.Epoch, idx); err != nil {
 			return err
 		}
@@ -291,10 +291,10 @@ func (t *Trainer) step(idx []uint64, lrScale float64) (plugin.BatchReport, error
 	rep := plugin.BatchReport{
 		Samples:     uint32(len(idx)),
 		Loss:        loss / float64(len(idx)),
-		DataMS:      ms(data),
+		DataMS:      plugin.Milliseconds(data),
 		StepCount:   t.steps,
 		Scalars:     map[string]float64{"lr": t.settings.LR * lrScale},
-		RoundWaitMS: ms(held),
+		RoundWaitMS: plugin.Milliseconds(held),
 	}
 	if t.steps%paramNormEvery == 0 {
 		n := t.normLocked()
@@ -486,9 +486,6 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 		return ctx.Err()
 	}
 }
-
-// ms is d in milliseconds.
-func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
 // EpochEnd is the mock's end-of-epoch code: with epoch_end_file set it
 // appends "rank epoch" to the file; without, it has none.

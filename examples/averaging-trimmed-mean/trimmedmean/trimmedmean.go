@@ -278,7 +278,7 @@ func (a *Averager) Average(ctx context.Context, r plugin.Round) (plugin.RoundRes
 	}
 	reduceStart := time.Now()
 
-	res := plugin.RoundResult{Weight: float64(r.Steps), BytesMoved: moved, WaitMS: ms(reduceStart.Sub(start))}
+	res := plugin.RoundResult{Weight: float64(r.Steps), BytesMoved: moved, WaitMS: plugin.Milliseconds(reduceStart.Sub(start))}
 	var trained [][]byte // the values of the ranks that trained, in member order
 	for _, m := range members {
 		res.TotalWeight += float64(steps[m])
@@ -306,7 +306,7 @@ func (a *Averager) Average(ctx context.Context, r plugin.Round) (plugin.RoundRes
 		}
 	default:
 		// Nobody trained: every rank keeps its values.
-		res.TotalMS = ms(time.Since(start))
+		res.TotalMS = plugin.Milliseconds(time.Since(start))
 		return res, nil
 	}
 	res.Realized = true
@@ -314,7 +314,7 @@ func (a *Averager) Average(ctx context.Context, r plugin.Round) (plugin.RoundRes
 		return plugin.RoundResult{}, err
 	}
 	end := time.Now()
-	res.ReduceMS, res.TotalMS = ms(end.Sub(reduceStart)), ms(end.Sub(start))
+	res.ReduceMS, res.TotalMS = plugin.Milliseconds(end.Sub(reduceStart)), plugin.Milliseconds(end.Sub(start))
 	return res, nil
 }
 
@@ -498,5 +498,3 @@ func (a *Averager) Shutdown(context.Context) error {
 	a.m = nil
 	return err
 }
-
-func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

@@ -152,8 +152,8 @@ func (c *client) round(ctx context.Context, rq plugin.Round, root uint32, sess u
 	if !plan.Realized {
 		norm := math.Sqrt(c.ownSquares())
 		res.PreNorm, res.PostNorm = norm, norm
-		res.TotalMS = ms(time.Since(start))
-		res.WaitMS = ms(r.wait)
+		res.TotalMS = plugin.Milliseconds(time.Since(start))
+		res.WaitMS = plugin.Milliseconds(r.wait)
 		res.BytesMoved = c.conn.BytesSent() + c.conn.BytesReceived() - bytes0
 		return res, nil
 	}
@@ -230,7 +230,7 @@ func (c *client) round(ctx context.Context, rq plugin.Round, root uint32, sess u
 	if res.PostNorm > 1e-10 {
 		res.Divergence = math.Sqrt(m.res.Diff2) / res.PostNorm
 	}
-	res.ReduceMS, res.WaitMS, res.TotalMS = ms(reduce), ms(r.wait), ms(time.Since(start))
+	res.ReduceMS, res.WaitMS, res.TotalMS = plugin.Milliseconds(reduce), plugin.Milliseconds(r.wait), plugin.Milliseconds(time.Since(start))
 	res.BytesMoved = c.conn.BytesSent() + c.conn.BytesReceived() - bytes0 + ringBytes
 	return res, nil
 }
@@ -241,8 +241,6 @@ func (c *client) round(ctx context.Context, rq plugin.Round, root uint32, sess u
 func (c *client) loneRound(p rdc.Plan) bool {
 	return c.cfg.smoothing && p.Hosts == 1 && len(p.Parts) == 1
 }
-
-func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
 // checkPlan refuses a plan that does not match what this rank knows.
 func (c *client) checkPlan(p rdc.Plan, root uint32) error {

@@ -46,11 +46,9 @@ func (a *Averager) Average(ctx context.Context, r plugin.Round) (plugin.RoundRes
 		}
 		return plugin.RoundResult{}, fmt.Errorf("averager: round %d: %w", r.Round, err)
 	}
-	res.TotalMS = ms(time.Since(start))
+	res.TotalMS = plugin.Milliseconds(time.Since(start))
 	return res, nil
 }
-
-func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
 func (a *Averager) round(ctx context.Context, r plugin.Round) (plugin.RoundResult, error) {
 	s := &a.sess
@@ -76,7 +74,7 @@ func (a *Averager) round(ctx context.Context, r plugin.Round) (plugin.RoundResul
 	if err := a.ensureSession(ctx); err != nil {
 		return plugin.RoundResult{}, err
 	}
-	res.WaitMS = ms(time.Since(wait))
+	res.WaitMS = plugin.Milliseconds(time.Since(wait))
 	reduce := time.Now()
 	if r.Broadcast {
 		err = a.broadcast(ctx, r.Round, int(r.Root))
@@ -90,7 +88,7 @@ func (a *Averager) round(ctx context.Context, r plugin.Round) (plugin.RoundResul
 		s.failed = err
 		return plugin.RoundResult{}, errors.Join(fmt.Errorf("%w: session %d: %w", plugin.ErrRoundAborted, s.gen, err), a.dropSession())
 	}
-	res.ReduceMS = ms(time.Since(reduce))
+	res.ReduceMS = plugin.Milliseconds(time.Since(reduce))
 	if res.Realized {
 		size := uint64(4 * (a.np + a.nb))
 		res.BytesMoved = size

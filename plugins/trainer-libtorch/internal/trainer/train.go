@@ -211,10 +211,8 @@ func (t *Trainer) step(gen uint64, data *dataset.Set, b *batchBuf, start time.Ti
 			rep.ParamNorm = &norm
 		}
 	}
-	rep.DataMS = ms(dataTime)
-	rep.BatchMS = ms(time.Since(start))
-	rep.RoundWaitMS = ms(held)
+	rep.DataMS = plugin.Milliseconds(dataTime)
+	rep.BatchMS = plugin.Milliseconds(time.Since(start))
+	rep.RoundWaitMS = plugin.Milliseconds(held)
 	return rep, nil
 }
-
-func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
