@@ -19,6 +19,7 @@ import (
 	"github.com/cohortdl/cohort/core/coordinator"
 	"github.com/cohortdl/cohort/core/wire"
 	"github.com/cohortdl/cohort/core/worker"
+	"github.com/cohortdl/cohort/internal/dirs"
 )
 
 // effectiveConfigFile is the config a run's workers read, written into the
@@ -102,7 +103,7 @@ that holds something, unless --force.`,
 			if cfg.Coordinator.TLS.Enabled() != cfg.Worker.TLS.Enabled() {
 				return usageError("%s: coordinator { tls } and worker { tls } go together in cohort run: set both or neither", cfg.Path)
 			}
-			if resume == "" && !force && nonEmptyDir(cfg.Run.Out) {
+			if resume == "" && !force && dirs.NonEmpty(cfg.Run.Out) {
 				return usageError("out directory %s already holds a run; resume it with --resume %s, pick another --out, or pass --force", cfg.Run.Out, cfg.Run.Out)
 			}
 			// Before any rank starts (or the out directory is made): a
@@ -144,17 +145,6 @@ func resumedRunDir(path string) (string, error) {
 func fileExists(path string) bool {
 	st, err := os.Stat(path)
 	return err == nil && st.Mode().IsRegular()
-}
-
-// nonEmptyDir reports whether path is a directory with anything in it.
-func nonEmptyDir(path string) bool {
-	f, err := os.Open(path)
-	if err != nil {
-		return false
-	}
-	defer f.Close()
-	names, _ := f.Readdirnames(1)
-	return len(names) > 0
 }
 
 // launcher is one `cohort run`: the coordinator in process, the workers

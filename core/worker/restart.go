@@ -12,6 +12,7 @@ import (
 
 	"github.com/cohortdl/cohort/core/pluginhost"
 	"github.com/cohortdl/cohort/core/wire/wirepb"
+	"github.com/cohortdl/cohort/internal/dirs"
 	"github.com/cohortdl/cohort/shared/plugin"
 )
 
@@ -191,11 +192,11 @@ func (w *worker) checkpointToRestore() string {
 	parent := filepath.Dir(dir)
 	if name, ok := strings.CutPrefix(filepath.Base(parent), ".tmp-"); ok {
 		committed := filepath.Join(filepath.Dir(parent), name, filepath.Base(dir))
-		if nonEmptyDir(committed) {
+		if dirs.NonEmpty(committed) {
 			return committed
 		}
 	}
-	if nonEmptyDir(dir) {
+	if dirs.NonEmpty(dir) {
 		return dir
 	}
 	return ""

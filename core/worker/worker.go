@@ -19,6 +19,7 @@ import (
 	"github.com/cohortdl/cohort/core/resources"
 	"github.com/cohortdl/cohort/core/wire"
 	"github.com/cohortdl/cohort/core/wire/wirepb"
+	"github.com/cohortdl/cohort/internal/dirs"
 	sharena "github.com/cohortdl/cohort/shared/arena"
 	"github.com/cohortdl/cohort/shared/plugin"
 )
@@ -345,7 +346,7 @@ func averagingEndpoint(endpoint, coordinator string) string {
 // save that did not happen.
 func resumeDir(dir string, rank uint32) (string, error) {
 	own := filepath.Join(dir, "rank-"+strconv.FormatUint(uint64(rank), 10))
-	if nonEmptyDir(own) {
+	if dirs.NonEmpty(own) {
 		return own, nil
 	}
 	entries, err := os.ReadDir(dir)
@@ -355,7 +356,7 @@ func resumeDir(dir string, rank uint32) (string, error) {
 	var ranks []uint64
 	for _, e := range entries {
 		num, ok := strings.CutPrefix(e.Name(), "rank-")
-		if !ok || !e.IsDir() || !nonEmptyDir(filepath.Join(dir, e.Name())) {
+		if !ok || !e.IsDir() || !dirs.NonEmpty(filepath.Join(dir, e.Name())) {
 			continue
 		}
 		if r, err := strconv.ParseUint(num, 10, 32); err == nil {
@@ -366,16 +367,6 @@ func resumeDir(dir string, rank uint32) (string, error) {
 		return "", fmt.Errorf("resume: %s holds no rank-<N> checkpoint directory with files", dir)
 	}
 	return filepath.Join(dir, "rank-"+strconv.FormatUint(slices.Min(ranks), 10)), nil
-}
-
-func nonEmptyDir(path string) bool {
-	f, err := os.Open(path)
-	if err != nil {
-		return false
-	}
-	defer f.Close()
-	names, _ := f.Readdirnames(1)
-	return len(names) > 0
 }
 
 // sendReady tells the coordinator what this rank's trainer holds.
