@@ -45,7 +45,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	goplugin "github.com/hashicorp/go-plugin"
 
-	"github.com/cohortdl/cohort/core/reduce"
+	"github.com/cohortdl/cohort/core/reduceserver"
 	"github.com/cohortdl/cohort/shared/arena"
 	"github.com/cohortdl/cohort/shared/plugin"
 	"github.com/cohortdl/cohort/shared/plugintest"
@@ -268,12 +268,12 @@ func benchOn(bed *nsBed, n int, elems int64, iters int, pluginPath string, setti
 	rand.Read(key)
 	runID := fmt.Sprintf("bench-%d-%d", os.Getpid(), n)
 	logger := hclog.New(&hclog.LoggerOptions{Name: "bench", Level: hclog.Warn, Output: os.Stderr})
-	cfg := reduce.Config{Addr: "127.0.0.1:0", Key: key, RunID: runID, World: uint32(n), Layout: &layout, Logger: logger}
-	var srv *reduce.Server
+	cfg := reduceserver.Config{Addr: "127.0.0.1:0", Key: key, RunID: runID, World: uint32(n), Layout: &layout, Logger: logger}
+	var srv *reduceserver.Server
 	if bed != nil {
 		srv, err = bed.listen(ctx, cfg)
 	} else {
-		srv, err = reduce.Listen(ctx, cfg)
+		srv, err = reduceserver.Listen(ctx, cfg)
 	}
 	if err != nil {
 		return nil, 0, err

@@ -20,7 +20,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/cohortdl/cohort/core/reduce"
+	"github.com/cohortdl/cohort/core/reduceserver"
 )
 
 // nsBed is hosts namespaces behind one bridge (a namespace of its own);
@@ -99,10 +99,10 @@ func (b *nsBed) close() {
 // and returns the thread to the machine's namespace before unlocking it.
 // Should the way back fail, the thread stays locked and ends with the
 // goroutine, so no other goroutine ever runs in the namespace.
-func (b *nsBed) listen(ctx context.Context, cfg reduce.Config) (*reduce.Server, error) {
+func (b *nsBed) listen(ctx context.Context, cfg reduceserver.Config) (*reduceserver.Server, error) {
 	cfg.Addr = b.addr(0) + ":0"
 	type got struct {
-		s   *reduce.Server
+		s   *reduceserver.Server
 		err error
 	}
 	c := make(chan got, 1)
@@ -124,7 +124,7 @@ func (b *nsBed) listen(ctx context.Context, cfg reduce.Config) (*reduce.Server, 
 			c <- got{err: fmt.Errorf("enter host 0's namespace: %w", err)}
 			return
 		}
-		s, err := reduce.Listen(ctx, cfg)
+		s, err := reduceserver.Listen(ctx, cfg)
 		if unix.Setns(home, unix.CLONE_NEWNET) == nil {
 			runtime.UnlockOSThread()
 		}

@@ -12,7 +12,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
-	"github.com/cohortdl/cohort/core/reduce"
+	"github.com/cohortdl/cohort/core/reduceserver"
 	"github.com/cohortdl/cohort/core/wire"
 	"github.com/cohortdl/cohort/core/wire/wirepb"
 	"github.com/cohortdl/cohort/shared/plugin"
@@ -82,9 +82,9 @@ func (relayMeeting) Endpoint() string { return "" }
 func (relayMeeting) MarkDead(uint32)  {}
 func (relayMeeting) Close() error     { return nil }
 
-// reduceMeeting is the reduce server (core/reduce) as a meeting point.
+// reduceMeeting is the reduce server (core/reduceserver) as a meeting point.
 type reduceMeeting struct {
-	*reduce.Server
+	*reduceserver.Server
 	endpoint string
 }
 
@@ -101,7 +101,7 @@ func startReduceServer(env MeetingEnv) (MeetingPoint, error) {
 	if err != nil {
 		return nil, fmt.Errorf("reduce server key: %w", err)
 	}
-	srv, err := reduce.Listen(context.Background(), reduce.Config{
+	srv, err := reduceserver.Listen(context.Background(), reduceserver.Config{
 		Addr:   net.JoinHostPort(host, strconv.Itoa(env.ReducePort)),
 		Key:    key,
 		RunID:  env.RunID,

@@ -15,7 +15,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	goplugin "github.com/hashicorp/go-plugin"
 
-	"github.com/cohortdl/cohort/core/reduce"
+	"github.com/cohortdl/cohort/core/reduceserver"
 	"github.com/cohortdl/cohort/shared/arena"
 	"github.com/cohortdl/cohort/shared/plugin"
 	"github.com/cohortdl/cohort/shared/plugintest/conformance"
@@ -47,7 +47,7 @@ func runProcesses(t *testing.T, bin, host string) {
 	}
 	key := []byte("a 32-byte data key for the tests")
 	logger := hclog.New(&hclog.LoggerOptions{Name: "test", Level: hclog.Warn, Output: os.Stderr})
-	srv, err := reduce.Listen(ctx, reduce.Config{Addr: "127.0.0.1:0", Key: key, RunID: "proc", World: world, Layout: &layout, Logger: logger})
+	srv, err := reduceserver.Listen(ctx, reduceserver.Config{Addr: "127.0.0.1:0", Key: key, RunID: "proc", World: world, Layout: &layout, Logger: logger})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -142,7 +142,7 @@ func TestConformanceBinary(t *testing.T) {
 	}
 	key := []byte("a 32-byte data key for the tests")
 	meet := func(t conformance.T, world uint32, layout arena.Layout) conformance.Meeting {
-		srv, err := reduce.Listen(context.Background(), reduce.Config{
+		srv, err := reduceserver.Listen(context.Background(), reduceserver.Config{
 			Addr: "127.0.0.1:0", Key: key, RunID: "conformance", World: world, Layout: &layout, Timeout: 5 * time.Second,
 		})
 		if err != nil {

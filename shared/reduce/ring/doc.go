@@ -2,7 +2,7 @@
 // hosts, each host's leader (plugins/averaging-cpu) sums its host's fold
 // with the other leaders' by a ring all-reduce (reduce-scatter, then
 // all-gather) over direct TCP links, so no link carries more than
-// 2·(H−1)/H of a fold per round. The reduce server (core/reduce) only
+// 2·(H−1)/H of a fold per round. The reduce server (core/reduceserver) only
 // orchestrates: it tells each leader its peers' addresses and when its host
 // folded, and fails the round everywhere when a leader aborts.
 //

@@ -1,6 +1,6 @@
 // Package averager is the averaging-cpu plugin's Averager: it averages the
 // arena's parameters with the other ranks through the coordinator's reduce
-// server (core/reduce) over the data channel of shared/reduce.
+// server (core/reduceserver) over the data channel of shared/reduce.
 //
 // Ranks of one host never send parameters through a socket: each maps the
 // others' arenas, and each reduces its own slice of the elements (in
@@ -23,7 +23,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/cohortdl/cohort/shared/plugin"
-	rdc "github.com/cohortdl/cohort/shared/reduce"
+	"github.com/cohortdl/cohort/shared/reduce"
 )
 
 // Name is the plugin's name (binary cohort-averaging-cpu).
@@ -57,7 +57,7 @@ type Averager struct {
 	abortCh  chan struct{}
 	inRound  bool
 	roundID  uint64
-	conn     *rdc.Conn
+	conn     *reduce.Conn
 	members  []uint32
 	sessGen  uint64
 	shutdown bool
@@ -184,7 +184,7 @@ func (a *Averager) NewSession(ctx context.Context, s plugin.Session) error {
 	a.sessGen = s.Generation
 	a.resetAbortLocked()
 	if a.conn != nil {
-		if _, err := a.conn.SendAsync(rdc.KindSession, rdc.Session{Generation: s.Generation, Members: s.Members}.Encode()); err != nil {
+		if _, err := a.conn.SendAsync(reduce.KindSession, reduce.Session{Generation: s.Generation, Members: s.Members}.Encode()); err != nil {
 			return fmt.Errorf("averager: session %d: tell the reduce server: %w", s.Generation, err)
 		}
 	}
@@ -210,7 +210,7 @@ func (a *Averager) abort(reason string) {
 	if a.inRound && a.conn != nil {
 		// Best effort: the server fails the round for everyone, so no peer
 		// waits on this rank.
-		a.conn.SendAsync(rdc.KindAbort, rdc.Abort{Round: a.roundID, Reason: reason}.Encode())
+		a.conn.SendAsync(reduce.KindAbort, reduce.Abort{Round: a.roundID, Reason: reason}.Encode())
 	}
 }
 

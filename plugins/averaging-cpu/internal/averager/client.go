@@ -21,7 +21,7 @@ import (
 	"github.com/cohortdl/cohort/shared/arena"
 	"github.com/cohortdl/cohort/shared/mtls"
 	"github.com/cohortdl/cohort/shared/plugin"
-	rdc "github.com/cohortdl/cohort/shared/reduce"
+	"github.com/cohortdl/cohort/shared/reduce"
 	"github.com/cohortdl/cohort/shared/reduce/numeric"
 	"github.com/cohortdl/cohort/shared/reduce/ring"
 )
@@ -48,7 +48,7 @@ type client struct {
 	dir    string
 	segTag string
 
-	conn       *rdc.Conn
+	conn       *reduce.Conn
 	ring       *ring.Listener
 	ringKeys   ring.Keys
 	links      ringLinks // this leader's ring links, kept across rounds
@@ -83,7 +83,7 @@ func newClient(ctx context.Context, log hclog.Logger, cfg plugin.AveragerConfig)
 	if cfg.WorldSize == 0 || cfg.Rank >= cfg.WorldSize {
 		return nil, fmt.Errorf("averager: rank %d out of range for world size %d", cfg.Rank, cfg.WorldSize)
 	}
-	keys, err := rdc.DeriveKeys(cfg.DataKey)
+	keys, err := reduce.DeriveKeys(cfg.DataKey)
 	if err != nil {
 		return nil, fmt.Errorf("averager: %w", err)
 	}
@@ -106,7 +106,7 @@ func newClient(ctx context.Context, log hclog.Logger, cfg plugin.AveragerConfig)
 	}
 	c := &client{
 		log: log, cfg: set, rank: cfg.Rank, world: cfg.WorldSize, own: own, layout: cfg.Arena.Layout,
-		spans: spans, np: np, nb: nb, peers: map[uint32]*shm.Region{}, ringKeys: ringKeys, run: rdc.RunDigest(cfg.RunID),
+		spans: spans, np: np, nb: nb, peers: map[uint32]*shm.Region{}, ringKeys: ringKeys, run: reduce.RunDigest(cfg.RunID),
 		inbox: make(chan inMsg, 64), quit: make(chan struct{}), readerDone: make(chan struct{}),
 	}
 	defer func() {
@@ -146,7 +146,7 @@ func newClient(ctx context.Context, log hclog.Logger, cfg plugin.AveragerConfig)
 	if err != nil {
 		return nil, err
 	}
-	hello := rdc.Hello{Rank: cfg.Rank, World: cfg.WorldSize, Wire: set.wire, Params: uint64(np), Buffers: uint64(nb),
+	hello := reduce.Hello{Rank: cfg.Rank, World: cfg.WorldSize, Wire: set.wire, Params: uint64(np), Buffers: uint64(nb),
 		Run: c.run, Layout: digest, Settings: set.digest(), Host: c.host}
 	hctx, cancel := context.WithTimeout(ctx, set.connectTimeout)
 	defer cancel()
@@ -155,13 +155,13 @@ func newClient(ctx context.Context, log hclog.Logger, cfg plugin.AveragerConfig)
 			return nil, fmt.Errorf("averager: reduce server %s: %w", cfg.Endpoint, err)
 		}
 	}
-	if c.conn, err = rdc.ClientHandshake(hctx, nc, keys, hello, rdc.Options{Timeout: set.timeout}); err != nil {
+	if c.conn, err = reduce.ClientHandshake(hctx, nc, keys, hello, reduce.Options{Timeout: set.timeout}); err != nil {
 		// Under TLS 1.3 a refused certificate is an alert in place of the ack.
 		return nil, fmt.Errorf("averager: reduce server %s: %w", cfg.Endpoint, mtls.Explain(err, "the reduce server"))
 	}
 	go c.readLoop()
-	join := rdc.Join{ArenaPath: cfg.Arena.Path, Dev: dev, Ino: ino, PID: uint32(os.Getpid()), RingPort: c.ring.Port()}
-	if err := c.conn.Send(ctx, rdc.KindJoin, join.Encode()); err != nil {
+	join := reduce.Join{ArenaPath: cfg.Arena.Path, Dev: dev, Ino: ino, PID: uint32(os.Getpid()), RingPort: c.ring.Port()}
+	if err := c.conn.Send(ctx, reduce.KindJoin, join.Encode()); err != nil {
 		return nil, fmt.Errorf("averager: join: %w", err)
 	}
 	log.Debug("joined the reduce server", "endpoint", cfg.Endpoint, "rank", cfg.Rank, "params", np, "buffers", nb, "wire", set.wire.String(),
@@ -248,12 +248,12 @@ func dial(ctx context.Context, addr string, timeout time.Duration) (net.Conn, er
 
 // inMsg is one decoded frame from the server, or the channel's end.
 type inMsg struct {
-	kind  rdc.Kind
+	kind  reduce.Kind
 	round uint64
-	topo  rdc.Topology
-	plan  rdc.Plan
-	res   rdc.Result
-	fail  rdc.Fail
+	topo  reduce.Topology
+	plan  reduce.Plan
+	res   reduce.Result
+	fail  reduce.Fail
 	err   error
 }
 
@@ -280,25 +280,25 @@ func (c *client) readLoop() {
 	}
 }
 
-func decode(f rdc.Frame) (inMsg, error) {
+func decode(f reduce.Frame) (inMsg, error) {
 	m := inMsg{kind: f.Kind}
 	var err error
 	switch f.Kind {
-	case rdc.KindTopology:
-		m.topo, err = rdc.DecodeTopology(f.Payload)
+	case reduce.KindTopology:
+		m.topo, err = reduce.DecodeTopology(f.Payload)
 		m.round = 0
-	case rdc.KindPlan:
-		m.plan, err = rdc.DecodePlan(f.Payload)
+	case reduce.KindPlan:
+		m.plan, err = reduce.DecodePlan(f.Payload)
 		m.round = m.plan.Round
-	case rdc.KindSend, rdc.KindApply:
-		var r rdc.RoundRef
-		r, err = rdc.DecodeRoundRef(f.Kind, f.Payload)
+	case reduce.KindSend, reduce.KindApply:
+		var r reduce.RoundRef
+		r, err = reduce.DecodeRoundRef(f.Kind, f.Payload)
 		m.round = r.Round
-	case rdc.KindResult:
-		m.res, err = rdc.DecodeResult(f.Payload)
+	case reduce.KindResult:
+		m.res, err = reduce.DecodeResult(f.Payload)
 		m.round = m.res.Round
-	case rdc.KindFail:
-		m.fail, err = rdc.DecodeFail(f.Payload)
+	case reduce.KindFail:
+		m.fail, err = reduce.DecodeFail(f.Payload)
 		m.round = m.fail.Round
 	default:
 		err = fmt.Errorf("unexpected %v frame from the reduce server", f.Kind)
@@ -308,7 +308,7 @@ func decode(f rdc.Frame) (inMsg, error) {
 
 // applyTopology maps the arenas of the host's other ranks and, when the
 // cohort spans hosts, the host's fold segment (kept until close).
-func (c *client) applyTopology(t rdc.Topology) error {
+func (c *client) applyTopology(t reduce.Topology) error {
 	if t.Hosts > 1 && c.fold == nil {
 		f, err := shm.OpenShared(c.dir, c.segTag+".fold", uint64(c.np+c.nb)*8)
 		if err != nil {
@@ -375,7 +375,7 @@ func (c *client) close() error {
 	var errs []error
 	if c.conn != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		c.conn.Send(ctx, rdc.KindBye)
+		c.conn.Send(ctx, reduce.KindBye)
 		cancel()
 		c.conn.Close()
 		close(c.quit)

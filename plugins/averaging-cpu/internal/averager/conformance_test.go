@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cohortdl/cohort/core/reduce"
+	"github.com/cohortdl/cohort/core/reduceserver"
 	"github.com/cohortdl/cohort/shared/arena"
 	"github.com/cohortdl/cohort/shared/plugin"
 	"github.com/cohortdl/cohort/shared/plugintest/conformance"
@@ -26,7 +26,7 @@ func ConformanceOptions() []conformance.AveragerOption {
 
 // meetingPoint starts the coordinator's reduce server for one cohort.
 func meetingPoint(t conformance.T, world uint32, layout arena.Layout) conformance.Meeting {
-	srv, err := reduce.Listen(context.Background(), reduce.Config{
+	srv, err := reduceserver.Listen(context.Background(), reduceserver.Config{
 		Addr: "127.0.0.1:0", Key: testKey, RunID: testRun, World: world, Layout: &layout, Timeout: 5 * time.Second,
 	})
 	if err != nil {

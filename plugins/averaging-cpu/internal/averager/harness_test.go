@@ -17,7 +17,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
-	"github.com/cohortdl/cohort/core/reduce"
+	"github.com/cohortdl/cohort/core/reduceserver"
 	"github.com/cohortdl/cohort/shared/arena"
 	"github.com/cohortdl/cohort/shared/mtls"
 	"github.com/cohortdl/cohort/shared/plugin"
@@ -49,7 +49,7 @@ func testLayout(t testing.TB, scale int) arena.Layout {
 
 type cohort struct {
 	t      testing.TB
-	srv    *reduce.Server
+	srv    *reduceserver.Server
 	log    *plugintest.LogBuffer
 	dir    string
 	layout arena.Layout
@@ -92,7 +92,7 @@ func newCohort(t testing.TB, o cohortOpts) *cohort {
 		files := mtls.HostFiles(o.tls, "node")
 		c.rankTLS = &files
 	}
-	srv, err := reduce.Listen(context.Background(), reduce.Config{
+	srv, err := reduceserver.Listen(context.Background(), reduceserver.Config{
 		Addr: "127.0.0.1:0", Key: testKey, RunID: testRun, World: uint32(o.world), Layout: &c.layout,
 		Logger: logger, Timeout: timeout, TLS: serverTLS,
 	})

@@ -12,7 +12,7 @@ import (
 	"syscall"
 	"time"
 
-	rdc "github.com/cohortdl/cohort/shared/reduce"
+	"github.com/cohortdl/cohort/shared/reduce"
 	"github.com/cohortdl/cohort/shared/reduce/numeric"
 	"github.com/cohortdl/cohort/shared/reduce/ring"
 )
@@ -132,7 +132,7 @@ func (r *rnd) allReduce(j *job, applied *numeric.Stats) (uint64, time.Duration, 
 					scale = bs
 				}
 			}
-			if j.wire == rdc.WireBF16 {
+			if j.wire == reduce.WireBF16 {
 				d, o := numeric.Uint16s(dst), numeric.Uint16s(own)
 				numeric.CombineBF16(d[a:b], [][]uint16{d[a:b], o[a:b]}, scale)
 			} else {

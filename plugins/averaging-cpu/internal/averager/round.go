@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/cohortdl/cohort/shared/plugin"
-	rdc "github.com/cohortdl/cohort/shared/reduce"
+	"github.com/cohortdl/cohort/shared/reduce"
 	"github.com/cohortdl/cohort/shared/reduce/numeric"
 )
 
@@ -32,17 +32,17 @@ type rnd struct {
 	// skip are kinds of this round's messages the rank does not wait for
 	// (a leader's Send and Apply): taken where they arrive and noted in
 	// seen.
-	skip []rdc.Kind
-	seen []rdc.Kind
+	skip []reduce.Kind
+	seen []reduce.Kind
 }
 
 // skipped reports whether a message of kind k in skip came.
-func (r *rnd) skipped(k rdc.Kind) bool { return slices.Contains(r.seen, k) }
+func (r *rnd) skipped(k reduce.Kind) bool { return slices.Contains(r.seen, k) }
 
 // next waits for the server's next message for this round of one of the
 // wanted kinds, applying topologies and skipping what is left of earlier
 // rounds.
-func (r *rnd) next(want ...rdc.Kind) (inMsg, error) {
+func (r *rnd) next(want ...reduce.Kind) (inMsg, error) {
 	c := r.c
 	t0 := time.Now()
 	defer func() { r.wait += time.Since(t0) }()
@@ -68,13 +68,13 @@ func (r *rnd) next(want ...rdc.Kind) (inMsg, error) {
 // wanted kinds for this round, an error when it ends the round, neither
 // when it is a topology (applied), one the round skips (noted), or what is
 // left of an earlier round.
-func (r *rnd) take(m inMsg, want ...rdc.Kind) (bool, error) {
+func (r *rnd) take(m inMsg, want ...reduce.Kind) (bool, error) {
 	c := r.c
 	switch {
 	case m.err != nil:
 		c.fatal = fmt.Errorf("data channel to the reduce server lost: %w", m.err)
 		return false, c.fatal
-	case m.kind == rdc.KindTopology:
+	case m.kind == reduce.KindTopology:
 		return false, c.applyTopology(m.topo)
 	case m.round < r.id:
 		return false, nil // the tail of a round that ended here earlier
@@ -83,13 +83,13 @@ func (r *rnd) take(m inMsg, want ...rdc.Kind) (bool, error) {
 	case m.round == r.id && slices.Contains(r.skip, m.kind):
 		r.seen = append(r.seen, m.kind)
 		return false, nil
-	case m.round == r.id && m.kind == rdc.KindFail:
+	case m.round == r.id && m.kind == reduce.KindFail:
 		return false, &serverFail{reason: "the reduce server failed the round: " + m.fail.Reason}
 	}
 	return false, fmt.Errorf("reduce server sent %v for round %d while this rank waits for %v of round %d", m.kind, m.round, want, r.id)
 }
 
-func (r *rnd) send(kind rdc.Kind, parts ...[]byte) error {
+func (r *rnd) send(kind reduce.Kind, parts ...[]byte) error {
 	if err := r.c.conn.Send(r.ctx, kind, parts...); err != nil {
 		r.c.fatal = fmt.Errorf("data channel to the reduce server lost: %w", err)
 		return r.c.fatal
@@ -119,21 +119,21 @@ func (c *client) round(ctx context.Context, rq plugin.Round, root uint32, sess u
 		var sf *serverFail
 		if !errors.As(err, &sf) && !errors.Is(err, ErrAborted) && c.fatal == nil {
 			// Tell the server, so no peer waits for this rank.
-			c.conn.SendAsync(rdc.KindAbort, rdc.Abort{Round: rq.Round, Reason: err.Error()}.Encode())
+			c.conn.SendAsync(reduce.KindAbort, reduce.Abort{Round: rq.Round, Reason: err.Error()}.Encode())
 		}
 		if planned && stepping {
 			// Some slices of the outer state may have stepped: restart it.
 			c.outerSteps, c.outerID = 0, [8]byte{}
 		}
 	}()
-	ann := rdc.Announce{Round: rq.Round, Session: sess, Steps: rq.Steps, Weight: weight, Broadcast: rq.Broadcast, Root: root}
+	ann := reduce.Announce{Round: rq.Round, Session: sess, Steps: rq.Steps, Weight: weight, Broadcast: rq.Broadcast, Root: root}
 	if outerOn {
 		ann.OuterSteps, ann.OuterID = c.outerSteps, c.outerID
 	}
-	if err := r.send(rdc.KindAnnounce, ann.Encode()); err != nil {
+	if err := r.send(reduce.KindAnnounce, ann.Encode()); err != nil {
 		return res, err
 	}
-	m, err := r.next(rdc.KindPlan)
+	m, err := r.next(reduce.KindPlan)
 	if err != nil {
 		return res, err
 	}
@@ -160,13 +160,13 @@ func (c *client) round(ctx context.Context, rq plugin.Round, root uint32, sess u
 	stepping = outerOn && !plan.Broadcast
 	seed := plan.Seed || c.outerSteps == 0 || c.loneRound(plan)
 	j := c.job(plan, seed)
-	var reduce time.Duration
+	var reduceTime time.Duration
 	var st numeric.Stats
 	var ringBytes uint64
 	if plan.Hosts == 1 {
 		t := time.Now()
 		st = j.run()
-		reduce += time.Since(t)
+		reduceTime += time.Since(t)
 	} else {
 		// Each host folds and applies inside the ring: its leader starts
 		// the ring at once, folds each chunk of its host's ranks as the
@@ -179,7 +179,7 @@ func (c *client) round(ctx context.Context, rq plugin.Round, root uint32, sess u
 		// before the server planned the round, so the leader may read
 		// their arenas from the Plan on. A ring that fails midway leaves
 		// the host part averaged, which the round's retry takes as it is.)
-		if err := r.send(rdc.KindFolded, rdc.RoundRef{Round: r.id}.Encode()); err != nil {
+		if err := r.send(reduce.KindFolded, reduce.RoundRef{Round: r.id}.Encode()); err != nil {
 			return res, err
 		}
 		st = numeric.NewStats(len(j.ranks))
@@ -187,34 +187,34 @@ func (c *client) round(ctx context.Context, rq plugin.Round, root uint32, sess u
 			// The leader's Send (all the host's ranks folded, which here
 			// means they are in the round) may come during the ring, and
 			// its Apply brings nothing.
-			r.skip = []rdc.Kind{rdc.KindSend, rdc.KindApply}
+			r.skip = []reduce.Kind{reduce.KindSend, reduce.KindApply}
 			moved, took, err := r.allReduce(j, &st)
 			if err != nil {
 				return res, err
 			}
 			ringBytes = moved
-			reduce += took
+			reduceTime += took
 			// The server takes Received once the host's ranks all folded.
-			if !r.skipped(rdc.KindSend) {
-				if _, err := r.next(rdc.KindSend); err != nil {
+			if !r.skipped(reduce.KindSend) {
+				if _, err := r.next(reduce.KindSend); err != nil {
 					return res, err
 				}
 			}
-			if err := r.send(rdc.KindReceived, rdc.RoundRef{Round: r.id}.Encode()); err != nil {
+			if err := r.send(reduce.KindReceived, reduce.RoundRef{Round: r.id}.Encode()); err != nil {
 				return res, err
 			}
-		} else if _, err := r.next(rdc.KindApply); err != nil {
+		} else if _, err := r.next(reduce.KindApply); err != nil {
 			return res, err
 		}
 	}
-	done := rdc.Done{Round: r.id, Post2: st.Post2}
+	done := reduce.Done{Round: r.id, Post2: st.Post2}
 	for i, q := range j.ranks {
-		done.Parts = append(done.Parts, rdc.Partial{Rank: q, Diff2: st.Diff2[i], Pre2: st.Pre2[i]})
+		done.Parts = append(done.Parts, reduce.Partial{Rank: q, Diff2: st.Diff2[i], Pre2: st.Pre2[i]})
 	}
-	if err := r.send(rdc.KindDone, done.Encode()); err != nil {
+	if err := r.send(reduce.KindDone, done.Encode()); err != nil {
 		return res, err
 	}
-	m, err = r.next(rdc.KindResult)
+	m, err = r.next(reduce.KindResult)
 	if err != nil {
 		return res, err
 	}
@@ -230,7 +230,7 @@ func (c *client) round(ctx context.Context, rq plugin.Round, root uint32, sess u
 	if res.PostNorm > 1e-10 {
 		res.Divergence = math.Sqrt(m.res.Diff2) / res.PostNorm
 	}
-	res.ReduceMS, res.WaitMS, res.TotalMS = plugin.Milliseconds(reduce), plugin.Milliseconds(r.wait), plugin.Milliseconds(time.Since(start))
+	res.ReduceMS, res.WaitMS, res.TotalMS = plugin.Milliseconds(reduceTime), plugin.Milliseconds(r.wait), plugin.Milliseconds(time.Since(start))
 	res.BytesMoved = c.conn.BytesSent() + c.conn.BytesReceived() - bytes0 + ringBytes
 	return res, nil
 }
@@ -238,12 +238,12 @@ func (c *client) round(ctx context.Context, rq plugin.Round, root uint32, sess u
 // loneRound reports a smoothing round whose one member keeps its values:
 // seeding the filter from them leaves the arena as it is, and starts the
 // filter afresh should the cohort grow again.
-func (c *client) loneRound(p rdc.Plan) bool {
+func (c *client) loneRound(p reduce.Plan) bool {
 	return c.cfg.smoothing && p.Hosts == 1 && len(p.Parts) == 1
 }
 
 // checkPlan refuses a plan that does not match what this rank knows.
-func (c *client) checkPlan(p rdc.Plan, root uint32) error {
+func (c *client) checkPlan(p reduce.Plan, root uint32) error {
 	if c.topo == nil || p.Topology != c.topo.gen {
 		return fmt.Errorf("plan of round %d is for topology %d, this rank has %v", p.Round, p.Topology, c.topo)
 	}
@@ -301,19 +301,19 @@ func (c *client) pieces(lo, hi int, f func(sp span, x0, x1 int)) {
 //
 // Each wire's fold and consensus areas are disjoint: the ring reads the one
 // while it writes the other.
-func (c *client) sendArea(w rdc.Wire) []byte {
+func (c *client) sendArea(w reduce.Wire) []byte {
 	n := c.np + c.nb
 	b := c.fold.Bytes()
-	if w == rdc.WireBF16 {
+	if w == reduce.WireBF16 {
 		return b[4*n : 6*n]
 	}
 	return b[:4*n]
 }
 
-func (c *client) consArea(w rdc.Wire) []byte {
+func (c *client) consArea(w reduce.Wire) []byte {
 	n := c.np + c.nb
 	b := c.fold.Bytes()
-	if w == rdc.WireBF16 {
+	if w == reduce.WireBF16 {
 		return b[6*n : 8*n]
 	}
 	return b[4*n : 8*n]
@@ -330,7 +330,7 @@ const (
 // job is this rank's share of a round on its host.
 type job struct {
 	c          *client
-	plan       rdc.Plan
+	plan       reduce.Plan
 	ranks      []uint32
 	arenas     [][]float32
 	w, m       []float64 // parameter and buffer weights per host rank
@@ -339,13 +339,13 @@ type job struct {
 	needFold   bool
 	hostWeight float64
 	seed       bool
-	wire       rdc.Wire // of this round's folds and consensus
+	wire       reduce.Wire // of this round's folds and consensus
 }
 
-func (c *client) job(p rdc.Plan, seed bool) *job {
+func (c *client) job(p reduce.Plan, seed bool) *job {
 	j := &job{c: c, plan: p, rootIdx: -1, seed: seed, wire: c.cfg.wire}
 	if p.Broadcast {
-		j.wire = rdc.WireF32
+		j.wire = reduce.WireF32
 	}
 	for i, q := range p.Parts {
 		j.ranks = append(j.ranks, q.Rank)
@@ -469,7 +469,7 @@ func (j *job) fold(src [][]float32, sp span, x0, x1 int) {
 	seg := j.c.fold.Bytes()
 	f32 := numeric.Float32s(seg[:4*n])[x0:x1]
 	var b16 []uint16
-	if j.wire == rdc.WireBF16 {
+	if j.wire == reduce.WireBF16 {
 		b16 = numeric.Uint16s(seg[4*n : 6*n])[x0:x1]
 	}
 	switch {
@@ -493,7 +493,7 @@ func (j *job) fold(src [][]float32, sp span, x0, x1 int) {
 // consensus points ap at the received consensus for elements [x0, x1).
 func (j *job) consensus(ap *numeric.Apply, x0, x1 int) {
 	cons := j.c.consArea(j.wire)
-	if j.wire == rdc.WireBF16 {
+	if j.wire == reduce.WireBF16 {
 		ap.ConsBF16 = numeric.Uint16s(cons)[x0:x1]
 	} else {
 		ap.ConsF32 = numeric.Float32s(cons)[x0:x1]

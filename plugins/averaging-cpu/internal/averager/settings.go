@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/cohortdl/cohort/shared/plugin"
-	rdc "github.com/cohortdl/cohort/shared/reduce"
+	"github.com/cohortdl/cohort/shared/reduce"
 	"github.com/cohortdl/cohort/shared/reduce/numeric"
 )
 
@@ -80,7 +80,7 @@ const DefaultSmoothing = 0.5
 // config is Settings validated, with defaults filled in.
 type config struct {
 	gamma          float64
-	wire           rdc.Wire
+	wire           reduce.Wire
 	alpha          float32
 	outer          numeric.Outer
 	smoothing      bool // outer is the Smoothing filter, which skips lone rounds
@@ -97,7 +97,7 @@ func parseSettings(raw json.RawMessage) (config, error) {
 	if err := plugin.DecodeSettings(raw, &s); err != nil {
 		return config{}, fmt.Errorf("averager settings: %w", err)
 	}
-	c := config{gamma: 1, wire: rdc.WireF32, host: s.Host, threads: s.Threads, timeout: rdc.DefaultTimeout,
+	c := config{gamma: 1, wire: reduce.WireF32, host: s.Host, threads: s.Threads, timeout: reduce.DefaultTimeout,
 		connectTimeout: 60 * time.Second, shmDir: s.ShmDir, ringPort: s.RingPort}
 	bad := func(format string, a ...any) (config, error) {
 		return config{}, fmt.Errorf("averager settings: "+format, a...)
@@ -112,7 +112,7 @@ func parseSettings(raw json.RawMessage) (config, error) {
 	switch s.Wire {
 	case "", "f32":
 	case "bf16":
-		c.wire = rdc.WireBF16
+		c.wire = reduce.WireBF16
 	default:
 		return bad("wire = %q: want \"f32\" or \"bf16\"", s.Wire)
 	}

@@ -1,13 +1,14 @@
 package averager
 
 import (
-	"github.com/cohortdl/cohort/shared/arena"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/cohortdl/cohort/shared/arena"
+
 	"github.com/cohortdl/cohort/shared/plugin"
-	rdc "github.com/cohortdl/cohort/shared/reduce"
+	"github.com/cohortdl/cohort/shared/reduce"
 	"github.com/cohortdl/cohort/shared/reduce/numeric"
 )
 
@@ -18,11 +19,11 @@ func TestSettings(t *testing.T) {
 		want func(c config) bool
 	}{
 		{in: ``, want: func(c config) bool {
-			return c.gamma == 1 && c.wire == rdc.WireF32 && c.alpha == 0 && c.timeout == 30*time.Second &&
+			return c.gamma == 1 && c.wire == reduce.WireF32 && c.alpha == 0 && c.timeout == 30*time.Second &&
 				c.smoothing && c.outer == numeric.Outer{Kind: numeric.OuterSlowMo, LR: 1 - DefaultSmoothing, Mu: DefaultSmoothing}
 		}},
 		{in: `null`, want: func(c config) bool { return c.gamma == 1 }},
-		{in: `{"gamma": 0.5, "wire": "bf16"}`, want: func(c config) bool { return c.gamma == 0.5 && c.wire == rdc.WireBF16 }},
+		{in: `{"gamma": 0.5, "wire": "bf16"}`, want: func(c config) bool { return c.gamma == 0.5 && c.wire == reduce.WireBF16 }},
 		{in: `{"outer": "slowmo"}`, want: func(c config) bool {
 			return !c.smoothing && c.outer == numeric.Outer{Kind: numeric.OuterSlowMo, LR: 1, Mu: 0.9}
 		}},

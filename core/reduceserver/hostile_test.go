@@ -1,4 +1,4 @@
-package reduce
+package reduceserver
 
 import (
 	"context"
@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/cohortdl/cohort/internal/hostile"
-	rdc "github.com/cohortdl/cohort/shared/reduce"
+	"github.com/cohortdl/cohort/shared/reduce"
 )
 
 // Every hostile input at the reduce server's port (garbage, 4 GiB length
@@ -20,12 +20,12 @@ import (
 // afterwards.
 func TestHostileConnectionsAreDropped(t *testing.T) {
 	s, logs := startServer(t, 1)
-	wrongKeys, err := rdc.DeriveKeys(wrongKey)
+	wrongKeys, err := reduce.DeriveKeys(wrongKey)
 	if err != nil {
 		t.Fatal(err)
 	}
 	wrong := hostile.FirstWrite(func(nc net.Conn) {
-		rdc.ClientHandshake(context.Background(), nc, wrongKeys, testHello(0, 1), rdc.Options{Timeout: time.Second})
+		reduce.ClientHandshake(context.Background(), nc, wrongKeys, testHello(0, 1), reduce.Options{Timeout: time.Second})
 	})
 	ctx := context.Background()
 	// The server's Timeout is 3 s; a dropped connection goes well before

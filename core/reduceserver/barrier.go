@@ -1,4 +1,4 @@
-package reduce
+package reduceserver
 
 // The round barrier: gathering every live rank's announce, planning the
 // round, telling each host's leader when its host folded (it then sums with
@@ -12,7 +12,7 @@ import (
 	"sort"
 	"strings"
 
-	rdc "github.com/cohortdl/cohort/shared/reduce"
+	"github.com/cohortdl/cohort/shared/reduce"
 )
 
 type round struct {
@@ -34,11 +34,11 @@ type hostRound struct {
 	folded   map[uint32]bool
 	sendSent bool
 	applied  bool
-	done     map[uint32]rdc.Done
+	done     map[uint32]reduce.Done
 	finished bool
 }
 
-func (e *engine) announce(m *member, a rdc.Announce) error {
+func (e *engine) announce(m *member, a reduce.Announce) error {
 	r := m.rc.rank
 	if e.cur != nil {
 		return fmt.Errorf("announced round %d while round %d is in flight", a.Round, e.cur.id)
@@ -47,15 +47,15 @@ func (e *engine) announce(m *member, a rdc.Announce) error {
 		return fmt.Errorf("announced round %d twice", a.Round)
 	}
 	if e.anyFailed && a.Round <= e.failedUpTo {
-		e.send(m, rdc.KindFail, rdc.Fail{Round: a.Round, Reason: fmt.Sprintf("round %d was abandoned: %s", a.Round, e.failReason)}.Encode())
+		e.send(m, reduce.KindFail, reduce.Fail{Round: a.Round, Reason: fmt.Sprintf("round %d was abandoned: %s", a.Round, e.failReason)}.Encode())
 		return nil
 	}
 	if e.anyDone && a.Round <= e.doneUpTo {
-		e.send(m, rdc.KindFail, rdc.Fail{Round: a.Round, Reason: fmt.Sprintf("round %d is out of step: round %d already finished", a.Round, e.doneUpTo)}.Encode())
+		e.send(m, reduce.KindFail, reduce.Fail{Round: a.Round, Reason: fmt.Sprintf("round %d is out of step: round %d already finished", a.Round, e.doneUpTo)}.Encode())
 		return nil
 	}
 	if a.Broadcast && a.Root >= e.s.cfg.World {
-		e.send(m, rdc.KindFail, rdc.Fail{Round: a.Round, Reason: fmt.Sprintf("broadcast root %d out of range for world %d", a.Root, e.s.cfg.World)}.Encode())
+		e.send(m, reduce.KindFail, reduce.Fail{Round: a.Round, Reason: fmt.Sprintf("broadcast root %d out of range for world %d", a.Root, e.s.cfg.World)}.Encode())
 		return nil
 	}
 	e.announces[r] = a
@@ -69,7 +69,7 @@ func (e *engine) failGathering(id uint64, reason string) {
 	e.log.Error("averaging round refused", "round", id, "reason", reason)
 	for r, a := range e.announces {
 		if m := e.members[r]; m != nil {
-			e.send(m, rdc.KindFail, rdc.Fail{Round: a.Round, Reason: reason}.Encode())
+			e.send(m, reduce.KindFail, reduce.Fail{Round: a.Round, Reason: reason}.Encode())
 		}
 		e.failedUpTo = max(e.failedUpTo, a.Round)
 	}
@@ -83,7 +83,7 @@ func (e *engine) tryPlan() {
 	if !e.formed || e.cur != nil || len(e.announces) == 0 {
 		return
 	}
-	var first *rdc.Announce
+	var first *reduce.Announce
 	var firstRank uint32
 	ranks := make([]uint32, 0, len(e.members))
 	for r := range e.members {
@@ -141,26 +141,26 @@ func (e *engine) tryPlan() {
 		geo := e.s.geometryNow()
 		wire := geo.Wire
 		if rd.broadcast {
-			wire = rdc.WireF32
+			wire = reduce.WireF32
 		}
 		rd.bytes = 2 * (h - 1) * geo.Elements() * wire.Size()
 	}
 	for _, h := range e.hosts {
-		hr := &hostRound{ranks: h, leader: h[0], folded: map[uint32]bool{}, done: map[uint32]rdc.Done{}}
+		hr := &hostRound{ranks: h, leader: h[0], folded: map[uint32]bool{}, done: map[uint32]reduce.Done{}}
 		for _, r := range h {
 			rd.hostOf[r] = hr
 		}
 		rd.hosts = append(rd.hosts, hr)
 	}
 	for _, hr := range rd.hosts {
-		p := rdc.Plan{Round: id, Topology: e.topoGen, Realized: realized, Broadcast: rd.broadcast, Seed: seed, Root: rd.root,
+		p := reduce.Plan{Round: id, Topology: e.topoGen, Realized: realized, Broadcast: rd.broadcast, Seed: seed, Root: rd.root,
 			Hosts: uint32(len(rd.hosts)), TotalWeight: w, TotalMovers: mv}
 		for _, r := range hr.ranks {
-			p.Parts = append(p.Parts, rdc.PlanPart{Rank: r, Weight: e.announces[r].Weight})
+			p.Parts = append(p.Parts, reduce.PlanPart{Rank: r, Weight: e.announces[r].Weight})
 		}
 		b := p.Encode()
 		for _, r := range hr.ranks {
-			e.send(e.members[r], rdc.KindPlan, b)
+			e.send(e.members[r], reduce.KindPlan, b)
 		}
 	}
 	clear(e.announces)
@@ -186,10 +186,10 @@ func (e *engine) failRound(reason string) {
 	e.cur = nil
 	e.log.Error("averaging round failed", "round", rd.id, "reason", reason)
 	for _, hr := range rd.hosts {
-		b := rdc.Fail{Round: rd.id, Reason: reason}.Encode()
+		b := reduce.Fail{Round: rd.id, Reason: reason}.Encode()
 		for _, r := range hr.ranks {
 			if m := e.members[r]; m != nil {
-				e.send(m, rdc.KindFail, b)
+				e.send(m, reduce.KindFail, b)
 			}
 		}
 	}
@@ -199,7 +199,7 @@ func (e *engine) failRound(reason string) {
 	e.s.failed.Add(1)
 }
 
-func (e *engine) abort(r uint32, a rdc.Abort) {
+func (e *engine) abort(r uint32, a reduce.Abort) {
 	reason := fmt.Sprintf("rank %d aborted round %d: %s", r, a.Round, strings.TrimSpace(a.Reason))
 	if e.cur != nil && e.cur.id == a.Round {
 		e.failRound(reason)
@@ -252,7 +252,7 @@ func (e *engine) folded(m *member, id uint64) error {
 	hr.folded[r] = true
 	if len(hr.folded) == len(hr.ranks) {
 		hr.sendSent = true
-		e.send(e.members[hr.leader], rdc.KindSend, rdc.RoundRef{Round: id}.Encode())
+		e.send(e.members[hr.leader], reduce.KindSend, reduce.RoundRef{Round: id}.Encode())
 	}
 	return nil
 }
@@ -266,14 +266,14 @@ func (e *engine) received(m *member, id uint64) error {
 		return fmt.Errorf("received for round %d out of turn", id)
 	}
 	hr.applied = true
-	b := rdc.RoundRef{Round: id}.Encode()
+	b := reduce.RoundRef{Round: id}.Encode()
 	for _, r := range hr.ranks {
-		e.send(e.members[r], rdc.KindApply, b)
+		e.send(e.members[r], reduce.KindApply, b)
 	}
 	return nil
 }
 
-func (e *engine) done(m *member, d rdc.Done) error {
+func (e *engine) done(m *member, d reduce.Done) error {
 	rd, hr, err := e.roundFor(m, d.Round, "done")
 	if rd == nil {
 		return err
@@ -310,7 +310,7 @@ func (e *engine) done(m *member, d rdc.Done) error {
 		}
 	}
 	for i, q := range hr.ranks {
-		e.send(e.members[q], rdc.KindResult, rdc.Result{Round: d.Round, Diff2: diff[i], Pre2: pre[i], Post2: post2, Bytes: rd.bytes}.Encode())
+		e.send(e.members[q], reduce.KindResult, reduce.Result{Round: d.Round, Diff2: diff[i], Pre2: pre[i], Post2: post2, Bytes: rd.bytes}.Encode())
 	}
 	rd.finished++
 	if rd.finished == len(rd.hosts) {

@@ -1,11 +1,13 @@
-// Package reduce is the coordinator's reduce server for CPU averaging: it
-// admits each rank's data channel (shared/reduce), keeps the membership
-// (who is connected, who shares a host, who was declared dead), runs the
-// barrier of every round, and, when the cohort spans several hosts, sums the
-// hosts' folded parameters, divides once by the total weight and sends the
-// consensus back. Ranks of one host reduce among themselves through shared
-// memory; when the cohort is one host, only weights and divergence sums
-// cross the server's sockets.
+// Package reduceserver is the coordinator's reduce server for CPU
+// averaging, the meeting point of kind reduce-server: it admits each
+// rank's data channel (shared/reduce, whose other end is the SDK's client
+// in each rank's averager), keeps the membership (who is connected, who
+// shares a host, who was declared dead), and runs the barrier of every
+// round: it plans the round, tells each host's leader when its host
+// folded, and adds up the ranks' divergence sums. Ranks of one host reduce
+// among themselves through shared memory; when the cohort spans hosts, the
+// host leaders sum their folds among themselves over a ring of their own
+// (shared/reduce/ring). No parameter byte crosses the server's sockets.
 //
 // A connection that misbehaves (a wrong key, a tampered, short or oversized
 // frame, a protocol violation) is refused or dropped with a logged error;
@@ -14,10 +16,11 @@
 //
 // Where is: the listener, admission and per-connection goroutines in
 // server.go; the engine's event loop in engine.go, with membership in
-// membership.go, the round barrier in barrier.go and the cross-host sum in
-// sum.go. The channel's bytes are shared/reduce's, its authentication
-// internal/authframe's.
-package reduce
+// membership.go and the round barrier in barrier.go. The channel's bytes
+// are shared/reduce's, its authentication internal/authframe's. The
+// coordinator starts the server when a rank asks for its meeting point
+// (core/coordinator, meeting.go).
+package reduceserver
 
 import (
 	"context"
@@ -34,7 +37,7 @@ import (
 	"github.com/cohortdl/cohort/internal/authframe"
 	"github.com/cohortdl/cohort/shared/arena"
 	"github.com/cohortdl/cohort/shared/mtls"
-	rdc "github.com/cohortdl/cohort/shared/reduce"
+	"github.com/cohortdl/cohort/shared/reduce"
 )
 
 // Config configures a Server.
@@ -82,7 +85,7 @@ type Stats struct {
 type Server struct {
 	cfg  Config
 	log  hclog.Logger
-	keys rdc.Keys
+	keys reduce.Keys
 	run  [16]byte
 	ln   net.Listener
 
@@ -93,7 +96,7 @@ type Server struct {
 
 	// mu guards the registry the handshake consults.
 	mu       sync.Mutex
-	geometry *rdc.Hello // the cohort's wire, counts and digests, once known
+	geometry *reduce.Hello // the cohort's wire, counts and digests, once known
 	present  map[uint32]bool
 	dead     map[uint32]bool
 
@@ -109,27 +112,27 @@ func Listen(ctx context.Context, cfg Config) (*Server, error) {
 	if cfg.World == 0 {
 		return nil, errors.New("reduce server: world size 0")
 	}
-	if cfg.World > rdc.MaxMembers {
-		return nil, fmt.Errorf("reduce server: world size %d over the limit of %d", cfg.World, rdc.MaxMembers)
+	if cfg.World > reduce.MaxMembers {
+		return nil, fmt.Errorf("reduce server: world size %d over the limit of %d", cfg.World, reduce.MaxMembers)
 	}
-	keys, err := rdc.DeriveKeys(cfg.Key)
+	keys, err := reduce.DeriveKeys(cfg.Key)
 	if err != nil {
 		return nil, fmt.Errorf("reduce server: %w", err)
 	}
 	if cfg.Timeout <= 0 {
-		cfg.Timeout = rdc.DefaultTimeout
+		cfg.Timeout = reduce.DefaultTimeout
 	}
 	logger := cfg.Logger
 	if logger == nil {
 		logger = hclog.NewNullLogger()
 	}
-	var geo *rdc.Hello
+	var geo *reduce.Hello
 	if cfg.Layout != nil {
 		if err := cfg.Layout.Validate(); err != nil {
 			return nil, fmt.Errorf("reduce server: %w", err)
 		}
 		p, b := Counts(*cfg.Layout)
-		geo = &rdc.Hello{Params: p, Buffers: b, Layout: cfg.Layout.Digest()}
+		geo = &reduce.Hello{Params: p, Buffers: b, Layout: cfg.Layout.Digest()}
 	}
 	ln, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {
@@ -137,7 +140,7 @@ func Listen(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	sctx, cancel := context.WithCancel(ctx)
 	s := &Server{
-		cfg: cfg, log: logger.Named("reduce"), keys: keys, run: rdc.RunDigest(cfg.RunID), ln: ln,
+		cfg: cfg, log: logger.Named("reduce"), keys: keys, run: reduce.RunDigest(cfg.RunID), ln: ln,
 		ctx: sctx, cancel: cancel, events: make(chan event, 256),
 		geometry: geo, present: map[uint32]bool{}, dead: map[uint32]bool{},
 	}
@@ -244,34 +247,34 @@ func (s *Server) acceptLoop() {
 }
 
 // accept judges a verified hello; it reserves the rank's slot.
-func (s *Server) accept(h rdc.Hello) error {
+func (s *Server) accept(h reduce.Hello) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	refuse := func(st rdc.Status, format string, a ...any) error {
-		return &rdc.Refusal{Status: st, Detail: fmt.Sprintf(format, a...)}
+	refuse := func(st reduce.Status, format string, a ...any) error {
+		return &reduce.Refusal{Status: st, Detail: fmt.Sprintf(format, a...)}
 	}
 	switch {
 	case s.ctx.Err() != nil:
-		return refuse(rdc.RefusedClosing, "")
+		return refuse(reduce.RefusedClosing, "")
 	case h.World != s.cfg.World:
-		return refuse(rdc.RefusedWorld, "rank says %d, server has %d", h.World, s.cfg.World)
+		return refuse(reduce.RefusedWorld, "rank says %d, server has %d", h.World, s.cfg.World)
 	case h.Rank >= s.cfg.World:
-		return refuse(rdc.RefusedRank, "rank %d of %d", h.Rank, s.cfg.World)
+		return refuse(reduce.RefusedRank, "rank %d of %d", h.Rank, s.cfg.World)
 	case h.Run != s.run:
-		return refuse(rdc.RefusedRun, "")
+		return refuse(reduce.RefusedRun, "")
 	case s.dead[h.Rank]:
-		return refuse(rdc.RefusedDead, "rank %d", h.Rank)
+		return refuse(reduce.RefusedDead, "rank %d", h.Rank)
 	case s.present[h.Rank]:
-		return refuse(rdc.RefusedDuplicate, "rank %d", h.Rank)
+		return refuse(reduce.RefusedDuplicate, "rank %d", h.Rank)
 	}
 	if g := s.geometry; g != nil {
 		switch {
 		case h.Layout != g.Layout:
-			return refuse(rdc.RefusedLayout, "")
+			return refuse(reduce.RefusedLayout, "")
 		case h.Params != g.Params || h.Buffers != g.Buffers:
-			return refuse(rdc.RefusedGeometry, "rank declares %d+%d elements, cohort has %d+%d", h.Params, h.Buffers, g.Params, g.Buffers)
+			return refuse(reduce.RefusedGeometry, "rank declares %d+%d elements, cohort has %d+%d", h.Params, h.Buffers, g.Params, g.Buffers)
 		case g.Wire != 0 && (h.Wire != g.Wire || h.Settings != g.Settings):
-			return refuse(rdc.RefusedSettings, "")
+			return refuse(reduce.RefusedSettings, "")
 		}
 	}
 	if s.geometry == nil {
@@ -297,14 +300,14 @@ func (s *Server) admit(nc net.Conn) {
 		nc = tc
 	}
 	var reserved *uint32
-	accept := func(h rdc.Hello) error {
+	accept := func(h reduce.Hello) error {
 		err := s.accept(h)
 		if err == nil {
 			reserved = &h.Rank
 		}
 		return err
 	}
-	conn, h, err := rdc.ServerHandshake(s.ctx, nc, s.keys, accept, rdc.Options{Timeout: s.cfg.Timeout})
+	conn, h, err := reduce.ServerHandshake(s.ctx, nc, s.keys, accept, reduce.Options{Timeout: s.cfg.Timeout})
 	if err != nil && reserved != nil {
 		// Admitted, but the ack did not go out: free the slot for a retry.
 		s.mu.Lock()
@@ -337,8 +340,8 @@ func (s *Server) admit(nc net.Conn) {
 // rankConn is one admitted rank.
 type rankConn struct {
 	rank  uint32
-	conn  *rdc.Conn
-	hello rdc.Hello
+	conn  *reduce.Conn
+	hello reduce.Hello
 }
 
 func (s *Server) readLoop(rc *rankConn) {
@@ -353,7 +356,7 @@ func (s *Server) readLoop(rc *rankConn) {
 		if !s.post(ev) {
 			return
 		}
-		if f.Kind == rdc.KindBye {
+		if f.Kind == reduce.KindBye {
 			return
 		}
 	}

@@ -1,4 +1,4 @@
-package reduce
+package reduceserver
 
 // The engine: one goroutine owns all membership and round state and
 // handles every event (a rank connected, a frame, a rank lost or declared
@@ -15,7 +15,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/cohortdl/cohort/internal/authframe"
-	rdc "github.com/cohortdl/cohort/shared/reduce"
+	"github.com/cohortdl/cohort/shared/reduce"
 )
 
 type evKind int
@@ -30,14 +30,14 @@ const (
 type event struct {
 	kind  evKind
 	rc    *rankConn
-	frame rdc.Frame
+	frame reduce.Frame
 	err   error
 	rank  uint32
 }
 
 type member struct {
 	rc   *rankConn
-	join *rdc.Join
+	join *reduce.Join
 	// ring is where the rank listens for ring links: the address it
 	// connected from, at the port it joined with.
 	ring string
@@ -54,7 +54,7 @@ type engine struct {
 	topoGen uint64
 	hosts   [][]uint32
 
-	announces  map[uint32]rdc.Announce
+	announces  map[uint32]reduce.Announce
 	cur        *round
 	failedUpTo uint64
 	failReason string
@@ -67,7 +67,7 @@ type engine struct {
 func newEngine(s *Server) *engine {
 	return &engine{
 		s: s, log: s.log, members: map[uint32]*member{}, gone: map[uint32]bool{},
-		announces: map[uint32]rdc.Announce{},
+		announces: map[uint32]reduce.Announce{},
 	}
 }
 
@@ -111,7 +111,7 @@ func (e *engine) handle(ev event) {
 	case evDead:
 		e.remove(ev.rank, "was declared dead", nil, false, false)
 	case evLost:
-		if m := e.members[ev.who()]; m != nil && m.rc == ev.rc && errors.Is(ev.err, rdc.ErrByeCut) {
+		if m := e.members[ev.who()]; m != nil && m.rc == ev.rc && errors.Is(ev.err, reduce.ErrByeCut) {
 			e.remove(ev.rc.rank, "said goodbye as its connection closed", errBye, false, false)
 		} else if m != nil && m.rc == ev.rc {
 			why, refused := "lost its data channel", false
@@ -145,7 +145,7 @@ func (ev event) who() uint32 {
 
 var errBye = errors.New("goodbye")
 
-func (e *engine) send(m *member, kind rdc.Kind, payload ...[]byte) {
+func (e *engine) send(m *member, kind reduce.Kind, payload ...[]byte) {
 	if m == nil {
 		return
 	}
@@ -154,16 +154,16 @@ func (e *engine) send(m *member, kind rdc.Kind, payload ...[]byte) {
 	}
 }
 
-func (e *engine) frame(m *member, f rdc.Frame) error {
-	if m.join == nil && f.Kind != rdc.KindJoin {
+func (e *engine) frame(m *member, f reduce.Frame) error {
+	if m.join == nil && f.Kind != reduce.KindJoin {
 		return fmt.Errorf("%v frame before join", f.Kind)
 	}
 	switch f.Kind {
-	case rdc.KindJoin:
+	case reduce.KindJoin:
 		if m.join != nil {
 			return errors.New("second join")
 		}
-		j, err := rdc.DecodeJoin(f.Payload)
+		j, err := reduce.DecodeJoin(f.Payload)
 		if err != nil {
 			return err
 		}
@@ -176,43 +176,43 @@ func (e *engine) frame(m *member, f rdc.Frame) error {
 		e.log.Debug("rank joined", "rank", m.rc.rank, "arena", j.ArenaPath, "pid", j.PID)
 		e.membershipChanged()
 		return nil
-	case rdc.KindAnnounce:
-		a, err := rdc.DecodeAnnounce(f.Payload)
+	case reduce.KindAnnounce:
+		a, err := reduce.DecodeAnnounce(f.Payload)
 		if err != nil {
 			return err
 		}
 		return e.announce(m, a)
-	case rdc.KindAbort:
-		a, err := rdc.DecodeAbort(f.Payload)
+	case reduce.KindAbort:
+		a, err := reduce.DecodeAbort(f.Payload)
 		if err != nil {
 			return err
 		}
 		e.abort(m.rc.rank, a)
 		return nil
-	case rdc.KindSession:
-		s, err := rdc.DecodeSession(f.Payload)
+	case reduce.KindSession:
+		s, err := reduce.DecodeSession(f.Payload)
 		if err != nil {
 			return err
 		}
 		e.session(m.rc.rank, s)
 		return nil
-	case rdc.KindBye:
-		if err := rdc.DecodeEmpty(f.Kind, f.Payload); err != nil {
+	case reduce.KindBye:
+		if err := reduce.DecodeEmpty(f.Kind, f.Payload); err != nil {
 			return err
 		}
 		e.remove(m.rc.rank, "said goodbye", errBye, false, false)
 		return nil
-	case rdc.KindFolded, rdc.KindReceived:
-		r, err := rdc.DecodeRoundRef(f.Kind, f.Payload)
+	case reduce.KindFolded, reduce.KindReceived:
+		r, err := reduce.DecodeRoundRef(f.Kind, f.Payload)
 		if err != nil {
 			return err
 		}
-		if f.Kind == rdc.KindFolded {
+		if f.Kind == reduce.KindFolded {
 			return e.folded(m, r.Round)
 		}
 		return e.received(m, r.Round)
-	case rdc.KindDone:
-		d, err := rdc.DecodeDone(f.Payload)
+	case reduce.KindDone:
+		d, err := reduce.DecodeDone(f.Payload)
 		if err != nil {
 			return err
 		}

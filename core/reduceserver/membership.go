@@ -1,4 +1,4 @@
-package reduce
+package reduceserver
 
 // Membership: who is connected, who shares a host, who is gone. Every change
 // is told to the live ranks before a round may start on it.
@@ -8,7 +8,7 @@ import (
 	"fmt"
 	"sort"
 
-	rdc "github.com/cohortdl/cohort/shared/reduce"
+	"github.com/cohortdl/cohort/shared/reduce"
 )
 
 // remove takes rank out of the membership. lost says its connection
@@ -101,21 +101,21 @@ func (e *engine) membershipChanged() {
 		leaders[hi] = e.members[h[0]].ring
 	}
 	for hi, h := range e.hosts {
-		t := rdc.Topology{Generation: e.topoGen, Hosts: uint32(len(e.hosts)), Host: uint32(hi), Leaders: leaders}
+		t := reduce.Topology{Generation: e.topoGen, Hosts: uint32(len(e.hosts)), Host: uint32(hi), Leaders: leaders}
 		for _, r := range h {
 			j := e.members[r].join
-			t.Peers = append(t.Peers, rdc.Peer{Rank: r, Dev: j.Dev, Ino: j.Ino, Path: j.ArenaPath})
+			t.Peers = append(t.Peers, reduce.Peer{Rank: r, Dev: j.Dev, Ino: j.Ino, Path: j.ArenaPath})
 		}
 		b := t.Encode()
 		for _, r := range h {
-			e.send(e.members[r], rdc.KindTopology, b)
+			e.send(e.members[r], reduce.KindTopology, b)
 		}
 	}
 	e.log.Debug("topology", "generation", e.topoGen, "hosts", len(e.hosts), "ranks", len(ranks))
 	e.tryPlan()
 }
 
-func (e *engine) session(from uint32, s rdc.Session) {
+func (e *engine) session(from uint32, s reduce.Session) {
 	if s.Generation <= e.sessionGen {
 		return
 	}
@@ -131,7 +131,7 @@ func (e *engine) session(from uint32, s rdc.Session) {
 	}
 }
 
-func (s *Server) geometryNow() rdc.Hello {
+func (s *Server) geometryNow() reduce.Hello {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return *s.geometry

@@ -1,4 +1,4 @@
-package reduce
+package reduceserver
 
 import (
 	"context"
@@ -18,7 +18,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/cohortdl/cohort/internal/authframe"
-	rdc "github.com/cohortdl/cohort/shared/reduce"
+	"github.com/cohortdl/cohort/shared/reduce"
 )
 
 var (
@@ -72,37 +72,37 @@ func (c *tamperConn) Write(b []byte) (int, error) {
 	return c.Conn.Write(b)
 }
 
-func testHello(rank, world uint32) rdc.Hello {
-	return rdc.Hello{Rank: rank, World: world, Wire: rdc.WireF32, Params: 10, Buffers: 2,
-		Run: rdc.RunDigest(runID), Layout: sha256.Sum256([]byte("layout")), Host: [16]byte{1}}
+func testHello(rank, world uint32) reduce.Hello {
+	return reduce.Hello{Rank: rank, World: world, Wire: reduce.WireF32, Params: 10, Buffers: 2,
+		Run: reduce.RunDigest(runID), Layout: sha256.Sum256([]byte("layout")), Host: [16]byte{1}}
 }
 
 // testRank speaks the protocol by hand, as one rank of a single host.
 type testRank struct {
 	t      *testing.T
 	rank   uint32
-	conn   *rdc.Conn
+	conn   *reduce.Conn
 	raw    *tamperConn
-	frames chan rdc.Frame
+	frames chan reduce.Frame
 	errs   chan error
 }
 
-func dialRank(t *testing.T, s *Server, h rdc.Hello, k []byte) (*testRank, error) {
+func dialRank(t *testing.T, s *Server, h reduce.Hello, k []byte) (*testRank, error) {
 	t.Helper()
 	nc, err := net.Dial("tcp", s.Addr())
 	if err != nil {
 		t.Fatal(err)
 	}
 	raw := &tamperConn{Conn: nc}
-	keys, err := rdc.DeriveKeys(k)
+	keys, err := reduce.DeriveKeys(k)
 	if err != nil {
 		t.Fatal(err)
 	}
-	conn, err := rdc.ClientHandshake(context.Background(), raw, keys, h, rdc.Options{Timeout: 3 * time.Second})
+	conn, err := reduce.ClientHandshake(context.Background(), raw, keys, h, reduce.Options{Timeout: 3 * time.Second})
 	if err != nil {
 		return nil, err
 	}
-	r := &testRank{t: t, rank: h.Rank, conn: conn, raw: raw, frames: make(chan rdc.Frame, 64), errs: make(chan error, 1)}
+	r := &testRank{t: t, rank: h.Rank, conn: conn, raw: raw, frames: make(chan reduce.Frame, 64), errs: make(chan error, 1)}
 	t.Cleanup(func() { conn.Close() })
 	go func() {
 		for {
@@ -129,12 +129,12 @@ func mustRank(t *testing.T, s *Server, rank, world uint32) *testRank {
 }
 
 func (r *testRank) join() {
-	if err := r.conn.Send(context.Background(), rdc.KindJoin, rdc.Join{ArenaPath: fmt.Sprintf("/dev/shm/test-%d", r.rank), PID: 1, RingPort: 1}.Encode()); err != nil {
+	if err := r.conn.Send(context.Background(), reduce.KindJoin, reduce.Join{ArenaPath: fmt.Sprintf("/dev/shm/test-%d", r.rank), PID: 1, RingPort: 1}.Encode()); err != nil {
 		r.t.Fatal(err)
 	}
 }
 
-func (r *testRank) next(kinds ...rdc.Kind) (rdc.Frame, error) {
+func (r *testRank) next(kinds ...reduce.Kind) (reduce.Frame, error) {
 	timeout := time.After(5 * time.Second)
 	for {
 		select {
@@ -144,61 +144,61 @@ func (r *testRank) next(kinds ...rdc.Kind) (rdc.Frame, error) {
 					return f, nil
 				}
 			}
-			if f.Kind == rdc.KindTopology {
+			if f.Kind == reduce.KindTopology {
 				continue
 			}
 			return f, fmt.Errorf("rank %d: unexpected %v", r.rank, f.Kind)
 		case err := <-r.errs:
-			return rdc.Frame{}, err
+			return reduce.Frame{}, err
 		case <-timeout:
-			return rdc.Frame{}, fmt.Errorf("rank %d: no %v within 5s", r.rank, kinds)
+			return reduce.Frame{}, fmt.Errorf("rank %d: no %v within 5s", r.rank, kinds)
 		}
 	}
 }
 
 // round runs one single-host round and returns the result.
-func (r *testRank) round(id, steps uint64) (rdc.Result, error) {
+func (r *testRank) round(id, steps uint64) (reduce.Result, error) {
 	w := float64(steps)
-	if err := r.conn.Send(context.Background(), rdc.KindAnnounce, rdc.Announce{Round: id, Steps: steps, Weight: w}.Encode()); err != nil {
-		return rdc.Result{}, err
+	if err := r.conn.Send(context.Background(), reduce.KindAnnounce, reduce.Announce{Round: id, Steps: steps, Weight: w}.Encode()); err != nil {
+		return reduce.Result{}, err
 	}
-	f, err := r.next(rdc.KindPlan, rdc.KindFail)
+	f, err := r.next(reduce.KindPlan, reduce.KindFail)
 	if err != nil {
-		return rdc.Result{}, err
+		return reduce.Result{}, err
 	}
-	if f.Kind == rdc.KindFail {
-		m, _ := rdc.DecodeFail(f.Payload)
-		return rdc.Result{}, errors.New(m.Reason)
+	if f.Kind == reduce.KindFail {
+		m, _ := reduce.DecodeFail(f.Payload)
+		return reduce.Result{}, errors.New(m.Reason)
 	}
-	p, err := rdc.DecodePlan(f.Payload)
+	p, err := reduce.DecodePlan(f.Payload)
 	if err != nil {
-		return rdc.Result{}, err
+		return reduce.Result{}, err
 	}
 	if !p.Realized {
-		return rdc.Result{Round: id}, nil
+		return reduce.Result{Round: id}, nil
 	}
-	d := rdc.Done{Round: id, Post2: 1}
+	d := reduce.Done{Round: id, Post2: 1}
 	for _, q := range p.Parts {
-		d.Parts = append(d.Parts, rdc.Partial{Rank: q.Rank, Diff2: float64(r.rank), Pre2: 2})
+		d.Parts = append(d.Parts, reduce.Partial{Rank: q.Rank, Diff2: float64(r.rank), Pre2: 2})
 	}
-	if err := r.conn.Send(context.Background(), rdc.KindDone, d.Encode()); err != nil {
-		return rdc.Result{}, err
+	if err := r.conn.Send(context.Background(), reduce.KindDone, d.Encode()); err != nil {
+		return reduce.Result{}, err
 	}
-	if f, err = r.next(rdc.KindResult, rdc.KindFail); err != nil {
-		return rdc.Result{}, err
+	if f, err = r.next(reduce.KindResult, reduce.KindFail); err != nil {
+		return reduce.Result{}, err
 	}
-	if f.Kind == rdc.KindFail {
-		m, _ := rdc.DecodeFail(f.Payload)
-		return rdc.Result{}, errors.New(m.Reason)
+	if f.Kind == reduce.KindFail {
+		m, _ := reduce.DecodeFail(f.Payload)
+		return reduce.Result{}, errors.New(m.Reason)
 	}
-	return rdc.DecodeResult(f.Payload)
+	return reduce.DecodeResult(f.Payload)
 }
 
 func roundAll(t *testing.T, id uint64, ranks ...*testRank) {
 	t.Helper()
 	var wg sync.WaitGroup
 	errs := make([]error, len(ranks))
-	res := make([]rdc.Result, len(ranks))
+	res := make([]reduce.Result, len(ranks))
 	for i, r := range ranks {
 		wg.Add(1)
 		go func() {
@@ -251,12 +251,12 @@ func TestMisbehavingConnections(t *testing.T) {
 				r.raw.hook = func(n int, b []byte) []byte {
 					// Only the announce: a ping the writer sends meanwhile
 					// (on a busy machine) must reach the server intact.
-					if len(b) > 20 && binary.LittleEndian.Uint16(b[4:]) == uint16(rdc.KindAnnounce) {
+					if len(b) > 20 && binary.LittleEndian.Uint16(b[4:]) == uint16(reduce.KindAnnounce) {
 						b[len(b)-12] ^= 0x40 // a payload bit of the announce
 					}
 					return b
 				}
-				r.conn.Send(context.Background(), rdc.KindAnnounce, rdc.Announce{Round: 1, Steps: 9, Weight: 9}.Encode())
+				r.conn.Send(context.Background(), reduce.KindAnnounce, reduce.Announce{Round: 1, Steps: 9, Weight: 9}.Encode())
 			},
 		},
 		{
@@ -277,7 +277,7 @@ func TestMisbehavingConnections(t *testing.T) {
 					r.raw.Conn.(*net.TCPConn).CloseWrite()
 					return []byte{}
 				}
-				r.conn.Send(context.Background(), rdc.KindAnnounce, rdc.Announce{Round: 1, Steps: 9, Weight: 9}.Encode())
+				r.conn.Send(context.Background(), reduce.KindAnnounce, reduce.Announce{Round: 1, Steps: 9, Weight: 9}.Encode())
 			},
 		},
 		{
@@ -292,7 +292,7 @@ func TestMisbehavingConnections(t *testing.T) {
 					}
 					return hdr
 				}
-				r.conn.Send(context.Background(), rdc.KindAnnounce, rdc.Announce{Round: 1}.Encode())
+				r.conn.Send(context.Background(), reduce.KindAnnounce, reduce.Announce{Round: 1}.Encode())
 			},
 		},
 		{
@@ -305,14 +305,14 @@ func TestMisbehavingConnections(t *testing.T) {
 					hdr[4] = 0x04 // the star's fold, gone with version 2
 					return hdr
 				}
-				r.conn.Send(context.Background(), rdc.KindAnnounce, rdc.Announce{Round: 1}.Encode())
+				r.conn.Send(context.Background(), reduce.KindAnnounce, reduce.Announce{Round: 1}.Encode())
 			},
 		},
 		{
 			name: "protocol violation", joins: true, log: "broke the protocol",
 			act: func(t *testing.T, s *Server) {
 				r := mustRank(t, s, 2, 3)
-				r.conn.Send(context.Background(), rdc.KindDone, rdc.Done{Round: 77}.Encode())
+				r.conn.Send(context.Background(), reduce.KindDone, reduce.Done{Round: 77}.Encode())
 			},
 		},
 	}
@@ -349,24 +349,24 @@ func TestHandshakeRefusals(t *testing.T) {
 	s, _ := startServer(t, 2)
 	mustRank(t, s, 0, 2)
 	other := testHello(1, 2)
-	other.Run = rdc.RunDigest("another run")
+	other.Run = reduce.RunDigest("another run")
 	layout := testHello(1, 2)
 	layout.Layout[0] ^= 1
 	geometry := testHello(1, 2)
 	geometry.Params++
 	for _, tc := range []struct {
 		name string
-		h    rdc.Hello
-		want rdc.Status
+		h    reduce.Hello
+		want reduce.Status
 	}{
-		{"wrong world", testHello(1, 3), rdc.RefusedWorld},
-		{"duplicate", testHello(0, 2), rdc.RefusedDuplicate},
-		{"wrong run", other, rdc.RefusedRun},
-		{"wrong layout", layout, rdc.RefusedLayout},
-		{"wrong geometry", geometry, rdc.RefusedGeometry},
+		{"wrong world", testHello(1, 3), reduce.RefusedWorld},
+		{"duplicate", testHello(0, 2), reduce.RefusedDuplicate},
+		{"wrong run", other, reduce.RefusedRun},
+		{"wrong layout", layout, reduce.RefusedLayout},
+		{"wrong geometry", geometry, reduce.RefusedGeometry},
 	} {
 		_, err := dialRank(t, s, tc.h, key)
-		var ref *rdc.Refusal
+		var ref *reduce.Refusal
 		if !errors.As(err, &ref) || ref.Status != tc.want {
 			t.Errorf("%s: %v, want %v", tc.name, err, tc.want)
 		}
@@ -387,8 +387,8 @@ func TestMarkDeadDuringGathering(t *testing.T) {
 	for _, r := range []*testRank{r0, r1} {
 		go func() { _, err := r.round(1, 1); done <- err }()
 	}
-	r2.conn.Send(context.Background(), rdc.KindAnnounce, rdc.Announce{Round: 1, Steps: 1, Weight: 1}.Encode())
-	if _, err := r2.next(rdc.KindPlan); err != nil {
+	r2.conn.Send(context.Background(), reduce.KindAnnounce, reduce.Announce{Round: 1, Steps: 1, Weight: 1}.Encode())
+	if _, err := r2.next(reduce.KindPlan); err != nil {
 		t.Fatal(err)
 	}
 	s.MarkDead(2)
@@ -414,7 +414,7 @@ func TestAbortFailsRound(t *testing.T) {
 		go func() { _, err := r.round(5, 1); done <- err }()
 	}
 	time.Sleep(50 * time.Millisecond)
-	r2.conn.Send(context.Background(), rdc.KindAbort, rdc.Abort{Round: 5, Reason: "peer 9 died"}.Encode())
+	r2.conn.Send(context.Background(), reduce.KindAbort, reduce.Abort{Round: 5, Reason: "peer 9 died"}.Encode())
 	for i := 0; i < 2; i++ {
 		select {
 		case err := <-done:
