@@ -1,9 +1,9 @@
 package reduceserver
 
 // The round barrier: gathering every live rank's announce, planning the
-// round, telling each host's leader when its host folded (it then sums with
-// the other leaders over their ring, shared/reduce/ring), and collecting
-// each participant's done before the next one.
+// round, telling each host's leader when its host folded (it then sums
+// with the other leaders over their ring, plugins/averaging-cpu/internal/ring),
+// and collecting each participant's done before the next one.
 
 import (
 	"errors"

@@ -7,7 +7,8 @@
 // folded, and adds up the ranks' divergence sums. Ranks of one host reduce
 // among themselves through shared memory; when the cohort spans hosts, the
 // host leaders sum their folds among themselves over a ring of their own
-// (shared/reduce/ring). No parameter byte crosses the server's sockets.
+// (plugins/averaging-cpu/internal/ring). No parameter byte crosses the
+// server's sockets.
 //
 // A connection that misbehaves (a wrong key, a tampered, short or oversized
 // frame, a protocol violation) is refused or dropped with a logged error;

@@ -1,8 +1,9 @@
 // Package reduce owns the bytes of the CPU averaging data channel: the TCP
-// connection from each rank's averaging plugin (plugins/averaging-cpu) to the
-// reduce server (core/reduceserver), which orchestrates membership and rounds; the
-// host leaders sum their hosts' folds among themselves (shared/reduce/ring). It holds the key schedule's labels, the
-// handshake, the frame layout and the codec of every message. The key
+// connection from each rank's averaging plugin (plugins/averaging-cpu) to
+// the reduce server (core/reduceserver), which orchestrates membership and
+// rounds; the host leaders sum their hosts' folds among themselves, over a
+// ring of the averager's own (averaging-cpu's is its internal/ring). It
+// holds the key schedule's labels, the handshake, the frame layout and the codec of every message. The key
 // derivation, the sequence-numbered frame MAC, the deadline helpers and the
 // sentinel errors are the authenticated-framing kernel's (internal/authframe),
 // shared with the control protocol. The arithmetic both ends run (weights,

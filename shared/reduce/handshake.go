@@ -13,7 +13,8 @@ import (
 
 var le = binary.LittleEndian
 
-// Wire is the element encoding of the host leaders' ring (shared/reduce/ring).
+// Wire is the element encoding of the host leaders' ring (averaging-cpu's
+// internal/ring).
 type Wire uint32
 
 const (

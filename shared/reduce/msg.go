@@ -19,8 +19,8 @@ type Join struct {
 	Dev, Ino uint64
 	PID      uint32
 	// RingPort is where the rank listens for ring links should it lead
-	// its host (shared/reduce/ring); the server pairs it with the address
-	// it sees the rank connect from.
+	// its host (averaging-cpu's internal/ring); the server pairs it with
+	// the address it sees the rank connect from.
 	RingPort uint16
 }
 

@@ -13,7 +13,7 @@ import (
 
 	"github.com/cohortdl/cohort/shared/arena"
 	"github.com/cohortdl/cohort/shared/plugin"
-	"github.com/cohortdl/cohort/shared/reduce/ring"
+	"github.com/cohortdl/cohort/plugins/averaging-cpu/internal/ring"
 )
 
 // TestWeightedMean runs rounds on one host (shared memory) and on ranks

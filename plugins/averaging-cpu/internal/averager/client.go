@@ -23,7 +23,7 @@ import (
 	"github.com/cohortdl/cohort/shared/plugin"
 	"github.com/cohortdl/cohort/shared/reduce"
 	"github.com/cohortdl/cohort/shared/reduce/numeric"
-	"github.com/cohortdl/cohort/shared/reduce/ring"
+	"github.com/cohortdl/cohort/plugins/averaging-cpu/internal/ring"
 )
 
 // span is one f32 tensor of the arena in the reduce order: elements

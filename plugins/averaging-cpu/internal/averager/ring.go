@@ -1,8 +1,8 @@
 package averager
 
 // The cross-host sum: each host leader runs a ring all-reduce of its host's
-// fold with the other leaders (shared/reduce/ring), while the round's
-// goroutine keeps listening to the reduce server, whose Fail stops the ring
+// fold with the other leaders (internal/ring), while the round's goroutine
+// keeps listening to the reduce server, whose Fail stops the ring
 // at once.
 
 import (
@@ -14,7 +14,7 @@ import (
 
 	"github.com/cohortdl/cohort/shared/reduce"
 	"github.com/cohortdl/cohort/shared/reduce/numeric"
-	"github.com/cohortdl/cohort/shared/reduce/ring"
+	"github.com/cohortdl/cohort/plugins/averaging-cpu/internal/ring"
 )
 
 // ringLinks are a leader's links to its ring neighbours for the rounds of

@@ -1,5 +1,5 @@
 // Package ring owns the bytes between host leaders: when a cohort spans
-// hosts, each host's leader (plugins/averaging-cpu) sums its host's fold
+// hosts, each host's leader (this plugin's averager) sums its host's fold
 // with the other leaders' by a ring all-reduce (reduce-scatter, then
 // all-gather) over direct TCP links, so no link carries more than
 // 2·(H−1)/H of a fold per round. The reduce server (core/reduceserver) only
