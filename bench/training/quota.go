@@ -15,7 +15,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/cohortdl/cohort/internal/proctab"
+	"github.com/cohortdl/cohort/internal/testutil/proctab"
 )
 
 // quotaPeriod is the cgroup CPU period the quota is a share of: short, so

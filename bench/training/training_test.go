@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cohortdl/cohort/internal/proctab"
+	"github.com/cohortdl/cohort/internal/testutil/proctab"
 
 	"github.com/cohortdl/cohort/core/config"
 	"github.com/cohortdl/cohort/core/coordinator"

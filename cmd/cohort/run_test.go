@@ -19,12 +19,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cohortdl/cohort/internal/proctab"
+	"github.com/cohortdl/cohort/internal/testutil/proctab"
 
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/cohortdl/cohort/core/coordinator"
-	"github.com/cohortdl/cohort/internal/arenacheck"
+	"github.com/cohortdl/cohort/core/testutil/arenacheck"
 	"github.com/cohortdl/cohort/shared/arena"
 	"github.com/cohortdl/cohort/shared/plugin"
 	"github.com/cohortdl/cohort/shared/plugintest"

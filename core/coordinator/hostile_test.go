@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/cohortdl/cohort/core/wire"
-	"github.com/cohortdl/cohort/internal/hostile"
+	"github.com/cohortdl/cohort/internal/testutil/hostile"
 )
 
 // Every hostile input at the control server's port (garbage, 4 GiB length

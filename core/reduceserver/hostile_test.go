@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cohortdl/cohort/internal/hostile"
+	"github.com/cohortdl/cohort/internal/testutil/hostile"
 	"github.com/cohortdl/cohort/shared/reduce"
 )
 

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/cohortdl/cohort/core/config"
-	"github.com/cohortdl/cohort/internal/hostile"
+	"github.com/cohortdl/cohort/internal/testutil/hostile"
 )
 
 // The status server drops what no browser or scraper sends (garbage, 4 GiB

@@ -12,9 +12,9 @@ import (
 
 	"github.com/cohortdl/cohort/core/config"
 	"github.com/cohortdl/cohort/core/pluginhost"
+	"github.com/cohortdl/cohort/core/testutil/arenacheck"
 	"github.com/cohortdl/cohort/core/wire/wirepb"
 	"github.com/cohortdl/cohort/core/worker"
-	"github.com/cohortdl/cohort/internal/arenacheck"
 	"github.com/cohortdl/cohort/shared/plugintest"
 )
 

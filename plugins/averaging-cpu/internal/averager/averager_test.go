@@ -11,9 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cohortdl/cohort/plugins/averaging-cpu/internal/ring"
 	"github.com/cohortdl/cohort/shared/arena"
 	"github.com/cohortdl/cohort/shared/plugin"
-	"github.com/cohortdl/cohort/plugins/averaging-cpu/internal/ring"
 )
 
 // TestWeightedMean runs rounds on one host (shared memory) and on ranks

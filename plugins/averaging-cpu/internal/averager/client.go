@@ -17,13 +17,13 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/cohortdl/cohort/plugins/averaging-cpu/internal/ring"
 	"github.com/cohortdl/cohort/plugins/averaging-cpu/internal/shm"
 	"github.com/cohortdl/cohort/shared/arena"
 	"github.com/cohortdl/cohort/shared/mtls"
 	"github.com/cohortdl/cohort/shared/plugin"
 	"github.com/cohortdl/cohort/shared/reduce"
 	"github.com/cohortdl/cohort/shared/reduce/numeric"
-	"github.com/cohortdl/cohort/plugins/averaging-cpu/internal/ring"
 )
 
 // span is one f32 tensor of the arena in the reduce order: elements

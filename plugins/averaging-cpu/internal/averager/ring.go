@@ -12,9 +12,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/cohortdl/cohort/plugins/averaging-cpu/internal/ring"
 	"github.com/cohortdl/cohort/shared/reduce"
 	"github.com/cohortdl/cohort/shared/reduce/numeric"
-	"github.com/cohortdl/cohort/plugins/averaging-cpu/internal/ring"
 )
 
 // ringLinks are a leader's links to its ring neighbours for the rounds of

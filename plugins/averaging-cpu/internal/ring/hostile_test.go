@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cohortdl/cohort/internal/hostile"
+	"github.com/cohortdl/cohort/internal/testutil/hostile"
 )
 
 // A leader's ring port drops what no honest predecessor sends (garbage,

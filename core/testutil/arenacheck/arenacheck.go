@@ -1,5 +1,10 @@
 // Package arenacheck fails a package's tests when they leave a rank arena
-// behind: call it from TestMain.
+// behind: call it from TestMain. It is for tests only.
+//
+// It names the worker's arenas (core/worker, shared/arena), so it lives
+// in the core layer's test helpers, from where both are imports downward;
+// the helpers that need only the standard library are in
+// internal/testutil.
 package arenacheck
 
 import (
