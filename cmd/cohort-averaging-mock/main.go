@@ -1,6 +1,8 @@
 // Command cohort-averaging-mock serves the mock averager of shared/plugintest
-// as a cohort averaging plugin: ranks of one host average through files in
-// the directory given as the endpoint.
+// as a cohort averaging plugin: the ranks average through the coordinator's
+// relay and nothing else, so it runs wherever the ranks reach their
+// coordinator, across hosts too. Every rank receives every rank's
+// parameters: it is for tests and small models.
 package main
 
 import (

@@ -3,8 +3,7 @@ package reduceserver
 // The engine: one goroutine owns all membership and round state and
 // handles every event (a rank connected, a frame, a rank lost or declared
 // dead) in turn, so none of that state needs a lock. This file is the loop
-// and its frame dispatch; membership.go, barrier.go and sum.go are its
-// handlers.
+// and its frame dispatch; membership.go and barrier.go are its handlers.
 
 import (
 	"errors"
