@@ -157,6 +157,8 @@ func (e *engine) frame(m *member, f reduce.Frame) error {
 	if m.join == nil && f.Kind != reduce.KindJoin {
 		return fmt.Errorf("%v frame before join", f.Kind)
 	}
+	// A case a kind: decode, then hand to its handler (so the cases read
+	// alike).
 	switch f.Kind {
 	case reduce.KindJoin:
 		if m.join != nil {

@@ -9,6 +9,43 @@
 // Shutdown (a clean exit, announced with Exiting) or an error (no Exiting,
 // so the coordinator sees a death).
 //
+// The pieces:
+//
+//   - worker.go: Run, the setup in the protocol's order, Ready, teardown.
+//   - loop.go: the main loop, which handles commands in order and runs a
+//     plan between them (runNextPlan).
+//   - plans.go: the planQueue, the rank's work: plans to run, plans held
+//     behind a round, each epoch's shape for ExtendPartition, the global
+//     step the next plan passes, the Throttle.
+//   - supervisor.go: the supervisor, which owns the two plugins (handles,
+//     configuration, the arena they share, their checkpoints and the
+//     restart budget); its recover is the one place a lost plugin is
+//     handled.
+//   - round.go: an averaging round, Publish to SyncAck; overlap.go: one
+//     running beside training.
+//   - reports.go: a plan's batch reports, merged into Batch frames and
+//     summed into its Metrics; scalars.go: the trainer's named figures.
+//   - save.go: Checkpoint, ShutdownWithSave and Evaluate.
+//   - bridge.go: the inbound bridge, heartbeat and resource sampler;
+//     membership.go: the dead-rank ledger, the session mailbox and the
+//     watchdog; relay.go: this rank's side of the relay and meeting point.
+//   - connect.go (dial, handshake, Admit), queue.go (the command queue and
+//     owned goroutines), plugins.go (Plugins: processes through
+//     core/pluginhost, or in process), options.go, prof.go.
+//
+// Life of a plan: mainLoop finds no command queued and the planQueue
+// ready; runNextPlan takes the next plan, fires the epoch callback and
+// calls the supervisor's trainer's Train; each batch report is summed and
+// sent on (reports.go), and between batches a round beside training starts
+// or finishes (overlap.go); Metrics close the plan. A trainer lost in Train
+// goes to supervisor.recover, which replaces it and reports the plan lost.
+//
+// Neighbours: core/wire and core/wire/wirepb (the link and its frames),
+// core/pluginhost (plugin processes), shared/plugin (the contracts the
+// plugins serve), shared/arena (the parameters' shared memory). The other
+// end of the link is core/coordinator; cmd/cohort runs Run as `cohort
+// worker`.
+//
 // Goroutines, each owned by Run and joined before it returns:
 //
 //   - inbound bridge: receives every frame; membership frames (DeclareDead,
@@ -19,6 +56,8 @@
 //   - heartbeat and resource sampler: periodic frames from their own
 //     goroutines, so a rank blocked in a round is not taken for dead.
 //   - watchdog: aborts the averaging round in flight when a peer dies.
+//   - an overlapped round's averaging, owned by the main loop, which joins
+//     it before anything else touches the averager.
 //
 // The core/wire Conn's own writer goroutine does every socket write.
 package worker

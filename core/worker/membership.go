@@ -211,7 +211,7 @@ func (w *worker) watchdog(ctx context.Context) {
 // abortRound aborts the averager and cancels the round in flight, if any.
 func (w *worker) abortRound(ctx context.Context, reason string) {
 	cancel := w.guard.abort(fmt.Errorf("%w: %s", errRoundAborted, reason))
-	if avg := w.averagerRef(); avg != nil {
+	if avg := w.sup.averagerRef(); avg != nil {
 		// Teardown aborts as a matter of course; only an abort that stops a
 		// round in flight is news.
 		logf := w.log.Debug
@@ -228,13 +228,11 @@ func (w *worker) abortRound(ctx context.Context, reason string) {
 		if errors.Is(err, context.DeadlineExceeded) {
 			// A wedged averager: killing it ends the round's call, and
 			// the main loop replaces it.
-			if rp, ok := w.plugins.(Replaceable); ok {
+			if w.sup.replaceable() {
 				w.log.Warn("averager did not answer Abort: killing it", "within", abortTimeout)
-				sctx, cancel := context.WithTimeout(ctx, w.o.ShutdownGrace)
-				if err := rp.Stop(sctx, pluginhost.Averager); err != nil {
+				if err := w.sup.stopPlugin(ctx, pluginhost.Averager); err != nil {
 					w.log.Debug("stopping the wedged averager", "error", err)
 				}
-				cancel()
 			}
 		}
 	}

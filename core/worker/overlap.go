@@ -35,7 +35,7 @@ func duringRound(m any) bool {
 
 // overlappable reports whether m's round may run while the rank trains.
 func (w *worker) overlappable(m *wirepb.Sync) bool {
-	return w.canOverlap && m.GetOverlap() && m.GetMode() == wirepb.SyncMode_SYNC_MODE_AVERAGE
+	return w.sup.canOverlap && m.GetOverlap() && m.GetMode() == wirepb.SyncMode_SYNC_MODE_AVERAGE
 }
 
 // startOverlap begins m's round and leaves its averaging to a goroutine.
@@ -70,13 +70,13 @@ func (w *worker) pollOverlap(ctx context.Context) error {
 			return nil
 		}
 	}
-	if !w.canOverlap {
+	if !w.sup.canOverlap {
 		return nil
 	}
 	// Commands that only queue or steer plans may stand before the Sync:
 	// they are handled now, as they would be after this plan (they change
 	// nothing of it).
-	for !w.throttled {
+	for !w.plans.throttled {
 		c, ok := w.queue.popIf(func(c command) bool {
 			s, ok := c.msg.(*wirepb.Sync)
 			return c.err == nil && (duringRound(c.msg) || ok && w.overlappable(s))
@@ -131,6 +131,17 @@ func (w *worker) abortOverlap(ctx context.Context, why error) error {
 
 // errRoundLostTrainer aborts an overlapped round whose trainer was lost.
 var errRoundLostTrainer = errors.New("the trainer was lost while the round ran")
+
+// releaseLost ends what still uses a lost plugin before the supervisor
+// replaces it: a round running beside the training the trainer was lost
+// in (it would adopt into the lost trainer), which the coordinator runs
+// again.
+func (w *worker) releaseLost(ctx context.Context, cause error) error {
+	if w.ovl == nil {
+		return nil
+	}
+	return w.abortOverlap(ctx, cause)
+}
 
 // joinOverlap stops and waits for a round still in flight as the main
 // loop returns, so no goroutine outlives it.

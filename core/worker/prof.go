@@ -23,6 +23,14 @@ type profile struct {
 	lastAdopt time.Time
 }
 
+// planDone counts a plan that trained for elapsed.
+func (p *profile) planDone(elapsed time.Duration, st planStats) {
+	p.run += elapsed
+	p.computeMS += st.computeMS
+	p.dataMS += st.dataMS
+	p.plans++
+}
+
 func (w *worker) beginWait(t time.Time) { w.prof.waitStart = t }
 
 func (w *worker) endWait(t time.Time) {

@@ -1,10 +1,13 @@
 package worker
 
 import (
+	"fmt"
+	"math"
 	"time"
 
 	"github.com/cohortdl/cohort/core/wire/wirepb"
 	"github.com/cohortdl/cohort/shared/plugin"
+	"github.com/hashicorp/go-hclog"
 )
 
 // batchMerger turns a plan's batch reports into Batch frames. This is the
@@ -59,4 +62,56 @@ func (m *batchMerger) flush() error {
 		f.SyncDivergence, m.w.divergence = m.w.divergence, nil
 	}
 	return m.w.send(m.w.stopCtx, f)
+}
+
+// planStats sums one plan's batch reports for its Metrics.
+type planStats struct {
+	batches, samples  uint64
+	loss              float64
+	computeMS, dataMS float64
+	scalars           scalarSums
+}
+
+// add counts b. It returns how long b's step waited for a round running
+// beside it (BatchReport.RoundWaitMS), when b says so plausibly.
+func (st *planStats) add(b plugin.BatchReport) (roundWait time.Duration) {
+	st.batches++
+	st.samples += uint64(b.Samples)
+	st.loss += b.Loss
+	st.dataMS += b.DataMS
+	st.computeMS += max(b.BatchMS-b.DataMS, 0)
+	st.scalars.add(b.Scalars)
+	if v := b.RoundWaitMS; v > 0 && v <= b.BatchMS && !math.IsInf(b.BatchMS, 0) {
+		return time.Duration(v * float64(time.Millisecond))
+	}
+	return 0
+}
+
+// metrics is plan p's Metrics as far as its reports tell (the rank, the
+// time rounds held it and the resource sample are the caller's).
+func (st *planStats) metrics(p plugin.Plan, elapsed time.Duration) *wirepb.Metrics {
+	m := &wirepb.Metrics{
+		Epoch:           p.Epoch,
+		Batches:         st.batches,
+		Samples:         st.samples,
+		EpochMs:         plugin.Milliseconds(elapsed),
+		ComputeMs:       st.computeMS,
+		DataMs:          st.dataMS,
+		PartitionOffset: p.PartitionOffset,
+		PartitionSize:   p.PartitionSize,
+		Scalars:         st.scalars.sums,
+	}
+	if st.batches > 0 {
+		m.AvgLoss = st.loss / float64(st.batches)
+	}
+	return m
+}
+
+// warnDropped says, once per plan, what scalars were dropped and why.
+func (st *planStats) warnDropped(log hclog.Logger, p plugin.Plan) {
+	if sc := st.scalars; sc.badNames+sc.overLimit > 0 {
+		log.Warn("dropped trainer scalars: a name is 1 to 64 bytes of [a-z0-9_./-], and a plan keeps its first names up to the limit",
+			"epoch", p.Epoch, "offset", p.PartitionOffset, "invalid_name", sc.badNames, "over_limit", sc.overLimit,
+			"limit", plugin.MaxScalars, "example", fmt.Sprintf("%q", sc.example))
+	}
 }

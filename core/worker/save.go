@@ -3,9 +3,7 @@ package worker
 import (
 	"context"
 	"errors"
-	"fmt"
 	"math"
-	"os"
 	"path/filepath"
 	"strconv"
 	"time"
@@ -16,18 +14,17 @@ import (
 
 // Checkpoints, the save on ShutdownWithSave, and evaluation: the commands
 // that ask the trainer (and averager) for their state rather than train.
+// The saving itself is the supervisor's (supervisor.save).
 
 // checkpoint saves into the Checkpoint's dir and answers CheckpointResult.
 // A failed save is reported, not fatal: the coordinator decides.
 func (w *worker) checkpoint(ctx context.Context, m *wirepb.Checkpoint) error {
 	start := time.Now()
-	files, err := w.save(ctx, m.GetDir())
+	files, err := w.sup.save(ctx, m.GetDir())
 	res := &wirepb.CheckpointResult{Rank: w.o.Rank, Version: m.GetVersion(), ElapsedMs: plugin.Milliseconds(time.Since(start)), Files: files}
 	if err != nil {
 		w.log.Error("checkpoint failed", "version", m.GetVersion(), "error", err)
 		res.Error = err.Error()
-	} else {
-		w.lastSave = m.GetDir()
 	}
 	return w.send(ctx, res)
 }
@@ -43,7 +40,7 @@ func (w *worker) shutdownWithSave(ctx context.Context, m *wirepb.ShutdownWithSav
 	}
 	start := time.Now()
 	dir := filepath.Join(m.GetDir(), "rank-"+strconv.FormatUint(uint64(w.o.Rank), 10))
-	files, saveErr := w.save(ctx, dir)
+	files, saveErr := w.sup.save(ctx, dir)
 	res := &wirepb.CheckpointResult{Rank: w.o.Rank, Version: m.GetVersion(), ElapsedMs: plugin.Milliseconds(time.Since(start)), Files: files}
 	if saveErr != nil {
 		res.Error = saveErr.Error()
@@ -53,42 +50,12 @@ func (w *worker) shutdownWithSave(ctx context.Context, m *wirepb.ShutdownWithSav
 	return errors.Join(saveErr, w.send(ctx, res))
 }
 
-func (w *worker) save(ctx context.Context, dir string) ([]string, error) {
-	if dir == "" {
-		return nil, errors.New("save checkpoint: no directory given")
-	}
-	if !w.trainerReady {
-		return nil, errors.New("save checkpoint: the trainer is not set up")
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, fmt.Errorf("save checkpoint: %w", err)
-	}
-	var files []string
-	err := w.onTrainer(ctx, func(t plugin.Trainer) (err error) {
-		files, err = t.SaveCheckpoint(ctx, dir)
-		return err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("save checkpoint into %s: %w", dir, err)
-	}
-	// The averager's own state (an outer optimizer's momentum) belongs to
-	// the same checkpoint, or a resumed run would not continue the same way.
-	if a := w.avg.Load(); a != nil {
-		more, err := (*a).SaveState(ctx, dir)
-		if err != nil {
-			return nil, fmt.Errorf("save averager state into %s: %w", dir, err)
-		}
-		files = append(files, more...)
-	}
-	return files, nil
-}
-
 // evaluate runs the trainer's evaluation and answers EvalResult; a failure
 // is reported (NaN loss and the error), not fatal.
 func (w *worker) evaluate(ctx context.Context, m *wirepb.Evaluate) error {
 	start := time.Now()
 	var r plugin.EvalResult
-	err := w.onTrainer(ctx, func(t plugin.Trainer) (err error) {
+	err := w.sup.withTrainer(ctx, func(t plugin.Trainer) (err error) {
 		r, err = t.Evaluate(ctx)
 		return err
 	})

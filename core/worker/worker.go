@@ -15,7 +15,6 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
-	"github.com/cohortdl/cohort/core/pluginhost"
 	"github.com/cohortdl/cohort/core/resources"
 	"github.com/cohortdl/cohort/core/wire"
 	"github.com/cohortdl/cohort/core/wire/wirepb"
@@ -24,31 +23,23 @@ import (
 	"github.com/cohortdl/cohort/shared/plugin"
 )
 
-// worker is one Run's state. Fields above mu are set during setup, before
-// the goroutines that read them start (or, for the averager, published
-// through avg); the main-loop fields are the main goroutine's alone.
+// worker is one Run's state. conn, relay and admit are set before the
+// goroutines that read them start; the main-loop fields are the main
+// goroutine's alone.
 type worker struct {
 	o    Options
 	log  hclog.Logger
 	keys wire.Keys
 
-	conn    *wire.Conn
-	relay   *relayClient
-	admit   *wirepb.Admit
-	plugins Plugins
-	trainer plugin.Trainer
-	setup   plugin.TrainerSetup
-	arena   *sharena.Owned
-	// trainerReady: configured and attached to the arena, so it can
-	// publish and save.
-	trainerReady bool
-	averager     plugin.Averager
-	avgTraits    plugin.AveragerTraits
-	avg          atomic.Pointer[plugin.Averager] // for the bridge and watchdog, once configured
-	sampler      *resources.Sampler
-	lastSample   atomic.Pointer[wirepb.ResourceSample]
+	conn       *wire.Conn
+	relay      *relayClient
+	admit      *wirepb.Admit
+	sup        *supervisor // the plugins, their arena and checkpoints
+	sampler    *resources.Sampler
+	lastSample atomic.Pointer[wirepb.ResourceSample]
 
-	queue   *queue
+	queue   *queue // commands, from the inbound bridge
+	plans   *planQueue
 	ledger  *ledger
 	mailbox mailbox
 	guard   roundGuard
@@ -61,7 +52,6 @@ type worker struct {
 	inboundTask, heartbeatTask, samplerTask, watchdogTask *task
 
 	loopState
-	restartState
 }
 
 // Run is one rank's whole life: connect to the coordinator, join, set up
@@ -82,8 +72,14 @@ func Run(ctx context.Context, o Options) error {
 		log:    o.Logger.Named("worker").With("rank", o.Rank),
 		keys:   keys,
 		queue:  newQueue(),
+		plans:  newPlanQueue(),
 		ledger: newLedger(o.World),
 	}
+	w.sup = newSupervisor(o, w.log, rankHooks{
+		send:            w.send,
+		release:         w.releaseLost,
+		trainerReplaced: w.plans.restep,
+	})
 	w.loopState = newLoopState(o.World)
 	SweepArenas(o.ArenaDir, w.log)
 	w.stopCtx, w.stop = context.WithCancelCause(ctx)
@@ -125,14 +121,6 @@ func SweepArenas(dir string, log hclog.Logger) {
 	if err != nil {
 		log.Warn("sweep arenas", "error", err)
 	}
-}
-
-// averagerRef is the configured averager, or nil.
-func (w *worker) averagerRef() plugin.Averager {
-	if p := w.avg.Load(); p != nil {
-		return *p
-	}
-	return nil
 }
 
 // run joins the cohort and serves commands; clean reports whether the
@@ -203,41 +191,10 @@ func (w *worker) finishInterrupted(ctx context.Context) (bool, error) {
 // docs/protocol.md: the averager's meeting point, trainer, arena, attach,
 // resume, averager.
 func (w *worker) setUp(ctx context.Context) error {
-	if w.o.Plugins != nil {
-		w.plugins = w.o.Plugins
-	} else {
-		w.plugins = NewHostPlugins(pluginhost.Options{
-			Dirs:     w.o.PluginDirs,
-			Logger:   w.o.Logger.ResetNamed(fmt.Sprintf("rank %d", w.o.Rank)),
-			Grace:    w.o.ShutdownGrace,
-			Withhold: w.o.Withhold,
-			Lock:     w.o.PluginLock,
-			Versions: map[pluginhost.Kind]string{
-				pluginhost.Trainer:  w.o.Trainer.Version,
-				pluginhost.Averager: w.o.Averager.Version,
-			},
-		})
-	}
-	t, err := w.plugins.StartTrainer(ctx, w.o.Trainer.Name)
+	td, ad, err := w.sup.start(ctx)
 	if err != nil {
-		return fmt.Errorf("start trainer plugin %q: %w", w.o.Trainer.Name, err)
+		return err
 	}
-	w.trainer = t
-	a, err := w.plugins.StartAverager(ctx, w.o.Averager.Name)
-	if err != nil {
-		return fmt.Errorf("start averager plugin %q: %w", w.o.Averager.Name, err)
-	}
-	w.averager = a
-	td, err := t.Describe(ctx)
-	if err != nil {
-		return fmt.Errorf("describe trainer plugin %q: %w", w.o.Trainer.Name, err)
-	}
-	w.log.Debug("trainer plugin", "name", td.Name, "version", td.Version, "capabilities", td.Capabilities)
-	ad, err := a.Describe(ctx)
-	if err != nil {
-		return fmt.Errorf("describe averager plugin %q: %w", w.o.Averager.Name, err)
-	}
-	w.log.Debug("averager plugin", "name", ad.Name, "version", ad.Version, "capabilities", ad.Capabilities, "meeting", ad.MeetingKind())
 	// Checked before anything is configured, so a standalone worker with a
 	// mistaken block fails at once, naming the line and key.
 	if w.o.CheckSettings != nil {
@@ -253,76 +210,45 @@ func (w *worker) setUp(ctx context.Context) error {
 		return err
 	}
 
-	// Rounds run beside training only with a trainer that says it can.
-	overlap := w.admit.GetOverlapRounds() && slices.Contains(td.Capabilities, plugin.CapTrainsDuringRounds)
-	w.trainerCfg = plugin.TrainerConfig{
-		Rank:          w.o.Rank,
-		WorldSize:     w.o.World,
-		LocalRanks:    w.o.LocalRanks,
-		Seed:          w.admit.GetSeed(),
-		Settings:      w.o.Trainer.Settings,
-		OverlapRounds: overlap,
-	}
-	w.setup, err = t.Configure(ctx, w.trainerCfg)
+	err = w.sup.configureTrainer(ctx, plugin.TrainerConfig{
+		Rank:       w.o.Rank,
+		WorldSize:  w.o.World,
+		LocalRanks: w.o.LocalRanks,
+		Seed:       w.admit.GetSeed(),
+		Settings:   w.o.Trainer.Settings,
+		// Rounds run beside training only with a trainer that says it can.
+		OverlapRounds: w.admit.GetOverlapRounds() && slices.Contains(td.Capabilities, plugin.CapTrainsDuringRounds),
+	}, arenaPrefix(w.admit.GetRunId(), w.o.Rank),
+		slices.Contains(td.Capabilities, plugin.CapDeviceBlock) && slices.Contains(ad.Capabilities, plugin.CapDeviceBlock))
 	if err != nil {
-		return fmt.Errorf("configure trainer: %w", err)
-	}
-	w.arena, err = sharena.Create(w.o.ArenaDir, arenaPrefix(w.admit.GetRunId(), w.o.Rank), w.setup.Layout)
-	if err != nil {
-		return fmt.Errorf("trainer layout: %w", err)
-	}
-	zeroCopy, err := t.Attach(ctx, w.arena.Descriptor())
-	if err != nil {
-		return fmt.Errorf("attach trainer to arena %s: %w", w.arena.Path(), err)
-	}
-	w.trainerReady = true
-	w.canOverlap = overlap && !zeroCopy
-	w.deviceBlocks = slices.Contains(td.Capabilities, plugin.CapDeviceBlock) && slices.Contains(ad.Capabilities, plugin.CapDeviceBlock)
-	if err := w.exportDevice(ctx, t); err != nil {
 		return err
 	}
-	w.log.Debug("arena ready", "path", w.arena.Path(), "bytes", w.setup.Layout.Size, "zero_copy", zeroCopy,
-		"rounds_beside_training", w.canOverlap)
 
 	var from string
 	if dir := w.admit.GetResumeDir(); dir != "" {
 		if from, err = resumeDir(dir, w.o.Rank); err != nil {
 			return err
 		}
-		steps, err := t.LoadCheckpoint(ctx, from)
-		if err != nil {
-			return fmt.Errorf("resume from %s: %w", from, err)
+		if err := w.sup.resume(ctx, from); err != nil {
+			return err
 		}
-		w.log.Info("resumed", "from", from, "step_count", steps)
-		w.lastSave = from
 	}
 
 	dataKey, err := w.keys.Derive(DataKeyLabel)
 	if err != nil {
 		return fmt.Errorf("derive averaging data key: %w", err)
 	}
-	w.avgCfg = plugin.AveragerConfig{
+	return w.sup.configureAverager(ctx, plugin.AveragerConfig{
 		Rank:      w.o.Rank,
 		WorldSize: w.o.World,
-		Arena:     w.arenaDescriptor(),
+		Arena:     w.sup.arenaDescriptor(),
 		Endpoint:  averagingEndpoint(endpoint, w.o.Coordinator),
 		DataKey:   dataKey,
 		Settings:  w.o.Averager.Settings,
 		RunID:     w.admit.GetRunId(),
 		TLS:       w.o.averagerTLS(),
 		Relay:     w.relay,
-	}
-	w.avgTraits, err = a.Configure(ctx, w.avgCfg)
-	if err != nil {
-		return fmt.Errorf("configure averager: %w", err)
-	}
-	if from != "" {
-		if err := a.LoadState(ctx, from); err != nil {
-			return fmt.Errorf("resume averager state from %s: %w", from, err)
-		}
-	}
-	w.avg.Store(&a)
-	return nil
+	}, from)
 }
 
 // averagingEndpoint completes an endpoint of the form ":port" (a reduce
@@ -371,7 +297,7 @@ func resumeDir(dir string, rank uint32) (string, error) {
 
 // sendReady tells the coordinator what this rank's trainer holds.
 func (w *worker) sendReady(ctx context.Context) error {
-	l := w.setup.Layout
+	l := w.sup.setup.Layout
 	var params uint64
 	for _, e := range l.Entries {
 		if e.Role != sharena.Parameter {
@@ -386,20 +312,20 @@ func (w *worker) sendReady(ctx context.Context) error {
 	digest := l.Digest()
 	err := w.conn.Send(ctx, &wirepb.Ready{
 		Rank:           w.o.Rank,
-		Samples:        w.setup.Samples,
-		EvalSamples:    w.setup.EvalSamples,
+		Samples:        w.sup.setup.Samples,
+		EvalSamples:    w.sup.setup.EvalSamples,
 		ParameterCount: params,
 		ParameterBytes: l.Size,
 		LayoutDigest:   digest[:],
 		Trainer:        w.o.Trainer.Name,
 		Averager:       w.o.Averager.Name,
-		BatchSize:      w.setup.BatchSize,
-		SoloIdentity:   w.avgTraits.SoloIdentity,
+		BatchSize:      w.sup.setup.BatchSize,
+		SoloIdentity:   w.sup.avgTraits.SoloIdentity,
 	})
 	if err != nil {
 		return fmt.Errorf("send Ready: %w", err)
 	}
-	w.log.Info("ready", "samples", w.setup.Samples, "parameters", params, "arena_bytes", l.Size)
+	w.log.Info("ready", "samples", w.sup.setup.Samples, "parameters", params, "arena_bytes", l.Size)
 	return nil
 }
 
@@ -431,22 +357,10 @@ func (w *worker) teardown(ctx context.Context, clean bool, runErr error) error {
 	}
 
 	// 2. Abort the averager.
-	if avg := w.averager; avg != nil {
-		actx, cancel := context.WithTimeout(tctx, min(abortTimeout, w.o.ShutdownGrace))
-		if err := avg.Abort(actx, "rank shutting down"); err != nil {
-			w.log.Debug("averager abort at teardown", "error", err)
-		}
-		cancel()
-	}
+	w.sup.abortAverager(tctx)
 
 	// 3. Final parameters into the arena.
-	if w.trainerReady {
-		pctx, cancel := context.WithTimeout(tctx, w.o.ShutdownGrace)
-		if _, err := w.trainer.Publish(pctx); err != nil {
-			w.log.Warn("publish final parameters", "error", err)
-		}
-		cancel()
-	}
+	w.sup.publishFinal(tctx)
 
 	// 4. Exiting, as the last frame: the periodic senders stop first.
 	w.samplerTask.stop()
@@ -474,52 +388,9 @@ func (w *worker) teardown(ctx context.Context, clean bool, runErr error) error {
 	w.logProfile()
 
 	// 6. The plugins, then the arena they mapped.
-	if w.plugins != nil {
-		sctx, cancel := context.WithTimeout(tctx, 2*w.o.ShutdownGrace+5*time.Second)
-		if err := w.plugins.StopAll(sctx); err != nil {
-			w.log.Warn("stop plugins", "error", err)
-		}
-		cancel()
-	}
-	if w.arena != nil {
-		if err := w.arena.Remove(); err != nil {
-			w.log.Warn("remove arena", "error", err)
-		}
-	}
+	w.sup.stopAll(tctx)
 	if runErr == nil {
 		w.log.Info("rank worker exited", "clean", clean)
 	}
 	return runErr
-}
-
-// exportDevice asks a trainer that can for its parameters on the GPU, when
-// the averager can average them there: from then on the arena's f32
-// entries go stale, and the averager gets the block instead.
-func (w *worker) exportDevice(ctx context.Context, t plugin.Trainer) error {
-	w.device = nil
-	e, ok := t.(plugin.DeviceExporter)
-	if !w.deviceBlocks || !ok {
-		return nil
-	}
-	b, ok, err := e.ExportDevice(ctx)
-	if err != nil {
-		return fmt.Errorf("the trainer's parameters on the GPU: %w", err)
-	}
-	if !ok {
-		return nil
-	}
-	if err := w.setup.Layout.CheckDevice(b); err != nil {
-		return fmt.Errorf("the trainer's parameters on the GPU: %w", err)
-	}
-	w.device = &b
-	w.log.Info("parameters stay on the GPU: the averager maps the trainer's block", "gpu", b.GPU, "bytes", b.Size)
-	return nil
-}
-
-// arenaDescriptor is the arena the averager is given, with the trainer's
-// device block when there is one.
-func (w *worker) arenaDescriptor() sharena.Descriptor {
-	d := w.arena.Descriptor()
-	d.Device = w.device
-	return d
 }

@@ -19,7 +19,9 @@ type span struct {
 }
 
 // buildSpans lists the arena's f32 entries, parameters first. Other
-// parameter types are refused; other buffer types stay local.
+// parameter types are refused; other buffer types stay local. averaging-cpu
+// walks the layout the same way into spans of its own (indexed, empty
+// entries dropped): each plugin keeps its walk, as a vendor's would.
 func buildSpans(l arena.Layout) (spans []span, np, nb int, err error) {
 	if err := l.Validate(); err != nil {
 		return nil, 0, 0, fmt.Errorf("averager: %w", err)
