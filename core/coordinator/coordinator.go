@@ -14,7 +14,8 @@
 // Where things are:
 //   - coordinator.go: Options, New and Run
 //   - loop.go: the loop, the dispatch of incoming frames, deadlines
-//   - server.go: connections, the handshake, each rank's sender
+//   - link (a package of its own): connections, the handshake, each
+//     rank's sender
 //   - formation.go: admission and formation, up to round 0
 //   - membership.go: heartbeat and liveness, deaths, session re-formation
 //   - rounds.go: averaging rounds (Sync, SyncAck, Update, retry after an abort)

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/cohortdl/cohort/core/config"
+	"github.com/cohortdl/cohort/core/coordinator/link"
 
 	"github.com/cohortdl/cohort/core/wire"
 	"github.com/cohortdl/cohort/core/wire/wirepb"
@@ -21,12 +22,12 @@ func (r *runner) onJoined(rs *rankState, conn *wire.Conn) {
 		conn.Close()
 		return
 	}
-	rs.link = newLink(rs.id, conn)
+	rs.link = link.New(rs.id, conn)
 	r.setStatus(rs, stJoined)
 	r.wg.Add(1)
 	go func() {
 		defer r.wg.Done()
-		rs.link.run(r.ctx, r.events)
+		rs.link.Run(r.ctx, r.events)
 	}()
 	r.log.Info("rank joined", "rank", rs.id, "remote", conn.RemoteAddr().String())
 	admit := &wirepb.Admit{
@@ -139,11 +140,11 @@ func (r *runner) formationError() error {
 // frees its slot.
 func (r *runner) dropUnformed(rs *rankState) {
 	if rs.link != nil {
-		rs.link.close()
+		rs.link.Close()
 		rs.link = nil
 	}
 	r.setStatus(rs, stAbsent)
 	rs.ready = nil
-	r.slots.release(rs.id)
+	r.slots.Release(rs.id)
 	r.relay.rankGone(rs.id, "", false)
 }

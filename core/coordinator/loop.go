@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/cohortdl/cohort/core/config"
+	"github.com/cohortdl/cohort/core/coordinator/link"
 	"github.com/cohortdl/cohort/core/status"
 	"github.com/cohortdl/cohort/core/wire"
 	"github.com/cohortdl/cohort/core/wire/wirepb"
@@ -50,7 +51,7 @@ const (
 type rankState struct {
 	id     uint32
 	status rankStatus
-	link   *link
+	link   *link.Link
 	ready  *wirepb.Ready
 	reason string // why it died
 
@@ -81,8 +82,8 @@ type runner struct {
 	c      *Coordinator
 	cfg    *config.Config
 	log    hclog.Logger
-	events chan event
-	slots  *slots
+	events chan link.Event
+	slots  *link.Slots
 	wg     sync.WaitGroup // connection goroutines and senders
 	ctx    context.Context
 
@@ -159,8 +160,8 @@ func newRunner(c *Coordinator) *runner {
 		c:          c,
 		cfg:        cfg,
 		log:        c.log,
-		events:     make(chan event, 256),
-		slots:      &slots{world: world, taken: map[uint32]bool{}},
+		events:     make(chan link.Event, 256),
+		slots:      link.NewSlots(world),
 		world:      world,
 		policy:     cfg.Coordinator.Policy,
 		hbTimeout:  cfg.Coordinator.HeartbeatTimeout,
@@ -186,19 +187,19 @@ func (r *runner) run(parent context.Context) (*Summary, error) {
 	r.log.Info("control server listening", "addr", r.c.ln.Addr().String(), "run_id", r.c.runID,
 		"ranks", r.world, "policy", r.policy, "out", r.c.out, "tls", r.c.tls != nil)
 
-	srv := &server{
-		ln:     r.c.ln,
-		keys:   r.c.opts.Keys,
-		slots:  r.slots,
-		opts:   r.wireOptions(),
-		events: r.events,
-		log:    r.log,
-		wg:     &r.wg,
+	srv := &link.Server{
+		Listener: r.c.ln,
+		Keys:     r.c.opts.Keys,
+		Slots:    r.slots,
+		Options:  r.wireOptions(),
+		Events:   r.events,
+		Logger:   r.log,
+		WG:       &r.wg,
 	}
 	r.wg.Add(1)
 	go func() {
 		defer r.wg.Done()
-		srv.serve(ctx)
+		srv.Serve(ctx)
 	}()
 
 	hbEvery := r.c.opts.HeartbeatInterval
@@ -225,7 +226,7 @@ func (r *runner) run(parent context.Context) (*Summary, error) {
 		} else {
 			deadline.Stop()
 		}
-		var ev event
+		var ev link.Event
 		var start time.Time
 		what := ""
 		select {
@@ -261,7 +262,7 @@ func (r *runner) run(parent context.Context) (*Summary, error) {
 	r.c.ln.Close()
 	for _, rs := range r.ranks {
 		if rs.link != nil {
-			rs.link.close()
+			rs.link.Close()
 		}
 	}
 	cancel()
@@ -337,24 +338,24 @@ func (r *runner) step() bool {
 }
 
 // onEvent handles one event from a connection goroutine.
-func (r *runner) onEvent(ev event) {
-	if ev.rank >= r.world {
+func (r *runner) onEvent(ev link.Event) {
+	if ev.Rank >= r.world {
 		return // the handshake refuses these; never index with one
 	}
-	rs := r.ranks[ev.rank]
-	switch ev.kind {
-	case evJoined:
-		r.onJoined(rs, ev.conn)
-	case evLinkDown:
-		if rs.link == nil || rs.link.conn != ev.conn {
+	rs := r.ranks[ev.Rank]
+	switch ev.Kind {
+	case link.Joined:
+		r.onJoined(rs, ev.Conn)
+	case link.Down:
+		if rs.link == nil || rs.link.Conn() != ev.Conn {
 			return // a connection already replaced or dropped
 		}
-		r.onLinkDown(rs, ev.err)
-	case evMessage:
-		if rs.link == nil || rs.link.conn != ev.conn {
+		r.onLinkDown(rs, ev.Err)
+	case link.Message:
+		if rs.link == nil || rs.link.Conn() != ev.Conn {
 			return
 		}
-		r.onMessage(rs, ev.msg)
+		r.onMessage(rs, ev.Msg)
 	}
 }
 
@@ -364,8 +365,8 @@ func (r *runner) send(rs *rankState, msg proto.Message) {
 	if rs.link == nil || rs.status == stDead {
 		return
 	}
-	if !rs.link.queue(msg) {
-		r.noteDeath(rs.id, fmt.Sprintf("not reading: %d control frames queued", outboxSize))
+	if !rs.link.Queue(msg) {
+		r.noteDeath(rs.id, fmt.Sprintf("not reading: %d control frames queued", link.OutboxSize))
 	}
 }
 

@@ -30,7 +30,7 @@ func (r *runner) heartbeat() {
 func (r *runner) onLinkDown(rs *rankState, err error) {
 	switch rs.status {
 	case stExited, stDead:
-		rs.link.close()
+		rs.link.Close()
 		return
 	case stJoined, stReady:
 		// Before formation a lost rank may simply connect again.
@@ -111,7 +111,7 @@ func (r *runner) depart(rs *rankState, event, reason string, status rankStatus) 
 	r.setStatus(rs, status)
 	rs.reason = reason
 	if rs.link != nil {
-		rs.link.close()
+		rs.link.Close()
 	}
 	ev := MembershipEvent{Rank: rs.id, Event: event, Epoch: r.epoch + 1, Reason: reason, Time: time.Now()}
 	r.memberEvents = append(r.memberEvents, ev)
