@@ -44,6 +44,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/cohortdl/cohort/core/config"
+	"github.com/cohortdl/cohort/core/coordinator/meeting"
 	"github.com/cohortdl/cohort/core/status"
 	"github.com/cohortdl/cohort/core/wire"
 )
@@ -65,7 +66,7 @@ type Options struct {
 	// Meetings add meeting kinds to the built-in ones (the relay, the
 	// reduce server) or replace them: an averager whose Describe declares
 	// such a kind meets at the point its factory starts.
-	Meetings map[string]MeetingFactory
+	Meetings map[string]meeting.Factory
 	Logger   hclog.Logger
 	// Progress, when set, is called on the coordinator's loop as the run
 	// advances; it must return quickly.
@@ -139,7 +140,7 @@ type Coordinator struct {
 	tls      *tls.Config // coordinator.tls's server configuration; nil: plain TCP
 	out      string
 	runID    string
-	meetings *meetings
+	meetings *meeting.Table
 	resume   string
 	meta     *Meta
 	store    *ckptStore
@@ -203,7 +204,7 @@ func New(opts Options) (_ *Coordinator, err error) {
 			return nil, fmt.Errorf("coordinator: coordinator.tls: %w", err)
 		}
 	}
-	c.meetings = newMeetings(MeetingEnv{
+	c.meetings = meeting.NewTable(meeting.Env{
 		Listen:     cfg.Coordinator.Listen,
 		ReducePort: cfg.Coordinator.ReducePort,
 		TLS:        c.tls,
@@ -267,7 +268,7 @@ func (c *Coordinator) Stop() {
 // Close releases the listener (and any meeting point) of a Coordinator
 // that will not Run.
 func (c *Coordinator) Close() error {
-	return errors.Join(c.ln.Close(), c.meetings.close())
+	return errors.Join(c.ln.Close(), c.meetings.Close())
 }
 
 // Run runs the cohort until the run completes, fails, is stopped, or ctx
@@ -283,10 +284,10 @@ func (c *Coordinator) Run(ctx context.Context) (*Summary, error) {
 	}
 	r := newRunner(c)
 	sum, runErr := r.run(ctx)
-	if rounds, bytes := c.meetings.bulk(); rounds > 0 {
+	if rounds, bytes := c.meetings.Bulk(); rounds > 0 {
 		sum.Averaging.BytesPerRound = float64(bytes) / float64(rounds)
 	}
-	if err := c.meetings.close(); err != nil {
+	if err := c.meetings.Close(); err != nil {
 		c.log.Warn("closing the meeting points", "error", err)
 	}
 	if err := writeJSONAtomic(filepath.Join(c.out, SummaryFile), sum); err != nil {

@@ -18,6 +18,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/cohortdl/cohort/core/coordinator/meeting"
 	"github.com/cohortdl/cohort/core/wire"
 	"github.com/cohortdl/cohort/core/wire/wirepb"
 	"github.com/cohortdl/cohort/internal/authframe"
@@ -355,7 +356,7 @@ func TestMeetingKinds(t *testing.T) {
 	cases := []struct {
 		name     string
 		kinds    []string // per rank
-		extra    map[string]MeetingFactory
+		extra    map[string]meeting.Factory
 		wantErr  []string // per rank: "" for an endpoint
 		endpoint func(t *testing.T, ep string)
 	}{
@@ -379,7 +380,7 @@ func TestMeetingKinds(t *testing.T) {
 				}
 			}},
 		{name: "added kind", kinds: []string{"fabric", "fabric"}, wantErr: []string{"", ""},
-			extra: map[string]MeetingFactory{"fabric": func(MeetingEnv) (MeetingPoint, error) { return &fixedEndpoint{addr: "10.0.0.1:7000"}, nil }},
+			extra: map[string]meeting.Factory{"fabric": func(meeting.Env) (meeting.Point, error) { return &fixedEndpoint{addr: "10.0.0.1:7000"}, nil }},
 			endpoint: func(t *testing.T, ep string) {
 				if ep != "10.0.0.1:7000" {
 					t.Errorf("added kind's endpoint %q, want its point's", ep)

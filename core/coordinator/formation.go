@@ -146,5 +146,5 @@ func (r *runner) dropUnformed(rs *rankState) {
 	r.setStatus(rs, stAbsent)
 	rs.ready = nil
 	r.slots.Release(rs.id)
-	r.relay.rankGone(rs.id, "", false)
+	r.meet.Left(rs.id)
 }

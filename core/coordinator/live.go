@@ -202,7 +202,7 @@ func (r *runner) publish(force bool) {
 	}
 	rounds := r.lv.rounds[max(0, len(r.lv.rounds)-status.MaxRounds):]
 	s.RoundCurve = rounds[:len(rounds):len(rounds)]
-	if _, b := r.c.meetings.bulk(); float64(b) > s.Totals.BytesAveraged {
+	if _, b := r.c.meetings.Bulk(); float64(b) > s.Totals.BytesAveraged {
 		s.Totals.BytesAveraged = float64(b) // the reduce server's count, where it served
 	}
 	if r.agg != nil {

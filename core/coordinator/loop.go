@@ -12,6 +12,7 @@ import (
 
 	"github.com/cohortdl/cohort/core/config"
 	"github.com/cohortdl/cohort/core/coordinator/link"
+	"github.com/cohortdl/cohort/core/coordinator/meeting"
 	"github.com/cohortdl/cohort/core/status"
 	"github.com/cohortdl/cohort/core/wire"
 	"github.com/cohortdl/cohort/core/wire/wirepb"
@@ -112,8 +113,7 @@ type runner struct {
 	stepsBefore  uint64
 	session      *sessionReq
 	generation   uint64
-	relay        *relayHub
-	meetKind     string         // the meeting kind the first MeetRequest named
+	meet         *meeting.Hub
 	role         uint32         // the eval role's rank: evaluation, epoch callback, model export
 	roles        []RoleElection // every move of the role, for the summary
 	cad          *cadence
@@ -147,10 +147,9 @@ type runner struct {
 	hbSeq  uint64      // the last CoordinatorHeartbeat's sequence
 	deathQ []deathNote // deaths found by the current handler, for advance
 
-	lv        liveState
-	liveIDs   []uint32 // live()'s answer while liveOK
-	liveOK    bool
-	everyRank []uint32 // 0..world-1, what a relay exchange waits for before formation
+	lv      liveState
+	liveIDs []uint32 // live()'s answer while liveOK
+	liveOK  bool
 }
 
 func newRunner(c *Coordinator) *runner {
@@ -168,13 +167,13 @@ func newRunner(c *Coordinator) *runner {
 		evalTarget: -1,
 		exportRank: -1,
 		lastCkpt:   c.lastCkpt,
-		relay:      newRelayHub(),
 		lv:         liveState{hist: status.NewHistogram(status.RoundBounds)},
 	}
 	for i := range world {
 		r.ranks = append(r.ranks, &rankState{id: i})
 	}
 	r.ctl = newController(cfg.Coordinator, r.logDecision)
+	r.meet = meeting.NewHub(c.meetings, r, r.log)
 	return r
 }
 
@@ -370,6 +369,9 @@ func (r *runner) send(rs *rankState, msg proto.Message) {
 	}
 }
 
+// Send queues msg for rank: the meeting hub's outbox.
+func (r *runner) Send(rank uint32, msg proto.Message) { r.send(r.ranks[rank], msg) }
+
 // live returns the ranks of the formed cohort that are still in it, in
 // ascending order. The state machine asks after every event, so the list
 // is kept between changes to it: a slice made anew on each change and
@@ -450,9 +452,9 @@ func (r *runner) onMessage(rs *rankState, msg proto.Message) {
 	case *wirepb.Exiting:
 		r.onExiting(rs)
 	case *wirepb.MeetRequest:
-		r.onMeetRequest(rs, m)
+		r.meet.Request(rs.id, m)
 	case *wirepb.RelayPost:
-		r.onRelayPost(rs, m)
+		r.meet.Post(rs.id, m, r.live(), r.phase == phForming)
 	case *wirepb.PluginRestarted:
 		r.onPluginRestarted(rs, m)
 	default:

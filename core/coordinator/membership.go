@@ -122,8 +122,7 @@ func (r *runner) depart(rs *rankState, event, reason string, status rankStatus) 
 	if r.cad != nil {
 		r.cad.forget(rs.id)
 	}
-	r.c.meetings.markDead(rs.id)
-	r.sendRelay(r.relay.rankGone(rs.id, reason, true))
+	r.meet.Dead(rs.id, reason)
 	unfinished := r.unfinishedOf(rs)
 	survivors := r.live()
 	var death *DeathRecord

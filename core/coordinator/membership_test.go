@@ -10,6 +10,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/cohortdl/cohort/core/coordinator/meeting"
 	"github.com/cohortdl/cohort/core/wire/wirepb"
 )
 
@@ -36,7 +37,7 @@ func TestDeadRankRedistributed(t *testing.T) {
 			// too (the scripted ranks average nothing).
 			red := &fixedEndpoint{addr: "127.0.0.1:1"}
 			h := newHarness(t, cfg, func(o *Options) {
-				o.Meetings = map[string]MeetingFactory{"fabric": func(MeetingEnv) (MeetingPoint, error) { return red, nil }}
+				o.Meetings = map[string]meeting.Factory{"fabric": func(meeting.Env) (meeting.Point, error) { return red, nil }}
 			})
 			ranks := h.startAll(func(r uint32) rankScript {
 				if r == 2 {

@@ -50,7 +50,7 @@ func (r *runner) onPluginRestarted(rs *rankState, m *wirepb.PluginRestarted) {
 			r.giveBackLostPlan(rs, m)
 		}
 	case pluginAverager:
-		r.sendRelay(r.relay.failAll(fmt.Sprintf("rank %d replaced its averager: %s", rs.id, m.GetReason())))
+		r.meet.FailAll(fmt.Sprintf("rank %d replaced its averager: %s", rs.id, m.GetReason()))
 		if r.phase == phTraining {
 			r.requestSession(r.live())
 		}

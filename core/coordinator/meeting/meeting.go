@@ -1,4 +1,13 @@
-package coordinator
+// Package meeting is where a run's averagers find each other: the meeting
+// points the coordinator starts by kind (the relay, the reduce server, or a
+// kind Options.Meetings adds), and the relay itself, an all-gather of small
+// blobs among the live ranks. A Table holds the points for the whole run;
+// a Hub answers the ranks' MeetRequest and RelayPost frames on the loop.
+//
+// Neighbours: core/reduce (the reduce server it starts) and core/wire
+// below; above it core/coordinator, whose loop hands the Hub its frames and
+// its deaths, and whose membership table is the Hub's Outbox.
+package meeting
 
 import (
 	"context"
@@ -18,12 +27,12 @@ import (
 	"github.com/cohortdl/cohort/shared/plugin"
 )
 
-// A MeetingPoint is where the averagers of one meeting kind meet their
+// A Point is where the averagers of one meeting kind meet their
 // peers: the coordinator starts one per kind the ranks ask for
 // (MeetRequest, naming the kind their averager's Describe declared), hands
 // its endpoint to every rank, tells it of deaths and closes it when the run
 // ends. The kind decides, never the averager's name.
-type MeetingPoint interface {
+type Point interface {
 	// Endpoint is handed to each rank's averager as is; ":port" means
 	// that port on the host the rank dialled the coordinator at.
 	Endpoint() string
@@ -32,7 +41,7 @@ type MeetingPoint interface {
 	Close() error
 }
 
-// RoundBytes is what a MeetingPoint that carries the rounds' data itself
+// RoundBytes is what a Point that carries the rounds' data itself
 // reports for the summary's bytes_per_round.
 type RoundBytes interface {
 	// Bulk is the rounds served and the data bytes moved over the
@@ -40,8 +49,8 @@ type RoundBytes interface {
 	Bulk() (rounds, bytes uint64)
 }
 
-// MeetingEnv is what a meeting point starts from.
-type MeetingEnv struct {
+// Env is what a meeting point starts from.
+type Env struct {
 	// Listen is the control server's listen address; a meeting point
 	// that listens does so on its host.
 	Listen string
@@ -59,13 +68,13 @@ type MeetingEnv struct {
 	Logger hclog.Logger
 }
 
-// MeetingFactory starts the meeting point of one kind.
-type MeetingFactory func(MeetingEnv) (MeetingPoint, error)
+// Factory starts the meeting point of one kind.
+type Factory func(Env) (Point, error)
 
-// builtinMeetings are the kinds every coordinator serves;
+// builtin are the kinds every coordinator serves; the coordinator's
 // Options.Meetings adds to or replaces them.
-func builtinMeetings() map[string]MeetingFactory {
-	return map[string]MeetingFactory{
+func builtin() map[string]Factory {
+	return map[string]Factory{
 		plugin.MeetRelay:        startRelayMeeting,
 		plugin.MeetReduceServer: startReduceServer,
 	}
@@ -76,7 +85,7 @@ func builtinMeetings() map[string]MeetingFactory {
 // coordinator's loop (relay.go), for every averager.
 type relayMeeting struct{}
 
-func startRelayMeeting(MeetingEnv) (MeetingPoint, error) { return relayMeeting{}, nil }
+func startRelayMeeting(Env) (Point, error) { return relayMeeting{}, nil }
 
 func (relayMeeting) Endpoint() string { return "" }
 func (relayMeeting) MarkDead(uint32)  {}
@@ -92,7 +101,7 @@ type reduceMeeting struct {
 // When that host is unspecified (all interfaces) the endpoint handed to
 // ranks is ":port", which a rank completes with the coordinator host it
 // dialled.
-func startReduceServer(env MeetingEnv) (MeetingPoint, error) {
+func startReduceServer(env Env) (Point, error) {
 	host, _, err := net.SplitHostPort(env.Listen)
 	if err != nil {
 		return nil, fmt.Errorf("listen address %q: %w", env.Listen, err)
@@ -128,22 +137,24 @@ func (m reduceMeeting) Bulk() (rounds, bytes uint64) {
 	return st.Rounds, st.BulkBytes
 }
 
-// meetings is the coordinator's table of meeting kinds and the points it
+// Table is the coordinator's table of meeting kinds and the points it
 // started. Only the loop touches it while the run runs; Close after.
-type meetings struct {
-	env       MeetingEnv
-	factories map[string]MeetingFactory
-	started   map[string]MeetingPoint
+type Table struct {
+	env       Env
+	factories map[string]Factory
+	started   map[string]Point
 }
 
-func newMeetings(env MeetingEnv, extra map[string]MeetingFactory) *meetings {
-	f := builtinMeetings()
+// NewTable serves the built-in kinds and extra's, which replace a built-in
+// one of the same name.
+func NewTable(env Env, extra map[string]Factory) *Table {
+	f := builtin()
 	maps.Copy(f, extra)
-	return &meetings{env: env, factories: f, started: map[string]MeetingPoint{}}
+	return &Table{env: env, factories: f, started: map[string]Point{}}
 }
 
 // point returns the meeting point of kind, starting it on first use.
-func (m *meetings) point(kind string) (MeetingPoint, error) {
+func (m *Table) point(kind string) (Point, error) {
 	if p, ok := m.started[kind]; ok {
 		return p, nil
 	}
@@ -159,14 +170,15 @@ func (m *meetings) point(kind string) (MeetingPoint, error) {
 	return p, nil
 }
 
-func (m *meetings) markDead(rank uint32) {
+// MarkDead takes rank out of every started point's later rounds.
+func (m *Table) MarkDead(rank uint32) {
 	for _, p := range m.started {
 		p.MarkDead(rank)
 	}
 }
 
-// bulk adds up the data moved by the meeting points that carry it.
-func (m *meetings) bulk() (rounds, bytes uint64) {
+// Bulk adds up the data moved by the meeting points that carry it.
+func (m *Table) Bulk() (rounds, bytes uint64) {
 	for _, p := range m.started {
 		if rb, ok := p.(RoundBytes); ok {
 			r, b := rb.Bulk()
@@ -176,7 +188,8 @@ func (m *meetings) bulk() (rounds, bytes uint64) {
 	return rounds, bytes
 }
 
-func (m *meetings) close() error {
+// Close closes every started point.
+func (m *Table) Close() error {
 	var errs []error
 	for kind, p := range m.started {
 		if err := p.Close(); err != nil {
@@ -187,28 +200,28 @@ func (m *meetings) close() error {
 	return errors.Join(errs...)
 }
 
-// onMeetRequest answers a rank's request for its averager's meeting point.
+// Request answers a rank's request for its averager's meeting point.
 // Every rank runs the same averager, so every rank must ask for the same
 // kind; a rank that asks for another is answered with an error, and its
 // setup fails with it.
-func (r *runner) onMeetRequest(rs *rankState, m *wirepb.MeetRequest) {
+func (h *Hub) Request(rank uint32, m *wirepb.MeetRequest) {
 	kind := m.GetKind()
 	if kind == "" {
 		kind = plugin.MeetRelay
 	}
 	reply := &wirepb.Meeting{Kind: kind}
-	if r.meetKind != "" && kind != r.meetKind {
-		reply.Error = fmt.Sprintf("rank %d's averager %q meets by %q, but the cohort's ranks before it asked for %q", rs.id, m.GetAverager(), kind, r.meetKind)
-	} else if p, err := r.c.meetings.point(kind); err != nil {
+	if h.kind != "" && kind != h.kind {
+		reply.Error = fmt.Sprintf("rank %d's averager %q meets by %q, but the cohort's ranks before it asked for %q", rank, m.GetAverager(), kind, h.kind)
+	} else if p, err := h.table.point(kind); err != nil {
 		reply.Error = err.Error()
 	} else {
-		r.meetKind = kind
+		h.kind = kind
 		reply.Endpoint = p.Endpoint()
 	}
 	if reply.Error != "" {
-		r.log.Error("refused a meeting request", "rank", rs.id, "averager", m.GetAverager(), "kind", kind, "reason", reply.Error)
+		h.log.Error("refused a meeting request", "rank", rank, "averager", m.GetAverager(), "kind", kind, "reason", reply.Error)
 	} else {
-		r.log.Debug("meeting point handed out", "rank", rs.id, "kind", kind, "endpoint", reply.Endpoint)
+		h.log.Debug("meeting point handed out", "rank", rank, "kind", kind, "endpoint", reply.Endpoint)
 	}
-	r.send(rs, reply)
+	h.out.Send(rank, reply)
 }

@@ -1,9 +1,12 @@
-package coordinator
+package meeting
 
 import (
 	"fmt"
 	"maps"
 	"slices"
+
+	"github.com/hashicorp/go-hclog"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/cohortdl/cohort/core/wire/wirepb"
 	"github.com/cohortdl/cohort/shared/plugin"
@@ -149,29 +152,68 @@ func (h *relayHub) failAll(why string) []relaySend {
 	return out
 }
 
-// onRelayPost takes a rank's part of a relay exchange. Before formation
-// the exchange waits for the whole world (a rank still setting up has not
-// posted yet); after, for the live ranks.
-func (r *runner) onRelayPost(rs *rankState, m *wirepb.RelayPost) {
-	expected := r.live()
-	forming := r.phase == phForming
-	if forming {
-		if len(r.everyRank) == 0 {
-			r.everyRank = make([]uint32, r.world)
-			for i := range r.everyRank {
-				r.everyRank[i] = uint32(i)
-			}
-		}
-		expected = r.everyRank
-	}
-	r.sendRelay(r.relay.post(rs.id, m.GetKey(), m.GetBlob(), expected, forming))
+// Outbox is how a Hub sends a rank its frames.
+type Outbox interface {
+	Send(rank uint32, msg proto.Message)
 }
 
-func (r *runner) sendRelay(sends []relaySend) {
+// Hub is a run's side of the meeting: it answers MeetRequest with the
+// point of the cohort's meeting kind and runs the relay. It holds no
+// goroutine and no lock: the loop owns it.
+type Hub struct {
+	table *Table
+	relay *relayHub
+	out   Outbox
+	log   hclog.Logger
+	kind  string   // the meeting kind the first MeetRequest named
+	every []uint32 // 0..world-1, what a relay exchange waits for before formation
+}
+
+// NewHub is a run's hub over table's points; it sends through out.
+func NewHub(table *Table, out Outbox, log hclog.Logger) *Hub {
+	return &Hub{table: table, relay: newRelayHub(), out: out, log: log}
+}
+
+// Post takes a rank's part of a relay exchange. Before formation the
+// exchange waits for the whole world (a rank still setting up has not
+// posted yet); after, for live, the live ranks in ascending order.
+func (h *Hub) Post(rank uint32, m *wirepb.RelayPost, live []uint32, forming bool) {
+	expected := live
+	if forming {
+		if len(h.every) == 0 {
+			h.every = make([]uint32, h.table.env.World)
+			for i := range h.every {
+				h.every[i] = uint32(i)
+			}
+		}
+		expected = h.every
+	}
+	h.send(h.relay.post(rank, m.GetKey(), m.GetBlob(), expected, forming))
+}
+
+// Dead takes a rank that died in the formed cohort out of the meeting
+// points' later rounds and fails the relay exchanges in flight.
+func (h *Hub) Dead(rank uint32, reason string) {
+	h.table.MarkDead(rank)
+	h.send(h.relay.rankGone(rank, reason, true))
+}
+
+// Left takes back the posts of a rank that left before formation: it may
+// rejoin and post again.
+func (h *Hub) Left(rank uint32) {
+	h.relay.rankGone(rank, "", false)
+}
+
+// FailAll fails every relay exchange in flight with why.
+func (h *Hub) FailAll(why string) {
+	h.send(h.relay.failAll(why))
+}
+
+func (h *Hub) send(sends []relaySend) {
 	for _, s := range sends {
 		if s.msg.GetError() != "" {
-			r.log.Debug("relay exchange failed", "rank", s.rank, "key", s.msg.GetKey(), "reason", s.msg.GetError())
+			h.log.Debug("relay exchange failed", "rank", s.rank, "key", s.msg.GetKey(), "reason", s.msg.GetError())
 		}
-		r.send(r.ranks[s.rank], s.msg)
+		h.out.Send(s.rank, s.msg)
 	}
 }
