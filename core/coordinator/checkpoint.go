@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cohortdl/cohort/core/coordinator/dispatch"
 	"github.com/cohortdl/cohort/core/wire/wirepb"
 	"github.com/cohortdl/cohort/shared/atomicfile"
 )
@@ -58,26 +59,20 @@ type Meta struct {
 	// yet averaged into the saved model: per rank (policy sync partitions)
 	// and shared (cadence, async). Remaining lists exactly the ranks live at
 	// the save.
-	Epoch     uint64       `json:"epoch"`
-	Remaining []RankRanges `json:"remaining"`
-	Pool      []Range      `json:"pool"`
+	Epoch     uint64                `json:"epoch"`
+	Remaining []dispatch.RankRanges `json:"remaining"`
+	Pool      []dispatch.Range      `json:"pool"`
 	// Partial is what the epoch in progress had done before the save.
 	Partial EpochProgress `json:"partial"`
 	// Rounds and GlobalStep count the whole run so far.
-	Rounds     uint64        `json:"rounds"`
-	GlobalStep uint64        `json:"global_step"`
-	Cadence    *CadenceState `json:"cadence,omitempty"`
+	Rounds     uint64                 `json:"rounds"`
+	GlobalStep uint64                 `json:"global_step"`
+	Cadence    *dispatch.CadenceState `json:"cadence,omitempty"`
 	// Controller is the controller's state as of the save point, and
 	// ControllerWindow what the first window after it gets.
-	Controller       *ControllerState  `json:"controller,omitempty"`
-	ControllerWindow *ControllerWindow `json:"controller_window,omitempty"`
-	Finished         []EpochSummary    `json:"finished_epochs"`
-}
-
-// RankRanges is one rank's share of the samples left in an epoch.
-type RankRanges struct {
-	Rank   uint32  `json:"rank"`
-	Ranges []Range `json:"ranges"`
+	Controller       *dispatch.ControllerState  `json:"controller,omitempty"`
+	ControllerWindow *dispatch.ControllerWindow `json:"controller_window,omitempty"`
+	Finished         []EpochSummary             `json:"finished_epochs"`
 }
 
 // EpochProgress is the running aggregate of an epoch in progress.
@@ -112,7 +107,7 @@ func (m *Meta) validate() error {
 		seen[rr.Rank] = true
 		all = append(all, rr.Ranges...)
 	}
-	if err := checkRanges(all, m.PickSpace); err != nil {
+	if err := dispatch.CheckRanges(all, m.PickSpace); err != nil {
 		return fmt.Errorf("remaining samples of epoch %d: %w", m.Epoch, err)
 	}
 	return nil
@@ -270,34 +265,21 @@ func (s *ckptStore) abandon(tmp string) error {
 
 // progress is where training stands at a point all ranks' models agree on
 // (the last completed round, or an epoch boundary): the samples of the
-// epoch not yet averaged into the model, per rank and shared.
+// epoch not yet averaged into the model, per rank and shared, with the
+// controller's state as of the last round and the window it handed (or
+// will hand) first after the snapshot.
 type progress struct {
-	epoch     uint64
-	remaining map[uint32][]Range
-	pool      []Range
-	partial   EpochProgress
-	// ctl is the controller's state as of the last round, and win what it
-	// handed (or will hand) the first window after the snapshot.
-	ctl ControllerState
-	win ControllerWindow
+	dispatch.Snapshot
+	partial EpochProgress
 }
 
 // progressNow is the state of the epoch as the models of the last round
 // see it: everything not yet dispatched plus every plan still open.
 func (r *runner) progressNow() progress {
-	p := progress{epoch: r.epoch, remaining: map[uint32][]Range{}, ctl: r.ctl.state(), win: r.ctl.window()}
-	if r.work == nil {
+	p := progress{Snapshot: r.disp.Snapshot(r.live())}
+	if !r.disp.Training() {
 		return p
 	}
-	for _, id := range r.live() {
-		var rs []Range
-		for _, pl := range r.ranks[id].outstanding {
-			rs = append(rs, pl.rng)
-		}
-		rs = append(rs, r.work.parts[id]...)
-		p.remaining[id] = rs
-	}
-	p.pool = slices.Clone(r.work.pool)
 	if a := r.agg; a != nil {
 		p.partial = EpochProgress{
 			Samples:     a.prior.Samples + a.samples,
@@ -308,20 +290,6 @@ func (r *runner) progressNow() progress {
 			Scalars:     maps.Clone(a.scalars.sums),
 		}
 	}
-	return p
-}
-
-// freshProgress is the start of epoch e, split over the live ranks.
-func (r *runner) freshProgress(e uint64) progress {
-	p := progress{epoch: e, remaining: map[uint32][]Range{}, ctl: r.ctl.state(), win: r.ctl.window()}
-	if e >= uint64(r.cfg.Run.Epochs) {
-		return p
-	}
-	w := newEpochWork(e, r.pickSpace, r.live(), r.shared())
-	for _, id := range r.live() {
-		p.remaining[id] = w.parts[id]
-	}
-	p.pool = w.pool
 	return p
 }
 
@@ -475,25 +443,23 @@ func (r *runner) meta(w *ckptWait) *Meta {
 		PickSpace:     r.pickSpace,
 		BatchSize:     r.batch,
 		SavedRanks:    w.saved,
-		Epoch:         p.epoch,
-		Pool:          p.pool,
+		Epoch:         p.Epoch,
+		Pool:          p.Pool,
 		Partial:       p.partial,
 		Rounds:        r.roundsBefore + r.rounds,
-		GlobalStep:    r.globalStep(),
+		GlobalStep:    r.disp.GlobalStep(),
 		Finished:      r.finished,
+		Cadence:       r.disp.CadenceState(),
 	}
-	ctl, win := p.ctl, p.win
+	ctl, win := p.Controller, p.Window
 	m.Controller, m.ControllerWindow = &ctl, &win
-	ids := make([]uint32, 0, len(p.remaining))
-	for id := range p.remaining {
+	ids := make([]uint32, 0, len(p.Remaining))
+	for id := range p.Remaining {
 		ids = append(ids, id)
 	}
 	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
 	for _, id := range ids {
-		m.Remaining = append(m.Remaining, RankRanges{Rank: id, Ranges: p.remaining[id]})
-	}
-	if r.cad != nil {
-		m.Cadence = r.cad.state()
+		m.Remaining = append(m.Remaining, dispatch.RankRanges{Rank: id, Ranges: p.Remaining[id]})
 	}
 	return m
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/cohortdl/cohort/core/config"
+	"github.com/cohortdl/cohort/core/coordinator/dispatch"
 	"github.com/cohortdl/cohort/core/wire/wirepb"
 )
 
@@ -51,7 +52,7 @@ func TestAdaptiveSyncTightensOnDrift(t *testing.T) {
 	h.ledger.checkExactlyOnce(t, 2, samples)
 
 	rules := decisionRules(sum.Controller)
-	if want := []string{RuleTighten, RuleTighten}; !slices.Equal(rules, want) {
+	if want := []string{dispatch.RuleTighten, dispatch.RuleTighten}; !slices.Equal(rules, want) {
 		t.Fatalf("decisions %v, want %v (4 → 2 → 1)", rules, want)
 	}
 	if sum.Controller.Interval != 1 {
@@ -59,7 +60,7 @@ func TestAdaptiveSyncTightensOnDrift(t *testing.T) {
 	}
 	// The status page sees the same: the interval in force and both moves.
 	live := h.coord.Status().Controller
-	if live.Interval != 1 || len(live.Decisions) != 2 || live.Decisions[1].Rule != RuleTighten || live.Decisions[1].To != 1 || !live.Adaptive {
+	if live.Interval != 1 || len(live.Decisions) != 2 || live.Decisions[1].Rule != dispatch.RuleTighten || live.Decisions[1].To != 1 || !live.Adaptive {
 		t.Errorf("status controller %+v, want interval 1 after two tightenings", live)
 	}
 	for _, f := range ranks {
@@ -96,7 +97,7 @@ func TestGuardScalesEveryRanksRate(t *testing.T) {
 	sum := h.mustComplete()
 	h.ledger.checkExactlyOnce(t, 2, samples)
 	rules := decisionRules(sum.Controller)
-	if want := []string{RuleGuard, RuleGuardRelease}; !slices.Equal(rules, want) {
+	if want := []string{dispatch.RuleGuard, dispatch.RuleGuardRelease}; !slices.Equal(rules, want) {
 		t.Fatalf("decisions %v, want %v", rules, want)
 	}
 	if d := sum.Controller.Decisions[0]; d.Round != spike || d.LRTo != 0.5 || d.To != 1 {
@@ -213,13 +214,13 @@ func TestResumeKeepsTheController(t *testing.T) {
 		t.Fatalf("the resumed run's first plan %v: want lr scale 0.5", plans)
 	}
 	rules := decisionRules(sum2.Controller)
-	if !slices.Equal(rules, []string{RuleGuardRelease}) || sum2.Controller.LRScale != 1 {
+	if !slices.Equal(rules, []string{dispatch.RuleGuardRelease}) || sum2.Controller.LRScale != 1 {
 		t.Errorf("resumed decisions %v, final lr scale %g: want the guard released, rate 1", rules, sum2.Controller.LRScale)
 	}
 }
 
 // decisionRules lists the rules of c's decisions, in order.
-func decisionRules(c *ControllerSummary) []string {
+func decisionRules(c *dispatch.ControllerSummary) []string {
 	var rules []string
 	for _, d := range c.Decisions {
 		rules = append(rules, d.Rule)

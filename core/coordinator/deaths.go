@@ -5,6 +5,8 @@ import (
 	"os"
 	"path/filepath"
 	"time"
+
+	"github.com/cohortdl/cohort/core/coordinator/dispatch"
 )
 
 // DeathsDir holds, in the run's out directory, one DeathRecord per rank the
@@ -32,27 +34,21 @@ type DeathRecord struct {
 	// Unfinished is the work taken back from it: the part of each plan it
 	// held that its Batch reports do not cover, and its undispatched
 	// partition.
-	Unfinished []Range `json:"unfinished"`
+	Unfinished []dispatch.Range `json:"unfinished"`
 	// Redistributed is where that work went: each piece extended
 	// (ExtendPartition) to a survivor. Empty when the run saved or ended
 	// instead, as below min_ranks: the checkpoint's remaining samples then
 	// hold it.
-	Redistributed []Handoff `json:"redistributed"`
-}
-
-// Handoff is a range extended to a survivor.
-type Handoff struct {
-	Rank uint32 `json:"rank"`
-	Range
+	Redistributed []dispatch.Handoff `json:"redistributed"`
 }
 
 // newDeath starts rs's death record, as the run stands when it is declared
 // dead; Redistributed is filled in as its work is handed out.
-func (r *runner) newDeath(rs *rankState, ev MembershipEvent, unfinished []Range) *DeathRecord {
+func (r *runner) newDeath(rs *rankState, ev MembershipEvent, unfinished []dispatch.Range) *DeathRecord {
 	return &DeathRecord{
 		RunID: r.c.runID, Rank: rs.id, Time: ev.Time.UTC(), Epoch: ev.Epoch, Phase: r.phase.String(), Reason: ev.Reason,
 		StepCount: rs.stepCount, Batches: rs.batches, Samples: rs.samples,
-		Unfinished: append([]Range{}, unfinished...), Redistributed: []Handoff{},
+		Unfinished: append([]dispatch.Range{}, unfinished...), Redistributed: []dispatch.Handoff{},
 	}
 }
 

@@ -9,6 +9,8 @@ import (
 	"reflect"
 	"testing"
 	"time"
+
+	"github.com/cohortdl/cohort/core/coordinator/dispatch"
 )
 
 // A rank declared dead leaves a death record, in summary.json's rank and in
@@ -18,7 +20,7 @@ import (
 // holds [88, 96) of its second plan untrained. A rank that leaves with
 // Exiting leaves no record.
 func TestDeathRecord(t *testing.T) {
-	untrained := []Range{{Offset: 88, Size: 8}}
+	untrained := []dispatch.Range{{Offset: 88, Size: 8}}
 	cases := []struct {
 		name     string
 		script   rankScript
@@ -26,19 +28,19 @@ func TestDeathRecord(t *testing.T) {
 		reason   string // "": no record
 		// handed is where the untrained work went; none when the run
 		// saves instead.
-		handed []Handoff
+		handed []dispatch.Handoff
 	}{
 		{
 			name:   "link breaks mid-plan",
 			script: rankScript{msPerBatch: 5 * time.Millisecond, dieAfterBatches: 3},
 			reason: "link closed without Exiting",
-			handed: []Handoff{{Rank: 0, Range: Range{Offset: 88, Size: 4}}, {Rank: 1, Range: Range{Offset: 92, Size: 4}}},
+			handed: []dispatch.Handoff{{Rank: 0, Range: dispatch.Range{Offset: 88, Size: 4}}, {Rank: 1, Range: dispatch.Range{Offset: 92, Size: 4}}},
 		},
 		{
 			name:   "falls silent mid-plan",
 			script: rankScript{msPerBatch: 5 * time.Millisecond, silentAfterBatches: 3},
 			reason: "silent for 1s (heartbeat timeout)",
-			handed: []Handoff{{Rank: 0, Range: Range{Offset: 88, Size: 4}}, {Rank: 1, Range: Range{Offset: 92, Size: 4}}},
+			handed: []dispatch.Handoff{{Rank: 0, Range: dispatch.Range{Offset: 88, Size: 4}}, {Rank: 1, Range: dispatch.Range{Offset: 92, Size: 4}}},
 		},
 		{
 			name:     "below min_ranks",
@@ -95,7 +97,7 @@ func TestDeathRecord(t *testing.T) {
 				t.Errorf("unfinished %v, want %v", d.Unfinished, untrained)
 			}
 			if tc.handed == nil {
-				tc.handed = []Handoff{}
+				tc.handed = []dispatch.Handoff{}
 			}
 			if !reflect.DeepEqual(d.Redistributed, tc.handed) {
 				t.Errorf("redistributed %v, want %v", d.Redistributed, tc.handed)

@@ -51,11 +51,11 @@ func (r *runner) electRole() {
 		return
 	}
 	best, ok := r.fastest(r.live())
-	holder := r.ranks[r.role]
-	if !ok || best == r.role || r.ranks[best].batchMS > roleHysteresis*holder.batchMS {
+	holderMS, bestMS := r.disp.BatchMS(r.role), r.disp.BatchMS(best)
+	if !ok || best == r.role || bestMS > roleHysteresis*holderMS {
 		return
 	}
-	r.moveRole(best, RoleFaster, "batch_ms", r.ranks[best].batchMS, "holder_batch_ms", holder.batchMS)
+	r.moveRole(best, RoleFaster, "batch_ms", bestMS, "holder_batch_ms", holderMS)
 }
 
 // roleRankGone re-resolves the role among the survivors when its holder
@@ -90,11 +90,11 @@ func (r *runner) fastest(live []uint32) (uint32, bool) {
 	}
 	best := live[0]
 	for _, id := range live {
-		ms := r.ranks[id].batchMS
+		ms := r.disp.BatchMS(id)
 		if !(ms > 0) {
 			return 0, false
 		}
-		if ms < r.ranks[best].batchMS {
+		if ms < r.disp.BatchMS(best) {
 			best = id
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/cohortdl/cohort/core/config"
+	"github.com/cohortdl/cohort/core/coordinator/dispatch"
 	"github.com/cohortdl/cohort/core/coordinator/link"
 
 	"github.com/cohortdl/cohort/core/wire"
@@ -109,7 +110,11 @@ func (r *runner) tryForm() bool {
 	r.phase = phTraining
 	r.log.Info("cohort formed", "ranks", r.world, "samples", r.pickSpace, "batch_size", r.batch,
 		"trainer", ref.GetTrainer(), "averager", ref.GetAverager(), "seconds", time.Since(r.started).Seconds())
-	r.setupCadence()
+	var cad *dispatch.CadenceState
+	if m := r.c.meta; m != nil {
+		cad = m.Cadence
+	}
+	r.disp.Form(r.pickSpace, r.batch, cad)
 	r.emit(Progress{Kind: ProgressFormed})
 	r.formRole()
 	// Every rank starts from rank 0's parameters (after a resume: from

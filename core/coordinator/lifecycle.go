@@ -4,6 +4,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/cohortdl/cohort/core/coordinator/dispatch"
 	"github.com/cohortdl/cohort/core/wire/wirepb"
 )
 
@@ -16,52 +17,27 @@ func (r *runner) startTraining() {
 		return
 	}
 	r.roundsBefore = m.Rounds
-	r.stepsBefore = m.GlobalStep
 	r.finished = slices.Clone(m.Finished)
 	r.epoch = m.Epoch
 	if m.Epoch >= uint64(r.cfg.Run.Epochs) {
 		r.log.Info("the checkpoint holds a finished run; shutting down", "epoch", m.Epoch)
-		r.work = &epochWork{epoch: m.Epoch, parts: map[uint32][]Range{}}
+		r.disp.Resume(dispatch.Resumed{Epoch: m.Epoch, GlobalStep: m.GlobalStep}, nil) // nothing left
 		r.agg = r.newAgg(EpochProgress{})
 		r.shutdown()
 		return
 	}
-	live := r.live()
-	w := &epochWork{epoch: m.Epoch, parts: map[uint32][]Range{}}
-	same := len(m.Remaining) == len(live) && len(m.Pool) == 0 && !r.shared()
-	for i, rr := range m.Remaining {
-		same = same && rr.Rank == live[i]
-	}
-	if same {
-		for _, rr := range m.Remaining {
-			w.parts[rr.Rank] = slices.Clone(rr.Ranges)
-		}
-	} else {
-		var all []Range
-		for _, rr := range m.Remaining {
-			all = append(all, rr.Ranges...)
-		}
-		all = append(all, m.Pool...)
-		if r.shared() {
-			w.pool = all
-		} else {
-			for i, rs := range splitRanges(all, equalSizes(sumRanges(all), len(live))) {
-				w.parts[live[i]] = rs
-			}
-		}
-	}
-	r.work = w
+	same := r.disp.Resume(dispatch.Resumed{Epoch: m.Epoch, Remaining: m.Remaining, Pool: m.Pool, GlobalStep: m.GlobalStep}, r.live())
 	r.agg = r.newAgg(m.Partial)
-	r.ctl.restore(m.Controller, m.ControllerWindow)
+	r.disp.RestoreController(m.Controller, m.ControllerWindow)
 	r.snap = r.progressNow()
-	r.log.Info("resumed", "checkpoint", r.c.resume, "epoch", m.Epoch, "samples_left", w.remaining(),
+	r.log.Info("resumed", "checkpoint", r.c.resume, "epoch", m.Epoch, "samples_left", r.disp.Remaining(),
 		"same_partitions", same)
 }
 
 // startEpoch splits epoch e over the live ranks.
 func (r *runner) startEpoch(e uint64) {
 	r.epoch = e
-	r.work = newEpochWork(e, r.pickSpace, r.live(), r.shared())
+	r.disp.StartEpoch(e, r.live())
 	r.agg = r.newAgg(EpochProgress{})
 	r.phase = phTraining
 	r.snap = r.progressNow()
@@ -73,7 +49,7 @@ func (r *runner) startEpoch(e uint64) {
 // next epoch.
 func (r *runner) endEpoch() {
 	r.phase = phEval
-	r.work = nil
+	r.disp.EndEpoch()
 	r.electRole()
 	switch live := r.live(); {
 	case !r.evaluates(r.epoch):

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/cohortdl/cohort/core/config"
+	"github.com/cohortdl/cohort/core/coordinator/dispatch"
 	"github.com/cohortdl/cohort/core/wire/wirepb"
 )
 
@@ -248,4 +249,13 @@ func TestExitingMidRunIsNotDeath(t *testing.T) {
 	if len(sum.MembershipEvents) != 1 || sum.MembershipEvents[0].Event != "left" || sum.Ranks[1].State != RankExited {
 		t.Errorf("events %+v, rank 1 %+v: want one 'left' and state exited", sum.MembershipEvents, sum.Ranks[1])
 	}
+}
+
+// sumRanges is the number of samples in rs.
+func sumRanges(rs []dispatch.Range) uint64 {
+	var n uint64
+	for _, r := range rs {
+		n += r.Size
+	}
+	return n
 }

@@ -178,7 +178,7 @@ func (r *runner) publish(force bool) {
 		Epoch:      r.epoch + 1,
 		Epochs:     r.cfg.Run.Epochs,
 		EpochTotal: r.pickSpace,
-		GlobalStep: r.globalStep(),
+		GlobalStep: r.disp.GlobalStep(),
 		Totals: status.Totals{
 			Rounds:         r.rounds,
 			RoundSeconds:   r.roundMS / 1000,
@@ -191,9 +191,7 @@ func (r *runner) publish(force bool) {
 		Membership:   r.lv.membership[:len(r.lv.membership):len(r.lv.membership)],
 		RoundSeconds: r.lv.hist.Clone(),
 	}
-	if r.ctl != nil {
-		s.Controller = r.ctl.live()
-	}
+	s.Controller = r.disp.LiveController()
 	if r.phase == phDone {
 		s.Status = r.status
 		if r.err != nil {
@@ -213,7 +211,7 @@ func (r *runner) publish(force bool) {
 		s.Totals.Samples += rs.samples
 		s.Ranks = append(s.Ranks, status.Rank{
 			Rank: rs.id, State: rankStates[rs.status], Reason: rs.reason,
-			Epoch: rs.epoch + 1, Batches: rs.batches, Samples: rs.samples, BatchMS: safe(rs.batchMS),
+			Epoch: rs.epoch + 1, Batches: rs.batches, Samples: rs.samples, BatchMS: safe(r.disp.BatchMS(rs.id)),
 			LastHeard: rs.lastHeard.UTC(), Resources: resourcesOf(rs.res), PluginRestarts: rs.pluginRestarts,
 		})
 	}

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/cohortdl/cohort/core/config"
+	"github.com/cohortdl/cohort/core/coordinator/dispatch"
 	"github.com/cohortdl/cohort/core/coordinator/link"
 	"github.com/cohortdl/cohort/core/coordinator/meeting"
 	"github.com/cohortdl/cohort/core/status"
@@ -56,15 +57,8 @@ type rankState struct {
 	ready  *wirepb.Ready
 	reason string // why it died
 
-	outstanding []*plan // dispatched, not yet closed by Metrics, in order
-	sinceRound  uint64  // batches not yet averaged in a completed round
-	// throttled: sent Throttle (async, max_batch_diff) since the last Sync.
-	throttled   bool
-	lastMetrics time.Time
-	batches     uint64
-	samples     uint64
-	// batchMS is a moving average of the rank's reported batch times.
-	batchMS float64
+	batches uint64
+	samples uint64
 	// pluginRestarts counts the plugins the rank replaced.
 	pluginRestarts uint32
 	// For the status page: the rank's last frame, the epoch of its last
@@ -102,22 +96,17 @@ type runner struct {
 	batch     uint64
 
 	epoch        uint64
-	work         *epochWork
+	disp         *dispatch.Dispatcher
 	agg          *epochAgg
-	win          *window
-	lastWindowMS float64
 	round        *round
 	reissue      *reissue
 	roundSeq     uint64
 	roundsBefore uint64
-	stepsBefore  uint64
 	session      *sessionReq
 	generation   uint64
 	meet         *meeting.Hub
 	role         uint32         // the eval role's rank: evaluation, epoch callback, model export
 	roles        []RoleElection // every move of the role, for the summary
-	cad          *cadence
-	ctl          *controller
 	snap         progress
 
 	evalTarget   int64  // -1: no evaluation pending
@@ -172,7 +161,7 @@ func newRunner(c *Coordinator) *runner {
 	for i := range world {
 		r.ranks = append(r.ranks, &rankState{id: i})
 	}
-	r.ctl = newController(cfg.Coordinator, r.logDecision)
+	r.disp = dispatch.New(cfg, r.log)
 	r.meet = meeting.NewHub(c.meetings, r, r.log)
 	return r
 }

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/cohortdl/cohort/core/coordinator/dispatch"
 	"github.com/cohortdl/cohort/core/wire/wirepb"
 )
 
@@ -119,9 +120,6 @@ func (r *runner) depart(rs *rankState, event, reason string, status rankStatus) 
 		"epoch", r.epoch, "phase", r.phase.String())
 	r.emit(Progress{Kind: ProgressMembership, Event: &ev})
 	r.noteMembership(ev)
-	if r.cad != nil {
-		r.cad.forget(rs.id)
-	}
 	r.meet.Dead(rs.id, reason)
 	unfinished := r.unfinishedOf(rs)
 	survivors := r.live()
@@ -152,9 +150,6 @@ func (r *runner) depart(rs *rankState, event, reason string, status rankStatus) 
 		r.send(r.ranks[id], dd)
 	}
 	r.roleRankGone(rs.id, survivors)
-	if r.win != nil {
-		delete(r.win.ranks, rs.id)
-	}
 	if rd := r.round; rd != nil {
 		delete(rd.waiting, rs.id)
 		delete(rd.acks, rs.id)
@@ -185,18 +180,10 @@ func (r *runner) depart(rs *rankState, event, reason string, status rankStatus) 
 // unfinishedOf takes a departing rank's work back: the part of each open
 // plan no Batch report covers, then its undispatched partition. The part
 // reports cover counts as trained.
-func (r *runner) unfinishedOf(rs *rankState) []Range {
-	var out []Range
-	for _, p := range rs.outstanding {
-		r.countUnclosed(p)
-		if u := p.unfinished(); u.Size > 0 {
-			out = append(out, u)
-		}
-	}
-	rs.outstanding = nil
-	rs.sinceRound = 0
-	if r.work != nil {
-		out = append(out, r.work.forfeit(rs.id)...)
+func (r *runner) unfinishedOf(rs *rankState) []dispatch.Range {
+	out, trained := r.disp.Forfeit(rs.id)
+	for _, t := range trained {
+		r.countUnclosed(t)
 	}
 	return out
 }
@@ -204,40 +191,12 @@ func (r *runner) unfinishedOf(rs *rankState) []Range {
 // redistribute hands the ranges to the survivors in equal consecutive
 // shares, each piece one ExtendPartition (and one plan) of its own, and
 // returns the pieces.
-func (r *runner) redistribute(rs []Range, survivors []uint32) []Handoff {
-	total := sumRanges(rs)
-	if total == 0 {
-		return nil
+func (r *runner) redistribute(rs []dispatch.Range, survivors []uint32) []dispatch.Handoff {
+	handed := r.disp.Extend(rs, survivors)
+	for _, h := range handed {
+		r.send(r.ranks[h.Rank], &wirepb.ExtendPartition{Epoch: r.epoch, PartitionOffset: h.Offset, PartitionSize: h.Size})
 	}
-	var handed []Handoff
-	shares := splitRanges(rs, equalSizes(total, len(survivors)))
-	for i, id := range survivors {
-		for _, rng := range shares[i] {
-			s := r.ranks[id]
-			s.outstanding = slices.Insert(s.outstanding, extSlot(s.outstanding), &plan{epoch: r.epoch, rng: rng, ext: true})
-			r.send(s, &wirepb.ExtendPartition{Epoch: r.epoch, PartitionOffset: rng.Offset, PartitionSize: rng.Size})
-			handed = append(handed, Handoff{Rank: id, Range: rng})
-		}
-	}
-	r.log.Info("redistributed a lost rank's samples", "samples", total, "survivors", len(survivors))
 	return handed
-}
-
-// extSlot is where an ExtendPartition runs among a rank's open plans: a
-// worker runs it after the plan in progress (taken to be the first open
-// one, unless the rank holds that one for a round) and after earlier
-// extensions, ahead of chunks still queued or held. Batch reports name
-// their plan; the order matters to ones that do not, which count against
-// the first unfinished plan.
-func extSlot(open []*plan) int {
-	at := 0
-	if len(open) > 0 && !open[0].held {
-		at = 1
-	}
-	for at < len(open) && open[at].ext {
-		at++
-	}
-	return at
 }
 
 // sessionReq is a re-formation of the averaging group after a death:

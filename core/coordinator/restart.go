@@ -2,9 +2,9 @@ package coordinator
 
 import (
 	"fmt"
-	"slices"
 	"time"
 
+	"github.com/cohortdl/cohort/core/coordinator/dispatch"
 	"github.com/cohortdl/cohort/core/wire/wirepb"
 )
 
@@ -62,18 +62,14 @@ func (r *runner) onPluginRestarted(rs *rankState, m *wirepb.PluginRestarted) {
 // rest goes to the live ranks, this one included, as ExtendPartition. The
 // rank sends no Metrics for it.
 func (r *runner) giveBackLostPlan(rs *rankState, m *wirepb.PluginRestarted) {
-	i := slices.IndexFunc(rs.outstanding, func(p *plan) bool {
-		return p.epoch == m.GetEpoch() && p.rng.Offset == m.GetPartitionOffset() && p.rng.Size == m.GetPartitionSize()
-	})
-	if i < 0 {
+	u, trained, ok := r.disp.TakeBack(rs.id, m.GetEpoch(), m.GetPartitionOffset(), m.GetPartitionSize())
+	if !ok {
 		r.log.Warn("PluginRestarted names a plan the rank does not hold", "rank", rs.id,
 			"epoch", m.GetEpoch(), "offset", m.GetPartitionOffset(), "size", m.GetPartitionSize())
 		return
 	}
-	p := rs.outstanding[i]
-	rs.outstanding = slices.Delete(rs.outstanding, i, i+1)
-	r.countUnclosed(p)
-	if u := p.unfinished(); u.Size > 0 && r.phase == phTraining {
-		r.redistribute([]Range{u}, r.live())
+	r.countUnclosed(trained)
+	if u.Size > 0 && r.phase == phTraining {
+		r.redistribute([]dispatch.Range{u}, r.live())
 	}
 }

@@ -1,12 +1,11 @@
 package coordinator
 
 import (
-	"fmt"
 	"math"
 	"time"
 
 	"github.com/cohortdl/cohort/core/config"
-
+	"github.com/cohortdl/cohort/core/coordinator/dispatch"
 	"github.com/cohortdl/cohort/core/wire/wirepb"
 )
 
@@ -18,10 +17,6 @@ type round struct {
 	issued  time.Time
 	waiting map[uint32]bool
 	acks    map[uint32]*wirepb.SyncAck
-	// since is each rank's sinceRound at issue: what the round averages.
-	// Batches reported after (a rank training while its round runs) are
-	// for the next one.
-	since   map[uint32]uint64
 	initial bool // round 0: the run starts when it completes
 	// overlap: the ranks may run it beside training (Sync.overlap).
 	overlap bool
@@ -48,35 +43,34 @@ func (r *runner) issueRound(mode wirepb.SyncMode, root uint32, initial bool) {
 		issued:  time.Now(),
 		waiting: map[uint32]bool{},
 		acks:    map[uint32]*wirepb.SyncAck{},
-		since:   map[uint32]uint64{},
 		initial: initial,
 	}
 	r.roundSeq++
 	r.round = rd
 	live := r.live()
-	var plans map[uint32]*plan
+	var plans map[uint32]*dispatch.Plan
 	var step *uint64
-	if !initial && r.windowed() && !r.stopReq && r.work != nil && r.work.remaining() > 0 && !r.anyOutstanding() {
+	if !initial && r.disp.Windowed() && !r.stopReq && r.disp.Training() && r.disp.Remaining() > 0 && !r.disp.Busy(live) {
 		// The next window is known now: each rank gets its plan with the
 		// Sync and starts it when its round succeeds, instead of waiting
 		// a round trip for Update.
 		snap := r.progressNow()
 		rd.snap = &snap
-		gs := r.globalStep()
+		gs := r.disp.GlobalStep()
 		step = &gs
-		plans = r.windowPlans(live)
+		plans = r.disp.WindowPlans(live, true)
 	}
 	overlap := r.policy == config.PolicyAsync && r.cfg.Coordinator.AsyncOverlap && mode == wirepb.SyncMode_SYNC_MODE_AVERAGE && !initial
 	rd.overlap = overlap
+	r.disp.RoundIssued(live)
 	for _, id := range live {
-		r.ranks[id].throttled = false // the Sync releases it
 		rd.waiting[id] = true
-		rd.since[id] = r.ranks[id].sinceRound
 		msg := &wirepb.Sync{Round: rd.num, Mode: mode, Root: root, Overlap: overlap}
 		if p := plans[id]; p != nil {
-			p.held = true
-			r.hand(r.ranks[id], p)
-			msg.NextPlan, msg.GlobalStep = r.epochPlan(p), step
+			if r.agg != nil {
+				r.agg.rank(id).windows++
+			}
+			msg.NextPlan, msg.GlobalStep = r.disp.EpochPlan(p), step
 		}
 		r.send(r.ranks[id], msg)
 	}
@@ -97,11 +91,7 @@ func (r *runner) onSyncAck(rs *rankState, m *wirepb.SyncAck) {
 	case m.GetError() != "":
 		r.log.Warn("round failed on a rank", "rank", rs.id, "round", rd.num, "error", m.GetError())
 	default:
-		rs.sinceRound -= min(rd.since[rs.id], rs.sinceRound)
-		// The rank starts what it held for a round once one succeeds.
-		for _, p := range rs.outstanding {
-			p.held = false
-		}
+		r.disp.Averaged(rs.id)
 	}
 	r.checkRound()
 }
@@ -193,145 +183,48 @@ func (r *runner) completeRound(rd *round) {
 	} else {
 		r.agg.rounds++
 		r.agg.roundMS += ms
-		if !r.windowed() && !math.IsInf(minMS, 1) {
+		if !r.disp.Windowed() && !math.IsInf(minMS, 1) {
 			for id, ack := range rd.acks {
 				if v := ack.GetRoundMs(); r.ranks[id].status == stLive && finite(v) {
 					r.agg.addWait(id, time.Duration((v-minMS)*float64(time.Millisecond)))
 				}
 			}
 		}
-		if rd.mode == wirepb.SyncMode_SYNC_MODE_AVERAGE {
-			r.ctl.observeRound(rd.num, r.epoch+1, r.roundDivergences(rd))
-		}
-		if r.cad != nil && r.lastWindowMS > 0 {
-			if from, ok := r.cad.observeWindow(ms, r.lastWindowMS, r.ctl.verdict()); ok {
-				rule := RuleOverhead
-				if r.cad.base < from {
-					rule = RuleTighten
-				}
-				lr := r.ctl.lrScale()
-				r.ctl.decide(ControllerDecision{Round: rd.num, Epoch: r.epoch + 1, Rule: rule,
-					Divergence: r.ctl.st.DivergenceEMA, From: from, To: r.cad.base, LRFrom: lr, LRTo: lr})
-			}
-			r.lastWindowMS = 0
-		}
+		r.disp.RoundDone(rd.num, r.epoch+1, ms, divergences(rd, r.live()), rd.mode == wirepb.SyncMode_SYNC_MODE_AVERAGE)
 		if rd.snap != nil {
 			// The work as of the round's issue (the plans it carried are
 			// still to train), the controller as of its end.
 			r.snap = *rd.snap
-			r.snap.ctl = r.ctl.state()
+			r.snap.Controller = r.disp.ControllerState()
 		} else {
 			r.snap = r.progressNow()
 		}
 	}
 	version := rd.num
 	switch {
-	case r.stopReq, r.windowed() && r.anyOutstanding(), r.solo():
+	case r.stopReq, r.disp.Windowed() && r.disp.Busy(r.live()), r.solo():
 		// Stopping, or the ranks hold plans already (brought by the
 		// Sync, or extensions after a death), or the rank is alone and
 		// stepSolo hands out its plans: no new window here.
 		r.deliver(r.live(), nil, &version)
-	case r.windowed() && r.work.remaining() > 0:
-		r.nextWindow(&version)
-	case !r.windowed():
-		r.dispatchIdle(&version)
+	case !r.disp.Windowed() || r.disp.Remaining() > 0:
+		r.deliver(r.live(), r.disp.NextPlans(r.live()), &version)
 	default:
 		r.deliver(r.live(), nil, &version)
 	}
 	if rd.snap == nil {
-		r.broadcast(&wirepb.SetGlobalStep{GlobalStep: r.globalStep()})
+		r.broadcast(&wirepb.SetGlobalStep{GlobalStep: r.disp.GlobalStep()})
 	}
 }
 
-// unsynced is the number of batches the live ranks trained since their
-// last completed round.
-func (r *runner) unsynced() uint64 {
-	var n uint64
-	for _, id := range r.live() {
-		n += r.ranks[id].sinceRound
-	}
-	return n
-}
-
-// asyncRoundDue: the slowest busy rank has trained the controller's
-// interval since the last round, or every busy rank is throttled (only the
-// round's Sync releases them).
-func (r *runner) asyncRoundDue() bool {
-	slowest := uint64(math.MaxUint64)
-	allThrottled := true
-	for _, id := range r.live() {
-		if rs := r.ranks[id]; len(rs.outstanding) > 0 {
-			slowest = min(slowest, rs.sinceRound)
-			allThrottled = allThrottled && rs.throttled
-		}
-	}
-	return slowest != math.MaxUint64 && (slowest >= r.ctl.st.Interval || allThrottled)
-}
-
-// throttleAhead parks rs (async, coordinator.max_batch_diff) when it has
-// trained more than max_batch_diff batches beyond the slowest busy rank
-// since the last round: its next plans wait for the round, so no rank's
-// model runs far ahead of the average it will be folded into.
-func (r *runner) throttleAhead(rs *rankState) {
-	limit := uint64(r.cfg.Coordinator.MaxBatchDiff)
-	if r.windowed() || limit == 0 || rs.throttled || r.round != nil {
-		return
-	}
-	slowest := uint64(math.MaxUint64)
-	for _, id := range r.live() {
-		if o := r.ranks[id]; o != rs && len(o.outstanding) > 0 {
-			slowest = min(slowest, o.sinceRound)
-		}
-	}
-	if slowest == math.MaxUint64 || rs.sinceRound <= slowest+limit {
-		return
-	}
-	rs.throttled = true
-	r.ctl.throttles++
-	r.send(rs, &wirepb.Throttle{})
-	r.log.Debug("throttled a rank ahead of the slowest", "rank", rs.id, "since_round", rs.sinceRound,
-		"slowest", slowest, "max_batch_diff", limit)
-}
-
-// globalStep is the cohort's optimizer step count in one rank's terms: the
-// batches every rank trained, divided by the world size. A trainer's
-// learning-rate schedule follows it, so it advances as a single rank's own
-// count would (and as a DDP run of the same world's would), whichever rank
-// did the work.
-func (r *runner) globalStep() uint64 {
-	var batches uint64
-	for _, rs := range r.ranks {
-		batches += rs.batches
-	}
-	return r.stepsBefore + batches/uint64(r.world)
-}
-
-// roundDivergences lists the divergence each live rank that trained
-// reported for rd, in rank order (so their mean is the same in a resumed
-// run).
-func (r *runner) roundDivergences(rd *round) []float64 {
+// divergences lists the divergence each live rank that trained reported
+// for rd, in rank order (so their mean is the same in a resumed run).
+func divergences(rd *round, live []uint32) []float64 {
 	var divs []float64
-	for _, id := range r.live() {
+	for _, id := range live {
 		if ack := rd.acks[id]; ack != nil && ack.Divergence != nil && ack.GetWeight() > 0 {
 			divs = append(divs, ack.GetDivergence())
 		}
 	}
 	return divs
-}
-
-// logDecision logs a controller decision.
-func (r *runner) logDecision(d ControllerDecision) {
-	r.log.Info("controller: "+d.Rule, "round", d.Round, "epoch", d.Epoch, "divergence", d.Divergence,
-		"eval_loss", d.EvalLoss, "interval", fmt.Sprintf("%d -> %d", d.From, d.To),
-		"lr_scale", fmt.Sprintf("%g -> %g", d.LRFrom, d.LRTo))
-}
-
-// controllerSummary is the controller's account; under cadence the
-// interval is the window's base, which the cadence sizes.
-func (r *runner) controllerSummary() *ControllerSummary {
-	s := r.ctl.summary()
-	if r.cad != nil {
-		s.Interval = r.cad.base
-	}
-	return s
 }

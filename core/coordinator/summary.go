@@ -9,6 +9,7 @@ import (
 	"sort"
 	"time"
 
+	"github.com/cohortdl/cohort/core/coordinator/dispatch"
 	"github.com/cohortdl/cohort/shared/atomicfile"
 )
 
@@ -52,7 +53,7 @@ type Summary struct {
 	Averaging AveragingSummary `json:"averaging"`
 	// Controller is what the sync-interval and learning-rate controller
 	// did in this process.
-	Controller *ControllerSummary `json:"controller,omitempty"`
+	Controller *dispatch.ControllerSummary `json:"controller,omitempty"`
 	// Checkpoint is the last complete checkpoint directory, if any.
 	Checkpoint string `json:"checkpoint"`
 	// Model is the trained model's directory (OUT/model) of a completed
@@ -279,9 +280,9 @@ func (r *runner) recordEpoch() {
 	}
 	r.finished = append(r.finished, s)
 	if s.EvalLoss != nil {
-		r.ctl.observeEval(r.roundSeq, r.epoch+1, *s.EvalLoss)
+		r.disp.EvalLoss(r.roundSeq, r.epoch+1, *s.EvalLoss)
 	}
-	r.snap = r.freshProgress(r.epoch + 1)
+	r.snap = progress{Snapshot: r.disp.FreshSnapshot(r.epoch+1, r.live())}
 	r.log.Info("epoch finished", "epoch", r.epoch, "loss", s.Loss, "seconds", s.Seconds,
 		"samples", s.Samples, "rounds", s.Rounds, "wait_at_sync_ms", s.WaitAtSyncMS)
 	r.emit(Progress{Kind: ProgressEpoch, Summary: &s})
@@ -304,10 +305,10 @@ func (r *runner) summary() *Summary {
 		ResumedFrom:      r.c.resume,
 		Started:          r.started.UTC(),
 		Seconds:          time.Since(r.started).Seconds(),
-		GlobalStep:       r.globalStep(),
+		GlobalStep:       r.disp.GlobalStep(),
 		Epochs:           r.finished,
 		MembershipEvents: r.memberEvents,
-		Controller:       r.controllerSummary(),
+		Controller:       r.disp.ControllerSummary(),
 		Roles:            r.roles,
 		Checkpoint:       r.lastCkpt,
 		Model:            r.model,

@@ -1,4 +1,4 @@
-package coordinator
+package dispatch
 
 import (
 	"fmt"
@@ -83,9 +83,9 @@ func takeFront(q []Range, n uint64) (Range, []Range) {
 	return Range{Offset: head.Offset, Size: n}, rest
 }
 
-// checkRanges refuses ranges that leave [0, pickSpace) or overlap, so a
+// CheckRanges refuses ranges that leave [0, pickSpace) or overlap, so a
 // resumed run never dispatches a sample twice or past the data.
-func checkRanges(rs []Range, pickSpace uint64) error {
+func CheckRanges(rs []Range, pickSpace uint64) error {
 	sorted := slices.Clone(rs)
 	slices.SortFunc(sorted, func(a, b Range) int {
 		switch {
@@ -166,9 +166,21 @@ func (w *epochWork) forfeit(rank uint32) []Range {
 	return rs
 }
 
-// plan is one dispatched slice (a chunk or an ExtendPartition) that a rank
+// RankRanges is one rank's share of the samples left in an epoch.
+type RankRanges struct {
+	Rank   uint32  `json:"rank"`
+	Ranges []Range `json:"ranges"`
+}
+
+// Handoff is a range extended to a survivor.
+type Handoff struct {
+	Rank uint32 `json:"rank"`
+	Range
+}
+
+// Plan is one dispatched slice (a chunk or an ExtendPartition) that a rank
 // has not closed with Metrics yet.
-type plan struct {
+type Plan struct {
 	epoch    uint64
 	rng      Range
 	reported uint64 // samples of it that Batch reports say are trained
@@ -190,7 +202,7 @@ type plan struct {
 
 // unfinished is the part of p that no Batch report covers: batches run in
 // order over the plan's slice, so the trained samples are its prefix.
-func (p *plan) unfinished() Range {
+func (p *Plan) unfinished() Range {
 	done := min(p.reported, p.rng.Size)
 	return Range{Offset: p.rng.Offset + done, Size: p.rng.Size - done}
 }

@@ -1,10 +1,8 @@
-package coordinator
+package dispatch
 
 import (
 	"math"
 	"slices"
-
-	"github.com/cohortdl/cohort/core/config"
 )
 
 // Cadence tuning (ElChe): a rank's batch time is the mean of its last
@@ -392,24 +390,4 @@ func scaleCounts(counts []uint64, total uint64) []uint64 {
 		given++
 	}
 	return out
-}
-
-// setupCadence builds the cadence policy's sizing at formation, when the
-// epoch's batch count is known; a resumed run continues from the
-// checkpoint's window sizes.
-func (r *runner) setupCadence() {
-	if r.policy != config.PolicyCadence {
-		return
-	}
-	base := uint64(r.cfg.Coordinator.ChunkBatches)
-	if base == 0 {
-		base = uint64(r.cfg.Coordinator.SyncEvery)
-	}
-	epochBatches := (r.pickSpace + r.batch - 1) / r.batch
-	r.cad = newCadence(base, epochBatches, r.cfg.Coordinator.OverheadTarget)
-	r.cad.maxDiff = uint64(r.cfg.Coordinator.MaxBatchDiff)
-	r.cad.minBase = min(uint64(max(r.cfg.Coordinator.SyncEveryMin, 1)), r.cad.base)
-	if r.c.meta != nil {
-		r.cad.restore(r.c.meta.Cadence)
-	}
 }

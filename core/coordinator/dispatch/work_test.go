@@ -1,10 +1,7 @@
-package coordinator
+package dispatch
 
 import (
-	"encoding/json"
 	"math"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -116,7 +113,7 @@ func TestPlanUnfinished(t *testing.T) {
 		{1 << 40, Range{124, 0}}, // a rank may report anything
 	}
 	for _, tc := range cases {
-		p := &plan{rng: Range{100, 24}, reported: tc.reported}
+		p := &Plan{rng: Range{100, 24}, reported: tc.reported}
 		if got := p.unfinished(); got != tc.want {
 			t.Errorf("reported %d: %v, want %v", tc.reported, got, tc.want)
 		}
@@ -135,9 +132,9 @@ func TestCheckRanges(t *testing.T) {
 		{[]Range{{math.MaxUint64, 2}}, "does not fit", 10},
 	}
 	for _, tc := range cases {
-		err := checkRanges(tc.rs, tc.pick)
+		err := CheckRanges(tc.rs, tc.pick)
 		if (tc.bad == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tc.bad)) {
-			t.Errorf("checkRanges(%v) = %v, want %q", tc.rs, err, tc.bad)
+			t.Errorf("CheckRanges(%v) = %v, want %q", tc.rs, err, tc.bad)
 		}
 	}
 }
@@ -235,104 +232,18 @@ func TestCadenceWindowGrowth(t *testing.T) {
 	}
 }
 
-func TestLastCheckpointPicksNewestComplete(t *testing.T) {
-	dir := t.TempDir()
-	mk := func(name string, complete bool) {
-		p := filepath.Join(dir, name)
-		if err := os.MkdirAll(p, 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if complete {
-			if err := os.WriteFile(filepath.Join(p, MetaFile), []byte("{}"), 0o644); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	mk("ckpt-000002", true)
-	mk("ckpt-000010", true)
-	mk("ckpt-000011", false) // no meta.json: incomplete
-	mk(".tmp-ckpt-000012", true)
-	mk("notes", true)
-	got, err := LastCheckpoint(dir)
-	if err != nil || filepath.Base(got) != "ckpt-000010" {
-		t.Fatalf("LastCheckpoint = %q, %v; want ckpt-000010", got, err)
-	}
-	store, removed, err := openCkptStore(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if store.next != 12 || len(removed) != 1 || filepath.Base(removed[0]) != ".tmp-ckpt-000012" {
-		t.Errorf("store numbers from %d (want 12), removed %v", store.next, removed)
-	}
-	if _, err := LastCheckpoint(t.TempDir()); err == nil {
-		t.Error("an empty directory has no checkpoint")
-	}
-}
-
-func TestReadMetaRefusesBadCheckpoints(t *testing.T) {
-	good := Meta{SchemaVersion: 1, PickSpace: 100, Epochs: 2,
-		Remaining: []RankRanges{{Rank: 0, Ranges: []Range{{0, 50}}}, {Rank: 1, Ranges: []Range{{50, 50}}}}}
-	cases := []struct {
-		name   string
-		mutate func(m *Meta)
-		bad    string
-	}{
-		{"good", func(*Meta) {}, ""},
-		{"newer schema", func(m *Meta) { m.SchemaVersion = 99 }, "schema_version 99"},
-		{"overlap", func(m *Meta) { m.Pool = []Range{{40, 5}} }, "overlaps"},
-		{"past the data", func(m *Meta) { m.Remaining[1].Ranges[0].Size = 51 }, "does not fit"},
-		{"rank twice", func(m *Meta) { m.Remaining[1].Rank = 0 }, "twice"},
-		{"no samples", func(m *Meta) { m.PickSpace = 0 }, "pick_space"},
-	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			m := good
-			m.Remaining = []RankRanges{{Rank: 0, Ranges: []Range{{0, 50}}}, {Rank: 1, Ranges: []Range{{50, 50}}}}
-			tc.mutate(&m)
-			dir := t.TempDir()
-			b, _ := json.Marshal(m)
-			os.WriteFile(filepath.Join(dir, MetaFile), b, 0o644)
-			_, err := ReadMeta(dir)
-			if (tc.bad == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tc.bad)) {
-				t.Errorf("ReadMeta: %v, want %q", err, tc.bad)
-			}
-		})
-	}
-	dir := t.TempDir()
-	os.WriteFile(filepath.Join(dir, MetaFile), []byte("{not json"), 0o644)
-	if _, err := ReadMeta(dir); err == nil {
-		t.Error("garbage meta.json accepted")
-	}
-}
-
-func TestResolveCheckpoint(t *testing.T) {
-	out := t.TempDir()
-	ck := filepath.Join(out, CheckpointsDir, "ckpt-000003")
-	os.MkdirAll(ck, 0o755)
-	os.WriteFile(filepath.Join(ck, MetaFile), []byte("{}"), 0o644)
-	for _, p := range []string{out, filepath.Join(out, CheckpointsDir), ck} {
-		got, err := ResolveCheckpoint(p)
-		if err != nil || got != ck {
-			t.Errorf("ResolveCheckpoint(%s) = %q, %v; want %s", p, got, err, ck)
-		}
-	}
-	if _, err := ResolveCheckpoint(t.TempDir()); err == nil {
-		t.Error("a directory without checkpoints resolved")
-	}
-}
-
 func TestExtSlotFollowsTheWorkersOrder(t *testing.T) {
-	reg := func() *plan { return &plan{} }
-	ext := func() *plan { return &plan{ext: true} }
+	reg := func() *Plan { return &Plan{} }
+	ext := func() *Plan { return &Plan{ext: true} }
 	cases := []struct {
 		name string
-		open []*plan
+		open []*Plan
 		want int
 	}{
 		{"nothing open", nil, 0},
-		{"after the plan in progress", []*plan{reg()}, 1},
-		{"after earlier extensions, ahead of a queued chunk", []*plan{ext(), ext(), reg()}, 2},
-		{"behind the running chunk and its extension", []*plan{reg(), ext(), reg()}, 2},
+		{"after the plan in progress", []*Plan{reg()}, 1},
+		{"after earlier extensions, ahead of a queued chunk", []*Plan{ext(), ext(), reg()}, 2},
+		{"behind the running chunk and its extension", []*Plan{reg(), ext(), reg()}, 2},
 	}
 	for _, tc := range cases {
 		if got := extSlot(tc.open); got != tc.want {
@@ -345,26 +256,26 @@ func TestExtSlotFollowsTheWorkersOrder(t *testing.T) {
 // rank's open plans; one that names none counts against the first plan the
 // rank has not finished and does not hold.
 func TestReportedPlan(t *testing.T) {
-	window := &plan{epoch: 1, rng: Range{Offset: 0, Size: 16}}
-	ext := &plan{epoch: 1, rng: Range{Offset: 40, Size: 8}, ext: true}
-	held := &plan{epoch: 1, rng: Range{Offset: 16, Size: 16}, held: true}
+	window := &Plan{epoch: 1, rng: Range{Offset: 0, Size: 16}}
+	ext := &Plan{epoch: 1, rng: Range{Offset: 40, Size: 8}, ext: true}
+	held := &Plan{epoch: 1, rng: Range{Offset: 16, Size: 16}, held: true}
 	for _, tc := range []struct {
 		name string
-		open []*plan
+		open []*Plan
 		m    *wirepb.Batch
-		want *plan
+		want *Plan
 	}{
-		{"named", []*plan{window, ext}, &wirepb.Batch{Epoch: 1, PartitionOffset: 40, PartitionSize: 8}, ext},
-		{"named, held first", []*plan{held, ext}, &wirepb.Batch{Epoch: 1, PartitionOffset: 40, PartitionSize: 8}, ext},
-		{"named, other epoch", []*plan{window, ext}, &wirepb.Batch{Epoch: 2, PartitionOffset: 40, PartitionSize: 8}, nil},
-		{"named, no such plan", []*plan{window}, &wirepb.Batch{Epoch: 1, PartitionOffset: 8, PartitionSize: 8}, nil},
-		{"anonymous", []*plan{window, ext}, &wirepb.Batch{Epoch: 1}, window},
-		{"anonymous, held first", []*plan{held, ext}, &wirepb.Batch{Epoch: 1}, ext},
+		{"named", []*Plan{window, ext}, &wirepb.Batch{Epoch: 1, PartitionOffset: 40, PartitionSize: 8}, ext},
+		{"named, held first", []*Plan{held, ext}, &wirepb.Batch{Epoch: 1, PartitionOffset: 40, PartitionSize: 8}, ext},
+		{"named, other epoch", []*Plan{window, ext}, &wirepb.Batch{Epoch: 2, PartitionOffset: 40, PartitionSize: 8}, nil},
+		{"named, no such plan", []*Plan{window}, &wirepb.Batch{Epoch: 1, PartitionOffset: 8, PartitionSize: 8}, nil},
+		{"anonymous", []*Plan{window, ext}, &wirepb.Batch{Epoch: 1}, window},
+		{"anonymous, held first", []*Plan{held, ext}, &wirepb.Batch{Epoch: 1}, ext},
 		{"anonymous, none open", nil, &wirepb.Batch{Epoch: 1}, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			rs := &rankState{outstanding: tc.open}
-			if got := rs.reportedPlan(tc.m); got != tc.want {
+			q := &queue{outstanding: tc.open}
+			if got := q.reportedPlan(tc.m); got != tc.want {
 				t.Errorf("counted against %+v, want %+v", got, tc.want)
 			}
 		})

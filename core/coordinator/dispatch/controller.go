@@ -1,4 +1,4 @@
-package coordinator
+package dispatch
 
 import (
 	"math"
@@ -345,3 +345,13 @@ func (c *controller) summary() *ControllerSummary {
 		DecisionsDropped: c.dropped,
 	}
 }
+
+// safe keeps a figure JSON can encode.
+func safe(x float64) float64 {
+	if !finite(x) {
+		return 0
+	}
+	return x
+}
+
+func finite(x float64) bool { return !math.IsNaN(x) && !math.IsInf(x, 0) }

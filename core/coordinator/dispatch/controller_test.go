@@ -1,4 +1,4 @@
-package coordinator
+package dispatch
 
 import (
 	"math"
