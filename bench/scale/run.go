@@ -16,7 +16,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/cohortdl/cohort/core/coordinator"
+	"github.com/cohortdl/cohort/core/coordinator/record"
 	"github.com/cohortdl/cohort/core/wire"
 )
 
@@ -103,7 +103,7 @@ func runSize(parent context.Context, o options, n int) (*result, error) {
 	if err := errors.Join(append(errs, childErr)...); err != nil {
 		return nil, fmt.Errorf("%w\ncoordinator log: %s", err, child.logTail())
 	}
-	if rep.Status != coordinator.StatusCompleted {
+	if rep.Status != record.StatusCompleted {
 		return nil, fmt.Errorf("the run ended %s: %s\ncoordinator log: %s", rep.Status, rep.Error, child.logTail())
 	}
 

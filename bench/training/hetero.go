@@ -8,7 +8,7 @@ import (
 	"os"
 	"time"
 
-	"github.com/cohortdl/cohort/core/coordinator"
+	"github.com/cohortdl/cohort/core/coordinator/record"
 )
 
 // Goals of part 3.
@@ -150,7 +150,7 @@ func (h *harness) hetero() (*heteroReport, error) {
 	return rep, nil
 }
 
-func totalRounds(s *coordinator.Summary) uint64 {
+func totalRounds(s *record.Summary) uint64 {
 	var n uint64
 	for _, e := range s.Epochs {
 		n += e.Rounds

@@ -19,7 +19,7 @@ import (
 	"time"
 
 	"github.com/cohortdl/cohort/core/config"
-	"github.com/cohortdl/cohort/core/coordinator"
+	"github.com/cohortdl/cohort/core/coordinator/record"
 )
 
 // What both sides of every comparison share and the flags do not set.
@@ -116,7 +116,7 @@ func pluginDir(cohort string) string { return filepath.Join(filepath.Dir(cohort)
 
 // cohortRun runs `cohort run` with cfg from the repository root, on cpus
 // (any when empty), and returns its summary and the command's wall time.
-func (h *harness) cohortRun(cfg runConfig, ranks, epochs int, cpus []int) (*coordinator.Summary, float64, error) {
+func (h *harness) cohortRun(cfg runConfig, ranks, epochs int, cpus []int) (*record.Summary, float64, error) {
 	h.n++
 	dir := filepath.Join(h.tmp, fmt.Sprintf("cohort-%02d", h.n))
 	if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -136,11 +136,11 @@ func (h *harness) cohortRun(cfg runConfig, ranks, epochs int, cpus []int) (*coor
 	if err != nil {
 		return nil, 0, fmt.Errorf("%s: %w\n%s", strings.Join(cmd.Args, " "), err, tail(logs, 4000))
 	}
-	sum, err := coordinator.ReadSummary(filepath.Join(out, coordinator.SummaryFile))
+	sum, err := record.ReadSummary(filepath.Join(out, record.SummaryFile))
 	if err != nil {
 		return nil, 0, err
 	}
-	if sum.Status != coordinator.StatusCompleted || len(sum.Epochs) != epochs {
+	if sum.Status != record.StatusCompleted || len(sum.Epochs) != epochs {
 		return nil, 0, fmt.Errorf("cohort run: status %q, %d of %d epochs: %s", sum.Status, len(sum.Epochs), epochs, sum.Error)
 	}
 	return sum, wall, nil
@@ -476,7 +476,7 @@ type epochStats struct {
 
 // epochFigures takes the summary's epochs; every one must carry an
 // accuracy.
-func epochFigures(es []coordinator.EpochSummary) (epochStats, error) {
+func epochFigures(es []record.EpochSummary) (epochStats, error) {
 	var e epochStats
 	if len(es) == 0 {
 		return e, errors.New("the summary lists no epochs")

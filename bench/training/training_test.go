@@ -14,7 +14,7 @@ import (
 	"github.com/cohortdl/cohort/internal/testutil/proctab"
 
 	"github.com/cohortdl/cohort/core/config"
-	"github.com/cohortdl/cohort/core/coordinator"
+	"github.com/cohortdl/cohort/core/coordinator/record"
 )
 
 func TestTimeToTarget(t *testing.T) {
@@ -44,7 +44,7 @@ func TestTimeToTarget(t *testing.T) {
 
 func TestEpochFigures(t *testing.T) {
 	acc := func(v float64) *float64 { return &v }
-	e, err := epochFigures([]coordinator.EpochSummary{
+	e, err := epochFigures([]record.EpochSummary{
 		{Epoch: 0, Seconds: 0.95221, Accuracy: acc(0.8151)},
 		{Epoch: 1, Seconds: 0.979, Accuracy: acc(0.8463)},
 	})
@@ -54,7 +54,7 @@ func TestEpochFigures(t *testing.T) {
 	if !reflect.DeepEqual(e.seconds, []float64{0.9522, 0.979}) || !reflect.DeepEqual(e.accuracy, []float64{0.8151, 0.8463}) {
 		t.Fatalf("got %+v", e)
 	}
-	if _, err := epochFigures([]coordinator.EpochSummary{{Epoch: 0, Seconds: 1}}); err == nil || !strings.Contains(err.Error(), "no accuracy") {
+	if _, err := epochFigures([]record.EpochSummary{{Epoch: 0, Seconds: 1}}); err == nil || !strings.Contains(err.Error(), "no accuracy") {
 		t.Fatalf("an epoch without accuracy: %v", err)
 	}
 	if _, err := epochFigures(nil); err == nil {

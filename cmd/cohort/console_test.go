@@ -13,6 +13,7 @@ import (
 	"github.com/creack/pty"
 
 	"github.com/cohortdl/cohort/core/coordinator"
+	"github.com/cohortdl/cohort/core/coordinator/record"
 )
 
 // On a terminal, a default-sized run shows a few lines: the run, the
@@ -100,7 +101,7 @@ func TestProgressLinesWithoutATerminal(t *testing.T) {
 		p.report(coordinator.Progress{Kind: coordinator.ProgressSamples, Epochs: 2, Done: uint64(i+1) * 100, Total: 1000, Loss: &loss})
 		time.Sleep(20 * time.Millisecond)
 	}
-	p.report(coordinator.Progress{Kind: coordinator.ProgressEpoch, Epochs: 2, Summary: &coordinator.EpochSummary{Epoch: 1, Samples: 1000, Seconds: 0.2}})
+	p.report(coordinator.Progress{Kind: coordinator.ProgressEpoch, Epochs: 2, Summary: &record.EpochSummary{Epoch: 1, Samples: 1000, Seconds: 0.2}})
 	time.Sleep(100 * time.Millisecond) // no epoch in progress: no line
 	p.close()
 	lines := strings.Split(strings.TrimSpace(w.String()), "\n")
@@ -143,8 +144,8 @@ func TestNotQuiet(t *testing.T) {
 // the figure out, and the outcome names the last accuracy there is.
 func TestConsoleWithoutEvaluation(t *testing.T) {
 	acc, loss := 0.8125, 0.25
-	evaluated := coordinator.EpochSummary{Epoch: 2, Loss: 0.5, EvalLoss: &loss, Accuracy: &acc, Samples: 100, Seconds: 1, Rounds: 3}
-	skipped := coordinator.EpochSummary{Epoch: 3, Loss: 0.5, Samples: 100, Seconds: 1, Rounds: 3}
+	evaluated := record.EpochSummary{Epoch: 2, Loss: 0.5, EvalLoss: &loss, Accuracy: &acc, Samples: 100, Seconds: 1, Rounds: 3}
+	skipped := record.EpochSummary{Epoch: 3, Loss: 0.5, Samples: 100, Seconds: 1, Rounds: 3}
 	line := epochLine(coordinator.Progress{Epochs: 4, Summary: &skipped})
 	if want := "epoch 3/4  loss 0.5000  100 samples"; !strings.HasPrefix(line, want) || strings.Contains(line, "accuracy") || strings.Contains(line, "eval") {
 		t.Errorf("skipped epoch's line %q, want it to start %q with no evaluation figures", line, want)
@@ -156,17 +157,17 @@ func TestConsoleWithoutEvaluation(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
 		status string
-		epochs []coordinator.EpochSummary
+		epochs []record.EpochSummary
 		want   string
 	}{
-		{"last epoch evaluated", coordinator.StatusCompleted, []coordinator.EpochSummary{skipped, evaluated}, "run completed; final test accuracy 81.25%\n"},
-		{"stopped after a skipped epoch", coordinator.StatusStopped, []coordinator.EpochSummary{evaluated, skipped}, "run stopped; test accuracy 81.25% after epoch 2\n"},
-		{"never evaluated", coordinator.StatusCompleted, []coordinator.EpochSummary{skipped}, "run completed\n"},
-		{"no epoch", coordinator.StatusCompleted, nil, "run completed\n"},
+		{"last epoch evaluated", record.StatusCompleted, []record.EpochSummary{skipped, evaluated}, "run completed; final test accuracy 81.25%\n"},
+		{"stopped after a skipped epoch", record.StatusStopped, []record.EpochSummary{evaluated, skipped}, "run stopped; test accuracy 81.25% after epoch 2\n"},
+		{"never evaluated", record.StatusCompleted, []record.EpochSummary{skipped}, "run completed\n"},
+		{"no epoch", record.StatusCompleted, nil, "run completed\n"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var b bytes.Buffer
-			outcome(&b, &coordinator.Summary{Status: tc.status, Epochs: tc.epochs}, nil, "cohort run")
+			outcome(&b, &record.Summary{Status: tc.status, Epochs: tc.epochs}, nil, "cohort run")
 			if b.String() != tc.want {
 				t.Errorf("outcome printed %q, want %q", b.String(), tc.want)
 			}

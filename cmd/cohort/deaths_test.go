@@ -8,13 +8,13 @@ import (
 	"reflect"
 	"testing"
 
-	"github.com/cohortdl/cohort/core/coordinator"
+	"github.com/cohortdl/cohort/core/coordinator/record"
 )
 
 // checkDeathRecord: a rank killed mid-run in a run that completed has its
 // death record in summary.json and in OUT/deaths, the same, and every
 // sample taken back from it went to a survivor.
-func checkDeathRecord(t *testing.T, out string, sum *coordinator.Summary, rank uint32) {
+func checkDeathRecord(t *testing.T, out string, sum *record.Summary, rank uint32) {
 	t.Helper()
 	d := sum.Ranks[rank].Death
 	if d == nil {
@@ -29,7 +29,7 @@ func checkDeathRecord(t *testing.T, out string, sum *coordinator.Summary, rank u
 	}
 	for _, h := range d.Redistributed {
 		handed += h.Size
-		if h.Rank == rank || sum.Ranks[h.Rank].State != coordinator.RankExited {
+		if h.Rank == rank || sum.Ranks[h.Rank].State != record.RankExited {
 			t.Errorf("%v went to rank %d, not a survivor", h.Range, h.Rank)
 		}
 	}
@@ -37,11 +37,11 @@ func checkDeathRecord(t *testing.T, out string, sum *coordinator.Summary, rank u
 		t.Errorf("%d samples taken back from rank %d, %d handed to survivors", taken, rank, handed)
 	}
 	t.Logf("death record: %+v", *d)
-	b, err := os.ReadFile(filepath.Join(out, coordinator.DeathsDir, fmt.Sprintf("rank-%d.json", rank)))
+	b, err := os.ReadFile(filepath.Join(out, record.DeathsDir, fmt.Sprintf("rank-%d.json", rank)))
 	if err != nil {
 		t.Fatal(err)
 	}
-	var onDisk coordinator.DeathRecord
+	var onDisk record.DeathRecord
 	if err := json.Unmarshal(b, &onDisk); err != nil {
 		t.Fatal(err)
 	}

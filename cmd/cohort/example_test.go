@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cohortdl/cohort/core/coordinator"
+	"github.com/cohortdl/cohort/core/coordinator/record"
 )
 
 // exampleDir is the vendor example: a Go module of its own, so the root
@@ -111,7 +111,7 @@ averager "trimmedmean" {
 	}
 	t.Logf("%d ranks × %d epochs in %v", ranks, epochs, time.Since(start).Round(time.Millisecond))
 	s := readSummary(t, out)
-	if s.Status != coordinator.StatusCompleted || len(s.Epochs) != epochs || len(s.Ranks) != ranks {
+	if s.Status != record.StatusCompleted || len(s.Epochs) != epochs || len(s.Ranks) != ranks {
 		t.Fatalf("summary: status %s, %d epochs, %d ranks", s.Status, len(s.Epochs), len(s.Ranks))
 	}
 	if s.Averaging.Backend != "trimmedmean" || s.Averaging.Rounds == 0 {

@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cohortdl/cohort/core/coordinator"
+	"github.com/cohortdl/cohort/core/coordinator/record"
 )
 
 // isTerminal reports whether f is a terminal with a size: a pseudo-terminal
@@ -274,7 +275,7 @@ func epochLine(pr coordinator.Progress) string {
 // when it completed, exit status 130 when it stopped, 1 (and err) when it
 // failed. resume is the command that continues a run that saved a
 // checkpoint, less its --resume flag.
-func outcome(w io.Writer, sum *coordinator.Summary, err error, resume string) error {
+func outcome(w io.Writer, sum *record.Summary, err error, resume string) error {
 	if sum == nil {
 		return failed(err)
 	}
@@ -283,7 +284,7 @@ func outcome(w io.Writer, sum *coordinator.Summary, err error, resume string) er
 		msg += "; last checkpoint " + sum.Checkpoint
 	}
 	fmt.Fprintln(w, msg)
-	if sum.Status == coordinator.StatusCompleted {
+	if sum.Status == record.StatusCompleted {
 		return nil
 	}
 	// A stopped run, and a failed one that saved first (too few ranks
@@ -291,7 +292,7 @@ func outcome(w io.Writer, sum *coordinator.Summary, err error, resume string) er
 	if sum.Checkpoint != "" {
 		fmt.Fprintf(w, "resume with: %s --resume %s\n", resume, sum.Checkpoint)
 	}
-	if sum.Status == coordinator.StatusStopped {
+	if sum.Status == record.StatusStopped {
 		return &exitError{code: exitStopped}
 	}
 	return failed(err)
@@ -300,7 +301,7 @@ func outcome(w io.Writer, sum *coordinator.Summary, err error, resume string) er
 // accuracyNote is the outcome line's accuracy: the last epoch's, else
 // (a run stopped between evaluations) the last evaluated epoch's, named;
 // empty when no epoch was evaluated.
-func accuracyNote(epochs []coordinator.EpochSummary) string {
+func accuracyNote(epochs []record.EpochSummary) string {
 	for i := len(epochs) - 1; i >= 0; i-- {
 		e := epochs[i]
 		switch {

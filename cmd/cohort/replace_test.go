@@ -11,7 +11,7 @@ import (
 
 	"github.com/cohortdl/cohort/internal/testutil/proctab"
 
-	"github.com/cohortdl/cohort/core/coordinator"
+	"github.com/cohortdl/cohort/core/coordinator/record"
 )
 
 // pluginPID waits for the plugin process named binary (cohort-trainer-mock,
@@ -34,7 +34,7 @@ func pluginPID(t *testing.T, worker int, binary string, not int) int {
 // checkEveryoneTrained asserts that the ledger holds every sample of every
 // epoch at least once and that the summary counts each epoch's data set
 // exactly; it returns the samples trained more than once.
-func checkEveryoneTrained(t *testing.T, sum *coordinator.Summary, ledger string, samples uint64, epochs int) {
+func checkEveryoneTrained(t *testing.T, sum *record.Summary, ledger string, samples uint64, epochs int) {
 	t.Helper()
 	led := readLedger(t, ledger)
 	for e := range uint64(epochs) {
@@ -118,7 +118,7 @@ func TestRunReplacesKilledPlugin(t *testing.T) {
 				if r.Rank == victim {
 					want = 1
 				}
-				if r.State != coordinator.RankExited || r.PluginRestarts != want {
+				if r.State != record.RankExited || r.PluginRestarts != want {
 					t.Errorf("rank %+v: want exited with %d plugin restarts", r, want)
 				}
 			}
@@ -163,7 +163,7 @@ func TestRunPluginRestartBudget(t *testing.T) {
 		t.Fatalf("exit %d, want 0", code)
 	}
 	sum := readSummary(t, out)
-	if sum.Status != coordinator.StatusCompleted {
+	if sum.Status != record.StatusCompleted {
 		t.Fatalf("status %s", sum.Status)
 	}
 	events := make([]string, 0, len(sum.MembershipEvents))
@@ -176,7 +176,7 @@ func TestRunPluginRestartBudget(t *testing.T) {
 	if !slices.Equal(events, []string{"plugin_restarted", "dead"}) {
 		t.Fatalf("membership events %+v, want a restart, then the death", sum.MembershipEvents)
 	}
-	if r := sum.Ranks[victim]; r.State != coordinator.RankDead || r.PluginRestarts != 1 {
+	if r := sum.Ranks[victim]; r.State != record.RankDead || r.PluginRestarts != 1 {
 		t.Errorf("rank %d %+v: want dead after 1 plugin restart", victim, r)
 	}
 	if !strings.Contains(p.stderrText(), "plugin restart budget spent") {
@@ -188,7 +188,7 @@ func TestRunPluginRestartBudget(t *testing.T) {
 // killAndComplete SIGKILLs pid (a worker or a plugin of the run p) and
 // expects the run to complete anyway, with all its epochs; it returns the
 // summary.
-func killAndComplete(t *testing.T, p *proc, pid int, out string, epochs int) *coordinator.Summary {
+func killAndComplete(t *testing.T, p *proc, pid int, out string, epochs int) *record.Summary {
 	t.Helper()
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
@@ -197,7 +197,7 @@ func killAndComplete(t *testing.T, p *proc, pid int, out string, epochs int) *co
 		t.Fatalf("exit %d, want 0", code)
 	}
 	sum := readSummary(t, out)
-	if sum.Status != coordinator.StatusCompleted || len(sum.Epochs) != epochs {
+	if sum.Status != record.StatusCompleted || len(sum.Epochs) != epochs {
 		t.Fatalf("status %s, %d epochs; want completed with %d", sum.Status, len(sum.Epochs), epochs)
 	}
 	return sum

@@ -17,6 +17,7 @@ import (
 
 	"github.com/cohortdl/cohort/core/config"
 	"github.com/cohortdl/cohort/core/coordinator"
+	"github.com/cohortdl/cohort/core/coordinator/record"
 	"github.com/cohortdl/cohort/core/wire"
 	"github.com/cohortdl/cohort/core/worker"
 	"github.com/cohortdl/cohort/internal/dirs"
@@ -208,7 +209,7 @@ func (l *launcher) run() error {
 			if p.Kind == coordinator.ProgressFormed {
 				formedOnce.Do(func() { close(formed) })
 			}
-			if p.Kind == coordinator.ProgressMembership && p.Event != nil && p.Event.Event == coordinator.EventDead {
+			if p.Kind == coordinator.ProgressMembership && p.Event != nil && p.Event.Event == record.EventDead {
 				// A rank the run has given up on may be stopped or hung, and
 				// would hold the run's end for the whole exit grace; its
 				// samples are the survivors' now.
@@ -248,7 +249,7 @@ func (l *launcher) run() error {
 	defer worker.SweepArenas("", arenaLog)
 
 	type runResult struct {
-		sum *coordinator.Summary
+		sum *record.Summary
 		err error
 	}
 	done := make(chan runResult, 1)

@@ -24,6 +24,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/cohortdl/cohort/core/coordinator"
+	"github.com/cohortdl/cohort/core/coordinator/record"
 	"github.com/cohortdl/cohort/core/testutil/arenacheck"
 	"github.com/cohortdl/cohort/shared/arena"
 	"github.com/cohortdl/cohort/shared/plugin"
@@ -212,9 +213,9 @@ func writeRunConfigAveraging(t *testing.T, body string, trainer map[string]any, 
 	return path
 }
 
-func readSummary(t *testing.T, out string) *coordinator.Summary {
+func readSummary(t *testing.T, out string) *record.Summary {
 	t.Helper()
-	s, err := coordinator.ReadSummary(filepath.Join(out, coordinator.SummaryFile))
+	s, err := record.ReadSummary(filepath.Join(out, record.SummaryFile))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -270,7 +271,7 @@ func TestRunCompletes(t *testing.T) {
 			}
 			t.Logf("%d ranks × %d epochs in %v", tc.ranks, tc.epochs, time.Since(start).Round(time.Millisecond))
 			sum := readSummary(t, out)
-			if sum.Status != coordinator.StatusCompleted || sum.WorldSize != tc.ranks || len(sum.Epochs) != tc.epochs || len(sum.Ranks) != tc.ranks {
+			if sum.Status != record.StatusCompleted || sum.WorldSize != tc.ranks || len(sum.Epochs) != tc.epochs || len(sum.Ranks) != tc.ranks {
 				t.Fatalf("summary: status %s, world %d, %d epochs, %d ranks", sum.Status, sum.WorldSize, len(sum.Epochs), len(sum.Ranks))
 			}
 			for _, e := range sum.Epochs {
@@ -279,7 +280,7 @@ func TestRunCompletes(t *testing.T) {
 				}
 			}
 			for _, r := range sum.Ranks {
-				if r.State != coordinator.RankExited {
+				if r.State != record.RankExited {
 					t.Errorf("rank %+v, want exited", r)
 				}
 			}
@@ -297,7 +298,7 @@ func TestRunCompletes(t *testing.T) {
 // checkOneModel: the run's final checkpoint holds, on every one of its
 // ranks, the same trained parameters, bit for bit (ranks that did not meet
 // would not).
-func checkOneModel(t *testing.T, sum *coordinator.Summary, ranks int, trainer map[string]any) {
+func checkOneModel(t *testing.T, sum *record.Summary, ranks int, trainer map[string]any) {
 	t.Helper()
 	if sum.Checkpoint == "" {
 		t.Fatal("no final checkpoint")
@@ -389,12 +390,12 @@ func TestRunSurvivesKilledWorker(t *testing.T) {
 		t.Errorf("event %+v: want rank 2 dead in epoch 1 with a reason", ev)
 	}
 	t.Logf("death recorded: %+v", ev)
-	if r := sum.Ranks[2]; r.State != coordinator.RankDead {
+	if r := sum.Ranks[2]; r.State != record.RankDead {
 		t.Errorf("rank 2 %+v, want dead", r)
 	}
 	checkDeathRecord(t, out, sum, 2)
 	for _, r := range []int{0, 1, 3} {
-		if sum.Ranks[r].State != coordinator.RankExited {
+		if sum.Ranks[r].State != record.RankExited {
 			t.Errorf("rank %d %+v, want exited", r, sum.Ranks[r])
 		}
 	}
@@ -480,7 +481,7 @@ coordinator {
 		t.Fatalf("exit %d after %v, want %d within seconds", code, took, exitStopped)
 	}
 	sum := readSummary(t, cut)
-	if sum.Status != coordinator.StatusStopped || sum.Checkpoint == "" || len(sum.Epochs) != 1 {
+	if sum.Status != record.StatusStopped || sum.Checkpoint == "" || len(sum.Epochs) != 1 {
 		t.Fatalf("stopped run: status %s, checkpoint %q, %d epochs", sum.Status, sum.Checkpoint, len(sum.Epochs))
 	}
 	meta, err := coordinator.ReadMeta(sum.Checkpoint)
@@ -511,7 +512,7 @@ coordinator {
 		t.Fatalf("resumed run: exit %d", code)
 	}
 	resumed := readSummary(t, cut)
-	if resumed.Status != coordinator.StatusCompleted || len(resumed.Epochs) != 3 || resumed.ResumedFrom != sum.Checkpoint {
+	if resumed.Status != record.StatusCompleted || len(resumed.Epochs) != 3 || resumed.ResumedFrom != sum.Checkpoint {
 		t.Fatalf("resumed run: status %s, %d epochs, resumed from %q", resumed.Status, len(resumed.Epochs), resumed.ResumedFrom)
 	}
 	for r := range 2 {
@@ -555,7 +556,7 @@ func TestRunRefusesAnOccupiedOut(t *testing.T) {
 // epoch holds several calibrated windows, not a probe and one last window).
 func TestRunCadenceOnUnequalRanks(t *testing.T) {
 	trainer := map[string]any{"samples": 2048, "batch_size": 16, "sleep_per_batch": "2ms", "sleep_per_batch_by_rank": map[string]string{"1": "12ms"}}
-	run := func(policy string) coordinator.EpochSummary {
+	run := func(policy string) record.EpochSummary {
 		cfg := writeRunConfig(t, fmt.Sprintf("coordinator {\n  policy = %q\n  sync_every = 4\n}", policy), trainer)
 		out := filepath.Join(t.TempDir(), policy)
 		if code := startCohort(t, "run", "--config", cfg, "--ranks", "2", "--epochs", "1", "--out", out).wait(120 * time.Second); code != 0 {
@@ -707,23 +708,23 @@ func TestOnSignals(t *testing.T) {
 // outcome prints a run's end and picks the exit status.
 func TestOutcome(t *testing.T) {
 	acc := 0.8539
-	epochs := []coordinator.EpochSummary{{Accuracy: &acc}}
+	epochs := []record.EpochSummary{{Accuracy: &acc}}
 	for _, tc := range []struct {
 		name  string
-		sum   *coordinator.Summary
+		sum   *record.Summary
 		err   error
 		code  int
 		lines []string
 	}{
-		{"completed", &coordinator.Summary{Status: coordinator.StatusCompleted, Epochs: epochs, Checkpoint: "out/ck/3"}, nil, exitCompleted,
+		{"completed", &record.Summary{Status: record.StatusCompleted, Epochs: epochs, Checkpoint: "out/ck/3"}, nil, exitCompleted,
 			[]string{"run completed; final test accuracy 85.39%; last checkpoint out/ck/3"}},
-		{"stopped", &coordinator.Summary{Status: coordinator.StatusStopped, Checkpoint: "out/ck/1"}, nil, exitStopped,
+		{"stopped", &record.Summary{Status: record.StatusStopped, Checkpoint: "out/ck/1"}, nil, exitStopped,
 			[]string{"run stopped; last checkpoint out/ck/1", "resume with: cohort run --resume out/ck/1"}},
-		{"stopped before a checkpoint", &coordinator.Summary{Status: coordinator.StatusStopped}, nil, exitStopped,
+		{"stopped before a checkpoint", &record.Summary{Status: record.StatusStopped}, nil, exitStopped,
 			[]string{"run stopped"}},
-		{"failed", &coordinator.Summary{Status: "failed"}, errors.New("every rank lost"), exitFailed,
+		{"failed", &record.Summary{Status: "failed"}, errors.New("every rank lost"), exitFailed,
 			[]string{"run failed"}},
-		{"failed after saving", &coordinator.Summary{Status: "failed", Checkpoint: "out/ck/2"}, errors.New("1 live rank, min_ranks is 2"), exitFailed,
+		{"failed after saving", &record.Summary{Status: "failed", Checkpoint: "out/ck/2"}, errors.New("1 live rank, min_ranks is 2"), exitFailed,
 			[]string{"run failed; last checkpoint out/ck/2", "resume with: cohort run --resume out/ck/2"}},
 		{"never ran", nil, errors.New("listen: address in use"), exitFailed, nil},
 	} {
@@ -941,7 +942,7 @@ func TestCoordinatorCommandWithSeparateWorkers(t *testing.T) {
 			t.Errorf("worker %d: %v", r, err)
 		}
 	}
-	if sum := readSummary(t, out); sum.Status != coordinator.StatusCompleted || len(sum.Epochs) != 2 {
+	if sum := readSummary(t, out); sum.Status != record.StatusCompleted || len(sum.Epochs) != 2 {
 		t.Errorf("summary: status %s, %d epochs", sum.Status, len(sum.Epochs))
 	}
 }
@@ -971,12 +972,12 @@ func TestEpochLine(t *testing.T) {
 	acc := 0.8539
 	for _, tc := range []struct {
 		name      string
-		s         coordinator.EpochSummary
+		s         record.EpochSummary
 		want, not []string
 	}{
-		{"rounds", coordinator.EpochSummary{Epoch: 3, Loss: 0.4066, Accuracy: &acc, Seconds: 1, Samples: 60000, Rounds: 24, MeanRoundMS: 6.5, WaitAtSyncMS: 3.25},
+		{"rounds", record.EpochSummary{Epoch: 3, Loss: 0.4066, Accuracy: &acc, Seconds: 1, Samples: 60000, Rounds: 24, MeanRoundMS: 6.5, WaitAtSyncMS: 3.25},
 			[]string{"epoch 3/3", "accuracy 85.39%", "60000 samples/s", "24 rounds", "sync 6.5 ms/round", "wait 3.2 ms"}, []string{"no rounds"}},
-		{"lone rank", coordinator.EpochSummary{Epoch: 1, Loss: 0.5, Seconds: 2, Samples: 60000},
+		{"lone rank", record.EpochSummary{Epoch: 1, Loss: 0.5, Seconds: 2, Samples: 60000},
 			[]string{"epoch 1/3", "30000 samples/s", "no rounds"}, []string{"accuracy", "ms/round"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

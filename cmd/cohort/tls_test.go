@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cohortdl/cohort/core/coordinator"
+	"github.com/cohortdl/cohort/core/coordinator/record"
 )
 
 // pluginBuilds are the built-in plugins built into the test cohort's
@@ -109,7 +109,7 @@ averager "cpu" {}
 			t.Fatalf("exit %d, want 0", code)
 		}
 		sum := readSummary(t, out)
-		if sum.Status != coordinator.StatusCompleted || sum.Averaging.Backend != "cpu" || sum.Averaging.Rounds == 0 {
+		if sum.Status != record.StatusCompleted || sum.Averaging.Backend != "cpu" || sum.Averaging.Rounds == 0 {
 			t.Fatalf("summary: status %s, averaging %+v", sum.Status, sum.Averaging)
 		}
 		if log := p.stderrText(); !strings.Contains(log, "tls=true") {

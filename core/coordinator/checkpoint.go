@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -15,6 +14,7 @@ import (
 	"time"
 
 	"github.com/cohortdl/cohort/core/coordinator/dispatch"
+	"github.com/cohortdl/cohort/core/coordinator/record"
 	"github.com/cohortdl/cohort/core/wire/wirepb"
 	"github.com/cohortdl/cohort/shared/atomicfile"
 )
@@ -63,7 +63,7 @@ type Meta struct {
 	Remaining []dispatch.RankRanges `json:"remaining"`
 	Pool      []dispatch.Range      `json:"pool"`
 	// Partial is what the epoch in progress had done before the save.
-	Partial EpochProgress `json:"partial"`
+	Partial record.EpochProgress `json:"partial"`
 	// Rounds and GlobalStep count the whole run so far.
 	Rounds     uint64                 `json:"rounds"`
 	GlobalStep uint64                 `json:"global_step"`
@@ -72,20 +72,7 @@ type Meta struct {
 	// ControllerWindow what the first window after it gets.
 	Controller       *dispatch.ControllerState  `json:"controller,omitempty"`
 	ControllerWindow *dispatch.ControllerWindow `json:"controller_window,omitempty"`
-	Finished         []EpochSummary             `json:"finished_epochs"`
-}
-
-// EpochProgress is the running aggregate of an epoch in progress.
-type EpochProgress struct {
-	Samples uint64  `json:"samples"`
-	Batches uint64  `json:"batches"`
-	LossSum float64 `json:"loss_sum"` // Σ avg_loss·batches over Metrics with a finite loss
-	// LossBatches are the batches LossSum covers.
-	LossBatches uint64  `json:"loss_batches"`
-	Seconds     float64 `json:"seconds"`
-	// Scalars are the trainer scalars' sums so far, the earlier part's
-	// included.
-	Scalars map[string]ScalarSum `json:"scalars,omitempty"`
+	Finished         []record.EpochSummary      `json:"finished_epochs"`
 }
 
 // validate checks what a resumed run relies on.
@@ -243,7 +230,7 @@ func rankDir(ckpt string, rank uint32) string {
 // fsyncs the parent, and returns the checkpoint's path.
 func (s *ckptStore) commit(tmp string, m *Meta) (string, error) {
 	final := filepath.Join(s.dir, fmt.Sprintf("%s%06d", ckptPrefix, m.Version))
-	if err := writeJSONAtomic(filepath.Join(tmp, MetaFile), m); err != nil {
+	if err := record.WriteJSON(filepath.Join(tmp, MetaFile), m); err != nil {
 		return "", fmt.Errorf("checkpoint %d: %w", m.Version, err)
 	}
 	if err := os.Rename(tmp, final); err != nil {
@@ -270,7 +257,7 @@ func (s *ckptStore) abandon(tmp string) error {
 // will hand) first after the snapshot.
 type progress struct {
 	dispatch.Snapshot
-	partial EpochProgress
+	partial record.EpochProgress
 }
 
 // progressNow is the state of the epoch as the models of the last round
@@ -280,16 +267,7 @@ func (r *runner) progressNow() progress {
 	if !r.disp.Training() {
 		return p
 	}
-	if a := r.agg; a != nil {
-		p.partial = EpochProgress{
-			Samples:     a.prior.Samples + a.samples,
-			Batches:     a.prior.Batches + a.batches,
-			LossSum:     a.prior.LossSum + a.lossSum,
-			LossBatches: a.prior.LossBatches + a.lossBatches,
-			Seconds:     a.prior.Seconds + time.Since(a.started).Seconds(),
-			Scalars:     maps.Clone(a.scalars.sums),
-		}
-	}
+	p.partial = r.rep.Partial()
 	return p
 }
 
@@ -342,7 +320,7 @@ func (r *runner) beginSave(reason wirepb.ShutdownReason, metaReason, status stri
 		// Without a directory the ranks can only stop.
 		r.log.Error("cannot save; stopping without a checkpoint", "error", berr)
 		r.saveErr = fmt.Errorf("coordinator: save: %w", berr)
-		r.saveStatus = StatusFailed
+		r.saveStatus = record.StatusFailed
 		r.phase = phShutdown
 		r.broadcast(&wirepb.Shutdown{})
 		return
@@ -446,9 +424,9 @@ func (r *runner) meta(w *ckptWait) *Meta {
 		Epoch:         p.Epoch,
 		Pool:          p.Pool,
 		Partial:       p.partial,
-		Rounds:        r.roundsBefore + r.rounds,
+		Rounds:        r.rep.RoundsTotal(),
 		GlobalStep:    r.disp.GlobalStep(),
-		Finished:      r.finished,
+		Finished:      r.rep.Finished(),
 		Cadence:       r.disp.CadenceState(),
 	}
 	ctl, win := p.Controller, p.Window

@@ -8,6 +8,7 @@ import (
 
 	"github.com/cohortdl/cohort/core/config"
 	"github.com/cohortdl/cohort/core/coordinator/dispatch"
+	"github.com/cohortdl/cohort/core/coordinator/record"
 	"github.com/cohortdl/cohort/core/wire/wirepb"
 )
 
@@ -192,7 +193,7 @@ func TestResumeKeepsTheController(t *testing.T) {
 	})
 	h1.coord.Stop()
 	sum1, err := h1.wait()
-	if err != nil || sum1.Status != StatusStopped || sum1.Checkpoint == "" {
+	if err != nil || sum1.Status != record.StatusStopped || sum1.Checkpoint == "" {
 		t.Fatalf("first run: status %s, checkpoint %q, error %v", statusOf(sum1), sum1.Checkpoint, err)
 	}
 	meta, err := ReadMeta(sum1.Checkpoint)

@@ -45,6 +45,7 @@ import (
 
 	"github.com/cohortdl/cohort/core/config"
 	"github.com/cohortdl/cohort/core/coordinator/meeting"
+	"github.com/cohortdl/cohort/core/coordinator/record"
 	"github.com/cohortdl/cohort/core/status"
 	"github.com/cohortdl/cohort/core/wire"
 )
@@ -125,8 +126,8 @@ type Progress struct {
 	Loss       *float64
 	Live       int
 	World      int
-	Summary    *EpochSummary
-	Event      *MembershipEvent
+	Summary    *record.EpochSummary
+	Event      *record.MembershipEvent
 	Checkpoint string
 	Model      string
 }
@@ -276,7 +277,7 @@ func (c *Coordinator) Close() error {
 // saved). It writes OUT/summary.json in every case and returns the
 // summary; the error is non-nil when the status is "failed", or when the
 // summary could not be written.
-func (c *Coordinator) Run(ctx context.Context) (*Summary, error) {
+func (c *Coordinator) Run(ctx context.Context) (*record.Summary, error) {
 	ran := false
 	c.ranOnce.Do(func() { ran = true })
 	if !ran {
@@ -290,17 +291,22 @@ func (c *Coordinator) Run(ctx context.Context) (*Summary, error) {
 	if err := c.meetings.Close(); err != nil {
 		c.log.Warn("closing the meeting points", "error", err)
 	}
-	if err := writeJSONAtomic(filepath.Join(c.out, SummaryFile), sum); err != nil {
+	if err := record.WriteJSON(filepath.Join(c.out, record.SummaryFile), sum); err != nil {
 		c.log.Error("writing the run summary failed", "error", err)
 		if runErr == nil {
 			runErr = fmt.Errorf("coordinator: %w", err)
 		}
 	}
-	if err := r.writeCurves(); err != nil {
+	if err := r.rep.WriteCurves(); err != nil {
 		c.log.Warn("drawing the run's curves failed", "error", err)
 	}
 	return sum, runErr
 }
+
+// Status is the run's latest published snapshot, for the status server;
+// nil before Run starts. It may be called from any goroutine: the loop
+// publishes a new immutable snapshot and never waits on a reader.
+func (c *Coordinator) Status() *status.Snapshot { return c.snapshot.Load() }
 
 func newRunID() (string, error) {
 	var b [4]byte

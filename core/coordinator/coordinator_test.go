@@ -19,6 +19,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/cohortdl/cohort/core/coordinator/meeting"
+	"github.com/cohortdl/cohort/core/coordinator/record"
 	"github.com/cohortdl/cohort/core/wire"
 	"github.com/cohortdl/cohort/core/wire/wirepb"
 	"github.com/cohortdl/cohort/internal/authframe"
@@ -120,7 +121,7 @@ func TestSyncRunCompletes(t *testing.T) {
 		}
 	}
 	for _, r := range sum.Ranks {
-		if r.State != RankExited || r.Samples != 2*samples/3 {
+		if r.State != record.RankExited || r.Samples != 2*samples/3 {
 			t.Errorf("rank summary %+v: want exited with %d samples", r, 2*samples/3)
 		}
 	}
@@ -145,8 +146,8 @@ func TestSyncRunCompletes(t *testing.T) {
 	if !slices.Equal(kinds, []ProgressKind{ProgressFormed, ProgressEpoch, ProgressEpoch}) {
 		t.Errorf("progress kinds %v, want formed and one per epoch", kinds)
 	}
-	onDisk, err := ReadSummary(filepath.Join(h.out, SummaryFile))
-	if err != nil || onDisk.Status != StatusCompleted || len(onDisk.Epochs) != 2 {
+	onDisk, err := record.ReadSummary(filepath.Join(h.out, record.SummaryFile))
+	if err != nil || onDisk.Status != record.StatusCompleted || len(onDisk.Epochs) != 2 {
 		t.Errorf("summary.json: %+v, %v", onDisk, err)
 	}
 }
@@ -275,7 +276,7 @@ func TestFormationRefusesMismatchedReady(t *testing.T) {
 			h.rank(0, rankScript{})
 			h.rank(1, tc.script)
 			sum, err := h.wait()
-			if err == nil || sum.Status != StatusFailed {
+			if err == nil || sum.Status != record.StatusFailed {
 				t.Fatalf("status %s, error %v: want a failed formation", statusOf(sum), err)
 			}
 			if !strings.Contains(err.Error(), "1/2 ranks ready") || !strings.Contains(err.Error(), tc.reason) {
@@ -304,7 +305,7 @@ func TestFormationTimeout(t *testing.T) {
 	if d := time.Since(start); d > 5*time.Second {
 		t.Errorf("formation failure took %v", d)
 	}
-	if sum.Status != StatusFailed || sum.Ranks[1].State != RankDead || sum.Ranks[1].Reason != "never joined the cohort" {
+	if sum.Status != record.StatusFailed || sum.Ranks[1].State != record.RankDead || sum.Ranks[1].Reason != "never joined the cohort" {
 		t.Errorf("summary %+v", sum)
 	}
 }
@@ -321,13 +322,13 @@ func TestExitDeadline(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the run failed: %v", err)
 	}
-	if sum.Status != StatusCompleted {
+	if sum.Status != record.StatusCompleted {
 		t.Fatalf("status %q", sum.Status)
 	}
 	for _, rk := range sum.Ranks {
-		want := RankExited
+		want := record.RankExited
 		if rk.Rank == 1 {
-			want = RankDead
+			want = record.RankDead
 		}
 		if rk.State != want || (rk.Rank == 1 && !strings.Contains(rk.Reason, "no Exiting within 300ms of Shutdown")) {
 			t.Errorf("rank %d: %s (%q), want %s", rk.Rank, rk.State, rk.Reason, want)
@@ -466,7 +467,7 @@ func TestHostileFramesAreShrugged(t *testing.T) {
 	h.startAll(func(r uint32) rankScript { return rankScript{junk: r == 1, msPerBatch: time.Millisecond} })
 	sum := h.mustComplete()
 	h.ledger.checkExactlyOnce(t, 2, 96)
-	if len(sum.MembershipEvents) != 0 || sum.Ranks[1].State != RankExited {
+	if len(sum.MembershipEvents) != 0 || sum.Ranks[1].State != record.RankExited {
 		t.Fatalf("the junk-sending rank was dropped: %+v", sum.MembershipEvents)
 	}
 	for _, e := range sum.Epochs {
@@ -474,7 +475,7 @@ func TestHostileFramesAreShrugged(t *testing.T) {
 			t.Errorf("epoch %d loss %v: an infinite loss must not poison the mean", e.Epoch, e.Loss)
 		}
 	}
-	if _, err := ReadSummary(filepath.Join(h.out, SummaryFile)); err != nil {
+	if _, err := record.ReadSummary(filepath.Join(h.out, record.SummaryFile)); err != nil {
 		t.Fatal(err)
 	}
 	if !h.logHas("ignoring a SyncAck for no round in flight") || !h.logHas("ignoring Metrics for a plan the rank does not hold") {

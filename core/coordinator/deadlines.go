@@ -3,6 +3,8 @@ package coordinator
 import (
 	"fmt"
 	"time"
+
+	"github.com/cohortdl/cohort/core/coordinator/record"
 )
 
 // The clock's say in a run: the deadlines the loop sleeps until (formation,
@@ -14,7 +16,7 @@ func (r *runner) checkDeadlines(now time.Time) {
 	switch r.phase {
 	case phForming:
 		if !now.Before(r.formDeadline) {
-			r.finish(StatusFailed, r.formationError())
+			r.finish(record.StatusFailed, r.formationError())
 		}
 	case phShutdown, phSaving:
 		if !now.Before(r.exitDeadline) {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/cohortdl/cohort/core/coordinator/dispatch"
+	"github.com/cohortdl/cohort/core/coordinator/record"
 )
 
 // A rank declared dead leaves a death record, in summary.json's rank and in
@@ -76,10 +77,10 @@ func TestDeathRecord(t *testing.T) {
 					t.Errorf("survivor %d has a death record %+v", r.Rank, r.Death)
 				}
 			}
-			file := filepath.Join(h.out, DeathsDir, "rank-2.json")
+			file := filepath.Join(h.out, record.DeathsDir, "rank-2.json")
 			d := sum.Ranks[2].Death
 			if tc.reason == "" {
-				if _, err := os.Stat(filepath.Join(h.out, DeathsDir)); d != nil || !errors.Is(err, fs.ErrNotExist) {
+				if _, err := os.Stat(filepath.Join(h.out, record.DeathsDir)); d != nil || !errors.Is(err, fs.ErrNotExist) {
 					t.Fatalf("a rank that exited left death record %+v (deaths directory: %v)", d, err)
 				}
 				return
@@ -123,7 +124,7 @@ func TestDeathRecord(t *testing.T) {
 			if err != nil {
 				t.Fatalf("no death record file: %v", err)
 			}
-			var onDisk DeathRecord
+			var onDisk record.DeathRecord
 			if err := json.Unmarshal(b, &onDisk); err != nil {
 				t.Fatal(err)
 			}

@@ -4,24 +4,8 @@ import (
 	"slices"
 
 	"github.com/cohortdl/cohort/core/config"
+	"github.com/cohortdl/cohort/core/coordinator/record"
 	"github.com/cohortdl/cohort/core/wire/wirepb"
-)
-
-// RoleElection is one change of the eval role: the rank that evaluates
-// each epoch, runs the epoch callback and saves the trained model.
-type RoleElection struct {
-	// Epoch is the epoch, from 1, in which the role moved; a rank elected
-	// at an epoch's end evaluates that epoch.
-	Epoch uint64 `json:"epoch"`
-	Rank  uint32 `json:"rank"`
-	Why   string `json:"why"`
-}
-
-// RoleElection.Why values.
-const (
-	RoleFormed = "formed" // the cohort formed: coordinator.eval_rank's first pick
-	RoleFaster = "faster" // eval_rank = fastest: a clearly faster rank took over
-	RoleLost   = "lost"   // the holder left the cohort: eval_rank picked again among the live
 )
 
 // roleHysteresis: under eval_rank = fastest the role moves only to a rank
@@ -37,7 +21,7 @@ func (r *runner) formRole() {
 	if m := r.c.meta; m != nil {
 		epoch = m.Epoch + 1 // the resumed epoch is restored after formation
 	}
-	r.noteRole(epoch, RoleFormed)
+	r.noteRole(epoch, record.RoleFormed)
 	r.log.Info("eval role assigned", "rank", r.role, "eval_rank", r.cfg.Coordinator.EvalRank)
 	r.broadcast(&wirepb.SetEpochCallbackRole{Rank: r.role})
 }
@@ -55,7 +39,7 @@ func (r *runner) electRole() {
 	if !ok || best == r.role || bestMS > roleHysteresis*holderMS {
 		return
 	}
-	r.moveRole(best, RoleFaster, "batch_ms", bestMS, "holder_batch_ms", holderMS)
+	r.moveRole(best, record.RoleFaster, "batch_ms", bestMS, "holder_batch_ms", holderMS)
 }
 
 // roleRankGone re-resolves the role among the survivors when its holder
@@ -64,7 +48,7 @@ func (r *runner) roleRankGone(rank uint32, survivors []uint32) {
 	if r.role != rank {
 		return
 	}
-	r.moveRole(r.pickRole(survivors), RoleLost)
+	r.moveRole(r.pickRole(survivors), record.RoleLost)
 }
 
 // pickRole is eval_rank's choice among live (not empty), holder aside: the
@@ -113,7 +97,7 @@ func (r *runner) moveRole(to uint32, why string, detail ...any) {
 
 // noteRole records the role's holder for the summary.
 func (r *runner) noteRole(epoch uint64, why string) {
-	r.roles = append(r.roles, RoleElection{Epoch: epoch, Rank: r.role, Why: why})
+	r.rep.Role(record.RoleElection{Epoch: epoch, Rank: r.role, Why: why})
 }
 
 // evaluates reports whether epoch e (from 0) is evaluated: every

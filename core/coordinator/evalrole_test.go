@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/cohortdl/cohort/core/config"
+	"github.com/cohortdl/cohort/core/coordinator/record"
 	"github.com/cohortdl/cohort/core/wire/wirepb"
 )
 
@@ -30,23 +31,23 @@ func TestEvalRoleElection(t *testing.T) {
 		evalRank string
 		batch    []time.Duration
 		die      map[uint32]int // rank -> dieAfterBatches
-		roles    []RoleElection
+		roles    []record.RoleElection
 		evalOn   []uint32 // the rank that evaluated each epoch
 	}{
 		{"lowest keeps rank 0 though rank 2 is faster", config.EvalRankLowest, ms(10, 10, 8), nil,
-			[]RoleElection{{1, 0, RoleFormed}}, []uint32{0, 0}},
+			[]record.RoleElection{{Epoch: 1, Rank: 0, Why: record.RoleFormed}}, []uint32{0, 0}},
 		{"fastest: a 5% faster rank does not take it", config.EvalRankFastest, ms(10, 10, 9.5), nil,
-			[]RoleElection{{1, 0, RoleFormed}}, []uint32{0, 0}},
+			[]record.RoleElection{{Epoch: 1, Rank: 0, Why: record.RoleFormed}}, []uint32{0, 0}},
 		{"fastest: a 20% faster rank takes it at the first epoch's end", config.EvalRankFastest, ms(10, 10, 8), nil,
-			[]RoleElection{{1, 0, RoleFormed}, {1, 2, RoleFaster}}, []uint32{2, 2}},
+			[]record.RoleElection{{Epoch: 1, Rank: 0, Why: record.RoleFormed}, {Epoch: 1, Rank: 2, Why: record.RoleFaster}}, []uint32{2, 2}},
 		{"fixed rank", "2", ms(10, 10, 10), nil,
-			[]RoleElection{{1, 2, RoleFormed}}, []uint32{2, 2}},
+			[]record.RoleElection{{Epoch: 1, Rank: 2, Why: record.RoleFormed}}, []uint32{2, 2}},
 		{"fixed rank dead: the lowest live stands in", "2", ms(10, 10, 10), map[uint32]int{2: 1},
-			[]RoleElection{{1, 2, RoleFormed}, {1, 0, RoleLost}}, []uint32{0, 0}},
+			[]record.RoleElection{{Epoch: 1, Rank: 2, Why: record.RoleFormed}, {Epoch: 1, Rank: 0, Why: record.RoleLost}}, []uint32{0, 0}},
 		{"lowest holder dead: the next lowest", config.EvalRankLowest, ms(10, 10, 10), map[uint32]int{0: 1},
-			[]RoleElection{{1, 0, RoleFormed}, {1, 1, RoleLost}}, []uint32{1, 1}},
+			[]record.RoleElection{{Epoch: 1, Rank: 0, Why: record.RoleFormed}, {Epoch: 1, Rank: 1, Why: record.RoleLost}}, []uint32{1, 1}},
 		{"fastest holder dead: the fastest survivor", config.EvalRankFastest, ms(10, 9, 8), map[uint32]int{2: 6},
-			[]RoleElection{{1, 0, RoleFormed}, {1, 2, RoleFaster}, {2, 1, RoleLost}}, []uint32{2, 1}},
+			[]record.RoleElection{{Epoch: 1, Rank: 0, Why: record.RoleFormed}, {Epoch: 1, Rank: 2, Why: record.RoleFaster}, {Epoch: 2, Rank: 1, Why: record.RoleLost}}, []uint32{2, 1}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := testConfig(t)
@@ -130,7 +131,7 @@ func TestEvalEvery(t *testing.T) {
 				t.Errorf("Evaluate for epochs %v, want %v", asked, tc.evaluated)
 			}
 			// What summary.json says, not only the in-memory summary.
-			sum, err := ReadSummary(h.out + "/" + SummaryFile)
+			sum, err := record.ReadSummary(h.out + "/" + record.SummaryFile)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -171,7 +172,7 @@ func TestCallbackTimeIsNotBatchTime(t *testing.T) {
 	if !h.logHas("epoch callback ran", "rank=2", "epoch=1") {
 		t.Fatal("rank 2 never reported its epoch callback: the test proves nothing")
 	}
-	want := []RoleElection{{1, 0, RoleFormed}, {1, 2, RoleFaster}}
+	want := []record.RoleElection{{Epoch: 1, Rank: 0, Why: record.RoleFormed}, {Epoch: 1, Rank: 2, Why: record.RoleFaster}}
 	if !reflect.DeepEqual(sum.Roles, want) {
 		t.Errorf("roles %+v, want %+v: the callback made the holder look slow", sum.Roles, want)
 	}

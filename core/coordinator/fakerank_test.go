@@ -21,6 +21,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/cohortdl/cohort/core/config"
+	"github.com/cohortdl/cohort/core/coordinator/record"
 	"github.com/cohortdl/cohort/core/wire"
 	"github.com/cohortdl/cohort/core/wire/wirepb"
 )
@@ -712,7 +713,7 @@ type harness struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 	done   chan struct{}
-	sum    *Summary
+	sum    *record.Summary
 	err    error
 }
 
@@ -808,7 +809,7 @@ func (h *harness) startAll(script func(r uint32) rankScript) []*fakeRank {
 }
 
 // wait returns the run's outcome.
-func (h *harness) wait() (*Summary, error) {
+func (h *harness) wait() (*record.Summary, error) {
 	h.t.Helper()
 	select {
 	case <-h.done:
@@ -819,16 +820,16 @@ func (h *harness) wait() (*Summary, error) {
 }
 
 // mustComplete waits and fails the test unless the run completed.
-func (h *harness) mustComplete() *Summary {
+func (h *harness) mustComplete() *record.Summary {
 	h.t.Helper()
 	sum, err := h.wait()
-	if err != nil || sum == nil || sum.Status != StatusCompleted {
+	if err != nil || sum == nil || sum.Status != record.StatusCompleted {
 		h.t.Fatalf("run did not complete: status %v, error %v", statusOf(sum), err)
 	}
 	return sum
 }
 
-func statusOf(s *Summary) string {
+func statusOf(s *record.Summary) string {
 	if s == nil {
 		return "<no summary>"
 	}

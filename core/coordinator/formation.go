@@ -8,6 +8,7 @@ import (
 	"github.com/cohortdl/cohort/core/config"
 	"github.com/cohortdl/cohort/core/coordinator/dispatch"
 	"github.com/cohortdl/cohort/core/coordinator/link"
+	"github.com/cohortdl/cohort/core/coordinator/record"
 
 	"github.com/cohortdl/cohort/core/wire"
 	"github.com/cohortdl/cohort/core/wire/wirepb"
@@ -100,7 +101,7 @@ func (r *runner) tryForm() bool {
 	r.pickSpace = ref.GetSamples()
 	r.batch = uint64(ref.GetBatchSize())
 	if m := r.c.meta; m != nil && m.PickSpace != r.pickSpace {
-		r.finish(StatusFailed, fmt.Errorf("coordinator: resume: checkpoint %s was taken with %d samples, the trainer now has %d",
+		r.finish(record.StatusFailed, fmt.Errorf("coordinator: resume: checkpoint %s was taken with %d samples, the trainer now has %d",
 			r.c.resume, m.PickSpace, r.pickSpace))
 		return true
 	}

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/cohortdl/cohort/core/coordinator/dispatch"
+	"github.com/cohortdl/cohort/core/coordinator/record"
 	"github.com/cohortdl/cohort/core/wire/wirepb"
 )
 
@@ -16,18 +17,17 @@ func (r *runner) startTraining() {
 		r.startEpoch(0)
 		return
 	}
-	r.roundsBefore = m.Rounds
-	r.finished = slices.Clone(m.Finished)
+	r.rep.Resumed(m.Rounds, slices.Clone(m.Finished))
 	r.epoch = m.Epoch
 	if m.Epoch >= uint64(r.cfg.Run.Epochs) {
 		r.log.Info("the checkpoint holds a finished run; shutting down", "epoch", m.Epoch)
 		r.disp.Resume(dispatch.Resumed{Epoch: m.Epoch, GlobalStep: m.GlobalStep}, nil) // nothing left
-		r.agg = r.newAgg(EpochProgress{})
+		r.rep.StartEpoch(m.Epoch, record.EpochProgress{})
 		r.shutdown()
 		return
 	}
 	same := r.disp.Resume(dispatch.Resumed{Epoch: m.Epoch, Remaining: m.Remaining, Pool: m.Pool, GlobalStep: m.GlobalStep}, r.live())
-	r.agg = r.newAgg(m.Partial)
+	r.rep.StartEpoch(m.Epoch, m.Partial)
 	r.disp.RestoreController(m.Controller, m.ControllerWindow)
 	r.snap = r.progressNow()
 	r.log.Info("resumed", "checkpoint", r.c.resume, "epoch", m.Epoch, "samples_left", r.disp.Remaining(),
@@ -38,7 +38,7 @@ func (r *runner) startTraining() {
 func (r *runner) startEpoch(e uint64) {
 	r.epoch = e
 	r.disp.StartEpoch(e, r.live())
-	r.agg = r.newAgg(EpochProgress{})
+	r.rep.StartEpoch(e, record.EpochProgress{})
 	r.phase = phTraining
 	r.snap = r.progressNow()
 	r.log.Info("epoch started", "epoch", e, "samples", r.pickSpace, "ranks", len(r.live()))
@@ -85,13 +85,7 @@ func (r *runner) onEvalResult(rs *rankState, m *wirepb.EvalResult) {
 	if e := m.GetError(); e != "" {
 		r.log.Warn("evaluation failed", "rank", rs.id, "epoch", r.epoch, "error", e)
 	} else {
-		if l := m.GetLoss(); finite(l) {
-			r.agg.evalLoss = &l
-		}
-		if m.Accuracy != nil && finite(m.GetAccuracy()) {
-			a := m.GetAccuracy()
-			r.agg.accuracy = &a
-		}
+		r.rep.Evaluated(m)
 	}
 	r.closeEpoch()
 }
@@ -112,6 +106,18 @@ func (r *runner) closeEpoch() {
 	r.nextEpoch()
 }
 
+// recordEpoch closes the epoch's figures; from here on a save resumes at
+// the next epoch.
+func (r *runner) recordEpoch() {
+	s := r.rep.EndEpoch()
+	if s.EvalLoss != nil {
+		r.disp.EvalLoss(r.roundSeq, r.epoch+1, *s.EvalLoss)
+	}
+	r.snap = progress{Snapshot: r.disp.FreshSnapshot(r.epoch+1, r.live())}
+	r.emit(Progress{Kind: ProgressEpoch, Summary: &s})
+	r.rep.NoteEpoch(s)
+}
+
 // nextEpoch starts the next epoch, or ends the run after the last, or
 // saves when a stop is pending.
 func (r *runner) nextEpoch() {
@@ -121,7 +127,7 @@ func (r *runner) nextEpoch() {
 		r.exportModel()
 	case r.stopReq:
 		r.epoch++
-		r.beginSave(wirepb.ShutdownReason_SHUTDOWN_REASON_INTERRUPTED, ReasonInterrupted, StatusStopped, nil)
+		r.beginSave(wirepb.ShutdownReason_SHUTDOWN_REASON_INTERRUPTED, ReasonInterrupted, record.StatusStopped, nil)
 	default:
 		r.startEpoch(r.epoch + 1)
 	}
@@ -147,7 +153,7 @@ func (r *runner) checkExits() bool {
 	if r.phase == phSaving {
 		r.finish(r.saveStatus, r.saveErr)
 	} else {
-		r.finish(StatusCompleted, nil)
+		r.finish(record.StatusCompleted, nil)
 	}
 	return true
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/cohortdl/cohort/core/config"
 	"github.com/cohortdl/cohort/core/coordinator/dispatch"
+	"github.com/cohortdl/cohort/core/coordinator/record"
 	"github.com/cohortdl/cohort/core/wire/wirepb"
 )
 
@@ -38,7 +39,7 @@ func TestStopSavesAndResumeFinishes(t *testing.T) {
 	})
 	h1.coord.Stop()
 	sum1, err := h1.wait()
-	if err != nil || sum1.Status != StatusStopped {
+	if err != nil || sum1.Status != record.StatusStopped {
 		t.Fatalf("first run: status %s, error %v, want stopped", statusOf(sum1), err)
 	}
 	if sum1.Checkpoint == "" {
@@ -78,7 +79,7 @@ func TestStopSavesAndResumeFinishes(t *testing.T) {
 		t.Errorf("trained %d + remaining %d != 480, or partial samples %d != trained", trained, left, meta.Partial.Samples)
 	}
 	before := meta.Partial.Batches
-	if got := meta.Partial.Scalars["lr"]; before == 0 || got != (ScalarSum{Sum: float64(before), Count: before}) {
+	if got := meta.Partial.Scalars["lr"]; before == 0 || got != (record.ScalarSum{Sum: float64(before), Count: before}) {
 		t.Errorf("partial lr %+v, want the sum and count of the %d batches before the save", got, before)
 	}
 
@@ -115,7 +116,7 @@ func TestStopBeforeFormation(t *testing.T) {
 	waitFor(t, "rank 0 to join", func() bool { return h.logHas("rank joined", "rank=0") })
 	h.coord.Stop()
 	sum, err := h.wait()
-	if err != nil || sum.Status != StatusStopped || sum.Checkpoint != "" {
+	if err != nil || sum.Status != record.StatusStopped || sum.Checkpoint != "" {
 		t.Fatalf("status %s, checkpoint %q, error %v", statusOf(sum), sum.Checkpoint, err)
 	}
 }
@@ -174,7 +175,7 @@ func TestEpochCheckpoints(t *testing.T) {
 // Cadence on ranks of unequal speed: the fast rank runs more batches per
 // window, and the ranks wait less at the sync than under the sync policy.
 func TestCadenceBeatsSyncOnUnequalRanks(t *testing.T) {
-	run := func(policy config.Policy) EpochSummary {
+	run := func(policy config.Policy) record.EpochSummary {
 		cfg := testConfig(t)
 		cfg.Run.Ranks = 2
 		cfg.Run.Epochs = 1
@@ -246,7 +247,7 @@ func TestExitingMidRunIsNotDeath(t *testing.T) {
 	})
 	sum := h.mustComplete()
 	h.ledger.checkExactlyOnce(t, 1, 96)
-	if len(sum.MembershipEvents) != 1 || sum.MembershipEvents[0].Event != "left" || sum.Ranks[1].State != RankExited {
+	if len(sum.MembershipEvents) != 1 || sum.MembershipEvents[0].Event != "left" || sum.Ranks[1].State != record.RankExited {
 		t.Errorf("events %+v, rank 1 %+v: want one 'left' and state exited", sum.MembershipEvents, sum.Ranks[1])
 	}
 }

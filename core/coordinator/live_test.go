@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cohortdl/cohort/core/coordinator/record"
 	"github.com/cohortdl/cohort/core/status"
 )
 
@@ -20,7 +21,7 @@ import (
 func TestLiveRecords(t *testing.T) {
 	cfg := testConfig(t)
 	var mu sync.Mutex
-	var midRun *Summary
+	var midRun *record.Summary
 	var snaps []*status.Snapshot
 	var h *harness
 	h = newHarness(t, cfg, func(o *Options) {
@@ -31,7 +32,7 @@ func TestLiveRecords(t *testing.T) {
 			if p.Kind == ProgressEpoch && p.Summary.Epoch == 2 {
 				// Epoch 1's rewrite is on disk; epoch 2's comes after this call
 				// (epochs are numbered from 1 in the summary).
-				s, err := ReadSummary(filepath.Join(h.out, SummaryFile))
+				s, err := record.ReadSummary(filepath.Join(h.out, record.SummaryFile))
 				if err != nil {
 					t.Errorf("summary.json during the run: %v", err)
 					return
@@ -46,16 +47,16 @@ func TestLiveRecords(t *testing.T) {
 	if midRun == nil {
 		t.Fatal("no summary.json read between the epochs")
 	}
-	if midRun.Status != StatusRunning || len(midRun.Epochs) != 1 || midRun.Epochs[0].Epoch != 1 {
+	if midRun.Status != record.StatusRunning || len(midRun.Epochs) != 1 || midRun.Epochs[0].Epoch != 1 {
 		t.Errorf("summary.json after epoch 1: status %q, %d epochs; want running with epoch 1", midRun.Status, len(midRun.Epochs))
 	}
 	for _, r := range midRun.Ranks {
-		if r.State != RankLive {
+		if r.State != record.RankLive {
 			t.Errorf("summary.json after epoch 1: rank %d %q, want live", r.Rank, r.State)
 		}
 	}
 
-	f, err := os.Open(filepath.Join(h.out, MetricsFile))
+	f, err := os.Open(filepath.Join(h.out, record.MetricsFile))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -100,14 +101,14 @@ func TestLiveRecords(t *testing.T) {
 	}
 
 	final := h.coord.Status()
-	if final.Status != StatusCompleted || len(final.EpochCurve) != 2 || final.Totals.Rounds != sum.Averaging.Rounds {
+	if final.Status != record.StatusCompleted || len(final.EpochCurve) != 2 || final.Totals.Rounds != sum.Averaging.Rounds {
 		t.Errorf("final snapshot: status %q, %d epochs, %d rounds", final.Status, len(final.EpochCurve), final.Totals.Rounds)
 	}
 	if final.Totals.Batches == 0 || final.Totals.Samples == 0 || final.RoundSeconds.Count != final.Totals.Rounds {
 		t.Errorf("final totals %+v, histogram count %d", final.Totals, final.RoundSeconds.Count)
 	}
 	for _, r := range final.Ranks {
-		if r.State != RankExited || r.Batches == 0 || r.LastHeard.IsZero() {
+		if r.State != record.RankExited || r.Batches == 0 || r.LastHeard.IsZero() {
 			t.Errorf("final rank %+v", r)
 		}
 	}

@@ -14,7 +14,7 @@ import (
 	"github.com/cohortdl/cohort/core/coordinator/dispatch"
 	"github.com/cohortdl/cohort/core/coordinator/link"
 	"github.com/cohortdl/cohort/core/coordinator/meeting"
-	"github.com/cohortdl/cohort/core/status"
+	"github.com/cohortdl/cohort/core/coordinator/record"
 	"github.com/cohortdl/cohort/core/wire"
 	"github.com/cohortdl/cohort/core/wire/wirepb"
 )
@@ -55,22 +55,11 @@ type rankState struct {
 	status rankStatus
 	link   *link.Link
 	ready  *wirepb.Ready
-	reason string // why it died
-
-	batches uint64
-	samples uint64
-	// pluginRestarts counts the plugins the rank replaced.
-	pluginRestarts uint32
-	// For the status page: the rank's last frame, the epoch of its last
-	// Batch, its last ResourceSample.
-	lastHeard time.Time
-	epoch     uint64
-	res       *wirepb.ResourceSample
-	// stepCount is its last Batch's step count, and death its record once
-	// it is declared dead.
-	stepCount uint64
-	death     *DeathRecord
 }
+
+// rankStates are the statuses as the report and the status page name them.
+var rankStates = [...]string{stAbsent: record.RankAbsent, stJoined: record.RankJoined, stReady: record.RankReady,
+	stLive: record.RankLive, stExited: record.RankExited, stDead: record.RankDead}
 
 // runner is the state of one Run, owned by the loop goroutine.
 type runner struct {
@@ -95,19 +84,17 @@ type runner struct {
 	pickSpace uint64
 	batch     uint64
 
-	epoch        uint64
-	disp         *dispatch.Dispatcher
-	agg          *epochAgg
-	round        *round
-	reissue      *reissue
-	roundSeq     uint64
-	roundsBefore uint64
-	session      *sessionReq
-	generation   uint64
-	meet         *meeting.Hub
-	role         uint32         // the eval role's rank: evaluation, epoch callback, model export
-	roles        []RoleElection // every move of the role, for the summary
-	snap         progress
+	epoch      uint64
+	disp       *dispatch.Dispatcher
+	rep        *record.Recorder
+	round      *round
+	reissue    *reissue
+	roundSeq   uint64
+	session    *sessionReq
+	generation uint64
+	meet       *meeting.Hub
+	role       uint32 // the eval role's rank: evaluation, epoch callback, model export
+	snap       progress
 
 	evalTarget   int64  // -1: no evaluation pending
 	exportRank   int64  // the rank saving the trained model; -1: none
@@ -116,27 +103,16 @@ type runner struct {
 	save         *ckptWait
 	exitDeadline time.Time
 
-	stopReq      bool
-	saveStatus   string // the status a ShutdownWithSave ends with
-	saveErr      error
-	status       string
-	err          error
-	lastProgress time.Time
-	lastLoss     *float64 // the latest batch loss reported, for the progress bar
-
-	// Run totals for the summary.
-	memberEvents []MembershipEvent
-	finished     []EpochSummary
-	rounds       uint64
-	roundMS      float64
-	bytes        float64
-	hostCopy     uint64 // SyncAck.host_copy_bytes of live ranks, summed
-	lastCkpt     string
+	stopReq    bool
+	saveStatus string // the status a ShutdownWithSave ends with
+	saveErr    error
+	status     string
+	err        error
+	lastCkpt   string
 
 	hbSeq  uint64      // the last CoordinatorHeartbeat's sequence
 	deathQ []deathNote // deaths found by the current handler, for advance
 
-	lv      liveState
 	liveIDs []uint32 // live()'s answer while liveOK
 	liveOK  bool
 }
@@ -156,21 +132,26 @@ func newRunner(c *Coordinator) *runner {
 		evalTarget: -1,
 		exportRank: -1,
 		lastCkpt:   c.lastCkpt,
-		lv:         liveState{hist: status.NewHistogram(status.RoundBounds)},
+		started:    time.Now(),
 	}
 	for i := range world {
 		r.ranks = append(r.ranks, &rankState{id: i})
 	}
 	r.disp = dispatch.New(cfg, r.log)
 	r.meet = meeting.NewHub(c.meetings, r, r.log)
+	r.rep = record.New(record.Config{
+		Out: c.out, RunID: c.runID, World: world, Policy: string(r.policy),
+		Trainer: cfg.Trainer.Name, Averager: cfg.Averager.Name, Epochs: cfg.Run.Epochs,
+		ResumedFrom: c.resume, Started: r.started,
+		Source: r, Dispatch: r.disp, Bulk: c.meetings, Publish: c.snapshot.Store, Logger: r.log,
+	})
 	return r
 }
 
 // run is the loop.
-func (r *runner) run(parent context.Context) (*Summary, error) {
+func (r *runner) run(parent context.Context) (*record.Summary, error) {
 	ctx, cancel := context.WithCancel(parent)
 	r.ctx = ctx
-	r.started = time.Now()
 	r.formDeadline = r.started.Add(r.cfg.Coordinator.FormationTimeout)
 	r.log.Info("control server listening", "addr", r.c.ln.Addr().String(), "run_id", r.c.runID,
 		"ranks", r.world, "policy", r.policy, "out", r.c.out, "tls", r.c.tls != nil)
@@ -201,11 +182,11 @@ func (r *runner) run(parent context.Context) (*Summary, error) {
 	deadline := time.NewTimer(time.Hour)
 	defer deadline.Stop()
 	stopCh := r.c.stopCh
-	r.openJournal()
-	defer r.closeJournal()
-	pub := time.NewTicker(publishEvery)
+	r.rep.OpenJournal()
+	defer r.rep.CloseJournal()
+	pub := time.NewTicker(record.PublishEvery)
 	defer pub.Stop()
-	r.publish(true)
+	r.rep.Publish(true)
 	timer := r.c.opts.LoopTimer
 
 	for r.phase != phDone {
@@ -233,10 +214,10 @@ func (r *runner) run(parent context.Context) (*Summary, error) {
 			stopCh = nil
 			r.requestStop()
 		case <-parent.Done():
-			r.finish(StatusFailed, fmt.Errorf("coordinator: run abandoned: %w", context.Cause(parent)))
+			r.finish(record.StatusFailed, fmt.Errorf("coordinator: run abandoned: %w", context.Cause(parent)))
 		}
 		r.advance()
-		r.publish(r.phase == phDone)
+		r.rep.Publish(r.phase == phDone)
 		if timer != nil && !start.IsZero() {
 			if what == "" {
 				what = ev.String()
@@ -255,8 +236,8 @@ func (r *runner) run(parent context.Context) (*Summary, error) {
 	}
 	cancel()
 	r.wg.Wait()
-	r.publish(true)
-	return r.summary(), r.err
+	r.rep.Publish(true)
+	return r.rep.Summary(), r.err
 }
 
 // finish ends the run with status; a failure keeps the first error.
@@ -268,10 +249,10 @@ func (r *runner) finish(status string, err error) {
 	if err != nil && r.err == nil {
 		r.err = err
 	}
-	if status == StatusFailed && r.err == nil {
+	if status == record.StatusFailed && r.err == nil {
 		r.err = errors.New("coordinator: run failed")
 	}
-	if status != StatusFailed {
+	if status != record.StatusFailed {
 		r.err = nil
 	}
 	r.phase = phDone
@@ -281,7 +262,7 @@ func (r *runner) finish(status string, err error) {
 	if r.ckpt != nil && !r.ckpt.resolved {
 		r.c.store.abandon(r.ckpt.tmp)
 	}
-	if status == StatusFailed {
+	if status == record.StatusFailed {
 		r.log.Error("run failed", "error", r.err)
 	} else {
 		r.log.Info("run ended", "status", status)
@@ -386,6 +367,7 @@ func (r *runner) setStatus(rs *rankState, st rankStatus) {
 		r.liveOK = false
 	}
 	rs.status = st
+	r.rep.RankState(rs.id, rankStates[st])
 }
 
 func (r *runner) broadcast(msg proto.Message) {
@@ -405,7 +387,7 @@ func (r *runner) requestStop() {
 	switch r.phase {
 	case phForming:
 		r.log.Info("stop requested before the cohort formed")
-		r.finish(StatusStopped, nil)
+		r.finish(record.StatusStopped, nil)
 	case phShutdown, phSaving, phDone:
 	default:
 		r.log.Info("stop requested: finishing the plans in flight, then a final round and a save")
@@ -415,7 +397,7 @@ func (r *runner) requestStop() {
 // onMessage routes one frame. The link's rank is the one the handshake
 // authenticated; rank fields inside messages are not trusted.
 func (r *runner) onMessage(rs *rankState, msg proto.Message) {
-	rs.lastHeard = time.Now()
+	r.rep.Heard(rs.id, time.Now())
 	switch m := msg.(type) {
 	case *wirepb.Heartbeat:
 	case *wirepb.Ready:
@@ -437,7 +419,7 @@ func (r *runner) onMessage(rs *rankState, msg proto.Message) {
 	case *wirepb.EpochFnElapsed:
 		r.log.Debug("epoch callback ran", "rank", rs.id, "epoch", m.GetEpoch(), "ms", m.GetElapsedMs())
 	case *wirepb.ResourceSample:
-		rs.res = m
+		r.rep.Resources(rs.id, m)
 	case *wirepb.Exiting:
 		r.onExiting(rs)
 	case *wirepb.MeetRequest:
@@ -449,6 +431,27 @@ func (r *runner) onMessage(rs *rankState, msg proto.Message) {
 	default:
 		r.log.Warn("ignoring an unexpected frame", "rank", rs.id, "type", fmt.Sprintf("%T", msg))
 	}
+}
+
+// emit reports p to Options.Progress, with where the run stands.
+func (r *runner) emit(p Progress) {
+	if r.c.opts.Progress == nil {
+		return
+	}
+	p.Epoch = r.epoch
+	p.Epochs = r.cfg.Run.Epochs
+	p.World = int(r.world)
+	p.Live = len(r.live())
+	if p.Total == 0 {
+		p.Total = r.pickSpace
+	}
+	r.c.opts.Progress(p)
+}
+
+// Now is where the run stands, for the report's snapshot and summary.
+func (r *runner) Now() record.Now {
+	return record.Now{Phase: r.phase.String(), Done: r.phase == phDone, Status: r.status, Err: r.err,
+		Epoch: r.epoch, Live: len(r.live()), EpochTotal: r.pickSpace, Checkpoint: r.lastCkpt, Model: r.model}
 }
 
 // wireOptions are the options of every rank connection's handshake and

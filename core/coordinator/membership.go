@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/cohortdl/cohort/core/coordinator/dispatch"
+	"github.com/cohortdl/cohort/core/coordinator/record"
 	"github.com/cohortdl/cohort/core/wire/wirepb"
 )
 
@@ -87,7 +88,7 @@ func (r *runner) onExiting(rs *rankState) {
 		r.log.Debug("rank exited", "rank", rs.id)
 		return
 	}
-	r.depart(rs, EventLeft, "sent Exiting before the run ended", stExited)
+	r.depart(rs, record.EventLeft, "sent Exiting before the run ended", stExited)
 }
 
 // lose handles a rank found dead (its link broke, or it fell silent, or it
@@ -99,7 +100,7 @@ func (r *runner) lose(rs *rankState, reason string) {
 		r.dropUnformed(rs)
 		return
 	case stLive:
-		r.depart(rs, EventDead, reason, stDead)
+		r.depart(rs, record.EventDead, reason, stDead)
 	}
 }
 
@@ -110,24 +111,23 @@ func (r *runner) lose(rs *rankState, reason string) {
 // save and stop instead.
 func (r *runner) depart(rs *rankState, event, reason string, status rankStatus) {
 	r.setStatus(rs, status)
-	rs.reason = reason
+	r.rep.Left(rs.id, reason)
 	if rs.link != nil {
 		rs.link.Close()
 	}
-	ev := MembershipEvent{Rank: rs.id, Event: event, Epoch: r.epoch + 1, Reason: reason, Time: time.Now()}
-	r.memberEvents = append(r.memberEvents, ev)
+	ev := record.MembershipEvent{Rank: rs.id, Event: event, Epoch: r.epoch + 1, Reason: reason, Time: time.Now()}
 	r.log.Warn("rank removed from the cohort", "rank", rs.id, "event", event, "reason", reason,
 		"epoch", r.epoch, "phase", r.phase.String())
 	r.emit(Progress{Kind: ProgressMembership, Event: &ev})
-	r.noteMembership(ev)
+	r.rep.Member(ev)
 	r.meet.Dead(rs.id, reason)
 	unfinished := r.unfinishedOf(rs)
 	survivors := r.live()
-	var death *DeathRecord
+	var death *record.DeathRecord
 	if status == stDead {
-		death = r.newDeath(rs, ev, unfinished)
+		death = r.rep.NewDeath(ev, r.phase.String(), unfinished)
 		// Kept when depart returns, whichever way it ends.
-		defer r.keepDeath(rs, death)
+		defer r.rep.KeepDeath(death)
 	}
 
 	switch r.phase {
@@ -142,7 +142,7 @@ func (r *runner) depart(rs *rankState, event, reason string, status rankStatus) 
 	}
 
 	if len(survivors) == 0 {
-		r.finish(StatusFailed, fmt.Errorf("coordinator: every rank is lost (last: rank %d, %s)", rs.id, reason))
+		r.finish(record.StatusFailed, fmt.Errorf("coordinator: every rank is lost (last: rank %d, %s)", rs.id, reason))
 		return
 	}
 	dd := &wirepb.DeclareDead{Rank: rs.id, Reason: reason}
@@ -157,7 +157,7 @@ func (r *runner) depart(rs *rankState, event, reason string, status rankStatus) 
 
 	if min := r.cfg.Coordinator.MinRanks; len(survivors) < min {
 		r.log.Error("too few ranks left to carry on; saving and stopping", "live", len(survivors), "min_ranks", min)
-		r.beginSave(wirepb.ShutdownReason_SHUTDOWN_REASON_TOO_FEW_RANKS, ReasonTooFewRanks, StatusFailed,
+		r.beginSave(wirepb.ShutdownReason_SHUTDOWN_REASON_TOO_FEW_RANKS, ReasonTooFewRanks, record.StatusFailed,
 			fmt.Errorf("coordinator: %d live ranks after rank %d was lost (%s), min_ranks is %d", len(survivors), rs.id, reason, min))
 		return
 	}
@@ -183,7 +183,7 @@ func (r *runner) depart(rs *rankState, event, reason string, status rankStatus) 
 func (r *runner) unfinishedOf(rs *rankState) []dispatch.Range {
 	out, trained := r.disp.Forfeit(rs.id)
 	for _, t := range trained {
-		r.countUnclosed(t)
+		r.rep.Unclosed(t)
 	}
 	return out
 }
@@ -244,7 +244,7 @@ func (r *runner) retrySession() {
 	if i < 0 {
 		r.session = nil
 		r.log.Error("no survivor produced a session id; saving and stopping", "generation", s.gen)
-		r.beginSave(wirepb.ShutdownReason_SHUTDOWN_REASON_REDUCE_STALL, ReasonStall, StatusFailed,
+		r.beginSave(wirepb.ShutdownReason_SHUTDOWN_REASON_REDUCE_STALL, ReasonStall, record.StatusFailed,
 			fmt.Errorf("coordinator: no survivor answered RequestSessionId (generation %d)", s.gen))
 		return
 	}

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/cohortdl/cohort/core/coordinator/meeting"
+	"github.com/cohortdl/cohort/core/coordinator/record"
 	"github.com/cohortdl/cohort/core/wire/wirepb"
 )
 
@@ -61,7 +62,7 @@ func TestDeadRankRedistributed(t *testing.T) {
 			if ev.Rank != 2 || ev.Event != "dead" || ev.Epoch != 1 || ev.Reason != tc.reason {
 				t.Errorf("event %+v, want rank 2 dead in epoch 0: %q", ev, tc.reason)
 			}
-			if r := sum.Ranks[2]; r.State != RankDead || r.Reason != tc.reason {
+			if r := sum.Ranks[2]; r.State != record.RankDead || r.Reason != tc.reason {
 				t.Errorf("rank 2 summary %+v", r)
 			}
 			var extended uint64
@@ -209,7 +210,7 @@ func TestTooFewRanksSaves(t *testing.T) {
 		return rankScript{msPerBatch: 2 * time.Millisecond}
 	})
 	sum, err := h.wait()
-	if err == nil || sum.Status != StatusFailed || !strings.Contains(err.Error(), "min_ranks is 3") {
+	if err == nil || sum.Status != record.StatusFailed || !strings.Contains(err.Error(), "min_ranks is 3") {
 		t.Fatalf("status %s, error %v", statusOf(sum), err)
 	}
 	for _, f := range []*fakeRank{ranks[0], ranks[2]} {

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/cohortdl/cohort/core/coordinator/dispatch"
+	"github.com/cohortdl/cohort/core/coordinator/record"
 	"github.com/cohortdl/cohort/core/wire/wirepb"
 )
 
@@ -22,10 +23,6 @@ const (
 // fail (so the peers' round aborts instead of waiting for a post that will
 // not come) and the group is re-formed with the same members, so the round
 // runs again on a session every averager applied.
-// eventPluginRestarted is the membership event of a plugin a rank replaced:
-// the rank lives on.
-const eventPluginRestarted = "plugin_restarted"
-
 func (r *runner) onPluginRestarted(rs *rankState, m *wirepb.PluginRestarted) {
 	if rs.status != stLive {
 		return
@@ -35,12 +32,11 @@ func (r *runner) onPluginRestarted(rs *rankState, m *wirepb.PluginRestarted) {
 		r.log.Warn("ignoring PluginRestarted for an unknown plugin kind", "rank", rs.id, "kind", kind)
 		return
 	}
-	rs.pluginRestarts++
-	reason := fmt.Sprintf("%s plugin replaced (restart %d): %s", kind, rs.pluginRestarts, m.GetReason())
-	ev := MembershipEvent{Rank: rs.id, Event: eventPluginRestarted, Epoch: r.epoch + 1, Reason: reason, Time: time.Now()}
-	r.memberEvents = append(r.memberEvents, ev)
-	r.noteMembership(ev)
-	r.log.Warn("rank replaced a plugin", "rank", rs.id, "kind", kind, "restarts", rs.pluginRestarts,
+	restarts := r.rep.PluginRestarted(rs.id)
+	reason := fmt.Sprintf("%s plugin replaced (restart %d): %s", kind, restarts, m.GetReason())
+	ev := record.MembershipEvent{Rank: rs.id, Event: record.EventPluginRestarted, Epoch: r.epoch + 1, Reason: reason, Time: time.Now()}
+	r.rep.Member(ev)
+	r.log.Warn("rank replaced a plugin", "rank", rs.id, "kind", kind, "restarts", restarts,
 		"reason", m.GetReason(), "phase", r.phase.String())
 	r.emit(Progress{Kind: ProgressMembership, Event: &ev})
 
@@ -68,7 +64,7 @@ func (r *runner) giveBackLostPlan(rs *rankState, m *wirepb.PluginRestarted) {
 			"epoch", m.GetEpoch(), "offset", m.GetPartitionOffset(), "size", m.GetPartitionSize())
 		return
 	}
-	r.countUnclosed(trained)
+	r.rep.Unclosed(trained)
 	if u.Size > 0 && r.phase == phTraining {
 		r.redistribute([]dispatch.Range{u}, r.live())
 	}

@@ -3,6 +3,8 @@ package coordinator
 import (
 	"testing"
 	"time"
+
+	"github.com/cohortdl/cohort/core/coordinator/record"
 )
 
 // A rank that replaced a plugin is recorded as such, not as a death or a
@@ -19,10 +21,10 @@ func TestPluginRestartRecorded(t *testing.T) {
 	})
 	sum := h.mustComplete()
 	h.ledger.checkExactlyOnce(t, 2, 96)
-	if len(sum.MembershipEvents) != 1 || sum.MembershipEvents[0].Event != eventPluginRestarted || sum.MembershipEvents[0].Rank != 1 {
+	if len(sum.MembershipEvents) != 1 || sum.MembershipEvents[0].Event != record.EventPluginRestarted || sum.MembershipEvents[0].Rank != 1 {
 		t.Fatalf("membership events %+v, want one plugin_restarted of rank 1", sum.MembershipEvents)
 	}
-	if sum.Ranks[1].PluginRestarts != 1 || sum.Ranks[1].State != RankExited || sum.Ranks[0].PluginRestarts != 0 {
+	if sum.Ranks[1].PluginRestarts != 1 || sum.Ranks[1].State != record.RankExited || sum.Ranks[0].PluginRestarts != 0 {
 		t.Errorf("ranks %+v, want rank 1 exited with one plugin restart", sum.Ranks)
 	}
 	st := h.coord.Status()

@@ -1,7 +1,6 @@
 package coordinator
 
 import (
-	"math"
 	"time"
 
 	"github.com/cohortdl/cohort/core/config"
@@ -67,9 +66,7 @@ func (r *runner) issueRound(mode wirepb.SyncMode, root uint32, initial bool) {
 		rd.waiting[id] = true
 		msg := &wirepb.Sync{Round: rd.num, Mode: mode, Root: root, Overlap: overlap}
 		if p := plans[id]; p != nil {
-			if r.agg != nil {
-				r.agg.rank(id).windows++
-			}
+			r.rep.Handed(id)
 			msg.NextPlan, msg.GlobalStep = r.disp.EpochPlan(p), step
 		}
 		r.send(r.ranks[id], msg)
@@ -157,23 +154,15 @@ func (r *runner) stepReissue() bool {
 // Update (with the next plans) and SetGlobalStep to every live rank.
 func (r *runner) completeRound(rd *round) {
 	r.round = nil
-	ms := float64(time.Since(rd.issued)) / float64(time.Millisecond)
-	var bytes float64
-	minMS := math.Inf(1)
+	took := time.Since(rd.issued)
+	ms := float64(took) / float64(time.Millisecond)
+	acks := map[uint32]*wirepb.SyncAck{}
 	for id, ack := range rd.acks {
-		if r.ranks[id].status != stLive {
-			continue
-		}
-		bytes += float64(ack.GetBytesMoved())
-		r.hostCopy += ack.GetHostCopyBytes()
-		if v := ack.GetRoundMs(); finite(v) && v >= 0 {
-			minMS = min(minMS, v)
+		if r.ranks[id].status == stLive {
+			acks[id] = ack
 		}
 	}
-	r.rounds++
-	r.roundMS += ms
-	r.bytes += bytes
-	r.noteRound(rd.num, time.Since(rd.issued), bytes)
+	r.rep.Round(rd.num, r.epoch+1, took, acks, rd.initial, r.disp.Windowed())
 	if rd.initial {
 		r.log.Info("round 0 complete: every rank holds rank 0's parameters", "ms", ms)
 		r.startTraining()
@@ -181,15 +170,6 @@ func (r *runner) completeRound(rd *round) {
 			return
 		}
 	} else {
-		r.agg.rounds++
-		r.agg.roundMS += ms
-		if !r.disp.Windowed() && !math.IsInf(minMS, 1) {
-			for id, ack := range rd.acks {
-				if v := ack.GetRoundMs(); r.ranks[id].status == stLive && finite(v) {
-					r.agg.addWait(id, time.Duration((v-minMS)*float64(time.Millisecond)))
-				}
-			}
-		}
 		r.disp.RoundDone(rd.num, r.epoch+1, ms, divergences(rd, r.live()), rd.mode == wirepb.SyncMode_SYNC_MODE_AVERAGE)
 		if rd.snap != nil {
 			// The work as of the round's issue (the plans it carried are

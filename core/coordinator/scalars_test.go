@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cohortdl/cohort/core/coordinator/record"
 	"github.com/cohortdl/cohort/core/wire/wirepb"
 	"github.com/cohortdl/cohort/shared/plugin"
 )
@@ -80,7 +81,7 @@ func TestEpochScalarsAcrossRanks(t *testing.T) {
 	if !h.logHas("dropped trainer scalars", "rank=2") {
 		t.Error("no warning about rank 2's dropped scalars")
 	}
-	onDisk, err := ReadSummary(filepath.Join(h.out, SummaryFile))
+	onDisk, err := record.ReadSummary(filepath.Join(h.out, record.SummaryFile))
 	if err != nil {
 		t.Fatal(err)
 	}

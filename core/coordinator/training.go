@@ -1,9 +1,8 @@
 package coordinator
 
 import (
-	"time"
-
 	"github.com/cohortdl/cohort/core/coordinator/dispatch"
+	"github.com/cohortdl/cohort/core/coordinator/record"
 	"github.com/cohortdl/cohort/core/wire/wirepb"
 )
 
@@ -45,7 +44,7 @@ func (r *runner) stepTraining() bool {
 			return true
 		}
 		if r.stopReq {
-			r.beginSave(wirepb.ShutdownReason_SHUTDOWN_REASON_INTERRUPTED, ReasonInterrupted, StatusStopped, nil)
+			r.beginSave(wirepb.ShutdownReason_SHUTDOWN_REASON_INTERRUPTED, ReasonInterrupted, record.StatusStopped, nil)
 			return true
 		}
 		if r.disp.Remaining() > 0 {
@@ -72,7 +71,7 @@ func (r *runner) stepTraining() bool {
 		return true
 	}
 	if r.stopReq {
-		r.beginSave(wirepb.ShutdownReason_SHUTDOWN_REASON_INTERRUPTED, ReasonInterrupted, StatusStopped, nil)
+		r.beginSave(wirepb.ShutdownReason_SHUTDOWN_REASON_INTERRUPTED, ReasonInterrupted, record.StatusStopped, nil)
 		return true
 	}
 	r.endEpoch()
@@ -112,7 +111,7 @@ func (r *runner) stepSolo() bool {
 		r.broadcast(&wirepb.SetGlobalStep{GlobalStep: r.disp.GlobalStep()})
 	}
 	if r.stopReq {
-		r.beginSave(wirepb.ShutdownReason_SHUTDOWN_REASON_INTERRUPTED, ReasonInterrupted, StatusStopped, nil)
+		r.beginSave(wirepb.ShutdownReason_SHUTDOWN_REASON_INTERRUPTED, ReasonInterrupted, record.StatusStopped, nil)
 		return true
 	}
 	r.endEpoch()
@@ -125,8 +124,8 @@ func (r *runner) deliver(live []uint32, plans map[uint32]*dispatch.Plan, version
 	for _, id := range live {
 		rs := r.ranks[id]
 		p := plans[id]
-		if p != nil && r.agg != nil {
-			r.agg.rank(rs.id).windows++
+		if p != nil {
+			r.rep.Handed(id)
 		}
 		switch {
 		case version != nil:
@@ -144,16 +143,9 @@ func (r *runner) deliver(live []uint32, plans map[uint32]*dispatch.Plan, version
 // closeWindow records how long each rank of the window waited between its
 // last Metrics and the window's close (the Sync that follows at once).
 func (r *runner) closeWindow() {
-	waits, ok := r.disp.CloseWindow()
-	if !ok {
-		return
+	if waits, ok := r.disp.CloseWindow(); ok {
+		r.rep.WindowClosed(waits)
 	}
-	for id, d := range waits {
-		if r.ranks[id].status == stLive {
-			r.agg.addWait(id, d)
-		}
-	}
-	r.agg.windows++
 }
 
 // onBatch attributes a trained batch to the rank's first plan it can
@@ -162,32 +154,12 @@ func (r *runner) onBatch(rs *rankState, m *wirepb.Batch) {
 	if rs.status != stLive || !r.disp.Training() {
 		return
 	}
-	n := uint64(m.GetSamples())
 	b := r.disp.Batch(rs.id, m, r.live(), r.round != nil)
-	batches := b.Batches
-	if l := m.GetBatchLoss(); finite(l) {
-		r.lastLoss = &l
-	}
 	if b.Throttle {
 		r.send(rs, &wirepb.Throttle{})
 	}
-	rs.batches += batches
-	rs.epoch = m.GetEpoch()
-	rs.stepCount = m.GetStepCount()
-	r.noteBatchLoss(m.GetBatchLoss(), batches)
-	rs.samples += n
-	if r.agg != nil {
-		ra := r.agg.rank(rs.id)
-		ra.batches += batches
-		ra.samples += n
-		if ms := m.GetBatchMs(); finite(ms) && ms > 0 {
-			ra.trainMS += ms
-		}
-		r.agg.trained += n
-		if now := time.Now(); now.Sub(r.lastProgress) >= 100*time.Millisecond {
-			r.lastProgress = now
-			r.emit(Progress{Kind: ProgressSamples, Done: r.agg.prior.Samples + r.agg.trained, Loss: r.lastLoss})
-		}
+	if done, loss, due := r.rep.Batch(rs.id, m, b.Batches, b.BatchMS); due {
+		r.emit(Progress{Kind: ProgressSamples, Done: done, Loss: loss})
 	}
 }
 
@@ -201,30 +173,5 @@ func (r *runner) onMetrics(rs *rankState, m *wirepb.Metrics) {
 			"epoch", m.GetEpoch(), "offset", m.GetPartitionOffset(), "size", m.GetPartitionSize())
 		return
 	}
-	if r.agg != nil {
-		if v := m.GetRoundWaitMs(); finite(v) && v > 0 {
-			r.agg.rank(rs.id).roundWaitMS += v
-		}
-		r.agg.samples += m.GetSamples()
-		r.agg.batches += m.GetBatches()
-		if l := m.GetAvgLoss(); finite(l) && m.GetBatches() > 0 {
-			r.agg.lossSum += l * float64(m.GetBatches())
-			r.agg.lossBatches += m.GetBatches()
-		}
-		r.noteScalars(rs.id, m)
-	}
-}
-
-// countUnclosed adds to the epoch's figures what a departing rank's Batch
-// reports say it trained of a plan no Metrics will close: those samples
-// are not handed out again, so without this the epoch would come up short
-// of its data set.
-func (r *runner) countUnclosed(t dispatch.Trained) {
-	if r.agg == nil || t.Epoch != r.epoch {
-		return
-	}
-	r.agg.samples += t.Samples
-	r.agg.batches += t.Batches
-	r.agg.lossSum += t.LossSum
-	r.agg.lossBatches += t.LossBatches
+	r.rep.Metrics(rs.id, m)
 }

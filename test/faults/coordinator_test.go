@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/cohortdl/cohort/core/coordinator"
+	"github.com/cohortdl/cohort/core/coordinator/record"
 )
 
 // `cohort coordinator` SIGKILLed or SIGSTOPped under separately started
@@ -93,7 +94,7 @@ func TestTooFewRanks(t *testing.T) {
 	}
 	checkNothingLeft(t, id, 10*time.Second)
 	sum := r.summary()
-	if sum.Status != coordinator.StatusFailed || sum.Checkpoint == "" {
+	if sum.Status != record.StatusFailed || sum.Checkpoint == "" {
 		t.Fatalf("summary: status %s, checkpoint %q: want failed with a checkpoint", sum.Status, sum.Checkpoint)
 	}
 	if len(sum.MembershipEvents) != 1 || sum.MembershipEvents[0].Rank != 2 {

@@ -27,7 +27,7 @@ import (
 
 	"github.com/cohortdl/cohort/internal/testutil/proctab"
 
-	"github.com/cohortdl/cohort/core/coordinator"
+	"github.com/cohortdl/cohort/core/coordinator/record"
 	"github.com/cohortdl/cohort/core/testutil/arenacheck"
 	"github.com/cohortdl/cohort/core/worker"
 	"github.com/cohortdl/cohort/shared/arena"
@@ -254,9 +254,9 @@ func (r *run) launch(resume bool) *proc {
 	return start(r.t, "cohort run", args...)
 }
 
-func (r *run) summary() *coordinator.Summary {
+func (r *run) summary() *record.Summary {
 	r.t.Helper()
-	s, err := coordinator.ReadSummary(filepath.Join(r.out, coordinator.SummaryFile))
+	s, err := record.ReadSummary(filepath.Join(r.out, record.SummaryFile))
 	if err != nil {
 		r.t.Fatal(err)
 	}
@@ -267,10 +267,10 @@ func (r *run) summary() *coordinator.Summary {
 // count the whole data set, and the ledger shows every sample of every
 // epoch trained (by some rank; a sample trained again after a crash is
 // allowed, one never trained is not).
-func (r *run) checkCompleted() *coordinator.Summary {
+func (r *run) checkCompleted() *record.Summary {
 	r.t.Helper()
 	sum := r.summary()
-	if sum.Status != coordinator.StatusCompleted || len(sum.Epochs) != r.epochs {
+	if sum.Status != record.StatusCompleted || len(sum.Epochs) != r.epochs {
 		r.t.Fatalf("summary: status %s, %d epochs, want completed with %d", sum.Status, len(sum.Epochs), r.epochs)
 	}
 	for _, e := range sum.Epochs {

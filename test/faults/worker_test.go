@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cohortdl/cohort/core/coordinator"
+	"github.com/cohortdl/cohort/core/coordinator/record"
 )
 
 // A worker SIGKILLed mid-epoch or mid-round, or SIGSTOPped: the
@@ -60,7 +60,7 @@ func TestWorkerFaults(t *testing.T) {
 				t.Fatalf("cohort run exit %d, want 0", code)
 			}
 			sum := r.checkCompleted()
-			if len(sum.MembershipEvents) != 1 || sum.MembershipEvents[0].Rank != 1 || sum.Ranks[1].State != coordinator.RankDead {
+			if len(sum.MembershipEvents) != 1 || sum.MembershipEvents[0].Rank != 1 || sum.Ranks[1].State != record.RankDead {
 				t.Fatalf("membership events %+v, rank 1 %+v: want rank 1 dead", sum.MembershipEvents, sum.Ranks[1])
 			}
 			ev := sum.MembershipEvents[0]

@@ -27,7 +27,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cohortdl/cohort/core/coordinator"
+	"github.com/cohortdl/cohort/core/coordinator/record"
 )
 
 var cohortBin = flag.String("cohort", "", "the cohort binary, with its plugins in plugins/ beside it")
@@ -163,7 +163,7 @@ type caseResult struct {
 
 // cohortRun runs one run: the coordinator in host 0, ranks 2h-2 and 2h-1
 // in host h for h = 1, 2. during, when set, runs while the run does.
-func cohortRun(t *testing.T, name, cfg string, timeout time.Duration, during func(b *bed, workers []*proc)) (*coordinator.Summary, caseResult) {
+func cohortRun(t *testing.T, name, cfg string, timeout time.Duration, during func(b *bed, workers []*proc)) (*record.Summary, caseResult) {
 	if *cohortBin == "" {
 		t.Fatal("no -cohort binary")
 	}
@@ -197,7 +197,7 @@ func cohortRun(t *testing.T, name, cfg string, timeout time.Duration, during fun
 	for _, w := range workers {
 		w.wait(t, 30*time.Second)
 	}
-	sum, err := coordinator.ReadSummary(filepath.Join(out, coordinator.SummaryFile))
+	sum, err := record.ReadSummary(filepath.Join(out, record.SummaryFile))
 	if err != nil {
 		t.Fatalf("coordinator exit %d, no summary: %v\n%s", code, err, coord.out.String())
 	}
@@ -244,7 +244,7 @@ averager "mock" {}
 
 	t.Run("mock", func(t *testing.T) {
 		sum, r := cohortRun(t, "mock", mockCfg(""), 60*time.Second, nil)
-		r.OK = sum.Status == coordinator.StatusCompleted && r.Deaths == 0 && r.Rounds > 0 && allEqual(r.Samples, 1024)
+		r.OK = sum.Status == record.StatusCompleted && r.Deaths == 0 && r.Rounds > 0 && allEqual(r.Samples, 1024)
 		report(t, r)
 	})
 
@@ -263,7 +263,7 @@ trainer "libtorch" {
 averager "cpu" {}
 `
 		sum, r := cohortRun(t, "libtorch+cpu", cfg, 300*time.Second, nil)
-		r.OK = sum.Status == coordinator.StatusCompleted && r.Accuracy != nil && *r.Accuracy >= 0.84 && sum.Averaging.BytesPerRound > 0
+		r.OK = sum.Status == record.StatusCompleted && r.Accuracy != nil && *r.Accuracy >= 0.84 && sum.Averaging.BytesPerRound > 0
 		report(t, r)
 	})
 
@@ -275,7 +275,7 @@ averager "cpu" {}
 			time.Sleep(2 * time.Second)
 			workers[1].kill()
 		})
-		r.OK = sum.Status == coordinator.StatusCompleted && r.Deaths == 2 && allEqual(r.Samples, 1024)
+		r.OK = sum.Status == record.StatusCompleted && r.Deaths == 2 && allEqual(r.Samples, 1024)
 		report(t, r)
 	})
 }

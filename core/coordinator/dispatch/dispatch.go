@@ -21,7 +21,7 @@
 //   - cadence.go, controller.go: window sizing and the adaptive controller
 //
 // Neighbours: core/config and core/wire/wirepb below; above it
-// core/coordinator/report (which shows the controller's decisions and the
+// core/coordinator/record (which shows the controller's decisions and the
 // ranges a dead rank gave back), core/coordinator/checkpoint (which keeps a
 // Snapshot and the controller's and cadence's states) and core/coordinator.
 package dispatch

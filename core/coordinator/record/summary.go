@@ -1,4 +1,4 @@
-package coordinator
+package record
 
 import (
 	"encoding/json"
@@ -6,7 +6,6 @@ import (
 	"math"
 	"os"
 	"path/filepath"
-	"sort"
 	"time"
 
 	"github.com/cohortdl/cohort/core/coordinator/dispatch"
@@ -20,10 +19,16 @@ const (
 	StatusStopped   = "stopped"   // Stop was called: saved and stopped
 )
 
-// Rank states in a Summary.
+// Rank states in a Summary; a summary written while the run trains, and
+// the status page, also say RankLive, and the status page the states
+// before formation (RankAbsent, RankJoined, RankReady).
 const (
 	RankExited = "exited" // sent Exiting: a clean exit
 	RankDead   = "dead"   // lost: its link broke or it fell silent
+	RankLive   = "live"   // a member of the formed cohort
+	RankAbsent = "absent" // no connection
+	RankJoined = "joined" // handshake done, Admit sent
+	RankReady  = "ready"  // Ready accepted, waiting for the others
 )
 
 // SummaryFile is the summary's name in the run's out directory.
@@ -136,6 +141,25 @@ type MembershipEvent struct {
 const (
 	EventLeft = "left" // the rank said Exiting before the run ended
 	EventDead = "dead" // its link broke or it fell silent
+	// EventPluginRestarted: the rank replaced a plugin and lives on.
+	EventPluginRestarted = "plugin_restarted"
+)
+
+// RoleElection is one change of the eval role: the rank that evaluates
+// each epoch, runs the epoch callback and saves the trained model.
+type RoleElection struct {
+	// Epoch is the epoch, from 1, in which the role moved; a rank elected
+	// at an epoch's end evaluates that epoch.
+	Epoch uint64 `json:"epoch"`
+	Rank  uint32 `json:"rank"`
+	Why   string `json:"why"`
+}
+
+// RoleElection.Why values.
+const (
+	RoleFormed = "formed" // the cohort formed: coordinator.eval_rank's first pick
+	RoleFaster = "faster" // eval_rank = fastest: a clearly faster rank took over
+	RoleLost   = "lost"   // the holder left the cohort: eval_rank picked again among the live
 )
 
 // AveragingSummary describes the averaging rounds of this process (a
@@ -171,9 +195,11 @@ func ReadSummary(path string) (*Summary, error) {
 	return &s, nil
 }
 
-// writeJSONAtomic writes v as indented JSON to path, atomically, so a
-// reader never sees half a file and a crash leaves the old one or the new.
-func writeJSONAtomic(path string, v any) error {
+// WriteJSON writes v as indented JSON to path, atomically, so a reader
+// never sees half a file and a crash leaves the old one or the new: how
+// every file of a run's record is written (summary.json, deaths/, a
+// checkpoint's meta.json).
+func WriteJSON(path string, v any) error {
 	b, err := json.MarshalIndent(v, "", "  ")
 	if err != nil {
 		return fmt.Errorf("encode %s: %w", filepath.Base(path), err)
@@ -181,145 +207,38 @@ func writeJSONAtomic(path string, v any) error {
 	return atomicfile.WriteBytes(path, append(b, '\n'))
 }
 
-// epochAgg accumulates one epoch's figures.
-type epochAgg struct {
-	started time.Time
-	prior   EpochProgress
-	samples uint64
-	batches uint64
-	lossSum float64
-	// lossBatches are the batches lossSum covers: a report with a
-	// non-finite loss is left out of the mean, not counted as zero.
-	lossBatches uint64
-	trained     uint64 // samples from Batch reports, for progress
-	windows     uint64
-	rounds      uint64
-	roundMS     float64
-	waitSum     float64
-	waitN       uint64
-	evalLoss    *float64
-	accuracy    *float64
-	perRank     map[uint32]*rankAgg
-	scalars     epochScalars
-}
-
-type rankAgg struct {
-	batches, samples, windows uint64
-	waitSum                   float64
-	waitN                     uint64
-	trainMS                   float64 // the rank's own batch times, summed
-	roundWaitMS               float64 // time rounds held its training
-}
-
-func (a *epochAgg) rank(r uint32) *rankAgg {
-	ra := a.perRank[r]
-	if ra == nil {
-		ra = &rankAgg{}
-		a.perRank[r] = ra
-	}
-	return ra
-}
-
-func (a *epochAgg) addWait(r uint32, d time.Duration) {
-	ms := float64(d) / float64(time.Millisecond)
-	if ms < 0 {
-		ms = 0
-	}
-	a.waitSum += ms
-	a.waitN++
-	ra := a.rank(r)
-	ra.waitSum += ms
-	ra.waitN++
-}
-
-func (r *runner) newAgg(prior EpochProgress) *epochAgg {
-	a := &epochAgg{started: time.Now(), prior: prior, perRank: map[uint32]*rankAgg{}}
-	a.scalars.add(prior.Scalars)
-	return a
-}
-
-// recordEpoch closes the epoch's figures; from here on a save resumes at
-// the next epoch.
-func (r *runner) recordEpoch() {
-	a := r.agg
-	s := EpochSummary{
-		Epoch:    r.epoch + 1,
-		EvalLoss: a.evalLoss,
-		Accuracy: a.accuracy,
-		Seconds:  a.prior.Seconds + time.Since(a.started).Seconds(),
-		Samples:  a.prior.Samples + a.samples,
-		Windows:  a.windows,
-		Rounds:   a.rounds,
-		Scalars:  a.scalars.means(),
-	}
-	if b := a.prior.LossBatches + a.lossBatches; b > 0 {
-		s.Loss = safe((a.prior.LossSum + a.lossSum) / float64(b))
-	}
-	if a.rounds > 0 {
-		s.MeanRoundMS = safe(a.roundMS / float64(a.rounds))
-	}
-	if a.waitN > 0 {
-		s.WaitAtSyncMS = safe(a.waitSum / float64(a.waitN))
-	}
-	ids := make([]uint32, 0, len(a.perRank))
-	for id := range a.perRank {
-		ids = append(ids, id)
-	}
-	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
-	for _, id := range ids {
-		ra := a.perRank[id]
-		er := EpochRank{Rank: id, Batches: ra.batches, Samples: ra.samples, Windows: ra.windows, TrainMS: safe(ra.trainMS),
-			RoundWaitMS: safe(ra.roundWaitMS)}
-		if ra.windows > 0 {
-			er.BatchesPerWindow = float64(ra.batches) / float64(ra.windows)
-		}
-		if ra.waitN > 0 {
-			er.WaitAtSyncMS = safe(ra.waitSum / float64(ra.waitN))
-		}
-		s.Ranks = append(s.Ranks, er)
-	}
-	r.finished = append(r.finished, s)
-	if s.EvalLoss != nil {
-		r.disp.EvalLoss(r.roundSeq, r.epoch+1, *s.EvalLoss)
-	}
-	r.snap = progress{Snapshot: r.disp.FreshSnapshot(r.epoch+1, r.live())}
-	r.log.Info("epoch finished", "epoch", r.epoch, "loss", s.Loss, "seconds", s.Seconds,
-		"samples", s.Samples, "rounds", s.Rounds, "wait_at_sync_ms", s.WaitAtSyncMS)
-	r.emit(Progress{Kind: ProgressEpoch, Summary: &s})
-	r.noteEpoch(s)
-}
-
-// summary builds the run's Summary.
-func (r *runner) summary() *Summary {
-	status := r.status
-	if r.phase != phDone {
+// Summary builds the run's Summary as it stands now.
+func (r *Recorder) Summary() *Summary {
+	now := r.cfg.Source.Now()
+	status := now.Status
+	if !now.Done {
 		status = StatusRunning
 	}
 	s := &Summary{
 		Status:           status,
-		RunID:            r.c.runID,
-		WorldSize:        int(r.world),
-		Policy:           string(r.policy),
-		Trainer:          r.cfg.Trainer.Name,
-		Averager:         r.cfg.Averager.Name,
-		ResumedFrom:      r.c.resume,
-		Started:          r.started.UTC(),
-		Seconds:          time.Since(r.started).Seconds(),
-		GlobalStep:       r.disp.GlobalStep(),
+		RunID:            r.cfg.RunID,
+		WorldSize:        int(r.cfg.World),
+		Policy:           r.cfg.Policy,
+		Trainer:          r.cfg.Trainer,
+		Averager:         r.cfg.Averager,
+		ResumedFrom:      r.cfg.ResumedFrom,
+		Started:          r.cfg.Started.UTC(),
+		Seconds:          time.Since(r.cfg.Started).Seconds(),
+		GlobalStep:       r.cfg.Dispatch.GlobalStep(),
 		Epochs:           r.finished,
 		MembershipEvents: r.memberEvents,
-		Controller:       r.disp.ControllerSummary(),
+		Controller:       r.cfg.Dispatch.ControllerSummary(),
 		Roles:            r.roles,
-		Checkpoint:       r.lastCkpt,
-		Model:            r.model,
+		Checkpoint:       now.Checkpoint,
+		Model:            now.Model,
 		Averaging: AveragingSummary{
-			Backend:     r.cfg.Averager.Name,
+			Backend:     r.cfg.Averager,
 			Rounds:      r.rounds,
 			RoundsTotal: r.roundsBefore + r.rounds,
 		},
 	}
-	if r.err != nil {
-		s.Error = r.err.Error()
+	if now.Err != nil {
+		s.Error = now.Err.Error()
 	}
 	if s.Epochs == nil {
 		s.Epochs = []EpochSummary{}
@@ -335,42 +254,28 @@ func (r *runner) summary() *Summary {
 		s.Averaging.BytesPerRound = safe(r.bytes / float64(r.rounds))
 		s.Averaging.HostCopyBytes = r.hostCopy
 	}
-	for _, rs := range r.ranks {
+	for id, rs := range r.ranks {
 		state := RankExited
 		switch {
-		case rs.status == stLive && r.phase != phDone:
+		case rs.state == RankLive && !now.Done:
 			state = RankLive
-		case rs.status != stExited:
+		case rs.state != RankExited:
 			// Anything but a clean exit is a loss, including a rank that
 			// never joined.
 			state = RankDead
 		}
 		reason := rs.reason
 		if state == RankDead && reason == "" {
-			if rs.status == stAbsent || rs.status == stJoined || rs.status == stReady {
+			if rs.state == RankAbsent || rs.state == RankJoined || rs.state == RankReady {
 				reason = "never joined the cohort"
 			} else {
 				reason = "still connected when the run ended"
 			}
 		}
-		s.Ranks = append(s.Ranks, RankSummary{Rank: rs.id, State: state, Samples: rs.samples, Batches: rs.batches, Reason: reason,
+		s.Ranks = append(s.Ranks, RankSummary{Rank: uint32(id), State: state, Samples: rs.samples, Batches: rs.batches, Reason: reason,
 			PluginRestarts: rs.pluginRestarts, Death: rs.death})
 	}
 	return s
-}
-
-func (r *runner) emit(p Progress) {
-	if r.c.opts.Progress == nil {
-		return
-	}
-	p.Epoch = r.epoch
-	p.Epochs = r.cfg.Run.Epochs
-	p.World = int(r.world)
-	p.Live = len(r.live())
-	if p.Total == 0 {
-		p.Total = r.pickSpace
-	}
-	r.c.opts.Progress(p)
 }
 
 // safe keeps a figure JSON can encode.

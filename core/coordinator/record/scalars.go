@@ -1,4 +1,4 @@
-package coordinator
+package record
 
 import (
 	"slices"
@@ -75,7 +75,7 @@ func (e *epochScalars) means() map[string]float64 {
 // noteScalars adds a plan's Metrics.scalars to the epoch's. A name can
 // count at most one value per batch, so a count above the plan's batches
 // is refused.
-func (r *runner) noteScalars(rank uint32, m *wirepb.Metrics) {
+func (r *Recorder) noteScalars(rank uint32, m *wirepb.Metrics) {
 	if len(m.GetScalars()) == 0 {
 		return
 	}
@@ -92,6 +92,6 @@ func (r *runner) noteScalars(rank uint32, m *wirepb.Metrics) {
 	if n := refused + sc.add(in); n > 0 && !sc.warned {
 		sc.warned = true
 		r.log.Warn("dropped trainer scalars from a rank's Metrics: invalid names, counts above the plan's batches, or names past the epoch's limit",
-			"rank", rank, "epoch", r.epoch, "dropped", n, "limit", plugin.MaxScalars)
+			"rank", rank, "epoch", r.agg.epoch, "dropped", n, "limit", plugin.MaxScalars)
 	}
 }

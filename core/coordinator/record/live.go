@@ -1,4 +1,4 @@
-package coordinator
+package record
 
 import (
 	"encoding/json"
@@ -19,19 +19,11 @@ const MetricsFile = "metrics.jsonl"
 // rewritten after every epoch.
 const StatusRunning = "running"
 
-// RankLive is a rank's state in a summary written while it trains.
-const RankLive = "live"
-
-// publishEvery bounds how stale the published snapshot is while events
+// PublishEvery bounds how stale the published snapshot is while events
 // keep the loop busy; the loop's ticker covers idle spells.
-const publishEvery = 250 * time.Millisecond
+const PublishEvery = 250 * time.Millisecond
 
-// Status is the run's latest published snapshot, for the status server;
-// nil before Run starts. It may be called from any goroutine: the loop
-// publishes a new immutable snapshot and never waits on a reader.
-func (c *Coordinator) Status() *status.Snapshot { return c.snapshot.Load() }
-
-// liveState is what the loop keeps for the snapshot and the live files.
+// liveState is what the report keeps for the snapshot and the live files.
 type liveState struct {
 	journal    *os.File // metrics.jsonl; nil when it could not be opened
 	rounds     []status.RoundPoint
@@ -61,8 +53,10 @@ type journalEpoch struct {
 	status.EpochPoint
 }
 
-func (r *runner) openJournal() {
-	path := filepath.Join(r.c.out, MetricsFile)
+// OpenJournal opens metrics.jsonl for appending; a failure is logged, and
+// the run goes on without it.
+func (r *Recorder) OpenJournal() {
+	path := filepath.Join(r.cfg.Out, MetricsFile)
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
 	if err != nil {
 		r.log.Warn("the live metrics file is not written", "path", path, "error", err)
@@ -73,7 +67,7 @@ func (r *runner) openJournal() {
 
 // writeJournal appends one line, in one write, so a reader tailing the
 // file sees whole lines.
-func (r *runner) writeJournal(v any) {
+func (r *Recorder) writeJournal(v any) {
 	if r.lv.journal == nil {
 		return
 	}
@@ -88,7 +82,8 @@ func (r *runner) writeJournal(v any) {
 	}
 }
 
-func (r *runner) closeJournal() {
+// CloseJournal closes metrics.jsonl.
+func (r *Recorder) CloseJournal() {
 	if r.lv.journal != nil {
 		if err := r.lv.journal.Close(); err != nil {
 			r.log.Warn("closing the live metrics file", "error", err)
@@ -98,7 +93,7 @@ func (r *runner) closeJournal() {
 }
 
 // noteBatchLoss adds a Batch report's loss to the next round's.
-func (r *runner) noteBatchLoss(loss float64, batches uint64) {
+func (r *Recorder) noteBatchLoss(loss float64, batches uint64) {
 	if finite(loss) {
 		r.lv.roundLoss += loss * float64(batches)
 		r.lv.roundLossN += batches
@@ -106,8 +101,8 @@ func (r *runner) noteBatchLoss(loss float64, batches uint64) {
 }
 
 // noteRound records a completed round: curve, histogram, metrics.jsonl.
-func (r *runner) noteRound(num uint64, d time.Duration, bytes float64) {
-	p := status.RoundPoint{Round: num, Epoch: r.epoch + 1, Seconds: d.Seconds(), Bytes: bytes, Time: time.Now().UTC()}
+func (r *Recorder) noteRound(num, epoch uint64, d time.Duration, bytes float64) {
+	p := status.RoundPoint{Round: num, Epoch: epoch, Seconds: d.Seconds(), Bytes: bytes, Time: time.Now().UTC()}
 	if r.lv.roundLossN > 0 {
 		l := safe(r.lv.roundLoss / float64(r.lv.roundLossN))
 		p.Loss = &l
@@ -118,24 +113,24 @@ func (r *runner) noteRound(num uint64, d time.Duration, bytes float64) {
 	r.writeJournal(journalRound{"round", p})
 }
 
-// noteEpoch records the epoch just finished: metrics.jsonl, and
-// summary.json rewritten as the run stands.
-func (r *runner) noteEpoch(s EpochSummary) {
+// NoteEpoch records the epoch just finished (EndEpoch's): metrics.jsonl,
+// and summary.json rewritten as the run stands.
+func (r *Recorder) NoteEpoch(s EpochSummary) {
 	r.writeJournal(journalEpoch{"epoch", epochPoint(s)})
-	sum := r.summary()
-	if err := writeJSONAtomic(filepath.Join(r.c.out, SummaryFile), sum); err != nil {
+	sum := r.Summary()
+	if err := WriteJSON(filepath.Join(r.cfg.Out, SummaryFile), sum); err != nil {
 		r.log.Warn("rewriting the run summary after the epoch failed", "epoch", s.Epoch, "error", err)
 	}
-	r.publish(true)
+	r.Publish(true)
 }
 
 // noteMembership records a membership event for the snapshot: a death, a
 // departure, or a plugin a rank replaced (which is neither).
-func (r *runner) noteMembership(ev MembershipEvent) {
+func (r *Recorder) noteMembership(ev MembershipEvent) {
 	switch ev.Event {
 	case "dead":
 		r.lv.deaths++
-	case eventPluginRestarted:
+	case EventPluginRestarted:
 		r.lv.pluginRestarts++
 	default:
 		r.lv.departures++
@@ -143,7 +138,7 @@ func (r *runner) noteMembership(ev MembershipEvent) {
 	r.lv.membership = append(r.lv.membership, status.Membership{
 		Rank: ev.Rank, Event: ev.Event, Epoch: ev.Epoch, Reason: ev.Reason, Time: ev.Time.UTC(),
 	})
-	r.publish(true)
+	r.Publish(true)
 }
 
 func epochPoint(s EpochSummary) status.EpochPoint {
@@ -151,34 +146,33 @@ func epochPoint(s EpochSummary) status.EpochPoint {
 		Seconds: s.Seconds, Samples: s.Samples, Rounds: s.Rounds, Scalars: s.Scalars}
 }
 
-var rankStates = [...]string{stAbsent: "absent", stJoined: "joined", stReady: "ready", stLive: RankLive, stExited: RankExited, stDead: RankDead}
-
-// publish makes a new snapshot when forced or publishEvery has passed.
-// The curves share their arrays with the loop's: the loop only appends,
+// Publish makes a new snapshot when forced or PublishEvery has passed.
+// The curves share their arrays with the report's: it only appends,
 // beyond the length a snapshot sees.
-func (r *runner) publish(force bool) {
+func (r *Recorder) Publish(force bool) {
 	now := time.Now()
-	if !force && now.Sub(r.lv.published) < publishEvery {
+	if !force && now.Sub(r.lv.published) < PublishEvery {
 		return
 	}
 	r.lv.published = now
+	run := r.cfg.Source.Now()
 	for len(r.lv.epochs) < len(r.finished) {
 		r.lv.epochs = append(r.lv.epochs, epochPoint(r.finished[len(r.lv.epochs)]))
 	}
 	s := &status.Snapshot{
-		RunID:      r.c.runID,
-		Status:     r.phase.String(),
-		Policy:     string(r.policy),
-		Trainer:    r.cfg.Trainer.Name,
-		Averager:   r.cfg.Averager.Name,
+		RunID:      r.cfg.RunID,
+		Status:     run.Phase,
+		Policy:     r.cfg.Policy,
+		Trainer:    r.cfg.Trainer,
+		Averager:   r.cfg.Averager,
 		Time:       now.UTC(),
-		Started:    r.started.UTC(),
-		World:      int(r.world),
-		Live:       len(r.live()),
-		Epoch:      r.epoch + 1,
-		Epochs:     r.cfg.Run.Epochs,
-		EpochTotal: r.pickSpace,
-		GlobalStep: r.disp.GlobalStep(),
+		Started:    r.cfg.Started.UTC(),
+		World:      int(r.cfg.World),
+		Live:       run.Live,
+		Epoch:      run.Epoch + 1,
+		Epochs:     r.cfg.Epochs,
+		EpochTotal: run.EpochTotal,
+		GlobalStep: r.cfg.Dispatch.GlobalStep(),
 		Totals: status.Totals{
 			Rounds:         r.rounds,
 			RoundSeconds:   r.roundMS / 1000,
@@ -191,27 +185,27 @@ func (r *runner) publish(force bool) {
 		Membership:   r.lv.membership[:len(r.lv.membership):len(r.lv.membership)],
 		RoundSeconds: r.lv.hist.Clone(),
 	}
-	s.Controller = r.disp.LiveController()
-	if r.phase == phDone {
-		s.Status = r.status
-		if r.err != nil {
-			s.Error = r.err.Error()
+	s.Controller = r.cfg.Dispatch.LiveController()
+	if run.Done {
+		s.Status = run.Status
+		if run.Err != nil {
+			s.Error = run.Err.Error()
 		}
 	}
 	rounds := r.lv.rounds[max(0, len(r.lv.rounds)-status.MaxRounds):]
 	s.RoundCurve = rounds[:len(rounds):len(rounds)]
-	if _, b := r.c.meetings.Bulk(); float64(b) > s.Totals.BytesAveraged {
+	if _, b := r.cfg.Bulk.Bulk(); float64(b) > s.Totals.BytesAveraged {
 		s.Totals.BytesAveraged = float64(b) // the reduce server's count, where it served
 	}
 	if r.agg != nil {
 		s.EpochDone = r.agg.prior.Samples + r.agg.trained
 	}
-	for _, rs := range r.ranks {
+	for id, rs := range r.ranks {
 		s.Totals.Batches += rs.batches
 		s.Totals.Samples += rs.samples
 		s.Ranks = append(s.Ranks, status.Rank{
-			Rank: rs.id, State: rankStates[rs.status], Reason: rs.reason,
-			Epoch: rs.epoch + 1, Batches: rs.batches, Samples: rs.samples, BatchMS: safe(r.disp.BatchMS(rs.id)),
+			Rank: uint32(id), State: rs.state, Reason: rs.reason,
+			Epoch: rs.epoch + 1, Batches: rs.batches, Samples: rs.samples, BatchMS: safe(rs.batchMS),
 			LastHeard: rs.lastHeard.UTC(), Resources: resourcesOf(rs.res), PluginRestarts: rs.pluginRestarts,
 		})
 	}
@@ -222,7 +216,7 @@ func (r *runner) publish(force bool) {
 		r.lv.rateAt, r.lv.rateSamples = now, s.Totals.Samples
 	}
 	s.SamplesPerSecond = r.lv.rate
-	r.c.snapshot.Store(s)
+	r.cfg.Publish(s)
 }
 
 // resourcesOf copies a rank's ResourceSample into the snapshot's terms.
@@ -249,9 +243,9 @@ func resourcesOf(m *wirepb.ResourceSample) *status.Resources {
 	return out
 }
 
-// writeCurves draws OUT/curves.png from every epoch and round of the run.
-func (r *runner) writeCurves() error {
-	if err := status.WriteCurves(filepath.Join(r.c.out, status.CurvesFile), r.lv.epochs, r.lv.rounds); err != nil {
+// WriteCurves draws OUT/curves.png from every epoch and round of the run.
+func (r *Recorder) WriteCurves() error {
+	if err := status.WriteCurves(filepath.Join(r.cfg.Out, status.CurvesFile), r.lv.epochs, r.lv.rounds); err != nil {
 		return fmt.Errorf("coordinator: %w", err)
 	}
 	return nil

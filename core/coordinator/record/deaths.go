@@ -1,4 +1,4 @@
-package coordinator
+package record
 
 import (
 	"fmt"
@@ -42,29 +42,31 @@ type DeathRecord struct {
 	Redistributed []dispatch.Handoff `json:"redistributed"`
 }
 
-// newDeath starts rs's death record, as the run stands when it is declared
-// dead; Redistributed is filled in as its work is handed out.
-func (r *runner) newDeath(rs *rankState, ev MembershipEvent, unfinished []dispatch.Range) *DeathRecord {
+// NewDeath starts the death record of the rank ev declares dead, as the
+// run stands (in phase, the status page's word for it);
+// Redistributed is filled in as its work is handed out.
+func (r *Recorder) NewDeath(ev MembershipEvent, phase string, unfinished []dispatch.Range) *DeathRecord {
+	rs := &r.ranks[ev.Rank]
 	return &DeathRecord{
-		RunID: r.c.runID, Rank: rs.id, Time: ev.Time.UTC(), Epoch: ev.Epoch, Phase: r.phase.String(), Reason: ev.Reason,
+		RunID: r.cfg.RunID, Rank: ev.Rank, Time: ev.Time.UTC(), Epoch: ev.Epoch, Phase: phase, Reason: ev.Reason,
 		StepCount: rs.stepCount, Batches: rs.batches, Samples: rs.samples,
 		Unfinished: append([]dispatch.Range{}, unfinished...), Redistributed: []dispatch.Handoff{},
 	}
 }
 
-// keepDeath keeps rs's death record for the summary and writes it to the
-// out directory; a failed write is logged, and the run goes on.
-func (r *runner) keepDeath(rs *rankState, d *DeathRecord) {
-	rs.death = d
+// KeepDeath keeps a rank's death record for the summary and writes it to
+// the out directory; a failed write is logged, and the run goes on.
+func (r *Recorder) KeepDeath(d *DeathRecord) {
+	r.ranks[d.Rank].death = d
 	if err := r.writeDeath(d); err != nil {
-		r.log.Warn("writing the rank's death record failed", "rank", rs.id, "error", err)
+		r.log.Warn("writing the rank's death record failed", "rank", d.Rank, "error", err)
 	}
 }
 
-func (r *runner) writeDeath(d *DeathRecord) error {
-	dir := filepath.Join(r.c.out, DeathsDir)
+func (r *Recorder) writeDeath(d *DeathRecord) error {
+	dir := filepath.Join(r.cfg.Out, DeathsDir)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("create %s: %w", dir, err)
 	}
-	return writeJSONAtomic(filepath.Join(dir, fmt.Sprintf("rank-%d.json", d.Rank)), d)
+	return WriteJSON(filepath.Join(dir, fmt.Sprintf("rank-%d.json", d.Rank)), d)
 }
