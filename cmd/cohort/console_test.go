@@ -13,6 +13,7 @@ import (
 	"github.com/creack/pty"
 
 	"github.com/cohortdl/cohort/core/coordinator"
+	"github.com/cohortdl/cohort/core/coordinator/checkpoint"
 	"github.com/cohortdl/cohort/core/coordinator/record"
 )
 
@@ -56,18 +57,18 @@ func TestConsoleOnATerminal(t *testing.T) {
 	if lines >= 30 || lines < 6 {
 		t.Errorf("%d lines stay on the screen, want 6 to 29", lines)
 	}
-	for _, want := range []string{"samples/s", "ETA", "loss", "epoch 3/3  loss", "trained model kept in " + filepath.Join(out, coordinator.ModelDir), "run completed"} {
+	for _, want := range []string{"samples/s", "ETA", "loss", "epoch 3/3  loss", "trained model kept in " + filepath.Join(out, checkpoint.ModelDir), "run completed"} {
 		if !strings.Contains(text, want) {
 			t.Errorf("the screen never shows %q", want)
 		}
 	}
 	// The mock trainer's checkpoint files, saved by one rank after the
 	// last epoch.
-	if names, err := os.ReadDir(filepath.Join(out, coordinator.ModelDir)); err != nil || len(names) == 0 {
+	if names, err := os.ReadDir(filepath.Join(out, checkpoint.ModelDir)); err != nil || len(names) == 0 {
 		t.Errorf("OUT/model holds %d files (%v), want the trained model", len(names), err)
 	}
 	s := readSummary(t, out)
-	if s.Model != filepath.Join(out, coordinator.ModelDir) {
+	if s.Model != filepath.Join(out, checkpoint.ModelDir) {
 		t.Errorf("summary.json names model %q", s.Model)
 	}
 	// summary.json numbers the epochs as the console does, from 1.

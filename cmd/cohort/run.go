@@ -17,6 +17,7 @@ import (
 
 	"github.com/cohortdl/cohort/core/config"
 	"github.com/cohortdl/cohort/core/coordinator"
+	"github.com/cohortdl/cohort/core/coordinator/checkpoint"
 	"github.com/cohortdl/cohort/core/coordinator/record"
 	"github.com/cohortdl/cohort/core/wire"
 	"github.com/cohortdl/cohort/core/worker"
@@ -132,13 +133,13 @@ that holds something, unless --force.`,
 // resumedRunDir is the out directory of the run that --resume path names
 // (a checkpoint, a checkpoints directory, or the out directory itself).
 func resumedRunDir(path string) (string, error) {
-	ckpt, err := coordinator.ResolveCheckpoint(path)
+	ckpt, err := checkpoint.ResolveCheckpoint(path)
 	if err != nil {
 		return "", err
 	}
 	dir := filepath.Dir(ckpt)
-	if filepath.Base(dir) != coordinator.CheckpointsDir {
-		return "", fmt.Errorf("checkpoint %s is not in a run's %s directory", ckpt, coordinator.CheckpointsDir)
+	if filepath.Base(dir) != checkpoint.CheckpointsDir {
+		return "", fmt.Errorf("checkpoint %s is not in a run's %s directory", ckpt, checkpoint.CheckpointsDir)
 	}
 	return filepath.Dir(dir), nil
 }

@@ -24,6 +24,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/cohortdl/cohort/core/coordinator"
+	"github.com/cohortdl/cohort/core/coordinator/checkpoint"
 	"github.com/cohortdl/cohort/core/coordinator/record"
 	"github.com/cohortdl/cohort/core/testutil/arenacheck"
 	"github.com/cohortdl/cohort/shared/arena"
@@ -484,11 +485,11 @@ coordinator {
 	if sum.Status != record.StatusStopped || sum.Checkpoint == "" || len(sum.Epochs) != 1 {
 		t.Fatalf("stopped run: status %s, checkpoint %q, %d epochs", sum.Status, sum.Checkpoint, len(sum.Epochs))
 	}
-	meta, err := coordinator.ReadMeta(sum.Checkpoint)
+	meta, err := checkpoint.ReadMeta(sum.Checkpoint)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if meta.Reason != coordinator.ReasonInterrupted || !slices.Equal(meta.SavedRanks, []uint32{0, 1}) {
+	if meta.Reason != checkpoint.ReasonInterrupted || !slices.Equal(meta.SavedRanks, []uint32{0, 1}) {
 		t.Errorf("checkpoint meta: reason %q, saved ranks %v", meta.Reason, meta.SavedRanks)
 	}
 	var left uint64

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/cohortdl/cohort/core/config"
+	"github.com/cohortdl/cohort/core/coordinator/checkpoint"
 	"github.com/cohortdl/cohort/core/coordinator/dispatch"
 	"github.com/cohortdl/cohort/core/coordinator/record"
 	"github.com/cohortdl/cohort/core/wire/wirepb"
@@ -196,7 +197,7 @@ func TestResumeKeepsTheController(t *testing.T) {
 	if err != nil || sum1.Status != record.StatusStopped || sum1.Checkpoint == "" {
 		t.Fatalf("first run: status %s, checkpoint %q, error %v", statusOf(sum1), sum1.Checkpoint, err)
 	}
-	meta, err := ReadMeta(sum1.Checkpoint)
+	meta, err := checkpoint.ReadMeta(sum1.Checkpoint)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,17 +14,15 @@
 // Where things are:
 //   - coordinator.go: Options, New and Run
 //   - loop.go: the loop, the dispatch of incoming frames, deadlines
-//   - link (a package of its own): connections, the handshake, each
-//     rank's sender
 //   - formation.go: admission and formation, up to round 0
 //   - membership.go: heartbeat and liveness, deaths, session re-formation
 //   - rounds.go: averaging rounds (Sync, SyncAck, Update, retry after an abort)
-//   - training.go: dispatch of plans, Batch and Metrics; work.go holds the
-//     sample ranges, cadence.go the cadence policy's window sizes
+//   - training.go: the training phase's moves, Batch and Metrics
 //   - lifecycle.go: epoch start and end, evaluation, shutdown
-//   - checkpoint.go: checkpoints, meta.json, the waits for the ranks' saves
-//   - summary.go: epoch figures, Progress reports, the run summary
-//   - live.go: the status snapshot, metrics.jsonl, curves.png
+//   - saves.go: when the run checkpoints, saves and exports its model
+//   - packages link (connections), meeting (meeting points, the relay),
+//     dispatch (work, windows, the controller), record (figures, the
+//     summary, the status snapshot) and checkpoint (checkpoints on disk)
 package coordinator
 
 import (
@@ -44,6 +42,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/cohortdl/cohort/core/config"
+	"github.com/cohortdl/cohort/core/coordinator/checkpoint"
 	"github.com/cohortdl/cohort/core/coordinator/meeting"
 	"github.com/cohortdl/cohort/core/coordinator/record"
 	"github.com/cohortdl/cohort/core/status"
@@ -143,9 +142,8 @@ type Coordinator struct {
 	runID    string
 	meetings *meeting.Table
 	resume   string
-	meta     *Meta
-	store    *ckptStore
-	lastCkpt string
+	meta     *checkpoint.Meta
+	ckpts    *checkpoint.Writer
 	snapshot atomic.Pointer[status.Snapshot]
 
 	stopOnce sync.Once
@@ -216,10 +214,10 @@ func New(opts Options) (_ *Coordinator, err error) {
 	}, opts.Meetings)
 
 	if opts.Resume != "" {
-		if c.resume, err = ResolveCheckpoint(opts.Resume); err != nil {
+		if c.resume, err = checkpoint.ResolveCheckpoint(opts.Resume); err != nil {
 			return nil, fmt.Errorf("coordinator: %w", err)
 		}
-		if c.meta, err = ReadMeta(c.resume); err != nil {
+		if c.meta, err = checkpoint.ReadMeta(c.resume); err != nil {
 			return nil, fmt.Errorf("coordinator: resume: %w", err)
 		}
 		if c.meta.Seed != cfg.Run.Seed {
@@ -228,15 +226,13 @@ func New(opts Options) (_ *Coordinator, err error) {
 		}
 	}
 	var removed []string
-	if c.store, removed, err = openCkptStore(filepath.Join(c.out, CheckpointsDir)); err != nil {
+	run := checkpoint.Run{RunID: c.runID, Seed: cfg.Run.Seed, World: uint32(cfg.Run.Ranks), Policy: string(cfg.Coordinator.Policy), Epochs: cfg.Run.Epochs}
+	if c.ckpts, removed, err = checkpoint.Open(filepath.Join(c.out, checkpoint.CheckpointsDir), run, c.log); err != nil {
 		return nil, fmt.Errorf("coordinator: %w", err)
 	}
 	for _, p := range removed {
 		c.log.Warn("removed an incomplete checkpoint left by an earlier run", "path", p)
 	}
-	// Until this run writes one, the last complete checkpoint is whatever
-	// the out directory already holds.
-	c.lastCkpt, _ = LastCheckpoint(c.store.dir)
 
 	c.ln = opts.Listener
 	if c.ln == nil {
@@ -307,6 +303,21 @@ func (c *Coordinator) Run(ctx context.Context) (*record.Summary, error) {
 // nil before Run starts. It may be called from any goroutine: the loop
 // publishes a new immutable snapshot and never waits on a reader.
 func (c *Coordinator) Status() *status.Snapshot { return c.snapshot.Load() }
+
+// exitTimeout bounds the wait for Exiting after Shutdown, or for the saves
+// and exits after ShutdownWithSave (saving).
+func (c *Coordinator) exitTimeout(saving bool) time.Duration {
+	if saving {
+		if d := c.opts.SaveTimeout; d > 0 {
+			return d
+		}
+		return 5 * time.Minute
+	}
+	if d := c.opts.ExitTimeout; d > 0 {
+		return d
+	}
+	return 30 * time.Second
+}
 
 func newRunID() (string, error) {
 	var b [4]byte

@@ -25,7 +25,7 @@ func (r *runner) checkDeadlines(now time.Time) {
 				what = "ShutdownWithSave"
 			}
 			for _, id := range r.live() {
-				r.noteDeath(id, fmt.Sprintf("no Exiting within %v of %s", r.exitTimeout(), what))
+				r.noteDeath(id, fmt.Sprintf("no Exiting within %v of %s", r.c.exitTimeout(r.phase == phSaving), what))
 			}
 		}
 	}
@@ -48,19 +48,4 @@ func (r *runner) nextDeadline() (next time.Time, ok bool) {
 		next, ok = s.deadline, true
 	}
 	return next, ok
-}
-
-// exitTimeout bounds the wait for Exiting after Shutdown, or for the saves
-// and exits after ShutdownWithSave.
-func (r *runner) exitTimeout() time.Duration {
-	if r.phase == phSaving {
-		if d := r.c.opts.SaveTimeout; d > 0 {
-			return d
-		}
-		return 5 * time.Minute
-	}
-	if d := r.c.opts.ExitTimeout; d > 0 {
-		return d
-	}
-	return 30 * time.Second
 }

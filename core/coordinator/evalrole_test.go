@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/cohortdl/cohort/core/config"
+	"github.com/cohortdl/cohort/core/coordinator/checkpoint"
 	"github.com/cohortdl/cohort/core/coordinator/record"
 	"github.com/cohortdl/cohort/core/wire/wirepb"
 )
@@ -179,7 +180,7 @@ func TestCallbackTimeIsNotBatchTime(t *testing.T) {
 	if got := h.coord.Status().Ranks[2].BatchMS; got != 4 {
 		t.Errorf("rank 2's batch time %v ms, want its 4 ms batches alone", got)
 	}
-	meta, err := ReadMeta(sum.Checkpoint)
+	meta, err := checkpoint.ReadMeta(sum.Checkpoint)
 	if err != nil {
 		t.Fatal(err)
 	}

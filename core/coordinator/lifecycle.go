@@ -4,6 +4,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/cohortdl/cohort/core/coordinator/checkpoint"
 	"github.com/cohortdl/cohort/core/coordinator/dispatch"
 	"github.com/cohortdl/cohort/core/coordinator/record"
 	"github.com/cohortdl/cohort/core/wire/wirepb"
@@ -113,7 +114,7 @@ func (r *runner) recordEpoch() {
 	if s.EvalLoss != nil {
 		r.disp.EvalLoss(r.roundSeq, r.epoch+1, *s.EvalLoss)
 	}
-	r.snap = progress{Snapshot: r.disp.FreshSnapshot(r.epoch+1, r.live())}
+	r.snap = checkpoint.Progress{Snapshot: r.disp.FreshSnapshot(r.epoch+1, r.live())}
 	r.emit(Progress{Kind: ProgressEpoch, Summary: &s})
 	r.rep.NoteEpoch(s)
 }
@@ -127,7 +128,7 @@ func (r *runner) nextEpoch() {
 		r.exportModel()
 	case r.stopReq:
 		r.epoch++
-		r.beginSave(wirepb.ShutdownReason_SHUTDOWN_REASON_INTERRUPTED, ReasonInterrupted, record.StatusStopped, nil)
+		r.beginSave(wirepb.ShutdownReason_SHUTDOWN_REASON_INTERRUPTED, checkpoint.ReasonInterrupted, record.StatusStopped, nil)
 	default:
 		r.startEpoch(r.epoch + 1)
 	}
@@ -137,7 +138,7 @@ func (r *runner) nextEpoch() {
 // for their Exiting.
 func (r *runner) shutdown() {
 	r.phase = phShutdown
-	r.exitDeadline = time.Now().Add(r.exitTimeout())
+	r.exitDeadline = time.Now().Add(r.c.exitTimeout(false))
 	r.broadcast(&wirepb.Shutdown{})
 	r.log.Info("training complete; Shutdown sent", "ranks", r.live())
 }
@@ -147,7 +148,7 @@ func (r *runner) checkExits() bool {
 	if len(r.live()) > 0 {
 		return false
 	}
-	if r.save != nil && !r.save.resolved {
+	if r.save != nil && !r.save.Resolved() {
 		r.resolveCkpt(r.save)
 	}
 	if r.phase == phSaving {

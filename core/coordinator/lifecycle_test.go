@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/cohortdl/cohort/core/config"
+	"github.com/cohortdl/cohort/core/coordinator/checkpoint"
 	"github.com/cohortdl/cohort/core/coordinator/dispatch"
 	"github.com/cohortdl/cohort/core/coordinator/record"
 	"github.com/cohortdl/cohort/core/wire/wirepb"
@@ -45,11 +46,11 @@ func TestStopSavesAndResumeFinishes(t *testing.T) {
 	if sum1.Checkpoint == "" {
 		t.Fatal("a stopped run must leave a checkpoint")
 	}
-	meta, err := ReadMeta(sum1.Checkpoint)
+	meta, err := checkpoint.ReadMeta(sum1.Checkpoint)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if meta.Reason != ReasonInterrupted || meta.Epoch != 0 || !slices.Equal(meta.SavedRanks, []uint32{0, 1, 2}) || len(meta.Remaining) != 3 {
+	if meta.Reason != checkpoint.ReasonInterrupted || meta.Epoch != 0 || !slices.Equal(meta.SavedRanks, []uint32{0, 1, 2}) || len(meta.Remaining) != 3 {
 		t.Fatalf("meta %+v: want interrupted in epoch 0, saved by ranks 0-2, per-rank remaining", meta)
 	}
 	for _, f := range ranks {
@@ -141,7 +142,7 @@ func TestEpochCheckpoints(t *testing.T) {
 			h := newHarness(t, cfg, nil)
 			h.startAll(func(r uint32) rankScript { return rankScript{failSave: tc.failSave(r)} })
 			sum := h.mustComplete()
-			dir := filepath.Join(h.out, CheckpointsDir)
+			dir := filepath.Join(h.out, checkpoint.CheckpointsDir)
 			entries, _ := os.ReadDir(dir)
 			if tc.want == nil {
 				if len(entries) != 0 || sum.Checkpoint != "" {
@@ -152,12 +153,12 @@ func TestEpochCheckpoints(t *testing.T) {
 			if len(entries) != 2 {
 				t.Fatalf("checkpoint directory holds %d entries, want 2", len(entries))
 			}
-			last, err := LastCheckpoint(dir)
+			last, err := checkpoint.LastCheckpoint(dir)
 			if err != nil || last != sum.Checkpoint || filepath.Base(last) != "ckpt-000002" {
 				t.Fatalf("last checkpoint %q (%v), summary %q", last, err, sum.Checkpoint)
 			}
 			for i, name := range []string{"ckpt-000001", "ckpt-000002"} {
-				m, err := ReadMeta(filepath.Join(dir, name))
+				m, err := checkpoint.ReadMeta(filepath.Join(dir, name))
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/cohortdl/cohort/core/config"
+	"github.com/cohortdl/cohort/core/coordinator/checkpoint"
 	"github.com/cohortdl/cohort/core/coordinator/dispatch"
 	"github.com/cohortdl/cohort/core/coordinator/link"
 	"github.com/cohortdl/cohort/core/coordinator/meeting"
@@ -94,13 +95,12 @@ type runner struct {
 	generation uint64
 	meet       *meeting.Hub
 	role       uint32 // the eval role's rank: evaluation, epoch callback, model export
-	snap       progress
+	snap       checkpoint.Progress
 
-	evalTarget   int64  // -1: no evaluation pending
-	exportRank   int64  // the rank saving the trained model; -1: none
-	model        string // the trained model's directory, once kept
-	ckpt         *ckptWait
-	save         *ckptWait
+	evalTarget   int64 // -1: no evaluation pending
+	ckpt         *checkpoint.Wait
+	save         *checkpoint.Wait
+	export       *checkpoint.Export
 	exitDeadline time.Time
 
 	stopReq    bool
@@ -108,7 +108,6 @@ type runner struct {
 	saveErr    error
 	status     string
 	err        error
-	lastCkpt   string
 
 	hbSeq  uint64      // the last CoordinatorHeartbeat's sequence
 	deathQ []deathNote // deaths found by the current handler, for advance
@@ -130,8 +129,7 @@ func newRunner(c *Coordinator) *runner {
 		policy:     cfg.Coordinator.Policy,
 		hbTimeout:  cfg.Coordinator.HeartbeatTimeout,
 		evalTarget: -1,
-		exportRank: -1,
-		lastCkpt:   c.lastCkpt,
+		export:     checkpoint.NewExport(c.out, c.log),
 		started:    time.Now(),
 	}
 	for i := range world {
@@ -256,11 +254,11 @@ func (r *runner) finish(status string, err error) {
 		r.err = nil
 	}
 	r.phase = phDone
-	if r.save != nil && !r.save.resolved {
+	if r.save != nil && !r.save.Resolved() {
 		r.resolveCkpt(r.save)
 	}
-	if r.ckpt != nil && !r.ckpt.resolved {
-		r.c.store.abandon(r.ckpt.tmp)
+	if r.ckpt != nil && !r.ckpt.Resolved() {
+		r.c.ckpts.Abandon(r.ckpt)
 	}
 	if status == record.StatusFailed {
 		r.log.Error("run failed", "error", r.err)
@@ -451,7 +449,7 @@ func (r *runner) emit(p Progress) {
 // Now is where the run stands, for the report's snapshot and summary.
 func (r *runner) Now() record.Now {
 	return record.Now{Phase: r.phase.String(), Done: r.phase == phDone, Status: r.status, Err: r.err,
-		Epoch: r.epoch, Live: len(r.live()), EpochTotal: r.pickSpace, Checkpoint: r.lastCkpt, Model: r.model}
+		Epoch: r.epoch, Live: len(r.live()), EpochTotal: r.pickSpace, Checkpoint: r.c.ckpts.Last(), Model: r.export.Model()}
 }
 
 // wireOptions are the options of every rank connection's handshake and

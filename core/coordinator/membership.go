@@ -8,6 +8,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/cohortdl/cohort/core/coordinator/checkpoint"
 	"github.com/cohortdl/cohort/core/coordinator/dispatch"
 	"github.com/cohortdl/cohort/core/coordinator/record"
 	"github.com/cohortdl/cohort/core/wire/wirepb"
@@ -134,10 +135,15 @@ func (r *runner) depart(rs *rankState, event, reason string, status rankStatus) 
 	case phShutdown:
 		return
 	case phSaving:
-		r.ckptRankGone(r.save, rs.id)
+		if r.save != nil {
+			r.save.Gone(rs.id)
+			r.settleCkpt(r.save)
+		}
 		return
 	case phExport:
-		r.exportRankGone(rs.id)
+		if r.export.RankGone(rs.id) {
+			r.shutdown()
+		}
 		return
 	}
 
@@ -157,7 +163,7 @@ func (r *runner) depart(rs *rankState, event, reason string, status rankStatus) 
 
 	if min := r.cfg.Coordinator.MinRanks; len(survivors) < min {
 		r.log.Error("too few ranks left to carry on; saving and stopping", "live", len(survivors), "min_ranks", min)
-		r.beginSave(wirepb.ShutdownReason_SHUTDOWN_REASON_TOO_FEW_RANKS, ReasonTooFewRanks, record.StatusFailed,
+		r.beginSave(wirepb.ShutdownReason_SHUTDOWN_REASON_TOO_FEW_RANKS, checkpoint.ReasonTooFewRanks, record.StatusFailed,
 			fmt.Errorf("coordinator: %d live ranks after rank %d was lost (%s), min_ranks is %d", len(survivors), rs.id, reason, min))
 		return
 	}
@@ -172,7 +178,8 @@ func (r *runner) depart(rs *rankState, event, reason string, status rankStatus) 
 		r.sendEvaluate()
 	}
 	if r.ckpt != nil {
-		r.ckptRankGone(r.ckpt, rs.id)
+		r.ckpt.Gone(rs.id)
+		r.settleCkpt(r.ckpt)
 	}
 	r.checkRound()
 }
@@ -244,7 +251,7 @@ func (r *runner) retrySession() {
 	if i < 0 {
 		r.session = nil
 		r.log.Error("no survivor produced a session id; saving and stopping", "generation", s.gen)
-		r.beginSave(wirepb.ShutdownReason_SHUTDOWN_REASON_REDUCE_STALL, ReasonStall, record.StatusFailed,
+		r.beginSave(wirepb.ShutdownReason_SHUTDOWN_REASON_REDUCE_STALL, checkpoint.ReasonStall, record.StatusFailed,
 			fmt.Errorf("coordinator: no survivor answered RequestSessionId (generation %d)", s.gen))
 		return
 	}

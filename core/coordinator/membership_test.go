@@ -10,6 +10,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/cohortdl/cohort/core/coordinator/checkpoint"
 	"github.com/cohortdl/cohort/core/coordinator/meeting"
 	"github.com/cohortdl/cohort/core/coordinator/record"
 	"github.com/cohortdl/cohort/core/wire/wirepb"
@@ -225,11 +226,11 @@ func TestTooFewRanksSaves(t *testing.T) {
 	if sum.Checkpoint == "" {
 		t.Fatal("no checkpoint in the summary")
 	}
-	m, err := ReadMeta(sum.Checkpoint)
+	m, err := checkpoint.ReadMeta(sum.Checkpoint)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if m.Reason != ReasonTooFewRanks || !slices.Equal(m.SavedRanks, []uint32{0, 2}) {
+	if m.Reason != checkpoint.ReasonTooFewRanks || !slices.Equal(m.SavedRanks, []uint32{0, 2}) {
 		t.Errorf("meta reason %q, saved %v", m.Reason, m.SavedRanks)
 	}
 	for _, r := range m.SavedRanks {

@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/cohortdl/cohort/core/config"
+	"github.com/cohortdl/cohort/core/coordinator/checkpoint"
 	"github.com/cohortdl/cohort/core/coordinator/dispatch"
 	"github.com/cohortdl/cohort/core/wire/wirepb"
 )
@@ -22,7 +23,7 @@ type round struct {
 	// snap, when the Sync carried the next window's plans, is the
 	// checkpoint snapshot as of the round (taken at issue: ranks start
 	// those plans before the round completes everywhere).
-	snap *progress
+	snap *checkpoint.Progress
 }
 
 // reissue is a round to run again after an abort, once the group is

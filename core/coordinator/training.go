@@ -1,6 +1,7 @@
 package coordinator
 
 import (
+	"github.com/cohortdl/cohort/core/coordinator/checkpoint"
 	"github.com/cohortdl/cohort/core/coordinator/dispatch"
 	"github.com/cohortdl/cohort/core/coordinator/record"
 	"github.com/cohortdl/cohort/core/wire/wirepb"
@@ -44,7 +45,7 @@ func (r *runner) stepTraining() bool {
 			return true
 		}
 		if r.stopReq {
-			r.beginSave(wirepb.ShutdownReason_SHUTDOWN_REASON_INTERRUPTED, ReasonInterrupted, record.StatusStopped, nil)
+			r.beginSave(wirepb.ShutdownReason_SHUTDOWN_REASON_INTERRUPTED, checkpoint.ReasonInterrupted, record.StatusStopped, nil)
 			return true
 		}
 		if r.disp.Remaining() > 0 {
@@ -71,7 +72,7 @@ func (r *runner) stepTraining() bool {
 		return true
 	}
 	if r.stopReq {
-		r.beginSave(wirepb.ShutdownReason_SHUTDOWN_REASON_INTERRUPTED, ReasonInterrupted, record.StatusStopped, nil)
+		r.beginSave(wirepb.ShutdownReason_SHUTDOWN_REASON_INTERRUPTED, checkpoint.ReasonInterrupted, record.StatusStopped, nil)
 		return true
 	}
 	r.endEpoch()
@@ -111,7 +112,7 @@ func (r *runner) stepSolo() bool {
 		r.broadcast(&wirepb.SetGlobalStep{GlobalStep: r.disp.GlobalStep()})
 	}
 	if r.stopReq {
-		r.beginSave(wirepb.ShutdownReason_SHUTDOWN_REASON_INTERRUPTED, ReasonInterrupted, record.StatusStopped, nil)
+		r.beginSave(wirepb.ShutdownReason_SHUTDOWN_REASON_INTERRUPTED, checkpoint.ReasonInterrupted, record.StatusStopped, nil)
 		return true
 	}
 	r.endEpoch()

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cohortdl/cohort/core/coordinator"
+	"github.com/cohortdl/cohort/core/coordinator/checkpoint"
 	"github.com/cohortdl/cohort/core/coordinator/record"
 )
 
@@ -100,11 +100,11 @@ func TestTooFewRanks(t *testing.T) {
 	if len(sum.MembershipEvents) != 1 || sum.MembershipEvents[0].Rank != 2 {
 		t.Errorf("membership events %+v, want rank 2's death", sum.MembershipEvents)
 	}
-	m, err := coordinator.ReadMeta(sum.Checkpoint)
+	m, err := checkpoint.ReadMeta(sum.Checkpoint)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if m.Reason != coordinator.ReasonTooFewRanks || len(m.SavedRanks) != 2 {
+	if m.Reason != checkpoint.ReasonTooFewRanks || len(m.SavedRanks) != 2 {
 		t.Errorf("checkpoint reason %q, saved ranks %v: want too_few_ranks by ranks 0 and 1", m.Reason, m.SavedRanks)
 	}
 	if !strings.Contains(p.output(), "resume with: cohort run --resume "+sum.Checkpoint) {

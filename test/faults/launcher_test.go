@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cohortdl/cohort/core/coordinator"
+	"github.com/cohortdl/cohort/core/coordinator/checkpoint"
 	"github.com/cohortdl/cohort/shared/plugin"
 	"github.com/cohortdl/cohort/shared/plugintest"
 )
@@ -20,14 +20,14 @@ import (
 // meta.json, the rename), and at a random moment: every worker and plugin
 // dies with it (the workers by Pdeathsig, their plugins when their host
 // goes) and no arena is left; the last complete checkpoint
-// (coordinator.LastCheckpoint) has a valid meta.json and every saved
+// (checkpoint.LastCheckpoint) has a valid meta.json and every saved
 // rank's state loads; `--resume` carries on from it, removing the
 // half-written one. The last resume runs to the end, and every epoch is
 // trained and counted in full.
 func TestLauncherKilled(t *testing.T) {
 	r := newRun(t, 2, 8, 512, "  checkpoint_every = 1\n  sync_every = 2", "",
 		map[string]any{"sleep_per_batch": "4ms"}, nil)
-	ckpts := filepath.Join(r.out, coordinator.CheckpointsDir)
+	ckpts := filepath.Join(r.out, checkpoint.CheckpointsDir)
 	tmp := func() string {
 		m, _ := filepath.Glob(filepath.Join(ckpts, ".tmp-*"))
 		if len(m) == 0 {
@@ -46,7 +46,7 @@ func TestLauncherKilled(t *testing.T) {
 	}{
 		{"temp directory made", func() bool { return tmp() != "" }},
 		{"a rank's state written", func() bool { d := tmp(); return d != "" && saved(d) }},
-		{"meta.json written", func() bool { d := tmp(); return d != "" && exists(filepath.Join(d, coordinator.MetaFile)) }},
+		{"meta.json written", func() bool { d := tmp(); return d != "" && exists(filepath.Join(d, checkpoint.MetaFile)) }},
 		{"random moment", nil},
 	}
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 1))
@@ -56,7 +56,7 @@ func TestLauncherKilled(t *testing.T) {
 		p.waitLine("cohort formed", 30*time.Second)
 		// The first kill waits for a complete checkpoint to fall back on.
 		for deadline := time.Now().Add(20 * time.Second); i == 0 && time.Now().Before(deadline); time.Sleep(time.Millisecond) {
-			if _, err := coordinator.LastCheckpoint(ckpts); err == nil {
+			if _, err := checkpoint.LastCheckpoint(ckpts); err == nil {
 				break
 			}
 		}
@@ -94,11 +94,11 @@ func TestLauncherKilled(t *testing.T) {
 // It returns the checkpoint's path.
 func checkLoads(t *testing.T, r *run) string {
 	t.Helper()
-	last, err := coordinator.LastCheckpoint(filepath.Join(r.out, coordinator.CheckpointsDir))
+	last, err := checkpoint.LastCheckpoint(filepath.Join(r.out, checkpoint.CheckpointsDir))
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := coordinator.ReadMeta(last)
+	m, err := checkpoint.ReadMeta(last)
 	if err != nil {
 		t.Fatal(err)
 	}

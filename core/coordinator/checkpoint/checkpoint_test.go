@@ -1,4 +1,4 @@
-package coordinator
+package checkpoint
 
 import (
 	"encoding/json"
