@@ -47,6 +47,7 @@ import (
 	"github.com/cohortdl/cohort/core/coordinator/record"
 	"github.com/cohortdl/cohort/core/status"
 	"github.com/cohortdl/cohort/core/wire"
+	"github.com/cohortdl/cohort/core/wire/wirepb"
 )
 
 // Options configure a Coordinator. Config and Keys are required.
@@ -303,6 +304,37 @@ func (c *Coordinator) Run(ctx context.Context) (*record.Summary, error) {
 // nil before Run starts. It may be called from any goroutine: the loop
 // publishes a new immutable snapshot and never waits on a reader.
 func (c *Coordinator) Status() *status.Snapshot { return c.snapshot.Load() }
+
+// wireOptions are the options of every rank connection's handshake and
+// frames.
+func (c *Coordinator) wireOptions() []wire.Option {
+	opts := []wire.Option{wire.WithIdleTimeout(c.cfg.Coordinator.HeartbeatTimeout), wire.WithTLS(c.tls)}
+	if d := c.opts.HandshakeTimeout; d > 0 {
+		opts = append(opts, wire.WithHandshakeTimeout(d))
+	}
+	return opts
+}
+
+// admit is the Admit every rank gets when it joins: what every rank must
+// share to train together.
+func (c *Coordinator) admit() *wirepb.Admit {
+	return &wirepb.Admit{
+		RunId:     c.runID,
+		Seed:      uint64(c.cfg.Run.Seed),
+		ResumeDir: c.resume,
+		Epochs:    uint64(c.cfg.Run.Epochs),
+		// Async rounds run beside training where the trainer can.
+		OverlapRounds: c.cfg.Coordinator.Policy == config.PolicyAsync && c.cfg.Coordinator.AsyncOverlap,
+	}
+}
+
+// sessionTimeout is how long a survivor gets to answer RequestSessionId.
+func (c *Coordinator) sessionTimeout() time.Duration {
+	if d := c.opts.SessionTimeout; d > 0 {
+		return d
+	}
+	return max(5*time.Second, c.cfg.Coordinator.HeartbeatTimeout)
+}
 
 // exitTimeout bounds the wait for Exiting after Shutdown, or for the saves
 // and exits after ShutdownWithSave (saving).

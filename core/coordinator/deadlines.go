@@ -4,7 +4,9 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/cohortdl/cohort/core/coordinator/checkpoint"
 	"github.com/cohortdl/cohort/core/coordinator/record"
+	"github.com/cohortdl/cohort/core/wire/wirepb"
 )
 
 // The clock's say in a run: the deadlines the loop sleeps until (formation,
@@ -16,7 +18,7 @@ func (r *runner) checkDeadlines(now time.Time) {
 	switch r.phase {
 	case phForming:
 		if !now.Before(r.formDeadline) {
-			r.finish(record.StatusFailed, r.formationError())
+			r.finish(record.StatusFailed, r.ranks.FormationError(r.cfg.Coordinator.FormationTimeout))
 		}
 	case phShutdown, phSaving:
 		if !now.Before(r.exitDeadline) {
@@ -24,13 +26,13 @@ func (r *runner) checkDeadlines(now time.Time) {
 			if r.phase == phSaving {
 				what = "ShutdownWithSave"
 			}
-			for _, id := range r.live() {
-				r.noteDeath(id, fmt.Sprintf("no Exiting within %v of %s", r.c.exitTimeout(r.phase == phSaving), what))
+			for _, id := range r.ranks.Live() {
+				r.ranks.NoteDeath(id, fmt.Sprintf("no Exiting within %v of %s", r.c.exitTimeout(r.phase == phSaving), what))
 			}
 		}
 	}
-	if s := r.session; s != nil && !s.haveID && !now.Before(s.deadline) {
-		r.retrySession()
+	if err := r.sessions.Check(now); err != nil {
+		r.beginSave(wirepb.ShutdownReason_SHUTDOWN_REASON_REDUCE_STALL, checkpoint.ReasonStall, record.StatusFailed, err)
 	}
 }
 
@@ -44,8 +46,8 @@ func (r *runner) nextDeadline() (next time.Time, ok bool) {
 	case phShutdown, phSaving:
 		next, ok = r.exitDeadline, true
 	}
-	if s := r.session; s != nil && !s.haveID && (!ok || s.deadline.Before(next)) {
-		next, ok = s.deadline, true
+	if d, waits := r.sessions.Deadline(); waits && (!ok || d.Before(next)) {
+		next, ok = d, true
 	}
 	return next, ok
 }

@@ -4,8 +4,10 @@ import (
 	"slices"
 	"time"
 
+	"github.com/cohortdl/cohort/core/config"
 	"github.com/cohortdl/cohort/core/coordinator/checkpoint"
 	"github.com/cohortdl/cohort/core/coordinator/dispatch"
+	"github.com/cohortdl/cohort/core/coordinator/membership"
 	"github.com/cohortdl/cohort/core/coordinator/record"
 	"github.com/cohortdl/cohort/core/wire/wirepb"
 )
@@ -27,7 +29,7 @@ func (r *runner) startTraining() {
 		r.shutdown()
 		return
 	}
-	same := r.disp.Resume(dispatch.Resumed{Epoch: m.Epoch, Remaining: m.Remaining, Pool: m.Pool, GlobalStep: m.GlobalStep}, r.live())
+	same := r.disp.Resume(dispatch.Resumed{Epoch: m.Epoch, Remaining: m.Remaining, Pool: m.Pool, GlobalStep: m.GlobalStep}, r.ranks.Live())
 	r.rep.StartEpoch(m.Epoch, m.Partial)
 	r.disp.RestoreController(m.Controller, m.ControllerWindow)
 	r.snap = r.progressNow()
@@ -38,11 +40,11 @@ func (r *runner) startTraining() {
 // startEpoch splits epoch e over the live ranks.
 func (r *runner) startEpoch(e uint64) {
 	r.epoch = e
-	r.disp.StartEpoch(e, r.live())
+	r.disp.StartEpoch(e, r.ranks.Live())
 	r.rep.StartEpoch(e, record.EpochProgress{})
 	r.phase = phTraining
 	r.snap = r.progressNow()
-	r.log.Info("epoch started", "epoch", e, "samples", r.pickSpace, "ranks", len(r.live()))
+	r.log.Info("epoch started", "epoch", e, "samples", r.pickSpace, "ranks", len(r.ranks.Live()))
 }
 
 // endEpoch runs after the epoch's last round: the eval role's election,
@@ -51,72 +53,64 @@ func (r *runner) startEpoch(e uint64) {
 func (r *runner) endEpoch() {
 	r.phase = phEval
 	r.disp.EndEpoch()
-	r.electRole()
-	switch live := r.live(); {
-	case !r.evaluates(r.epoch):
+	r.role.Elect(r.epoch)
+	switch live := r.ranks.Live(); {
+	case !evaluates(r.cfg, r.epoch):
 		r.log.Debug("no evaluation: coordinator.eval_every skips this epoch", "epoch", r.epoch, "eval_every", r.cfg.Coordinator.EvalEvery)
 		r.closeEpoch()
 		return
-	case len(live) > 0 && r.ranks[live[0]].ready.GetEvalSamples() == 0:
+	case len(live) > 0 && r.ranks.ReadyOf(live[0]).GetEvalSamples() == 0:
 		// The trainers hold no test split (every rank loads the same data):
 		// asking would only fail.
 		r.log.Debug("no evaluation: the trainer has no test split", "epoch", r.epoch)
 		r.closeEpoch()
 		return
 	}
-	r.sendEvaluate()
+	r.role.Evaluate(r.epoch)
 }
 
-// sendEvaluate asks the eval role's rank to evaluate (again, when the
-// previous target was lost and the role moved).
-func (r *runner) sendEvaluate() {
-	if len(r.live()) == 0 {
-		return
-	}
-	r.evalTarget = int64(r.role)
-	r.send(r.ranks[r.role], &wirepb.Evaluate{ScheduleId: r.epoch, Epoch: r.epoch, TargetRank: r.role})
+// evaluates reports whether epoch e (from 0) is evaluated: every
+// eval_every-th epoch, and the run's last whenever any is, so a finished
+// run reports its final accuracy.
+func evaluates(cfg *config.Config, e uint64) bool {
+	n := uint64(max(cfg.Coordinator.EvalEvery, 0))
+	return n > 0 && ((e+1)%n == 0 || e+1 >= uint64(cfg.Run.Epochs))
 }
 
-func (r *runner) onEvalResult(rs *rankState, m *wirepb.EvalResult) {
-	if r.phase != phEval || r.evalTarget != int64(rs.id) || m.GetScheduleId() != r.epoch {
-		r.log.Warn("ignoring an unexpected EvalResult", "rank", rs.id, "schedule", m.GetScheduleId())
+func (r *runner) onEvalResult(id uint32, m *wirepb.EvalResult) {
+	if r.phase != phEval || !r.role.Evaluated(id, m.GetScheduleId(), r.epoch) {
+		r.log.Warn("ignoring an unexpected EvalResult", "rank", id, "schedule", m.GetScheduleId())
 		return
 	}
-	r.evalTarget = -1
 	if e := m.GetError(); e != "" {
-		r.log.Warn("evaluation failed", "rank", rs.id, "epoch", r.epoch, "error", e)
+		r.log.Warn("evaluation failed", "rank", id, "epoch", r.epoch, "error", e)
 	} else {
 		r.rep.Evaluated(m)
 	}
 	r.closeEpoch()
 }
 
-// closeEpoch records the evaluated epoch, then checkpoints or moves on.
+// closeEpoch closes the evaluated epoch's figures (from here on a save
+// resumes at the next epoch), then checkpoints or moves on.
 func (r *runner) closeEpoch() {
-	r.recordEpoch()
+	s := r.rep.EndEpoch()
+	if s.EvalLoss != nil {
+		r.disp.EvalLoss(r.roundSeq, r.epoch+1, *s.EvalLoss)
+	}
+	r.snap = checkpoint.Progress{Snapshot: r.disp.FreshSnapshot(r.epoch+1, r.ranks.Live())}
+	r.emit(Progress{Kind: ProgressEpoch, Summary: &s})
+	r.rep.NoteEpoch(s)
 	// The trainer's end-of-epoch code runs on the callback rank, after the
 	// evaluation and before anything of the next epoch (it is in order
 	// there); nothing waits for it.
-	if rs := r.ranks[r.role]; rs.status == stLive {
-		r.send(rs, &wirepb.EpochEnd{Epoch: r.epoch, TargetRank: r.role})
+	if holder := r.role.Holder(); r.ranks.Status(holder) == membership.Live {
+		r.ranks.Send(holder, &wirepb.EpochEnd{Epoch: r.epoch, TargetRank: holder})
 	}
 	if every := r.cfg.Coordinator.CheckpointEvery; every > 0 && (r.epoch+1)%uint64(every) == 0 {
 		r.beginCheckpoint()
 		return
 	}
 	r.nextEpoch()
-}
-
-// recordEpoch closes the epoch's figures; from here on a save resumes at
-// the next epoch.
-func (r *runner) recordEpoch() {
-	s := r.rep.EndEpoch()
-	if s.EvalLoss != nil {
-		r.disp.EvalLoss(r.roundSeq, r.epoch+1, *s.EvalLoss)
-	}
-	r.snap = checkpoint.Progress{Snapshot: r.disp.FreshSnapshot(r.epoch+1, r.live())}
-	r.emit(Progress{Kind: ProgressEpoch, Summary: &s})
-	r.rep.NoteEpoch(s)
 }
 
 // nextEpoch starts the next epoch, or ends the run after the last, or
@@ -139,13 +133,13 @@ func (r *runner) nextEpoch() {
 func (r *runner) shutdown() {
 	r.phase = phShutdown
 	r.exitDeadline = time.Now().Add(r.c.exitTimeout(false))
-	r.broadcast(&wirepb.Shutdown{})
-	r.log.Info("training complete; Shutdown sent", "ranks", r.live())
+	r.ranks.Broadcast(&wirepb.Shutdown{})
+	r.log.Info("training complete; Shutdown sent", "ranks", r.ranks.Live())
 }
 
 // checkExits ends the run once no rank is live and any save is resolved.
 func (r *runner) checkExits() bool {
-	if len(r.live()) > 0 {
+	if len(r.ranks.Live()) > 0 {
 		return false
 	}
 	if r.save != nil && !r.save.Resolved() {

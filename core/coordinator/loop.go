@@ -15,8 +15,8 @@ import (
 	"github.com/cohortdl/cohort/core/coordinator/dispatch"
 	"github.com/cohortdl/cohort/core/coordinator/link"
 	"github.com/cohortdl/cohort/core/coordinator/meeting"
+	"github.com/cohortdl/cohort/core/coordinator/membership"
 	"github.com/cohortdl/cohort/core/coordinator/record"
-	"github.com/cohortdl/cohort/core/wire"
 	"github.com/cohortdl/cohort/core/wire/wirepb"
 )
 
@@ -38,30 +38,6 @@ func (p phase) String() string {
 	return [...]string{"forming", "training", "evaluating", "checkpointing", "exporting", "shutting down", "saving", "done"}[p]
 }
 
-// rankStatus is one rank's place in the run.
-type rankStatus int
-
-const (
-	stAbsent rankStatus = iota // no connection
-	stJoined                   // handshake done, Admit sent
-	stReady                    // Ready accepted, waiting for the others
-	stLive                     // a member of the formed cohort
-	stExited                   // sent Exiting
-	stDead                     // lost
-)
-
-// rankState is what the loop knows of one rank.
-type rankState struct {
-	id     uint32
-	status rankStatus
-	link   *link.Link
-	ready  *wirepb.Ready
-}
-
-// rankStates are the statuses as the report and the status page name them.
-var rankStates = [...]string{stAbsent: record.RankAbsent, stJoined: record.RankJoined, stReady: record.RankReady,
-	stLive: record.RankLive, stExited: record.RankExited, stDead: record.RankDead}
-
 // runner is the state of one Run, owned by the loop goroutine.
 type runner struct {
 	c      *Coordinator
@@ -72,32 +48,28 @@ type runner struct {
 	wg     sync.WaitGroup // connection goroutines and senders
 	ctx    context.Context
 
-	world     uint32
-	policy    config.Policy
-	hbTimeout time.Duration
+	world  uint32
+	policy config.Policy
 
-	ranks        []*rankState
+	ranks        *membership.Roster
+	sessions     *membership.Sessions
+	role         *membership.Role
+	disp         *dispatch.Dispatcher
+	rep          *record.Recorder
+	meet         *meeting.Hub
 	phase        phase
 	started      time.Time
 	formDeadline time.Time
-	refusals     []string
 
 	pickSpace uint64
 	batch     uint64
 
-	epoch      uint64
-	disp       *dispatch.Dispatcher
-	rep        *record.Recorder
-	round      *round
-	reissue    *reissue
-	roundSeq   uint64
-	session    *sessionReq
-	generation uint64
-	meet       *meeting.Hub
-	role       uint32 // the eval role's rank: evaluation, epoch callback, model export
-	snap       checkpoint.Progress
+	epoch    uint64
+	round    *round
+	reissue  *reissue
+	roundSeq uint64
+	snap     checkpoint.Progress
 
-	evalTarget   int64 // -1: no evaluation pending
 	ckpt         *checkpoint.Wait
 	save         *checkpoint.Wait
 	export       *checkpoint.Export
@@ -108,41 +80,45 @@ type runner struct {
 	saveErr    error
 	status     string
 	err        error
-
-	hbSeq  uint64      // the last CoordinatorHeartbeat's sequence
-	deathQ []deathNote // deaths found by the current handler, for advance
-
-	liveIDs []uint32 // live()'s answer while liveOK
-	liveOK  bool
 }
 
 func newRunner(c *Coordinator) *runner {
 	cfg := c.cfg
 	world := uint32(cfg.Run.Ranks)
 	r := &runner{
-		c:          c,
-		cfg:        cfg,
-		log:        c.log,
-		events:     make(chan link.Event, 256),
-		slots:      link.NewSlots(world),
-		world:      world,
-		policy:     cfg.Coordinator.Policy,
-		hbTimeout:  cfg.Coordinator.HeartbeatTimeout,
-		evalTarget: -1,
-		export:     checkpoint.NewExport(c.out, c.log),
-		started:    time.Now(),
-	}
-	for i := range world {
-		r.ranks = append(r.ranks, &rankState{id: i})
+		c:       c,
+		cfg:     cfg,
+		log:     c.log,
+		events:  make(chan link.Event, 256),
+		slots:   link.NewSlots(world),
+		world:   world,
+		policy:  cfg.Coordinator.Policy,
+		export:  checkpoint.NewExport(c.out, c.log),
+		started: time.Now(),
 	}
 	r.disp = dispatch.New(cfg, r.log)
-	r.meet = meeting.NewHub(c.meetings, r, r.log)
 	r.rep = record.New(record.Config{
 		Out: c.out, RunID: c.runID, World: world, Policy: string(r.policy),
 		Trainer: cfg.Trainer.Name, Averager: cfg.Averager.Name, Epochs: cfg.Run.Epochs,
 		ResumedFrom: c.resume, Started: r.started,
 		Source: r, Dispatch: r.disp, Bulk: c.meetings, Publish: c.snapshot.Store, Logger: r.log,
 	})
+	r.ranks = membership.NewRoster(membership.Config{
+		World: world, Slots: r.slots, HeartbeatTimeout: cfg.Coordinator.HeartbeatTimeout,
+		Start: func(l *link.Link) {
+			r.wg.Add(1)
+			go func() {
+				defer r.wg.Done()
+				l.Run(r.ctx, r.events)
+			}()
+		},
+		Changed: func(rank uint32, st membership.Status) { r.rep.RankState(rank, st.String()) },
+		Dropped: func(rank uint32) { r.meet.Left(rank) },
+		Logger:  r.log,
+	})
+	r.sessions = membership.NewSessions(r.ranks, c.sessionTimeout(), r.log)
+	r.role = membership.NewRole(cfg.Coordinator, r.ranks, r.disp, r.rep.Role, r.log)
+	r.meet = meeting.NewHub(c.meetings, r.ranks, r.log)
 	return r
 }
 
@@ -158,7 +134,7 @@ func (r *runner) run(parent context.Context) (*record.Summary, error) {
 		Listener: r.c.ln,
 		Keys:     r.c.opts.Keys,
 		Slots:    r.slots,
-		Options:  r.wireOptions(),
+		Options:  r.c.wireOptions(),
 		Events:   r.events,
 		Logger:   r.log,
 		WG:       &r.wg,
@@ -202,7 +178,7 @@ func (r *runner) run(parent context.Context) (*record.Summary, error) {
 			r.onEvent(ev)
 		case <-hb.C:
 			start, what = time.Now(), "tick"
-			r.heartbeat()
+			r.ranks.Heartbeat()
 		case <-pub.C:
 		case <-deadline.C:
 			start, what = time.Now(), "deadline"
@@ -227,11 +203,7 @@ func (r *runner) run(parent context.Context) (*record.Summary, error) {
 	// Teardown: close every link (which ends readers and senders), stop
 	// accepting, and wait for every goroutine.
 	r.c.ln.Close()
-	for _, rs := range r.ranks {
-		if rs.link != nil {
-			rs.link.Close()
-		}
-	}
+	r.ranks.Close()
 	cancel()
 	r.wg.Wait()
 	r.rep.Publish(true)
@@ -271,10 +243,10 @@ func (r *runner) finish(status string, err error) {
 // state machine as far as the current state allows.
 func (r *runner) advance() {
 	for range 1000 {
-		if len(r.deathQ) > 0 {
-			d := r.deathQ[0]
-			r.deathQ = r.deathQ[1:]
-			r.lose(r.ranks[d.rank], d.reason)
+		if id, reason, ok := r.ranks.NextDeath(); ok {
+			if r.ranks.Lost(id, reason) {
+				r.depart(id, record.EventDead, reason, membership.Dead)
+			}
 			continue
 		}
 		if !r.step() {
@@ -292,7 +264,7 @@ func (r *runner) step() bool {
 	case phDone:
 		return false
 	}
-	if r.stepSession() {
+	if r.sessions.Step(r.round != nil) {
 		return true
 	}
 	switch r.phase {
@@ -309,68 +281,29 @@ func (r *runner) onEvent(ev link.Event) {
 	if ev.Rank >= r.world {
 		return // the handshake refuses these; never index with one
 	}
-	rs := r.ranks[ev.Rank]
+	id := ev.Rank
 	switch ev.Kind {
 	case link.Joined:
-		r.onJoined(rs, ev.Conn)
-	case link.Down:
-		if rs.link == nil || rs.link.Conn() != ev.Conn {
-			return // a connection already replaced or dropped
-		}
-		r.onLinkDown(rs, ev.Err)
-	case link.Message:
-		if rs.link == nil || rs.link.Conn() != ev.Conn {
+		if r.phase != phForming || r.ranks.Status(id) != membership.Absent {
+			// The slot check makes this impossible; never let a second
+			// connection take over a rank.
+			r.log.Warn("dropping an unexpected connection", "rank", id, "phase", r.phase.String())
+			ev.Conn.Close()
 			return
 		}
-		r.onMessage(rs, ev.Msg)
-	}
-}
-
-// send queues msg for rs; a rank whose queue is full is not reading and
-// is noted dead.
-func (r *runner) send(rs *rankState, msg proto.Message) {
-	if rs.link == nil || rs.status == stDead {
-		return
-	}
-	if !rs.link.Queue(msg) {
-		r.noteDeath(rs.id, fmt.Sprintf("not reading: %d control frames queued", link.OutboxSize))
-	}
-}
-
-// Send queues msg for rank: the meeting hub's outbox.
-func (r *runner) Send(rank uint32, msg proto.Message) { r.send(r.ranks[rank], msg) }
-
-// live returns the ranks of the formed cohort that are still in it, in
-// ascending order. The state machine asks after every event, so the list
-// is kept between changes to it: a slice made anew on each change and
-// never modified after, so a caller may hold it (a NewSession's members)
-// but must not change it.
-func (r *runner) live() []uint32 {
-	if !r.liveOK {
-		var out []uint32
-		for _, rs := range r.ranks {
-			if rs.status == stLive {
-				out = append(out, rs.id)
-			}
+		// Admit: what every rank must share to train together.
+		r.ranks.Join(id, ev.Conn)
+		r.ranks.Send(id, r.c.admit())
+	case link.Down:
+		if !r.ranks.Current(id, ev.Conn) {
+			return // a connection already replaced or dropped
 		}
-		r.liveIDs, r.liveOK = out, true
-	}
-	return r.liveIDs
-}
-
-// setStatus moves rs to st, the only way a rank's status changes, so that
-// live() knows when to look again.
-func (r *runner) setStatus(rs *rankState, st rankStatus) {
-	if (rs.status == stLive) != (st == stLive) {
-		r.liveOK = false
-	}
-	rs.status = st
-	r.rep.RankState(rs.id, rankStates[st])
-}
-
-func (r *runner) broadcast(msg proto.Message) {
-	for _, id := range r.live() {
-		r.send(r.ranks[id], msg)
+		r.ranks.LinkDown(id, ev.Err)
+	case link.Message:
+		if !r.ranks.Current(id, ev.Conn) {
+			return
+		}
+		r.onMessage(id, ev.Msg)
 	}
 }
 
@@ -394,40 +327,46 @@ func (r *runner) requestStop() {
 
 // onMessage routes one frame. The link's rank is the one the handshake
 // authenticated; rank fields inside messages are not trusted.
-func (r *runner) onMessage(rs *rankState, msg proto.Message) {
-	r.rep.Heard(rs.id, time.Now())
+func (r *runner) onMessage(id uint32, msg proto.Message) {
+	r.rep.Heard(id, time.Now())
 	switch m := msg.(type) {
 	case *wirepb.Heartbeat:
 	case *wirepb.Ready:
-		r.onReady(rs, m)
+		if r.phase != phForming || r.ranks.Status(id) != membership.Joined {
+			r.log.Warn("ignoring a Ready outside formation", "rank", id, "phase", r.phase.String())
+			return
+		}
+		r.ranks.Ready(id, m)
 	case *wirepb.Batch:
-		r.onBatch(rs, m)
+		r.onBatch(id, m)
 	case *wirepb.Metrics:
-		r.onMetrics(rs, m)
+		r.onMetrics(id, m)
 	case *wirepb.SyncAck:
-		r.onSyncAck(rs, m)
+		r.onSyncAck(id, m)
 	case *wirepb.SnapshotReady:
-		r.log.Trace("snapshot ready", "rank", rs.id, "round", m.GetRound())
+		r.log.Trace("snapshot ready", "rank", id, "round", m.GetRound())
 	case *wirepb.EvalResult:
-		r.onEvalResult(rs, m)
+		r.onEvalResult(id, m)
 	case *wirepb.CheckpointResult:
-		r.onCheckpointResult(rs, m)
+		r.onCheckpointResult(id, m)
 	case *wirepb.SessionIdGenerated:
-		r.onSessionID(rs, m)
+		r.sessions.OnID(id, m)
 	case *wirepb.EpochFnElapsed:
-		r.log.Debug("epoch callback ran", "rank", rs.id, "epoch", m.GetEpoch(), "ms", m.GetElapsedMs())
+		r.log.Debug("epoch callback ran", "rank", id, "epoch", m.GetEpoch(), "ms", m.GetElapsedMs())
 	case *wirepb.ResourceSample:
-		r.rep.Resources(rs.id, m)
+		r.rep.Resources(id, m)
 	case *wirepb.Exiting:
-		r.onExiting(rs)
+		if r.ranks.Exiting(id, r.phase == phShutdown || r.phase == phSaving) {
+			r.depart(id, record.EventLeft, "sent Exiting before the run ended", membership.Exited)
+		}
 	case *wirepb.MeetRequest:
-		r.meet.Request(rs.id, m)
+		r.meet.Request(id, m)
 	case *wirepb.RelayPost:
-		r.meet.Post(rs.id, m, r.live(), r.phase == phForming)
+		r.meet.Post(id, m, r.ranks.Live(), r.phase == phForming)
 	case *wirepb.PluginRestarted:
-		r.onPluginRestarted(rs, m)
+		r.onPluginRestarted(id, m)
 	default:
-		r.log.Warn("ignoring an unexpected frame", "rank", rs.id, "type", fmt.Sprintf("%T", msg))
+		r.log.Warn("ignoring an unexpected frame", "rank", id, "type", fmt.Sprintf("%T", msg))
 	}
 }
 
@@ -439,7 +378,7 @@ func (r *runner) emit(p Progress) {
 	p.Epoch = r.epoch
 	p.Epochs = r.cfg.Run.Epochs
 	p.World = int(r.world)
-	p.Live = len(r.live())
+	p.Live = len(r.ranks.Live())
 	if p.Total == 0 {
 		p.Total = r.pickSpace
 	}
@@ -449,15 +388,5 @@ func (r *runner) emit(p Progress) {
 // Now is where the run stands, for the report's snapshot and summary.
 func (r *runner) Now() record.Now {
 	return record.Now{Phase: r.phase.String(), Done: r.phase == phDone, Status: r.status, Err: r.err,
-		Epoch: r.epoch, Live: len(r.live()), EpochTotal: r.pickSpace, Checkpoint: r.c.ckpts.Last(), Model: r.export.Model()}
-}
-
-// wireOptions are the options of every rank connection's handshake and
-// frames.
-func (r *runner) wireOptions() []wire.Option {
-	opts := []wire.Option{wire.WithIdleTimeout(r.hbTimeout), wire.WithTLS(r.c.tls)}
-	if d := r.c.opts.HandshakeTimeout; d > 0 {
-		opts = append(opts, wire.WithHandshakeTimeout(d))
-	}
-	return opts
+		Epoch: r.epoch, Live: len(r.ranks.Live()), EpochTotal: r.pickSpace, Checkpoint: r.c.ckpts.Last(), Model: r.export.Model()}
 }

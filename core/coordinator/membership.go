@@ -1,108 +1,50 @@
 package coordinator
 
 import (
-	"errors"
 	"fmt"
-	"io"
-	"os"
-	"slices"
 	"time"
 
 	"github.com/cohortdl/cohort/core/coordinator/checkpoint"
 	"github.com/cohortdl/cohort/core/coordinator/dispatch"
+	"github.com/cohortdl/cohort/core/coordinator/membership"
 	"github.com/cohortdl/cohort/core/coordinator/record"
 	"github.com/cohortdl/cohort/core/wire/wirepb"
 )
 
-// heartbeat is the coordinator's proof of life to every connected rank: a
-// rank that hears nothing past its liveness timeout shuts down. A rank's
-// own silence is caught by its connection's read timeout (the heartbeat
-// timeout, set in run), which ends in onLinkDown.
-func (r *runner) heartbeat() {
-	r.hbSeq++
-	msg := &wirepb.CoordinatorHeartbeat{Sequence: r.hbSeq}
-	for _, rs := range r.ranks {
-		if rs.status == stJoined || rs.status == stReady || rs.status == stLive {
-			r.send(rs, msg)
-		}
-	}
-}
+// What a change of the cohort means for the run: its formation, a rank's
+// departure, a plugin a rank replaced. Who is in the cohort, liveness and
+// the re-formation of the averaging group are package membership's.
 
-// onLinkDown handles a broken or silent link: before formation the rank
-// may connect again; a member of the cohort is dead.
-func (r *runner) onLinkDown(rs *rankState, err error) {
-	switch rs.status {
-	case stExited, stDead:
-		rs.link.Close()
-		return
-	case stJoined, stReady:
-		// Before formation a lost rank may simply connect again.
-		r.log.Warn("rank left before the cohort formed", "rank", rs.id, "error", err)
-		r.dropUnformed(rs)
-		return
+// tryForm forms the cohort once every rank is Ready.
+func (r *runner) tryForm() bool {
+	if !r.ranks.AllReady() {
+		return false
 	}
-	r.noteDeath(rs.id, linkReason(err, r.hbTimeout))
-}
-
-// linkReason says why a link counts as dead.
-func linkReason(err error, timeout time.Duration) string {
-	switch {
-	case errors.Is(err, os.ErrDeadlineExceeded):
-		return fmt.Sprintf("silent for %v (heartbeat timeout)", timeout)
-	case errors.Is(err, io.EOF):
-		return "link closed without Exiting"
+	ref := r.ranks.ReadyOf(0)
+	r.pickSpace = ref.GetSamples()
+	r.batch = uint64(ref.GetBatchSize())
+	if m := r.c.meta; m != nil && m.PickSpace != r.pickSpace {
+		r.finish(record.StatusFailed, fmt.Errorf("coordinator: resume: checkpoint %s was taken with %d samples, the trainer now has %d",
+			r.c.resume, m.PickSpace, r.pickSpace))
+		return true
 	}
-	return fmt.Sprintf("link broken: %v", err)
-}
-
-// deathNote is a death found while handling an event, applied after it.
-type deathNote struct {
-	rank   uint32
-	reason string
-}
-
-// noteDeath queues a death; advance applies it after the current handler,
-// so a failure found in the middle of a broadcast never changes the set
-// of ranks being iterated.
-func (r *runner) noteDeath(rank uint32, reason string) {
-	for _, d := range r.deathQ {
-		if d.rank == rank {
-			return
-		}
+	r.ranks.Form()
+	r.phase = phTraining
+	r.log.Info("cohort formed", "ranks", r.world, "samples", r.pickSpace, "batch_size", r.batch,
+		"trainer", ref.GetTrainer(), "averager", ref.GetAverager(), "seconds", time.Since(r.started).Seconds())
+	var cad *dispatch.CadenceState
+	epoch := uint64(1)
+	if m := r.c.meta; m != nil {
+		cad = m.Cadence
+		epoch = m.Epoch + 1 // the resumed epoch is restored after formation
 	}
-	r.deathQ = append(r.deathQ, deathNote{rank, reason})
-}
-
-// onExiting records a clean exit. One in the middle of training is a
-// departure, handled like a death but not counted as one.
-func (r *runner) onExiting(rs *rankState) {
-	switch rs.status {
-	case stJoined, stReady:
-		r.dropUnformed(rs)
-		return
-	case stLive:
-	default:
-		return
-	}
-	if r.phase == phShutdown || r.phase == phSaving {
-		r.setStatus(rs, stExited)
-		r.log.Debug("rank exited", "rank", rs.id)
-		return
-	}
-	r.depart(rs, record.EventLeft, "sent Exiting before the run ended", stExited)
-}
-
-// lose handles a rank found dead (its link broke, or it fell silent, or it
-// stopped reading).
-func (r *runner) lose(rs *rankState, reason string) {
-	switch rs.status {
-	case stJoined, stReady:
-		r.log.Warn("rank lost before the cohort formed", "rank", rs.id, "reason", reason)
-		r.dropUnformed(rs)
-		return
-	case stLive:
-		r.depart(rs, record.EventDead, reason, stDead)
-	}
+	r.disp.Form(r.pickSpace, r.batch, cad)
+	r.emit(Progress{Kind: ProgressFormed})
+	r.role.Form(epoch)
+	// Every rank starts from rank 0's parameters (after a resume: from
+	// what rank 0 loaded).
+	r.issueRound(wirepb.SyncMode_SYNC_MODE_BROADCAST, 0, true)
+	return true
 }
 
 // depart removes a live rank from the cohort: record the event, tell the
@@ -110,22 +52,25 @@ func (r *runner) lose(rs *rankState, reason string) {
 // re-elect the epoch-callback rank, give its unfinished samples to the
 // survivors, and re-form the averaging group; below min_ranks survivors,
 // save and stop instead.
-func (r *runner) depart(rs *rankState, event, reason string, status rankStatus) {
-	r.setStatus(rs, status)
-	r.rep.Left(rs.id, reason)
-	if rs.link != nil {
-		rs.link.Close()
-	}
-	ev := record.MembershipEvent{Rank: rs.id, Event: event, Epoch: r.epoch + 1, Reason: reason, Time: time.Now()}
-	r.log.Warn("rank removed from the cohort", "rank", rs.id, "event", event, "reason", reason,
+func (r *runner) depart(id uint32, event, reason string, status membership.Status) {
+	r.ranks.Leave(id, status)
+	r.rep.Left(id, reason)
+	ev := record.MembershipEvent{Rank: id, Event: event, Epoch: r.epoch + 1, Reason: reason, Time: time.Now()}
+	r.log.Warn("rank removed from the cohort", "rank", id, "event", event, "reason", reason,
 		"epoch", r.epoch, "phase", r.phase.String())
 	r.emit(Progress{Kind: ProgressMembership, Event: &ev})
 	r.rep.Member(ev)
-	r.meet.Dead(rs.id, reason)
-	unfinished := r.unfinishedOf(rs)
-	survivors := r.live()
+	r.meet.Dead(id, reason)
+	// Its work back: the part of each open plan no Batch report covers,
+	// then its undispatched partition. The part reports cover counts as
+	// trained.
+	unfinished, trained := r.disp.Forfeit(id)
+	for _, t := range trained {
+		r.rep.Unclosed(t)
+	}
+	survivors := r.ranks.Live()
 	var death *record.DeathRecord
-	if status == stDead {
+	if status == membership.Dead {
 		death = r.rep.NewDeath(ev, r.phase.String(), unfinished)
 		// Kept when depart returns, whichever way it ends.
 		defer r.rep.KeepDeath(death)
@@ -136,63 +81,52 @@ func (r *runner) depart(rs *rankState, event, reason string, status rankStatus) 
 		return
 	case phSaving:
 		if r.save != nil {
-			r.save.Gone(rs.id)
+			r.save.Gone(id)
 			r.settleCkpt(r.save)
 		}
 		return
 	case phExport:
-		if r.export.RankGone(rs.id) {
+		if r.export.RankGone(id) {
 			r.shutdown()
 		}
 		return
 	}
 
 	if len(survivors) == 0 {
-		r.finish(record.StatusFailed, fmt.Errorf("coordinator: every rank is lost (last: rank %d, %s)", rs.id, reason))
+		r.finish(record.StatusFailed, fmt.Errorf("coordinator: every rank is lost (last: rank %d, %s)", id, reason))
 		return
 	}
-	dd := &wirepb.DeclareDead{Rank: rs.id, Reason: reason}
-	for _, id := range survivors {
-		r.send(r.ranks[id], dd)
+	dd := &wirepb.DeclareDead{Rank: id, Reason: reason}
+	for _, s := range survivors {
+		r.ranks.Send(s, dd)
 	}
-	r.roleRankGone(rs.id, survivors)
+	r.role.RankGone(r.epoch, id, survivors)
 	if rd := r.round; rd != nil {
-		delete(rd.waiting, rs.id)
-		delete(rd.acks, rs.id)
+		delete(rd.waiting, id)
+		delete(rd.acks, id)
 	}
 
 	if min := r.cfg.Coordinator.MinRanks; len(survivors) < min {
 		r.log.Error("too few ranks left to carry on; saving and stopping", "live", len(survivors), "min_ranks", min)
 		r.beginSave(wirepb.ShutdownReason_SHUTDOWN_REASON_TOO_FEW_RANKS, checkpoint.ReasonTooFewRanks, record.StatusFailed,
-			fmt.Errorf("coordinator: %d live ranks after rank %d was lost (%s), min_ranks is %d", len(survivors), rs.id, reason, min))
+			fmt.Errorf("coordinator: %d live ranks after rank %d was lost (%s), min_ranks is %d", len(survivors), id, reason, min))
 		return
 	}
 	handed := r.redistribute(unfinished, survivors)
 	if death != nil {
 		death.Redistributed = handed
 	}
-	r.requestSession(survivors)
+	r.sessions.Request(survivors)
 	// Whatever waited on the lost rank can move on now; last, since each
 	// may advance the run (to the next epoch, or the next window).
-	if r.evalTarget == int64(rs.id) {
-		r.sendEvaluate()
+	if r.role.Evaluating(id) {
+		r.role.Evaluate(r.epoch)
 	}
 	if r.ckpt != nil {
-		r.ckpt.Gone(rs.id)
+		r.ckpt.Gone(id)
 		r.settleCkpt(r.ckpt)
 	}
 	r.checkRound()
-}
-
-// unfinishedOf takes a departing rank's work back: the part of each open
-// plan no Batch report covers, then its undispatched partition. The part
-// reports cover counts as trained.
-func (r *runner) unfinishedOf(rs *rankState) []dispatch.Range {
-	out, trained := r.disp.Forfeit(rs.id)
-	for _, t := range trained {
-		r.rep.Unclosed(t)
-	}
-	return out
 }
 
 // redistribute hands the ranges to the survivors in equal consecutive
@@ -201,95 +135,64 @@ func (r *runner) unfinishedOf(rs *rankState) []dispatch.Range {
 func (r *runner) redistribute(rs []dispatch.Range, survivors []uint32) []dispatch.Handoff {
 	handed := r.disp.Extend(rs, survivors)
 	for _, h := range handed {
-		r.send(r.ranks[h.Rank], &wirepb.ExtendPartition{Epoch: r.epoch, PartitionOffset: h.Offset, PartitionSize: h.Size})
+		r.ranks.Send(h.Rank, &wirepb.ExtendPartition{Epoch: r.epoch, PartitionOffset: h.Offset, PartitionSize: h.Size})
 	}
 	return handed
 }
 
-// sessionReq is a re-formation of the averaging group after a death:
-// waiting for the generator's session id, then for the in-flight round to
-// resolve, then NewSession goes out.
-type sessionReq struct {
-	gen       uint64
-	generator uint32
-	deadline  time.Time
-	tried     map[uint32]bool
-	haveID    bool
-	id        []byte
-}
+// Plugin kinds a PluginRestarted names.
+const (
+	pluginTrainer  = "trainer"
+	pluginAverager = "averager"
+)
 
-// requestSession starts (or restarts, for a later death) the re-formation
-// of the averaging group: the lowest survivor makes the session id.
-func (r *runner) requestSession(survivors []uint32) {
-	r.generation++
-	r.session = &sessionReq{gen: r.generation, tried: map[uint32]bool{}}
-	r.askSession(survivors[0])
-}
-
-func (r *runner) askSession(generator uint32) {
-	s := r.session
-	s.generator = generator
-	s.tried[generator] = true
-	s.deadline = time.Now().Add(r.sessionTimeout())
-	r.send(r.ranks[generator], &wirepb.RequestSessionId{Generation: s.gen})
-	r.log.Debug("session id requested", "generation", s.gen, "rank", generator)
-}
-
-func (r *runner) sessionTimeout() time.Duration {
-	if d := r.c.opts.SessionTimeout; d > 0 {
-		return d
-	}
-	return max(5*time.Second, r.hbTimeout)
-}
-
-// retrySession asks the next survivor when the generator did not answer
-// in time; with none left the run cannot average again.
-func (r *runner) retrySession() {
-	s := r.session
-	live := r.live()
-	i := slices.IndexFunc(live, func(id uint32) bool { return !s.tried[id] })
-	if i < 0 {
-		r.session = nil
-		r.log.Error("no survivor produced a session id; saving and stopping", "generation", s.gen)
-		r.beginSave(wirepb.ShutdownReason_SHUTDOWN_REASON_REDUCE_STALL, checkpoint.ReasonStall, record.StatusFailed,
-			fmt.Errorf("coordinator: no survivor answered RequestSessionId (generation %d)", s.gen))
+// onPluginRestarted records a plugin the rank replaced with a fresh
+// process: the rank lives on, so this is a membership-like event, not a
+// death. A trainer lost in the middle of a plan gives back what its Batch
+// reports do not cover, as a death would: they count as trained (as a
+// departed rank's do) and the rest goes to the live ranks, this one
+// included, as ExtendPartition; the rank sends no Metrics for it. A new
+// averager knows no session and its old process may have left relay
+// exchanges half-posted: those fail (so the peers' round aborts instead of
+// waiting for a post that will not come) and the group is re-formed with
+// the same members, so the round runs again on a session every averager
+// applied.
+func (r *runner) onPluginRestarted(id uint32, m *wirepb.PluginRestarted) {
+	if r.ranks.Status(id) != membership.Live {
 		return
 	}
-	r.log.Warn("session id request timed out; asking the next survivor", "generation", s.gen, "rank", live[i])
-	r.askSession(live[i])
-}
-
-func (r *runner) onSessionID(rs *rankState, m *wirepb.SessionIdGenerated) {
-	s := r.session
-	if s == nil || m.GetGeneration() != s.gen || rs.id != s.generator || s.haveID {
-		r.log.Debug("ignoring a stale session id", "rank", rs.id, "generation", m.GetGeneration())
+	kind := m.GetKind()
+	if kind != pluginTrainer && kind != pluginAverager {
+		r.log.Warn("ignoring PluginRestarted for an unknown plugin kind", "rank", id, "kind", kind)
 		return
 	}
-	s.haveID = true
-	s.id = slices.Clone(m.GetSessionId())
-}
+	restarts := r.rep.PluginRestarted(id)
+	reason := fmt.Sprintf("%s plugin replaced (restart %d): %s", kind, restarts, m.GetReason())
+	ev := record.MembershipEvent{Rank: id, Event: record.EventPluginRestarted, Epoch: r.epoch + 1, Reason: reason, Time: time.Now()}
+	r.rep.Member(ev)
+	r.log.Warn("rank replaced a plugin", "rank", id, "kind", kind, "restarts", restarts,
+		"reason", m.GetReason(), "phase", r.phase.String())
+	r.emit(Progress{Kind: ProgressMembership, Event: &ev})
 
-// stepSession sends NewSession once the id is known and no round is in
-// flight. Holding it back while a round runs matters: a survivor that has
-// not yet entered the old round must find its averager aborted (so it acks
-// aborted like the others), not join the old round number on the new group
-// and wait there forever for peers that already moved on.
-func (r *runner) stepSession() bool {
-	s := r.session
-	if s == nil || !s.haveID || r.round != nil {
-		return false
+	switch kind {
+	case pluginTrainer:
+		if !m.GetPlanLost() {
+			return
+		}
+		u, trained, ok := r.disp.TakeBack(id, m.GetEpoch(), m.GetPartitionOffset(), m.GetPartitionSize())
+		if !ok {
+			r.log.Warn("PluginRestarted names a plan the rank does not hold", "rank", id,
+				"epoch", m.GetEpoch(), "offset", m.GetPartitionOffset(), "size", m.GetPartitionSize())
+			return
+		}
+		r.rep.Unclosed(trained)
+		if u.Size > 0 && r.phase == phTraining {
+			r.redistribute([]dispatch.Range{u}, r.ranks.Live())
+		}
+	case pluginAverager:
+		r.meet.FailAll(fmt.Sprintf("rank %d replaced its averager: %s", id, m.GetReason()))
+		if r.phase == phTraining {
+			r.sessions.Request(r.ranks.Live())
+		}
 	}
-	r.session = nil
-	members := r.live()
-	for i, id := range members {
-		r.send(r.ranks[id], &wirepb.NewSession{
-			Generation:   s.gen,
-			SessionId:    s.id,
-			NewRank:      uint32(i),
-			NewWorldSize: uint32(len(members)),
-			Members:      members,
-		})
-	}
-	r.log.Info("averaging group re-formed", "generation", s.gen, "members", members)
-	return true
 }

@@ -6,6 +6,7 @@ import (
 	"github.com/cohortdl/cohort/core/config"
 	"github.com/cohortdl/cohort/core/coordinator/checkpoint"
 	"github.com/cohortdl/cohort/core/coordinator/dispatch"
+	"github.com/cohortdl/cohort/core/coordinator/membership"
 	"github.com/cohortdl/cohort/core/wire/wirepb"
 )
 
@@ -47,7 +48,7 @@ func (r *runner) issueRound(mode wirepb.SyncMode, root uint32, initial bool) {
 	}
 	r.roundSeq++
 	r.round = rd
-	live := r.live()
+	live := r.ranks.Live()
 	var plans map[uint32]*dispatch.Plan
 	var step *uint64
 	if !initial && r.disp.Windowed() && !r.stopReq && r.disp.Training() && r.disp.Remaining() > 0 && !r.disp.Busy(live) {
@@ -70,26 +71,26 @@ func (r *runner) issueRound(mode wirepb.SyncMode, root uint32, initial bool) {
 			r.rep.Handed(id)
 			msg.NextPlan, msg.GlobalStep = r.disp.EpochPlan(p), step
 		}
-		r.send(r.ranks[id], msg)
+		r.ranks.Send(id, msg)
 	}
 	r.log.Debug("round issued", "round", rd.num, "mode", mode.String(), "root", root, "ranks", len(rd.waiting), "next_plans", len(plans))
 }
 
-func (r *runner) onSyncAck(rs *rankState, m *wirepb.SyncAck) {
+func (r *runner) onSyncAck(id uint32, m *wirepb.SyncAck) {
 	rd := r.round
-	if rd == nil || m.GetRound() != rd.num || !rd.waiting[rs.id] {
-		r.log.Warn("ignoring a SyncAck for no round in flight", "rank", rs.id, "round", m.GetRound())
+	if rd == nil || m.GetRound() != rd.num || !rd.waiting[id] {
+		r.log.Warn("ignoring a SyncAck for no round in flight", "rank", id, "round", m.GetRound())
 		return
 	}
-	delete(rd.waiting, rs.id)
-	rd.acks[rs.id] = m
+	delete(rd.waiting, id)
+	rd.acks[id] = m
 	switch {
 	case m.GetAborted():
-		r.log.Info("round aborted on a rank", "rank", rs.id, "round", rd.num, "error", m.GetError())
+		r.log.Info("round aborted on a rank", "rank", id, "round", rd.num, "error", m.GetError())
 	case m.GetError() != "":
-		r.log.Warn("round failed on a rank", "rank", rs.id, "round", rd.num, "error", m.GetError())
+		r.log.Warn("round failed on a rank", "rank", id, "round", rd.num, "error", m.GetError())
 	default:
-		r.disp.Averaged(rs.id)
+		r.disp.Averaged(id)
 	}
 	r.checkRound()
 }
@@ -105,7 +106,7 @@ func (r *runner) checkRound() {
 	}
 	var completed []uint32
 	aborted := false
-	for _, id := range r.live() {
+	for _, id := range r.ranks.Live() {
 		ack := rd.acks[id]
 		if ack == nil {
 			continue
@@ -125,7 +126,7 @@ func (r *runner) checkRound() {
 			// Round 0 exists to make every rank start equal: only a
 			// broadcast does that.
 			ri.mode = wirepb.SyncMode_SYNC_MODE_BROADCAST
-			ri.root = r.live()[0]
+			ri.root = r.ranks.Live()[0]
 		}
 		if len(completed) > 0 {
 			ri.mode, ri.root = wirepb.SyncMode_SYNC_MODE_BROADCAST, completed[0]
@@ -139,18 +140,6 @@ func (r *runner) checkRound() {
 	r.completeRound(rd)
 }
 
-// stepReissue runs an aborted round again once the averaging group is
-// re-formed: a round issued before NewSession would meet the old group.
-func (r *runner) stepReissue() bool {
-	if r.session != nil {
-		return false
-	}
-	ri := r.reissue
-	r.reissue = nil
-	r.issueRound(ri.mode, ri.root, ri.initial)
-	return true
-}
-
 // completeRound closes a round: statistics, the checkpoint snapshot, then
 // Update (with the next plans) and SetGlobalStep to every live rank.
 func (r *runner) completeRound(rd *round) {
@@ -159,7 +148,7 @@ func (r *runner) completeRound(rd *round) {
 	ms := float64(took) / float64(time.Millisecond)
 	acks := map[uint32]*wirepb.SyncAck{}
 	for id, ack := range rd.acks {
-		if r.ranks[id].status == stLive {
+		if r.ranks.Status(id) == membership.Live {
 			acks[id] = ack
 		}
 	}
@@ -171,7 +160,7 @@ func (r *runner) completeRound(rd *round) {
 			return
 		}
 	} else {
-		r.disp.RoundDone(rd.num, r.epoch+1, ms, divergences(rd, r.live()), rd.mode == wirepb.SyncMode_SYNC_MODE_AVERAGE)
+		r.disp.RoundDone(rd.num, r.epoch+1, ms, divergences(rd, r.ranks.Live()), rd.mode == wirepb.SyncMode_SYNC_MODE_AVERAGE)
 		if rd.snap != nil {
 			// The work as of the round's issue (the plans it carried are
 			// still to train), the controller as of its end.
@@ -183,18 +172,18 @@ func (r *runner) completeRound(rd *round) {
 	}
 	version := rd.num
 	switch {
-	case r.stopReq, r.disp.Windowed() && r.disp.Busy(r.live()), r.solo():
+	case r.stopReq, r.disp.Windowed() && r.disp.Busy(r.ranks.Live()), r.ranks.Solo() && !r.sessions.Pending():
 		// Stopping, or the ranks hold plans already (brought by the
 		// Sync, or extensions after a death), or the rank is alone and
 		// stepSolo hands out its plans: no new window here.
-		r.deliver(r.live(), nil, &version)
+		r.deliver(r.ranks.Live(), nil, &version)
 	case !r.disp.Windowed() || r.disp.Remaining() > 0:
-		r.deliver(r.live(), r.disp.NextPlans(r.live()), &version)
+		r.deliver(r.ranks.Live(), r.disp.NextPlans(r.ranks.Live()), &version)
 	default:
-		r.deliver(r.live(), nil, &version)
+		r.deliver(r.ranks.Live(), nil, &version)
 	}
 	if rd.snap == nil {
-		r.broadcast(&wirepb.SetGlobalStep{GlobalStep: r.disp.GlobalStep()})
+		r.ranks.Broadcast(&wirepb.SetGlobalStep{GlobalStep: r.disp.GlobalStep()})
 	}
 }
 
@@ -208,4 +197,35 @@ func divergences(rd *round, live []uint32) []float64 {
 		}
 	}
 	return divs
+}
+
+// deliver sends plans: with version, an Update to every live rank (with
+// its plan, if any); without, a StartEpoch to each rank that has one.
+func (r *runner) deliver(live []uint32, plans map[uint32]*dispatch.Plan, version *uint64) {
+	for _, id := range live {
+		p := plans[id]
+		if p != nil {
+			r.rep.Handed(id)
+		}
+		switch {
+		case version != nil:
+			u := &wirepb.Update{Version: *version}
+			if p != nil {
+				u.NextPlan = r.disp.EpochPlan(p)
+			}
+			r.ranks.Send(id, u)
+		case p != nil:
+			r.ranks.Send(id, &wirepb.StartEpoch{Plan: r.disp.EpochPlan(p)})
+		}
+	}
+}
+
+// progressNow is the state of the epoch as the models of the last round
+// see it: everything not yet dispatched plus every plan still open.
+func (r *runner) progressNow() checkpoint.Progress {
+	p := checkpoint.Progress{Snapshot: r.disp.Snapshot(r.ranks.Live())}
+	if r.disp.Training() {
+		p.Partial = r.rep.Partial()
+	}
+	return p
 }

@@ -14,20 +14,10 @@ import (
 // trained model's export after the last epoch. How a checkpoint is built
 // and what its meta.json holds is package checkpoint's.
 
-// progressNow is the state of the epoch as the models of the last round
-// see it: everything not yet dispatched plus every plan still open.
-func (r *runner) progressNow() checkpoint.Progress {
-	p := checkpoint.Progress{Snapshot: r.disp.Snapshot(r.live())}
-	if r.disp.Training() {
-		p.Partial = r.rep.Partial()
-	}
-	return p
-}
-
 // beginCheckpoint asks every live rank to save into its directory of a
 // new checkpoint.
 func (r *runner) beginCheckpoint() {
-	live := r.live()
+	live := r.ranks.Live()
 	w, err := r.c.ckpts.Begin(live, r.snap, checkpoint.ReasonCheckpoint)
 	if err != nil {
 		r.log.Error("checkpoint skipped", "epoch", r.epoch, "error", err)
@@ -37,7 +27,7 @@ func (r *runner) beginCheckpoint() {
 	r.phase = phCheckpoint
 	r.ckpt = w
 	for _, id := range live {
-		r.send(r.ranks[id], &wirepb.Checkpoint{Version: w.Version(), TargetRank: id, Dir: w.RankDir(id)})
+		r.ranks.Send(id, &wirepb.Checkpoint{Version: w.Version(), TargetRank: id, Dir: w.RankDir(id)})
 	}
 }
 
@@ -55,7 +45,7 @@ func (r *runner) beginSave(reason wirepb.ShutdownReason, metaReason, status stri
 	r.saveStatus, r.saveErr = status, err
 	r.phase = phSaving
 	r.exitDeadline = time.Now().Add(r.c.exitTimeout(true))
-	live := r.live()
+	live := r.ranks.Live()
 	w, berr := r.c.ckpts.Begin(live, r.snap, metaReason)
 	if berr != nil {
 		// Without a directory the ranks can only stop.
@@ -63,19 +53,19 @@ func (r *runner) beginSave(reason wirepb.ShutdownReason, metaReason, status stri
 		r.saveErr = fmt.Errorf("coordinator: save: %w", berr)
 		r.saveStatus = record.StatusFailed
 		r.phase = phShutdown
-		r.broadcast(&wirepb.Shutdown{})
+		r.ranks.Broadcast(&wirepb.Shutdown{})
 		return
 	}
 	r.save = w
 	msg := &wirepb.ShutdownWithSave{Reason: reason, Dir: w.Dir(), Version: w.Version()}
 	for _, id := range live {
-		r.send(r.ranks[id], msg)
+		r.ranks.Send(id, msg)
 	}
 	r.log.Info("ShutdownWithSave sent", "reason", reason.String(), "version", w.Version(), "ranks", live)
 }
 
-func (r *runner) onCheckpointResult(rs *rankState, m *wirepb.CheckpointResult) {
-	if r.phase == phExport && r.export.Answers(rs.id, m) {
+func (r *runner) onCheckpointResult(id uint32, m *wirepb.CheckpointResult) {
+	if r.phase == phExport && r.export.Answers(id, m) {
 		if dir := r.export.Done(m); dir != "" {
 			r.emit(Progress{Kind: ProgressModel, Model: dir})
 		}
@@ -89,8 +79,8 @@ func (r *runner) onCheckpointResult(rs *rankState, m *wirepb.CheckpointResult) {
 	case r.save != nil && r.save.Version() == m.GetVersion():
 		w = r.save
 	}
-	if w == nil || !r.c.ckpts.Result(w, rs.id, m.GetError()) {
-		r.log.Warn("ignoring an unexpected CheckpointResult", "rank", rs.id, "version", m.GetVersion())
+	if w == nil || !r.c.ckpts.Result(w, id, m.GetError()) {
+		r.log.Warn("ignoring an unexpected CheckpointResult", "rank", id, "version", m.GetVersion())
 		return
 	}
 	r.settleCkpt(w)
@@ -127,14 +117,14 @@ func (r *runner) resolveCkpt(w *checkpoint.Wait) {
 // summary reports its accuracy), else the lowest live one. The run shuts
 // down once it is answered (or the rank is lost).
 func (r *runner) exportModel() {
-	live := r.live()
+	live := r.ranks.Live()
 	if len(live) == 0 {
 		r.shutdown()
 		return
 	}
 	target := live[0]
-	if slices.Contains(live, r.role) {
-		target = r.role
+	if slices.Contains(live, r.role.Holder()) {
+		target = r.role.Holder()
 	}
 	dir, ok := r.export.Begin(target)
 	if !ok {
@@ -142,6 +132,6 @@ func (r *runner) exportModel() {
 		return
 	}
 	r.phase = phExport
-	r.send(r.ranks[target], &wirepb.Checkpoint{Version: checkpoint.ExportVersion, TargetRank: target, Dir: dir})
+	r.ranks.Send(target, &wirepb.Checkpoint{Version: checkpoint.ExportVersion, TargetRank: target, Dir: dir})
 	r.log.Info("exporting the trained model", "rank", target)
 }
