@@ -1,28 +1,69 @@
 // Package coordinator drives a cohort of rank workers through a training
-// run: the control server (handshake, admission, formation), dispatch and
-// cadence (partitions, progressive chunks, the sync / cadence / async
-// policies, averaging rounds), liveness (heartbeats, silence and broken
-// links), membership (deaths, session re-formation, redistribution of a
-// dead rank's samples), checkpoints (atomic, resumable at a window
-// boundary) and the run summary. docs/protocol.md is the conversation it
-// holds with each rank.
+// run: it accepts them, forms the cohort, runs each epoch's windows and
+// averaging rounds under the configured policy, evaluates, checkpoints and
+// ends the run, whatever ranks it loses on the way. docs/protocol.md is the
+// conversation it holds with each rank.
 //
-// One goroutine, the loop, owns all run state; connection goroutines only
-// turn frames into events for it, and one sender goroutine per rank writes
-// the frames the loop queues, so the loop never blocks on a peer.
+// One goroutine, the loop (runner), owns all run state and is the only
+// caller of the packages below it, each of which has one job:
+//
+//   - link: connections, handshakes, each rank's sender; turns frames into
+//     Events for the loop
+//   - membership: who is in the cohort (Roster: statuses, links, the one
+//     way to send a rank a frame, liveness, formation checks), the
+//     re-formation of the averaging group (Sessions), the eval role (Role)
+//   - dispatch: which samples each rank trains and when the cohort
+//     averages (NextPlans(live), windows, async chunks, the cadence and the
+//     adaptive controller, what a lost rank gives back)
+//   - record: the run's record, fed by events (epoch figures, totals,
+//     summary.json, metrics.jsonl, curves.png, the status snapshot, death
+//     records)
+//   - checkpoint: checkpoints on disk, meta.json, resuming, the model
+//     export
+//   - meeting: where the averagers meet (meeting points, the relay)
+//
+// The dependency graph is a DAG with this package on top: checkpoint
+// builds on record, which builds on dispatch; membership on record and
+// link; none of them imports this package. This package keeps the run's
+// sequencing: the phase, rounds, the moves of training, an epoch's life,
+// what a departure means for the run, and when to save.
 //
 // Where things are:
 //   - coordinator.go: Options, New and Run
-//   - loop.go: the loop, the dispatch of incoming frames, deadlines
-//   - formation.go: admission and formation, up to round 0
-//   - membership.go: heartbeat and liveness, deaths, session re-formation
-//   - rounds.go: averaging rounds (Sync, SyncAck, Update, retry after an abort)
+//   - loop.go: the loop, and the routing of each event and frame
+//   - rounds.go: averaging rounds (Sync, SyncAck, Update, a retry after an
+//     abort), the plans they deliver, the checkpoint snapshot they fix
 //   - training.go: the training phase's moves, Batch and Metrics
-//   - lifecycle.go: epoch start and end, evaluation, shutdown
+//   - lifecycle.go: training's start, epoch start and end, evaluation,
+//     shutdown
+//   - membership.go: formation, a rank's departure, a replaced plugin
 //   - saves.go: when the run checkpoints, saves and exports its model
-//   - packages link (connections), meeting (meeting points, the relay),
-//     dispatch (work, windows, the controller), record (figures, the
-//     summary, the status snapshot) and checkpoint (checkpoints on disk)
+//   - deadlines.go: the timeouts the loop sleeps until
+//
+// The life of a SyncAck, from the link to its effect:
+//
+//  1. link.Server's reader for the rank decodes the frame and hands the
+//     loop a link.Event{Kind: link.Message}.
+//  2. loop.go: run takes the event; onEvent drops it if its connection is
+//     no longer the rank's (membership.Roster.Current); onMessage notes the
+//     frame (record.Recorder.Heard) and routes it to onSyncAck.
+//  3. rounds.go: onSyncAck checks it answers the round in flight and, if
+//     the rank's round succeeded, tells dispatch (Dispatcher.Averaged: the
+//     batches the round averaged are behind the rank, the plan it held for
+//     the round may start). checkRound waits for every live rank's ack; if
+//     any aborted, the round runs again once the group is re-formed.
+//     Otherwise completeRound records it (record.Recorder.Round: totals,
+//     round curve, metrics.jsonl), lets dispatch learn from it
+//     (Dispatcher.RoundDone: the controller's divergence rules, the
+//     cadence's window), fixes the checkpoint snapshot (progressNow), and
+//     deliver queues each live rank its Update, carrying its next plan
+//     from Dispatcher.NextPlans(live), through membership.Roster.Send onto
+//     the rank's link.Link, whose sender goroutine writes it.
+//  4. lifecycle.go, for round 0 only: its completion starts training
+//     (startTraining).
+//
+// Back in loop.go, advance then makes whatever moves the new state allows
+// (the next round, the epoch's end, a pending NewSession).
 package coordinator
 
 import (

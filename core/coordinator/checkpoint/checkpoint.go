@@ -9,8 +9,9 @@
 // Resolve commits meta.json once they are in. What goes into meta.json is
 // handed to it (a Progress, the run's Totals): it reads no run state.
 // Where things are:
-//   - checkpoint.go: the layout, Meta, ReadMeta, LastCheckpoint,
-//     ResolveCheckpoint
+//   - checkpoint.go: the layout, Meta and ReadMeta
+//   - find.go: finding a complete checkpoint (LastCheckpoint,
+//     ResolveCheckpoint)
 //   - store.go: the Writer, its Waits, and how a checkpoint is committed
 //   - export.go: the trained model's export
 //
@@ -20,14 +21,10 @@
 package checkpoint
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/cohortdl/cohort/core/coordinator/dispatch"
@@ -118,69 +115,12 @@ func (m *Meta) validate() error {
 // ReadMeta reads and checks dir/meta.json.
 func ReadMeta(dir string) (*Meta, error) {
 	path := filepath.Join(dir, MetaFile)
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("read checkpoint meta: %w", err)
-	}
 	var m Meta
-	if err := json.Unmarshal(b, &m); err != nil {
-		return nil, fmt.Errorf("read checkpoint meta %s: %w", path, err)
+	if err := record.ReadJSON(path, "checkpoint meta", &m); err != nil {
+		return nil, err
 	}
 	if err := m.validate(); err != nil {
 		return nil, fmt.Errorf("checkpoint meta %s: %w", path, err)
 	}
 	return &m, nil
-}
-
-// ckptVersion parses a checkpoint directory name; ok is false for any
-// other name.
-func ckptVersion(name string) (uint64, bool) {
-	s, found := strings.CutPrefix(name, ckptPrefix)
-	if !found {
-		return 0, false
-	}
-	v, err := strconv.ParseUint(s, 10, 64)
-	return v, err == nil
-}
-
-// LastCheckpoint returns the newest complete checkpoint in dir (a run's
-// checkpoints directory): the highest-numbered ckpt-N holding meta.json.
-func LastCheckpoint(dir string) (string, error) {
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		return "", fmt.Errorf("list checkpoints: %w", err)
-	}
-	best, found := uint64(0), ""
-	for _, e := range entries {
-		v, ok := ckptVersion(e.Name())
-		if !ok || !e.IsDir() || (found != "" && v < best) {
-			continue
-		}
-		if _, err := os.Stat(filepath.Join(dir, e.Name(), MetaFile)); err != nil {
-			continue
-		}
-		best, found = v, filepath.Join(dir, e.Name())
-	}
-	if found == "" {
-		return "", fmt.Errorf("no complete checkpoint (a %sN directory holding %s) in %s", ckptPrefix, MetaFile, dir)
-	}
-	return found, nil
-}
-
-// ResolveCheckpoint turns what a user passes to --resume into a complete
-// checkpoint directory: a checkpoint itself, a run's out directory, or its
-// checkpoints directory (the last complete one in either).
-func ResolveCheckpoint(path string) (string, error) {
-	if _, err := os.Stat(filepath.Join(path, MetaFile)); err == nil {
-		return filepath.Abs(path)
-	}
-	dir := path
-	if st, err := os.Stat(filepath.Join(path, CheckpointsDir)); err == nil && st.IsDir() {
-		dir = filepath.Join(path, CheckpointsDir)
-	}
-	found, err := LastCheckpoint(dir)
-	if err != nil {
-		return "", fmt.Errorf("resume from %s: %w", path, err)
-	}
-	return filepath.Abs(found)
 }

@@ -20,10 +20,13 @@
 //   - work.go: sample ranges and an epoch's undispatched work
 //   - cadence.go, controller.go: window sizing and the adaptive controller
 //
-// Neighbours: core/config and core/wire/wirepb below; above it
-// core/coordinator/record (which shows the controller's decisions and the
-// ranges a dead rank gave back), core/coordinator/checkpoint (which keeps a
-// Snapshot and the controller's and cadence's states) and core/coordinator.
+// Neighbours: core/config, core/status (the controller as the status page
+// shows it) and core/wire/wirepb below; above it core/coordinator/record
+// (which shows the controller's decisions and the ranges a dead rank gave
+// back), core/coordinator/checkpoint (which keeps a Snapshot and the
+// controller's and cadence's states), core/coordinator/membership (whose
+// eval role asks the ranks' batch times) and core/coordinator, whose loop
+// drives it.
 package dispatch
 
 import (
@@ -113,15 +116,15 @@ func (d *Dispatcher) Form(pickSpace, batch uint64, cad *CadenceState) {
 // close at one round (sync, cadence), rather than streaming it (async).
 func (d *Dispatcher) Windowed() bool { return d.policy != config.PolicyAsync }
 
-// Shared reports whether the policy draws chunks from one epoch pool
+// shared reports whether the policy draws chunks from one epoch pool
 // instead of per-rank partitions: under cadence and async a faster rank
 // must be able to take more than an equal share.
-func (d *Dispatcher) Shared() bool { return d.policy != config.PolicySync }
+func (d *Dispatcher) shared() bool { return d.policy != config.PolicySync }
 
 // StartEpoch splits epoch e over the live ranks.
 func (d *Dispatcher) StartEpoch(e uint64, live []uint32) {
 	d.epoch = e
-	d.work = newEpochWork(e, d.pickSpace, live, d.Shared())
+	d.work = newEpochWork(e, d.pickSpace, live, d.shared())
 }
 
 // Resumed is where a checkpoint left an epoch's work.
@@ -141,7 +144,7 @@ func (d *Dispatcher) Resume(m Resumed, live []uint32) (same bool) {
 	d.stepsBefore = m.GlobalStep
 	d.epoch = m.Epoch
 	w := &epochWork{epoch: m.Epoch, parts: map[uint32][]Range{}}
-	same = len(m.Remaining) == len(live) && len(m.Pool) == 0 && !d.Shared()
+	same = len(m.Remaining) == len(live) && len(m.Pool) == 0 && !d.shared()
 	for i, rr := range m.Remaining {
 		same = same && rr.Rank == live[i]
 	}
@@ -155,7 +158,7 @@ func (d *Dispatcher) Resume(m Resumed, live []uint32) (same bool) {
 			all = append(all, rr.Ranges...)
 		}
 		all = append(all, m.Pool...)
-		if d.Shared() {
+		if d.shared() {
 			w.pool = all
 		} else {
 			for i, rs := range splitRanges(all, equalSizes(sumRanges(all), len(live))) {
@@ -234,7 +237,7 @@ func (d *Dispatcher) FreshSnapshot(e uint64, live []uint32) Snapshot {
 	if e >= uint64(d.cfg.Run.Epochs) {
 		return p
 	}
-	w := newEpochWork(e, d.pickSpace, live, d.Shared())
+	w := newEpochWork(e, d.pickSpace, live, d.shared())
 	for _, id := range live {
 		p.Remaining[id] = w.parts[id]
 	}

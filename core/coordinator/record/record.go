@@ -16,9 +16,11 @@
 //   - scalars.go: the trainer's scalars; deaths.go: OUT/deaths
 //
 // Neighbours: core/status (the snapshot's and the curves' types) and
-// core/coordinator/dispatch (ranges, the controller's account) below; a
-// checkpoint keeps its EpochProgress and EpochSummary; core/coordinator
-// drives it.
+// core/coordinator/dispatch (ranges, the controller's account) below;
+// above it core/coordinator/checkpoint (a checkpoint keeps an
+// EpochProgress and the finished EpochSummary list),
+// core/coordinator/membership (the role's moves are recorded here) and
+// core/coordinator, whose loop feeds it.
 package record
 
 import (

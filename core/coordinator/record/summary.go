@@ -35,6 +35,10 @@ const (
 const SummaryFile = "summary.json"
 
 // Summary is what a run did; every run writes one to OUT/summary.json.
+// Its first fields are the status snapshot's (core/status.Snapshot) field
+// for field: two documents that open with the run's identity, one what a
+// run leaves and one what the status page shows while it runs, each free
+// to change without the other.
 type Summary struct {
 	Status      string    `json:"status"`
 	Error       string    `json:"error,omitempty"`
@@ -66,7 +70,9 @@ type Summary struct {
 	Model string `json:"model,omitempty"`
 }
 
-// EpochSummary is one finished epoch.
+// EpochSummary is one finished epoch. Like every JSON document's type in
+// the tree it is a list of tagged fields, alike in shape to the others
+// (a package manifest, a bench's figures) but a schema of its own.
 type EpochSummary struct {
 	// Epoch is the epoch's number, from 1, as the console shows it.
 	Epoch uint64 `json:"epoch"`
@@ -184,15 +190,24 @@ type AveragingSummary struct {
 
 // ReadSummary reads a run's summary.json.
 func ReadSummary(path string) (*Summary, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("read summary: %w", err)
-	}
 	var s Summary
-	if err := json.Unmarshal(b, &s); err != nil {
-		return nil, fmt.Errorf("read summary %s: %w", path, err)
+	if err := ReadJSON(path, "summary", &s); err != nil {
+		return nil, err
 	}
 	return &s, nil
+}
+
+// ReadJSON reads the JSON file at path, what the run calls a what, into
+// v: WriteJSON's reader.
+func ReadJSON(path, what string, v any) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("read %s: %w", what, err)
+	}
+	if err := json.Unmarshal(b, v); err != nil {
+		return fmt.Errorf("read %s %s: %w", what, path, err)
+	}
+	return nil
 }
 
 // WriteJSON writes v as indented JSON to path, atomically, so a reader
