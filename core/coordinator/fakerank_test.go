@@ -602,7 +602,7 @@ func (f *fakeRank) play(ctx context.Context) error {
 			if f.script.ignoreShutdown {
 				break
 			}
-			dir := filepath.Join(v.GetDir(), "rank-"+itoa(f.id))
+			dir := filepath.Join(v.GetDir(), fmt.Sprintf("rank-%d", f.id))
 			if err = os.MkdirAll(dir, 0o755); err == nil {
 				err = save(dir, v.GetVersion())
 			}
