@@ -385,7 +385,7 @@ func (r *runner) emit(p Progress) {
 	r.c.opts.Progress(p)
 }
 
-// Now is where the run stands, for the report's snapshot and summary.
+// Now is where the run stands, for the record's snapshot and summary.
 func (r *runner) Now() record.Now {
 	return record.Now{Phase: r.phase.String(), Done: r.phase == phDone, Status: r.status, Err: r.err,
 		Epoch: r.epoch, Live: len(r.ranks.Live()), EpochTotal: r.pickSpace, Checkpoint: r.c.ckpts.Last(), Model: r.export.Model()}

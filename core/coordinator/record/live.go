@@ -23,7 +23,7 @@ const StatusRunning = "running"
 // keep the loop busy; the loop's ticker covers idle spells.
 const PublishEvery = 250 * time.Millisecond
 
-// liveState is what the report keeps for the snapshot and the live files.
+// liveState is what the Recorder keeps for the snapshot and the live files.
 type liveState struct {
 	journal    *os.File // metrics.jsonl; nil when it could not be opened
 	rounds     []status.RoundPoint
@@ -147,7 +147,7 @@ func epochPoint(s EpochSummary) status.EpochPoint {
 }
 
 // Publish makes a new snapshot when forced or PublishEvery has passed.
-// The curves share their arrays with the report's: it only appends,
+// The curves share their arrays with the Recorder's: it only appends,
 // beyond the length a snapshot sees.
 func (r *Recorder) Publish(force bool) {
 	now := time.Now()

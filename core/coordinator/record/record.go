@@ -116,7 +116,7 @@ type Recorder struct {
 	lv liveState
 }
 
-// rankRecord is what the report knows of one rank.
+// rankRecord is what the record knows of one rank.
 type rankRecord struct {
 	state  string // a status.Rank state: absent, joined, ready, live, exited, dead
 	reason string // why it left
