@@ -4,7 +4,7 @@
 // blobs among the live ranks. A Table holds the points for the whole run;
 // a Hub answers the ranks' MeetRequest and RelayPost frames on the loop.
 //
-// Neighbours: core/reduce (the reduce server it starts) and core/wire
+// Neighbours: core/reduceserver (the reduce server it starts) and core/wire
 // below; above it core/coordinator, whose loop hands the Hub its frames and
 // its deaths, and whose membership table is the Hub's Outbox.
 package meeting
