@@ -60,7 +60,7 @@ func TestPluginPackageCommands(t *testing.T) {
 		code int
 		out  string
 	}{
-		{"version", []string{"version"}, exitCompleted, "plugin protocols 1-2"},
+		{"version", []string{"version"}, exitCompleted, "plugin protocols 1-3"},
 		{"keygen", []string{"plugins", "keygen", "-o", filepath.Join(dir, "k")}, exitCompleted, "k.pub (public)"},
 		{"keygen other", []string{"plugins", "keygen", "-o", filepath.Join(dir, "other")}, exitCompleted, ""},
 		{"keygen again", []string{"plugins", "keygen", "-o", filepath.Join(dir, "k")}, exitFailed, ""},

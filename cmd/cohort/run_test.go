@@ -234,7 +234,7 @@ func mockParams(t *testing.T, dir string, settings map[string]any) (params []flo
 	if _, err := tr.Configure(ctx, plugin.TrainerConfig{Rank: 0, WorldSize: 1, Seed: 1, Settings: raw}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := tr.LoadCheckpoint(ctx, dir); err != nil {
+	if _, err := tr.LoadCheckpoint(ctx, dir, plugin.LoadResume); err != nil {
 		t.Fatal(err)
 	}
 	w, b, steps, _ := tr.Snapshot()

@@ -62,9 +62,10 @@ func (nopRelay) Exchange(context.Context, string, []byte) (map[uint32][]byte, er
 	return nil, nil
 }
 
-// A host speaks protocols 1 and 2: a plugin serving both gets 2 and the
-// relay, an old plugin serving only 1 still runs (without a relay), and a
-// plugin from the future or the past is refused with both sides' versions.
+// A host speaks protocols 1 to 3: a plugin serving them all gets 3, one
+// serving 1 and 2 gets 2 and the relay, an old plugin serving only 1 still
+// runs (without a relay), and a plugin from the future or the past is
+// refused with both sides' versions.
 func TestProtocolNegotiation(t *testing.T) {
 	dir, _ := versionedPlugin(t)
 	cases := []struct {
@@ -74,10 +75,11 @@ func TestProtocolNegotiation(t *testing.T) {
 		wantErr   string // for a refusal
 	}{
 		{"current", "", plugin.ProtocolVersion, ""},
-		{"both", "1,2", 2, ""},
+		{"all", "1,2,3", 3, ""},
+		{"relay", "1,2", 2, ""},
 		{"old plugin", "1", 1, ""},
-		{"too new", "3", 0, "plugin cohort-averaging-versioned speaks cohort plugin protocol 3; this cohort speaks 1-2"},
-		{"too old", "0", 0, "plugin cohort-averaging-versioned speaks cohort plugin protocol 0; this cohort speaks 1-2"},
+		{"too new", "4", 0, "plugin cohort-averaging-versioned speaks cohort plugin protocol 4; this cohort speaks 1-3"},
+		{"too old", "0", 0, "plugin cohort-averaging-versioned speaks cohort plugin protocol 0; this cohort speaks 1-3"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -163,11 +163,11 @@ func (s *supervisor) configureTrainer(ctx context.Context, cfg plugin.TrainerCon
 // resume has the trainer load the checkpoint in from, which later
 // replacements restore from too.
 func (s *supervisor) resume(ctx context.Context, from string) error {
-	steps, err := s.loadTrainer(ctx, from)
+	res, err := s.loadTrainer(ctx, from, plugin.LoadResume)
 	if err != nil {
 		return fmt.Errorf("resume from %s: %w", from, err)
 	}
-	s.log.Info("resumed", "from", from, "step_count", steps)
+	s.log.Info("resumed", "from", from, "step_count", res.StepCount)
 	s.lastSave = from
 	return nil
 }
@@ -190,10 +190,11 @@ func (s *supervisor) configureAverager(ctx context.Context, cfg plugin.AveragerC
 	return nil
 }
 
-// loadTrainer has the trainer load the checkpoint in dir: the one place it
-// does, at resume and when a fresh trainer replaces a lost one.
-func (s *supervisor) loadTrainer(ctx context.Context, dir string) (steps uint64, err error) {
-	return s.trainer.LoadCheckpoint(ctx, dir)
+// loadTrainer has the trainer load the checkpoint in dir for reason: the
+// one place it does, at resume and when a fresh trainer replaces a lost
+// one.
+func (s *supervisor) loadTrainer(ctx context.Context, dir string, reason plugin.LoadReason) (plugin.LoadResult, error) {
+	return s.trainer.LoadCheckpoint(ctx, dir, reason)
 }
 
 // loadAverager has the averager load its state from the checkpoint in
@@ -367,11 +368,11 @@ func (s *supervisor) replaceTrainer(ctx context.Context, cause error, lost *plug
 	}
 	s.canOverlap = s.trainerCfg.OverlapRounds && !zeroCopy
 	if dir := s.checkpointToRestore(); dir != "" {
-		steps, err := s.loadTrainer(ctx, dir)
+		res, err := s.loadTrainer(ctx, dir, plugin.LoadReplacement)
 		if err != nil {
 			return fail(fmt.Errorf("restore from %s: %w", dir, err))
 		}
-		s.log.Info("new trainer restored its optimizer state from the last checkpoint", "dir", dir, "step_count", steps)
+		s.log.Info("new trainer restored its optimizer state from the last checkpoint", "dir", dir, "step_count", res.StepCount)
 	} else {
 		s.log.Warn("new trainer starts its optimizer fresh: this rank has no checkpoint to restore it from")
 	}

@@ -1085,10 +1085,10 @@ func (d *lostTrainer) Adopt(ctx context.Context, alpha float64) (float64, error)
 	return d.Trainer.Adopt(ctx, alpha)
 }
 
-func (d *lostTrainer) LoadCheckpoint(ctx context.Context, dir string) (uint64, error) {
+func (d *lostTrainer) LoadCheckpoint(ctx context.Context, dir string, reason plugin.LoadReason) (plugin.LoadResult, error) {
 	d.loads.Add(1)
 	d.loadedFrom.Store(dir)
-	return d.Trainer.LoadCheckpoint(ctx, dir)
+	return d.Trainer.LoadCheckpoint(ctx, dir, reason)
 }
 
 // swapPlugins are in-process plugins the worker can replace: each start

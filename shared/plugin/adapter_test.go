@@ -179,9 +179,25 @@ func TestTrainerRoundTrip(t *testing.T) {
 			invoke: func(ctx context.Context, c Trainer, in any) (any, error) { return c.SaveCheckpoint(ctx, in.(string)) },
 		},
 		{
-			name: "LoadCheckpoint", op: "Trainer.LoadCheckpoint", method: "LoadCheckpoint",
-			in: "/ckpt/epoch-3", out: uint64(1 << 40),
-			invoke: func(ctx context.Context, c Trainer, in any) (any, error) { return c.LoadCheckpoint(ctx, in.(string)) },
+			name: "LoadCheckpoint/resume", op: "Trainer.LoadCheckpoint", method: "LoadCheckpoint",
+			in: loadIn{"/ckpt/epoch-3", LoadResume}, out: LoadResult{StepCount: 1 << 40},
+			invoke: func(ctx context.Context, c Trainer, in any) (any, error) {
+				return c.LoadCheckpoint(ctx, in.(loadIn).Dir, in.(loadIn).Reason)
+			},
+		},
+		{
+			name: "LoadCheckpoint/replacement", op: "Trainer.LoadCheckpoint", method: "LoadCheckpoint",
+			in: loadIn{"/ckpt/epoch-3/rank-1", LoadReplacement}, out: LoadResult{StepCount: 7},
+			invoke: func(ctx context.Context, c Trainer, in any) (any, error) {
+				return c.LoadCheckpoint(ctx, in.(loadIn).Dir, in.(loadIn).Reason)
+			},
+		},
+		{
+			name: "LoadCheckpoint/replacement keeps the checkpoint's", op: "Trainer.LoadCheckpoint", method: "LoadCheckpoint",
+			in: loadIn{"/ckpt/epoch-3/rank-1", LoadReplacement}, out: LoadResult{StepCount: 7, CheckpointParams: true},
+			invoke: func(ctx context.Context, c Trainer, in any) (any, error) {
+				return c.LoadCheckpoint(ctx, in.(loadIn).Dir, in.(loadIn).Reason)
+			},
 		},
 		{
 			name: "Shutdown", op: "Trainer.Shutdown", method: "Shutdown",
@@ -653,5 +669,57 @@ func TestTrainReportsPassThrough(t *testing.T) {
 		if r.Batch != uint64(i) || r.Samples != 8 || r.Loss != float64(i) {
 			t.Errorf("report %d is %+v, want batch %d of 8 samples, loss %d", i, r, i, i)
 		}
+	}
+}
+
+// The load reason is negotiated: a host of ProtocolLoadReason sends it, a
+// host that negotiated an older version sends none and the plugin loads as
+// for a resume; a resume's answer never claims the checkpoint's
+// parameters, which a resume restores anyway; KnowsLoadReason tells the
+// host which kind of plugin it has.
+func TestLoadReasonNegotiated(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		protocol int
+		reason   LoadReason
+		answer   LoadResult
+		sees     LoadReason
+		want     LoadResult
+		knows    bool
+	}{
+		{"protocol 3 replacement", ProtocolLoadReason, LoadReplacement, LoadResult{StepCount: 5, CheckpointParams: true}, LoadReplacement, LoadResult{StepCount: 5, CheckpointParams: true}, true},
+		{"protocol 3 resume", ProtocolLoadReason, LoadResume, LoadResult{StepCount: 5, CheckpointParams: true}, LoadResume, LoadResult{StepCount: 5}, true},
+		{"protocol 2 replacement", ProtocolRelay, LoadReplacement, LoadResult{StepCount: 5, CheckpointParams: true}, LoadResume, LoadResult{StepCount: 5}, false},
+		{"protocol 1 resume", ProtocolBase, LoadResume, LoadResult{StepCount: 5}, LoadResume, LoadResult{StepCount: 5}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rec := &recorder{out: tc.answer}
+			conn := connect(t, newGRPCServer, dialOptions(), TrainerPlugin{Impl: &fakeTrainer{call: rec.call}})
+			raw, err := TrainerPlugin{Protocol: tc.protocol}.GRPCClient(context.Background(), nil, conn)
+			if err != nil {
+				t.Fatal(err)
+			}
+			c := raw.(Trainer)
+			got, err := c.LoadCheckpoint(context.Background(), "/ckpt/rank-0", tc.reason)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, _, in := rec.got(); in != (loadIn{"/ckpt/rank-0", tc.sees}) {
+				t.Errorf("the plugin loaded %+v, want reason %v", in, tc.sees)
+			}
+			if got != tc.want {
+				t.Errorf("the host got %+v, want %+v", got, tc.want)
+			}
+			if KnowsLoadReason(c) != tc.knows {
+				t.Errorf("KnowsLoadReason = %v, want %v", !tc.knows, tc.knows)
+			}
+		})
+	}
+	if !KnowsLoadReason(&fakeTrainer{}) {
+		t.Error("KnowsLoadReason is false for a trainer in this process")
+	}
+	if _, err := serveTrainer(t, &fakeTrainer{call: (&recorder{}).call}).LoadCheckpoint(context.Background(), "/d", LoadReason(7)); err == nil ||
+		!strings.Contains(err.Error(), "LoadReason(7) is neither a resume nor a replacement") {
+		t.Errorf("an unknown reason: %v", err)
 	}
 }

@@ -235,9 +235,61 @@ type Trainer interface {
 	// is current + a*(arena - published), a being 1 for an overwrite.
 	Adopt(ctx context.Context, blendAlpha float64) (paramNorm float64, err error)
 	Evaluate(ctx context.Context) (EvalResult, error)
+	// SaveCheckpoint writes the model's parameters, the optimizer's state
+	// and the counters into dir, a directory of the trainer's own (the core
+	// gives the averager another), and returns the files written.
 	SaveCheckpoint(ctx context.Context, dir string) (files []string, err error)
-	LoadCheckpoint(ctx context.Context, dir string) (stepCount uint64, err error)
+	// LoadCheckpoint restores what SaveCheckpoint wrote into dir (possibly
+	// another rank's), as reason says: LoadResume restores everything;
+	// LoadReplacement restores the optimizer's state and the counters and
+	// leaves the arena as it is, since it holds newer parameters, unless the
+	// trainer cannot use them (LoadResult.CheckpointParams).
+	LoadCheckpoint(ctx context.Context, dir string, reason LoadReason) (LoadResult, error)
 	Shutdown(ctx context.Context) error
+}
+
+// LoadReason says why the core calls LoadCheckpoint.
+type LoadReason int
+
+const (
+	// LoadResume: the run resumes from a checkpoint, before its first
+	// round. Restore everything: parameters (into the arena too, for a
+	// trainer that trains in it), optimizer state, counters.
+	LoadResume LoadReason = iota + 1
+	// LoadReplacement: this trainer replaces one the rank lost mid-run.
+	// Configure and Attach ran as for the first, and the core put the
+	// arena's values back after Attach, so the arena holds the rank's
+	// newest parameters (the lost trainer's last Publish, the last round's
+	// result, or, for a trainer that trained in the arena, its values when
+	// it died), newer than the checkpoint's. Restore the optimizer's state
+	// and the counters and leave the arena as it is: the core calls
+	// Adopt(0) next. A trainer that cannot use the arena's values (it keeps
+	// its parameters at a precision the arena does not hold, say) restores
+	// the checkpoint's and says so in LoadResult.CheckpointParams.
+	LoadReplacement
+)
+
+func (r LoadReason) String() string {
+	switch r {
+	case LoadResume:
+		return "resume"
+	case LoadReplacement:
+		return "replacement"
+	}
+	return fmt.Sprintf("LoadReason(%d)", int(r))
+}
+
+// LoadResult is what LoadCheckpoint restored.
+type LoadResult struct {
+	// StepCount is the optimizer step count restored; the restored steps
+	// count as published.
+	StepCount uint64
+	// CheckpointParams, on a LoadReplacement, says the trainer restored the
+	// checkpoint's parameters because it cannot use the arena's: the core
+	// then calls Publish instead of Adopt, and the rank's next round
+	// averages the older values in. A resume always restores them, and
+	// ignores this.
+	CheckpointParams bool
 }
 
 // TLSFiles are a rank's mutual TLS files, absolute paths: CA, the

@@ -462,3 +462,25 @@ func fromprotoSession(m *pb.NewSessionRequest) Session {
 	}
 	return s
 }
+
+func toprotoLoadReason(r LoadReason) (pb.LoadReason, error) {
+	switch r {
+	case LoadResume:
+		return pb.LoadReason_LOAD_REASON_RESUME, nil
+	case LoadReplacement:
+		return pb.LoadReason_LOAD_REASON_REPLACEMENT, nil
+	}
+	return 0, fmt.Errorf("load reason %v is neither a resume nor a replacement", r)
+}
+
+// fromprotoLoadReason reads a request's reason; a host before
+// ProtocolLoadReason sends none, which is a resume.
+func fromprotoLoadReason(r pb.LoadReason) (LoadReason, error) {
+	switch r {
+	case pb.LoadReason_LOAD_REASON_UNSPECIFIED, pb.LoadReason_LOAD_REASON_RESUME:
+		return LoadResume, nil
+	case pb.LoadReason_LOAD_REASON_REPLACEMENT:
+		return LoadReplacement, nil
+	}
+	return 0, fmt.Errorf("unknown load reason %d", int32(r))
+}

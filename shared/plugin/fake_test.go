@@ -112,9 +112,15 @@ func (f *fakeTrainer) SaveCheckpoint(ctx context.Context, dir string) ([]string,
 	return as[[]string](out), err
 }
 
-func (f *fakeTrainer) LoadCheckpoint(ctx context.Context, dir string) (uint64, error) {
-	out, err := f.call(ctx, "LoadCheckpoint", dir)
-	return as[uint64](out), err
+// loadIn is what LoadCheckpoint received.
+type loadIn struct {
+	Dir    string
+	Reason LoadReason
+}
+
+func (f *fakeTrainer) LoadCheckpoint(ctx context.Context, dir string, reason LoadReason) (LoadResult, error) {
+	out, err := f.call(ctx, "LoadCheckpoint", loadIn{dir, reason})
+	return as[LoadResult](out), err
 }
 
 func (f *fakeTrainer) Shutdown(ctx context.Context) error {

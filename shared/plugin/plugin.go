@@ -45,9 +45,16 @@ const (
 	// Configure (relay_broker_id). Under ProtocolBase an averager gets no
 	// Relay (AveragerConfig.Relay is nil) and the host sends no broker id.
 	ProtocolRelay = 2
+	// ProtocolLoadReason (3) is ProtocolRelay plus the load reason: the
+	// host says in LoadCheckpoint whether the trainer resumes a run or
+	// replaces a lost trainer (LoadReason), and the trainer answers whether
+	// it kept the checkpoint's parameters. Under an older version the host
+	// sends no reason, the plugin treats the load as a resume, and the host
+	// puts the arena's newer values back itself after a replacement's load.
+	ProtocolLoadReason = 3
 	// ProtocolVersion is the newest version, the one Serve serves by
 	// default.
-	ProtocolVersion = ProtocolRelay
+	ProtocolVersion = ProtocolLoadReason
 	// OldestProtocol is the oldest version a host still speaks.
 	OldestProtocol = ProtocolBase
 )
@@ -61,7 +68,7 @@ func Protocols() []int {
 	return out
 }
 
-// ProtocolRange spells Protocols for people: "1-2".
+// ProtocolRange spells Protocols for people: "1-3".
 func ProtocolRange() string {
 	if OldestProtocol == ProtocolVersion {
 		return fmt.Sprint(ProtocolVersion)
@@ -94,9 +101,12 @@ func Handshake() goplugin.HandshakeConfig {
 
 // TrainerPlugin is the go-plugin Plugin for the trainer kind. In a plugin
 // Impl is the implementation being served; on the host it is unused.
+// Protocol is the protocol version this value speaks (0: ProtocolVersion):
+// from ProtocolLoadReason on the host sends LoadCheckpoint's reason.
 type TrainerPlugin struct {
 	goplugin.NetRPCUnsupportedPlugin
-	Impl Trainer
+	Impl     Trainer
+	Protocol int
 }
 
 // GRPCServer registers Impl as the cohort.v1.Trainer service.
@@ -110,7 +120,7 @@ func (p TrainerPlugin) GRPCServer(_ *goplugin.GRPCBroker, s *grpc.Server) error 
 
 // GRPCClient returns a Trainer that calls the plugin over c.
 func (p TrainerPlugin) GRPCClient(_ context.Context, _ *goplugin.GRPCBroker, c *grpc.ClientConn) (any, error) {
-	return &trainerClient{rpc: pb.NewTrainerClient(c)}, nil
+	return &trainerClient{rpc: pb.NewTrainerClient(c), reasons: p.Protocol == 0 || p.Protocol >= ProtocolLoadReason}, nil
 }
 
 // AveragerPlugin is the go-plugin Plugin for the averager kind. In a plugin
@@ -240,7 +250,7 @@ func versionedPluginSets() map[int]goplugin.PluginSet {
 	out := map[int]goplugin.PluginSet{}
 	for _, v := range Protocols() {
 		out[v] = goplugin.PluginSet{
-			KindTrainer:  TrainerPlugin{},
+			KindTrainer:  TrainerPlugin{Protocol: v},
 			KindAverager: AveragerPlugin{Protocol: v},
 		}
 	}

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"reflect"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -33,7 +34,11 @@ func serveInProcess(t *testing.T, kind string, p goplugin.Plugin, newServer func
 	closed := make(chan struct{})
 	// go-plugin's client offers its versions in the plugin's environment;
 	// in test mode there is no client process start, so offer them here.
-	t.Setenv("PLUGIN_PROTOCOL_VERSIONS", "1,2")
+	var offered []string
+	for _, v := range Protocols() {
+		offered = append(offered, strconv.Itoa(v))
+	}
+	t.Setenv("PLUGIN_PROTOCOL_VERSIONS", strings.Join(offered, ","))
 	cfg := serveConfig(kind, p, Protocols(), hclog.NewNullLogger())
 	if newServer != nil {
 		cfg.GRPCServer = newServer
@@ -331,7 +336,7 @@ func TestCheckProtocols(t *testing.T) {
 		{nil, Protocols(), ""},
 		{[]int{ProtocolBase}, []int{ProtocolBase}, ""},
 		{[]int{ProtocolVersion, ProtocolBase}, []int{ProtocolBase, ProtocolVersion}, ""},
-		{[]int{ProtocolVersion + 1}, nil, "not 3"},
+		{[]int{ProtocolVersion + 1}, nil, "not 4"},
 		{[]int{0}, nil, "not 0"},
 		{[]int{1, 1}, nil, "twice"},
 	}
@@ -354,16 +359,16 @@ func TestExplainStart(t *testing.T) {
 	if got := ExplainStart("cohort-averaging-x", other); got != other {
 		t.Errorf("ExplainStart(other) = %v, want it unchanged", got)
 	}
-	raw := errors.New("incompatible API version with plugin. Plugin version: 3, Client versions: [1 2]")
+	raw := errors.New("incompatible API version with plugin. Plugin version: 4, Client versions: [1 2 3]")
 	err := ExplainStart("cohort-averaging-x", raw)
-	want := "plugin cohort-averaging-x speaks cohort plugin protocol 3; this cohort speaks " + ProtocolRange()
+	want := "plugin cohort-averaging-x speaks cohort plugin protocol 4; this cohort speaks " + ProtocolRange()
 	if err == nil || err.Error() != want {
 		t.Errorf("ExplainStart = %v, want %q", err, want)
 	}
 	if !errors.Is(err, ErrProtocol) || !errors.Is(err, raw) {
 		t.Errorf("%v does not wrap ErrProtocol and go-plugin's error", err)
 	}
-	if ProtocolRange() != "1-2" || !reflect.DeepEqual(Protocols(), []int{1, 2}) {
-		t.Errorf("Protocols %v (%s), want [1 2] (1-2)", Protocols(), ProtocolRange())
+	if ProtocolRange() != "1-3" || !reflect.DeepEqual(Protocols(), []int{1, 2, 3}) {
+		t.Errorf("Protocols %v (%s), want [1 2 3] (1-3)", Protocols(), ProtocolRange())
 	}
 }

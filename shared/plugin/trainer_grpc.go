@@ -134,11 +134,17 @@ func (s *trainerServer) SaveCheckpoint(ctx context.Context, req *pb.SaveCheckpoi
 }
 
 func (s *trainerServer) LoadCheckpoint(ctx context.Context, req *pb.LoadCheckpointRequest) (*pb.LoadCheckpointResponse, error) {
-	steps, err := s.impl.LoadCheckpoint(ctx, req.GetDir())
+	reason, err := fromprotoLoadReason(req.GetReason())
+	if err != nil {
+		return nil, invalidRequest("LoadCheckpoint", err)
+	}
+	res, err := s.impl.LoadCheckpoint(ctx, req.GetDir(), reason)
 	if err != nil {
 		return nil, statusError(err)
 	}
-	return &pb.LoadCheckpointResponse{StepCount: steps}, nil
+	// A resume restores the checkpoint's parameters whatever the trainer
+	// says; only a replacement's answer tells the host something.
+	return &pb.LoadCheckpointResponse{StepCount: res.StepCount, CheckpointParams: res.CheckpointParams && reason == LoadReplacement}, nil
 }
 
 func (s *trainerServer) Shutdown(ctx context.Context, _ *pb.ShutdownRequest) (*pb.ShutdownResponse, error) {
@@ -152,6 +158,9 @@ func (s *trainerServer) Shutdown(ctx context.Context, _ *pb.ShutdownRequest) (*p
 // plugin's cohort.v1.Trainer service.
 type trainerClient struct {
 	rpc pb.TrainerClient
+	// reasons: the negotiated protocol carries LoadCheckpoint's reason
+	// (ProtocolLoadReason on).
+	reasons bool
 }
 
 var (
@@ -287,12 +296,34 @@ func (c *trainerClient) SaveCheckpoint(ctx context.Context, dir string) ([]strin
 	return resp.GetFiles(), nil
 }
 
-func (c *trainerClient) LoadCheckpoint(ctx context.Context, dir string) (uint64, error) {
-	resp, err := c.rpc.LoadCheckpoint(ctx, &pb.LoadCheckpointRequest{Dir: dir})
-	if err != nil {
-		return 0, callError(ctx, "Trainer.LoadCheckpoint", err)
+// LoadCheckpoint sends reason from ProtocolLoadReason on; a plugin of an
+// older protocol gets none, treats the load as a resume and never answers
+// CheckpointParams (KnowsLoadReason tells the host which it is).
+func (c *trainerClient) LoadCheckpoint(ctx context.Context, dir string, reason LoadReason) (LoadResult, error) {
+	const op = "Trainer.LoadCheckpoint"
+	req := &pb.LoadCheckpointRequest{Dir: dir}
+	if c.reasons {
+		r, err := toprotoLoadReason(reason)
+		if err != nil {
+			return LoadResult{}, errors.New(op + ": " + err.Error())
+		}
+		req.Reason = r
 	}
-	return resp.GetStepCount(), nil
+	resp, err := c.rpc.LoadCheckpoint(ctx, req)
+	if err != nil {
+		return LoadResult{}, callError(ctx, op, err)
+	}
+	return LoadResult{StepCount: resp.GetStepCount(), CheckpointParams: resp.GetCheckpointParams() && reason == LoadReplacement}, nil
+}
+
+// KnowsLoadReason reports whether t learns LoadCheckpoint's reason: a
+// plugin process that negotiated ProtocolLoadReason or newer, or a trainer
+// in this process. An older plugin loads every checkpoint as a resume,
+// into the arena too if it trains there, so after a replacement's load the
+// host puts the arena's newer values back itself.
+func KnowsLoadReason(t Trainer) bool {
+	c, ok := t.(*trainerClient)
+	return !ok || c.reasons
 }
 
 func (c *trainerClient) Shutdown(ctx context.Context) error {

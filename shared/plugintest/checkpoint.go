@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 
 	"github.com/cohortdl/cohort/shared/atomicfile"
+	"github.com/cohortdl/cohort/shared/plugin"
 )
 
 // CheckpointFile is the name of the mock trainer's checkpoint in a
@@ -19,13 +20,17 @@ import (
 // restore what another saved.
 const CheckpointFile = "mock-trainer.ckpt"
 
-// The checkpoint file: magic, the layout digest, features, steps and trained
-// (u64 each), the weights, the bias and the feature means (f32 each), and a
+// The checkpoint file: magic, the layout digest, features, steps, trained
+// and the schedule's step (u64 each), the weights, the bias, the feature
+// means and the momentum velocities of weight and bias (f32 each), and a
 // CRC-32C of everything before it. All little-endian.
 const (
-	checkpointMagic  = "COHMCKP1"
-	checkpointHeader = 8 + 32 + 3*8
+	checkpointMagic  = "COHMCKP2"
+	checkpointHeader = 8 + 32 + 4*8
 )
+
+// checkpointSize is the file's size for a model of f features.
+func checkpointSize(f int) int64 { return int64(checkpointHeader + 4*(3*f+2) + 4) }
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
@@ -50,44 +55,44 @@ func (t *Trainer) SaveCheckpoint(_ context.Context, dir string) ([]string, error
 
 func (t *Trainer) encodeCheckpointLocked() []byte {
 	f := len(t.weight)
-	buf := make([]byte, 0, checkpointHeader+4*(2*f+1)+4)
+	buf := make([]byte, 0, checkpointSize(f))
 	buf = append(buf, checkpointMagic...)
 	d := t.layout.Digest()
 	buf = append(buf, d[:]...)
-	buf = binary.LittleEndian.AppendUint64(buf, uint64(f))
-	buf = binary.LittleEndian.AppendUint64(buf, t.steps)
-	buf = binary.LittleEndian.AppendUint64(buf, t.trained)
-	for _, v := range t.weight {
-		buf = binary.LittleEndian.AppendUint32(buf, math.Float32bits(v))
+	for _, v := range []uint64{uint64(f), t.steps, t.trained, t.sched} {
+		buf = binary.LittleEndian.AppendUint64(buf, v)
 	}
-	buf = binary.LittleEndian.AppendUint32(buf, math.Float32bits(t.bias))
-	for _, v := range t.mean {
-		buf = binary.LittleEndian.AppendUint32(buf, math.Float32bits(v))
+	for _, vs := range [][]float32{t.weight, t.bias, t.mean, t.vel} {
+		for _, v := range vs {
+			buf = binary.LittleEndian.AppendUint32(buf, math.Float32bits(v))
+		}
 	}
 	return binary.LittleEndian.AppendUint32(buf, crc32.Checksum(buf, castagnoli))
 }
 
-// LoadCheckpoint restores dir/CheckpointFile bitwise and returns the step
-// count it held. The file must match the configured layout and checksum.
-// The restored step count counts as published.
-func (t *Trainer) LoadCheckpoint(_ context.Context, dir string) (uint64, error) {
+// LoadCheckpoint restores dir/CheckpointFile, which must match the
+// configured layout and its checksum, and returns the step count it held;
+// the restored steps count as published. A resume restores the model
+// bitwise (into the arena, when it lives there); a replacement restores
+// the optimizer's velocities and the counters only and leaves the model as
+// it is, for the Adopt of the arena's newer values that follows.
+func (t *Trainer) LoadCheckpoint(_ context.Context, dir string, reason plugin.LoadReason) (plugin.LoadResult, error) {
 	path := filepath.Join(dir, CheckpointFile)
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.data == nil {
-		return 0, errors.New("mock trainer: LoadCheckpoint before Configure")
+		return plugin.LoadResult{}, errors.New("mock trainer: LoadCheckpoint before Configure")
 	}
 	f := len(t.weight)
-	want := int64(checkpointHeader + 4*(2*f+1) + 4)
-	buf, err := readFileExact(path, want)
+	buf, err := readFileExact(path, checkpointSize(f))
 	if err != nil {
-		return 0, fmt.Errorf("mock trainer: load checkpoint: %w", err)
+		return plugin.LoadResult{}, fmt.Errorf("mock trainer: load checkpoint: %w", err)
 	}
-	bad := func(what string) (uint64, error) {
-		return 0, fmt.Errorf("mock trainer: load checkpoint %s: %s", path, what)
+	bad := func(what string) (plugin.LoadResult, error) {
+		return plugin.LoadResult{}, fmt.Errorf("mock trainer: load checkpoint %s: %s", path, what)
 	}
 	if string(buf[:8]) != checkpointMagic {
-		return bad("not a mock trainer checkpoint (bad magic)")
+		return bad("not a mock trainer checkpoint of this version (bad magic)")
 	}
 	body, sum := buf[:len(buf)-4], binary.LittleEndian.Uint32(buf[len(buf)-4:])
 	if crc32.Checksum(body, castagnoli) != sum {
@@ -101,21 +106,25 @@ func (t *Trainer) LoadCheckpoint(_ context.Context, dir string) (uint64, error) 
 	}
 	t.steps = binary.LittleEndian.Uint64(buf[48:])
 	t.trained = binary.LittleEndian.Uint64(buf[56:])
+	t.sched = binary.LittleEndian.Uint64(buf[64:])
 	t.lastPub = t.steps
 	vals := body[checkpointHeader:]
-	next := func() float32 {
-		v := math.Float32frombits(binary.LittleEndian.Uint32(vals))
-		vals = vals[4:]
-		return v
+	read := func(dst []float32) {
+		for j := range dst {
+			dst[j] = math.Float32frombits(binary.LittleEndian.Uint32(vals))
+			vals = vals[4:]
+		}
 	}
-	for j := range t.weight {
-		t.weight[j] = next()
+	if reason == plugin.LoadReplacement {
+		vals = vals[4*(2*f+1):] // the arena holds newer parameters
+	} else {
+		read(t.weight)
+		read(t.bias)
+		read(t.mean)
+		t.pub = t.pub[:0]
 	}
-	t.bias = next()
-	for j := range t.mean {
-		t.mean[j] = next()
-	}
-	return t.steps, nil
+	read(t.vel)
+	return plugin.LoadResult{StepCount: t.steps}, nil
 }
 
 // readFileExact reads path, which must hold exactly want bytes.

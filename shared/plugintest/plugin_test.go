@@ -155,9 +155,9 @@ func TestPluginTrainerRPCs(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, tr := range both {
-		steps, err := tr.LoadCheckpoint(ctx, dir)
-		if err != nil || steps != pubs[0].StepCount {
-			t.Fatalf("LoadCheckpoint = %d, %v; want %d", steps, err, pubs[0].StepCount)
+		res, err := tr.LoadCheckpoint(ctx, dir, plugin.LoadResume)
+		if err != nil || res.StepCount != pubs[0].StepCount {
+			t.Fatalf("LoadCheckpoint = %+v, %v; want step count %d", res, err, pubs[0].StepCount)
 		}
 		if _, err := tr.Publish(ctx); err != nil {
 			t.Fatal(err)

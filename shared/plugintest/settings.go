@@ -28,6 +28,19 @@ type TrainerSettings struct {
 	Features    int     `json:"features"`
 	BatchSize   uint32  `json:"batch_size"`
 	LR          float64 `json:"lr" doc:"the learning rate, above 0"`
+	// LRDecay makes the learning rate follow the schedule's step t (the
+	// cohort's step count a plan names in GlobalStep, counted on from there):
+	// lr / (1 + lr_decay·t). 0 keeps it constant.
+	LRDecay float64 `json:"lr_decay,omitempty" doc:"the rate at step t is lr / (1 + lr_decay·t), 0 or more"`
+	// Momentum is SGD's momentum, in [0, 1): the optimizer keeps a velocity
+	// per parameter, state a checkpoint holds and the arena does not.
+	Momentum float64 `json:"momentum,omitempty" doc:"SGD momentum in [0, 1)"`
+	// ZeroCopy makes the model live in the arena: Attach makes its tensors
+	// views of it (zeroCopy true), so training writes the arena in place,
+	// as a vendor's zero-copy trainer does. Ignored when the rank runs
+	// rounds beside training (OverlapRounds), which needs the parameters
+	// out of the arena.
+	ZeroCopy bool `json:"zero_copy,omitempty" doc:"train in place in the arena"`
 	// SleepPerBatch is a time.Duration string: every batch takes at least
 	// this long, to make a slow rank.
 	SleepPerBatch string `json:"sleep_per_batch,omitempty" setting:"duration"`
@@ -101,6 +114,10 @@ func parseTrainerSettings(raw json.RawMessage, rank uint32) (TrainerSettings, ti
 		return bad("batch_size = 0, want at least 1")
 	case !(s.LR > 0) || math.IsInf(s.LR, 0):
 		return bad("lr = %v, want a finite number above 0", s.LR)
+	case !(s.LRDecay >= 0) || math.IsInf(s.LRDecay, 0):
+		return bad("lr_decay = %v, want a finite number, 0 or more", s.LRDecay)
+	case !(s.Momentum >= 0 && s.Momentum < 1):
+		return bad("momentum = %v, want a number in [0, 1)", s.Momentum)
 	}
 	if s.SleepPerBatch == "" {
 		s.SleepPerBatch = "0"

@@ -4,8 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"os"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -34,15 +34,19 @@ const featureMeanRate = 0.01
 const paramNormEvery = 10
 
 // Trainer is the mock trainer: binary logistic regression (sigmoid, binary
-// cross-entropy, plain SGD) on data generated from the configured seed, the
-// same data on every rank.
+// cross-entropy, SGD) on data generated from the configured seed, the same
+// data on every rank.
 //
 // Its layout is "weight" [features] and "bias" [1] (parameters) and
 // "feature_mean" [features] (a buffer: the exponential running mean of the
-// features trained on, rate 0.01 per sample), all f32. Parameters live in Go
-// slices; Publish copies them into the arena and Adopt copies them back.
-// Plan.GlobalStep is not used: the learning rate is constant, times the
-// plan's LRScale, and every batch report carries it as the scalar "lr".
+// features trained on, rate 0.01 per sample), all f32. By default the
+// parameters live in Go slices, Publish copies them into the arena and
+// Adopt copies them back; with the zero_copy setting they live in the
+// arena and training writes it in place. The learning rate is lr, divided
+// by 1 + lr_decay·t at the schedule's step t (a plan's GlobalStep sets it),
+// times the plan's LRScale; every batch report carries it as the scalar
+// "lr". With momentum the optimizer keeps a velocity per parameter, which
+// checkpoints hold and the arena does not.
 //
 // A Trainer is safe for concurrent use; one Train runs at a time.
 type Trainer struct {
@@ -59,15 +63,20 @@ type Trainer struct {
 	sleep    time.Duration
 	layout   arena.Layout
 	data     *dataset // nil until Configure
-	weight   []float32
-	bias     float32
-	mean     []float32
+	// The model's tensors: Go memory, or views of the arena when zeroCopy.
+	weight []float32
+	bias   []float32 // one value
+	mean   []float32
+	// vel is the momentum velocity of weight then bias.
+	vel      []float32
+	zeroCopy bool
 	x        []float32 // one sample's features
 	grad     []float64 // one batch's weight gradient
 	steps    uint64    // optimizer steps in total
 	lastPub  uint64    // steps at the last Publish
+	sched    uint64    // the learning-rate schedule's step
 	// pub holds weight, bias and mean as of the last Publish, for an Adopt
-	// that credits the steps trained since.
+	// that blends or credits the steps trained since.
 	pub     []float32
 	trained uint64 // samples trained in total
 	batches uint64 // batches trained by this process, for fail_after_batches
@@ -130,54 +139,15 @@ func (t *Trainer) Configure(_ context.Context, cfg plugin.TrainerConfig) (plugin
 	t.cfg.Settings = append([]byte(nil), cfg.Settings...)
 	t.settings, t.sleep, t.layout, t.data = s, sleep, layout, data
 	t.weight = make([]float32, s.Features)
-	t.bias = 0
+	t.bias = make([]float32, 1)
 	t.mean = make([]float32, s.Features)
+	t.vel = make([]float32, s.Features+1)
 	t.x = make([]float32, s.Features)
 	t.grad = make([]float64, s.Features)
-	t.steps, t.lastPub, t.trained, t.batches = 0, 0, 0, 0
+	t.steps, t.lastPub, t.sched, t.trained, t.batches = 0, 0, 0, 0, 0
 	t.ledger = ledger
 	t.logger.Debug("configured", "rank", cfg.Rank, "world", cfg.WorldSize, "features", s.Features, "samples", s.Samples)
 	return plugin.TrainerSetup{Layout: layout, Samples: s.Samples, EvalSamples: s.EvalSamples, BatchSize: s.BatchSize}, nil
-}
-
-// releaseLocked closes the arena mapping and the ledger.
-func (t *Trainer) releaseLocked() error {
-	var errs []error
-	if t.mapping != nil {
-		errs = append(errs, t.mapping.Close())
-		t.mapping = nil
-	}
-	t.pub = t.pub[:0]
-	if t.ledger != nil {
-		errs = append(errs, t.ledger.Close())
-		t.ledger = nil
-	}
-	return errors.Join(errs...)
-}
-
-// Attach maps the arena; its layout must be the one Configure returned.
-// The mock copies on Publish and Adopt, so zeroCopy is false.
-func (t *Trainer) Attach(_ context.Context, d arena.Descriptor) (bool, error) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.data == nil {
-		return false, errors.New("mock trainer: Attach before Configure")
-	}
-	if d.Layout.Digest() != t.layout.Digest() {
-		return false, fmt.Errorf("mock trainer: arena %s has a different layout (%d entries, %d bytes) than the model (%d entries, %d bytes)",
-			d.Path, len(d.Layout.Entries), d.Layout.Size, len(t.layout.Entries), t.layout.Size)
-	}
-	m, err := arena.Open(d)
-	if err != nil {
-		return false, fmt.Errorf("mock trainer: %w", err)
-	}
-	if t.mapping != nil {
-		if err := t.mapping.Close(); err != nil {
-			t.logger.Warn("closing the previous arena", "error", err)
-		}
-	}
-	t.mapping, t.pub = m, t.pub[:0]
-	return false, nil
 }
 
 // Train runs the plan's slice of the epoch's permutation in batches of
@@ -192,6 +162,9 @@ func (t *Trainer) Train(ctx context.Context, plan plugin.Plan, report func(plugi
 	t.mu.Lock()
 	configured := t.data != nil
 	samples, batchSize, sleep := t.settings.Samples, uint64(t.settings.BatchSize), t.sleep
+	if plan.GlobalStep != 0 {
+		t.sched = plan.GlobalStep
+	}
 	t.mu.Unlock()
 	if !configured {
 		return errors.New("mock trainer: Train before Configure")
@@ -248,7 +221,7 @@ func (t *Trainer) Train(ctx context.Context, plan plugin.Plan, report func(plugi
 }
 
 // step trains one batch of sample indices with one SGD step at the
-// learning rate times lrScale.
+// schedule's learning rate times lrScale.
 func (t *Trainer) step(idx []uint64, lrScale float64) (plugin.BatchReport, error) {
 	// While Train runs only a round's Publish or Adopt takes the lock.
 	locking := time.Now()
@@ -268,7 +241,7 @@ func (t *Trainer) step(idx []uint64, lrScale float64) (plugin.BatchReport, error
 		t0 := time.Now()
 		y := t.data.sample(splitTrain, i, t.x)
 		data += time.Since(t0)
-		z := float64(t.bias)
+		z := float64(t.bias[0])
 		for j, v := range t.x {
 			z += float64(t.weight[j]) * float64(v)
 		}
@@ -280,20 +253,30 @@ func (t *Trainer) step(idx []uint64, lrScale float64) (plugin.BatchReport, error
 			t.mean[j] += featureMeanRate * (v - t.mean[j])
 		}
 	}
-	scale := t.settings.LR * lrScale / float64(len(idx))
-	for j, g := range t.grad {
-		t.weight[j] = float32(float64(t.weight[j]) - scale*g)
+	lr := t.settings.LR / (1 + t.settings.LRDecay*float64(t.sched)) * lrScale
+	n := float64(len(idx))
+	update := func(p *float32, v *float32, g float64) {
+		if mu := t.settings.Momentum; mu > 0 {
+			*v = float32(mu*float64(*v) + g/n)
+			*p = float32(float64(*p) - lr*float64(*v))
+			return
+		}
+		*p = float32(float64(*p) - lr/n*g)
 	}
-	t.bias = float32(float64(t.bias) - scale*gradBias)
+	for j, g := range t.grad {
+		update(&t.weight[j], &t.vel[j], g)
+	}
+	update(&t.bias[0], &t.vel[len(t.weight)], gradBias)
 	t.steps++
+	t.sched++
 	t.batches++
 	t.trained += uint64(len(idx))
 	rep := plugin.BatchReport{
 		Samples:     uint32(len(idx)),
-		Loss:        loss / float64(len(idx)),
+		Loss:        loss / n,
 		DataMS:      plugin.Milliseconds(data),
 		StepCount:   t.steps,
-		Scalars:     map[string]float64{"lr": t.settings.LR * lrScale},
+		Scalars:     map[string]float64{"lr": lr},
 		RoundWaitMS: plugin.Milliseconds(held),
 	}
 	if t.steps%paramNormEvery == 0 {
@@ -325,104 +308,6 @@ func (t *Trainer) writeLedger(buf []byte, epoch uint64, idx []uint64) ([]byte, e
 	return buf, nil
 }
 
-// normLocked is the L2 norm of the parameters (weight and bias).
-func (t *Trainer) normLocked() float64 {
-	s := float64(t.bias) * float64(t.bias)
-	for _, v := range t.weight {
-		s += float64(v) * float64(v)
-	}
-	return math.Sqrt(s)
-}
-
-// tensorsLocked views the arena's three tensors.
-func (t *Trainer) tensorsLocked(op string) (w, b, m []float32, err error) {
-	if t.mapping == nil {
-		return nil, nil, nil, fmt.Errorf("mock trainer: %s before Attach", op)
-	}
-	if w, err = t.mapping.Float32s(entryWeight); err == nil {
-		if b, err = t.mapping.Float32s(entryBias); err == nil {
-			m, err = t.mapping.Float32s(entryFeatureMean)
-		}
-	}
-	if err != nil {
-		return nil, nil, nil, fmt.Errorf("mock trainer: %s: %w", op, err)
-	}
-	return w, b, m, nil
-}
-
-// Publish copies parameters and buffer into the arena.
-func (t *Trainer) Publish(context.Context) (plugin.PublishResult, error) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	w, b, m, err := t.tensorsLocked("Publish")
-	if err != nil {
-		return plugin.PublishResult{}, err
-	}
-	copy(w, t.weight)
-	b[0] = t.bias
-	copy(m, t.mean)
-	t.pub = append(append(append(t.pub[:0], t.weight...), t.bias), t.mean...)
-	res := plugin.PublishResult{Steps: t.steps - t.lastPub, StepCount: t.steps, ParamNorm: t.normLocked(), HostCopyBytes: t.settings.HostCopyBytes}
-	t.lastPub = t.steps
-	return res, nil
-}
-
-// Adopt copies parameters and buffer from the arena; with blendAlpha in
-// (0,1) every value becomes (1-a)·local + a·arena instead (computed in
-// float64). blendAlpha 0 or 1 overwrites; outside [0,1] is an error. When
-// steps ran since Publish (a round during Train) every value becomes
-// local + a·(arena − published) instead, a = 1 for an overwrite.
-func (t *Trainer) Adopt(_ context.Context, blendAlpha float64) (float64, error) {
-	if !(blendAlpha >= 0 && blendAlpha <= 1) {
-		return 0, fmt.Errorf("mock trainer: blend alpha %v is outside [0, 1]", blendAlpha)
-	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.trainMu.TryLock() {
-		t.trainMu.Unlock()
-	} else {
-		t.adopts++
-		if n := t.settings.ExitOnAdopt; n != 0 && t.adopts == n {
-			os.Exit(3)
-		}
-	}
-	w, b, m, err := t.tensorsLocked("Adopt")
-	if err != nil {
-		return 0, err
-	}
-	if t.steps != t.lastPub && len(t.pub) == 2*len(t.weight)+1 {
-		a := blendAlpha
-		if a == 0 {
-			a = 1
-		}
-		credit := func(local, global, published float32) float32 {
-			return float32(float64(local) + a*(float64(global)-float64(published)))
-		}
-		n := len(t.weight)
-		for j := range t.weight {
-			t.weight[j] = credit(t.weight[j], w[j], t.pub[j])
-			t.mean[j] = credit(t.mean[j], m[j], t.pub[n+1+j])
-		}
-		t.bias = credit(t.bias, b[0], t.pub[n])
-		return t.normLocked(), nil
-	}
-	if blendAlpha == 0 || blendAlpha == 1 {
-		copy(t.weight, w)
-		t.bias = b[0]
-		copy(t.mean, m)
-		return t.normLocked(), nil
-	}
-	blend := func(local, global float32) float32 {
-		return float32((1-blendAlpha)*float64(local) + blendAlpha*float64(global))
-	}
-	for j := range t.weight {
-		t.weight[j] = blend(t.weight[j], w[j])
-		t.mean[j] = blend(t.mean[j], m[j])
-	}
-	t.bias = blend(t.bias, b[0])
-	return t.normLocked(), nil
-}
-
 // Evaluate reports the mean loss and the accuracy on the eval split.
 func (t *Trainer) Evaluate(context.Context) (plugin.EvalResult, error) {
 	t.mu.Lock()
@@ -435,7 +320,7 @@ func (t *Trainer) Evaluate(context.Context) (plugin.EvalResult, error) {
 	n := t.settings.EvalSamples
 	for i := uint64(0); i < n; i++ {
 		y := t.data.sample(splitEval, i, t.x)
-		z := float64(t.bias)
+		z := float64(t.bias[0])
 		for j, v := range t.x {
 			z += float64(t.weight[j]) * float64(v)
 		}
@@ -462,14 +347,14 @@ func (t *Trainer) Shutdown(context.Context) error {
 func (t *Trainer) Snapshot() (weight, bias []float32, steps, trained uint64) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return append([]float32(nil), t.weight...), []float32{t.bias}, t.steps, t.trained
+	return slices.Clone(t.weight), slices.Clone(t.bias), t.steps, t.trained
 }
 
 // FeatureMean copies the model's buffer.
 func (t *Trainer) FeatureMean() []float32 {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return append([]float32(nil), t.mean...)
+	return slices.Clone(t.mean)
 }
 
 // sleepCtx waits d (nothing when d <= 0) or until ctx ends.

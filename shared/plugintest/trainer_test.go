@@ -120,6 +120,10 @@ func TestTrainerSettings(t *testing.T) {
 		{name: "sleep by rank", json: `{"sleep_per_batch_by_rank": {"0": "2ms", "7": "1s"}}`, features: 16, samples: 2048, eval: 512, batch: 32},
 		{name: "sleep by rank, bad key", json: `{"sleep_per_batch_by_rank": {"zero": "2ms"}}`, wantErr: "not a rank"},
 		{name: "sleep by rank, bad value", json: `{"sleep_per_batch_by_rank": {"0": "-2ms"}}`, wantErr: "sleep_per_batch_by_rank"},
+		{name: "optimizer", json: `{"lr_decay": 0.5, "momentum": 0.9, "zero_copy": true}`, features: 16, samples: 2048, eval: 512, batch: 32},
+		{name: "negative lr_decay", json: `{"lr_decay": -0.1}`, wantErr: "lr_decay = -0.1"},
+		{name: "momentum 1", json: `{"momentum": 1}`, wantErr: "momentum = 1, want a number in [0, 1)"},
+		{name: "negative momentum", json: `{"momentum": -0.5}`, wantErr: "momentum = -0.5"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -509,12 +513,12 @@ func TestTrainerCheckpoint(t *testing.T) {
 
 	check := func(t *testing.T, tr *Trainer) {
 		t.Helper()
-		got, err := tr.LoadCheckpoint(ctx, dir)
+		got, err := tr.LoadCheckpoint(ctx, dir, plugin.LoadResume)
 		if err != nil {
 			t.Fatal(err)
 		}
 		gw, gb, gs, gt := tr.Snapshot()
-		if got != steps || gs != steps || gt != trained || !bitsEqual(gw, w) || !bitsEqual(gb, b) || !bitsEqual(tr.FeatureMean(), fm) {
+		if got.StepCount != steps || gs != steps || gt != trained || !bitsEqual(gw, w) || !bitsEqual(gb, b) || !bitsEqual(tr.FeatureMean(), fm) {
 			t.Fatal("LoadCheckpoint did not restore the saved state bitwise")
 		}
 	}
@@ -563,7 +567,7 @@ func TestTrainerCheckpoint(t *testing.T) {
 				c.s(&s)
 			}
 			fresh, _ := configure(t, 0, 1, seed, s)
-			if _, err := fresh.LoadCheckpoint(ctx, d); err == nil {
+			if _, err := fresh.LoadCheckpoint(ctx, d, plugin.LoadResume); err == nil {
 				t.Fatal("LoadCheckpoint succeeded")
 			}
 			if _, _, steps, _ := fresh.Snapshot(); steps != 0 {
@@ -749,4 +753,128 @@ func TestTrainerReportsRoundWait(t *testing.T) {
 	if len(reps) != 2 || reps[0].RoundWaitMS > 20 || reps[1].RoundWaitMS < 30 {
 		t.Fatalf("reports %+v: want the second batch to have waited about 40 ms, the first not", reps)
 	}
+}
+
+// With lr_decay the rate follows the schedule's step: a plan's GlobalStep
+// sets it, the trainer counts on from there, and every batch reports the
+// rate it used.
+func TestTrainerLRSchedule(t *testing.T) {
+	s := small()
+	s.LRDecay = 0.5
+	tr, setup := configure(t, 0, 1, 3, s)
+	p := fullEpoch(3, 0, setup.Samples)
+	p.PartitionSize, p.GlobalStep, p.LRScale = 48, 10, 2
+	reps := train(t, tr, p)
+	p.Epoch, p.GlobalStep = 1, 0
+	reps = append(reps, train(t, tr, p)...)
+	for i, r := range reps {
+		want := s.LR / (1 + s.LRDecay*float64(10+i)) * 2
+		if r.Scalars["lr"] != want {
+			t.Errorf("batch %d used lr %v, want %v at schedule step %d", i, r.Scalars["lr"], want, 10+i)
+		}
+	}
+}
+
+// With zero_copy the model lives in the arena: Attach says so, training
+// writes the arena without a Publish, Adopt blends in place from the last
+// Publish, and Shutdown leaves the model readable.
+func TestTrainerZeroCopy(t *testing.T) {
+	ctx := context.Background()
+	s := small()
+	s.ZeroCopy = true
+	tr, setup := configure(t, 0, 1, 3, s)
+	a := newArena(t, setup.Layout)
+	if zc, err := tr.Attach(ctx, a.Descriptor()); err != nil || !zc {
+		t.Fatalf("Attach = %v, %v; want zero copy", zc, err)
+	}
+	m, err := arena.Open(a.Descriptor())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	p := fullEpoch(3, 0, setup.Samples)
+	p.PartitionSize = 32
+	train(t, tr, p)
+	w, b, _, _ := tr.Snapshot()
+	if !bitsEqual(floats(t, m, entryWeight), w) || !bitsEqual(floats(t, m, entryBias), b) || allZero(w) {
+		t.Fatal("training did not write the arena in place")
+	}
+	if _, err := tr.Publish(ctx); err != nil {
+		t.Fatal(err)
+	}
+	published := slices.Clone(w)
+	arenaW := floats(t, m, entryWeight)
+	for j := range arenaW {
+		arenaW[j] = 1
+	}
+	if _, err := tr.Adopt(ctx, 0.25); err != nil {
+		t.Fatal(err)
+	}
+	got, _, _, _ := tr.Snapshot()
+	for j := range got {
+		if want := float32(0.75*float64(published[j]) + 0.25); got[j] != want || arenaW[j] != want {
+			t.Fatalf("weight %d after Adopt(0.25): model %v, arena %v; want %v", j, got[j], arenaW[j], want)
+		}
+	}
+	if err := tr.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if after, _, _, _ := tr.Snapshot(); !bitsEqual(after, got) {
+		t.Error("Shutdown lost the model that lived in the arena")
+	}
+
+	// Rounds beside training need the parameters out of the arena.
+	over := NewTrainer(nil)
+	defer over.Shutdown(ctx)
+	if _, err := over.Configure(ctx, plugin.TrainerConfig{WorldSize: 1, Settings: s.JSON(), OverlapRounds: true}); err != nil {
+		t.Fatal(err)
+	}
+	if zc, err := over.Attach(ctx, newArena(t, setup.Layout).Descriptor()); err != nil || zc {
+		t.Errorf("Attach with OverlapRounds = %v, %v; want a copy", zc, err)
+	}
+}
+
+// A replacement's load restores the optimizer's velocity and the counters
+// and leaves the model as it is, in the arena or not; a resume restores
+// the model too.
+func TestTrainerLoadReplacement(t *testing.T) {
+	ctx := context.Background()
+	for _, zeroCopy := range []bool{false, true} {
+		t.Run(fmt.Sprintf("zero copy %v", zeroCopy), func(t *testing.T) {
+			s := small()
+			s.Momentum, s.ZeroCopy = 0.9, zeroCopy
+			tr, setup := configure(t, 0, 1, 3, s)
+			a := newArena(t, setup.Layout)
+			if _, err := tr.Attach(ctx, a.Descriptor()); err != nil {
+				t.Fatal(err)
+			}
+			train(t, tr, fullEpoch(3, 0, setup.Samples))
+			dir := t.TempDir()
+			if _, err := tr.SaveCheckpoint(ctx, dir); err != nil {
+				t.Fatal(err)
+			}
+			saved, _, steps, _ := tr.Snapshot()
+			train(t, tr, fullEpoch(3, 1, setup.Samples))
+			newer, _, _, _ := tr.Snapshot()
+			before := slices.Clone(a.Bytes())
+
+			res, err := tr.LoadCheckpoint(ctx, dir, plugin.LoadReplacement)
+			if err != nil || res != (plugin.LoadResult{StepCount: steps}) {
+				t.Fatalf("LoadCheckpoint(replacement) = %+v, %v; want step count %d", res, err, steps)
+			}
+			if got, _, gs, _ := tr.Snapshot(); !bitsEqual(got, newer) || gs != steps || !slices.Equal(a.Bytes(), before) {
+				t.Fatalf("a replacement's load changed the model or the arena, or restored %d steps, not %d", gs, steps)
+			}
+			if _, err := tr.LoadCheckpoint(ctx, dir, plugin.LoadResume); err != nil {
+				t.Fatal(err)
+			}
+			if got, _, _, _ := tr.Snapshot(); !bitsEqual(got, saved) {
+				t.Fatal("a resume did not restore the model")
+			}
+		})
+	}
+}
+
+func allZero(v []float32) bool {
+	return !slices.ContainsFunc(v, func(x float32) bool { return x != 0 })
 }

@@ -128,7 +128,7 @@ func loadMock(t *testing.T, dir string, settings map[string]any) {
 	if _, err := tr.Configure(ctx, plugin.TrainerConfig{Rank: 0, WorldSize: 1, Seed: 1, Settings: raw}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := tr.LoadCheckpoint(ctx, dir); err != nil {
+	if _, err := tr.LoadCheckpoint(ctx, dir, plugin.LoadResume); err != nil {
 		t.Fatalf("load %s: %v", dir, err)
 	}
 }

@@ -499,12 +499,12 @@ func (s *trainerSuite) checkpoint(t T) {
 	}
 
 	y := s.start(t)
-	steps, err := y.tr.LoadCheckpoint(ctx, dir)
+	res, err := y.tr.LoadCheckpoint(ctx, dir, plugin.LoadResume)
 	if err != nil {
 		t.Fatalf("LoadCheckpoint must restore what SaveCheckpoint wrote: %v", err)
 	}
-	if steps != pub.StepCount {
-		t.Errorf("LoadCheckpoint must return the step count it restored: %d, the saved trainer had %d", steps, pub.StepCount)
+	if res.StepCount != pub.StepCount {
+		t.Errorf("LoadCheckpoint must return the step count it restored: %d, the saved trainer had %d", res.StepCount, pub.StepCount)
 	}
 	y.clobber()
 	y.publish()

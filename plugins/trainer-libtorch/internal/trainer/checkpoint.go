@@ -1,6 +1,7 @@
 package trainer
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -13,6 +14,7 @@ import (
 	"path/filepath"
 
 	"github.com/cohortdl/cohort/shared/atomicfile"
+	"github.com/cohortdl/cohort/shared/plugin"
 )
 
 // The files of a checkpoint directory. Their names do not depend on the
@@ -130,22 +132,33 @@ func (t *Trainer) saveLocked(dir string) ([]string, error) {
 
 // LoadCheckpoint restores a checkpoint saved for the same model layout,
 // bitwise: parameters, buffers, optimizer state, step counters. The
-// restored steps count as published.
-func (t *Trainer) LoadCheckpoint(_ context.Context, dir string) (uint64, error) {
+// restored steps count as published. A replacement (plugin.LoadReplacement)
+// keeps the arena's newer parameters and buffers: the shim restores the
+// checkpoint's into a model that trains in the arena too, so the arena's
+// bytes go back after it; a model that copies takes them at the Adopt
+// that follows.
+func (t *Trainer) LoadCheckpoint(_ context.Context, dir string, reason plugin.LoadReason) (plugin.LoadResult, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.model == nil {
-		return 0, errors.New("libtorch trainer: LoadCheckpoint before Configure")
+		return plugin.LoadResult{}, errors.New("libtorch trainer: LoadCheckpoint before Configure")
 	}
 	meta, err := t.readMetaLocked(dir)
 	if err != nil {
-		return 0, fmt.Errorf("libtorch trainer: load checkpoint %s: %w", dir, err)
+		return plugin.LoadResult{}, fmt.Errorf("libtorch trainer: load checkpoint %s: %w", dir, err)
+	}
+	var newer []byte
+	if reason == plugin.LoadReplacement && t.zeroCopy && t.mapping != nil {
+		newer = bytes.Clone(t.mapping.Bytes())
 	}
 	if err := t.model.Load(filepath.Join(dir, CheckpointModel), filepath.Join(dir, CheckpointOptimizer)); err != nil {
-		return 0, fmt.Errorf("libtorch trainer: load checkpoint %s: %w", dir, err)
+		return plugin.LoadResult{}, fmt.Errorf("libtorch trainer: load checkpoint %s: %w", dir, err)
+	}
+	if newer != nil {
+		copy(t.mapping.Bytes(), newer)
 	}
 	t.steps, t.lastPub, t.schedStep = meta.Steps, meta.Steps, meta.ScheduleStep
-	return meta.Steps, nil
+	return plugin.LoadResult{StepCount: meta.Steps}, nil
 }
 
 func (t *Trainer) readMetaLocked(dir string) (checkpointMeta, error) {

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/cohortdl/cohort/shared/arena"
+	"github.com/cohortdl/cohort/shared/plugin"
 )
 
 // TestCUDA trains on a GPU what the CPU tests train on the host: the shim
@@ -82,7 +83,7 @@ func TestCUDA(t *testing.T) {
 		tr2 := newTestTrainer(t)
 		d2, _ := attach(t, tr2, configure(t, tr2, kv))
 		m2 := openMapping(t, d2)
-		if _, err := tr2.LoadCheckpoint(context.Background(), dir); err != nil {
+		if _, err := tr2.LoadCheckpoint(context.Background(), dir, plugin.LoadResume); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := tr2.Publish(context.Background()); err != nil {

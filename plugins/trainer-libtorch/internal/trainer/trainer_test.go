@@ -365,12 +365,12 @@ func TestCheckpointRestoresBitwise(t *testing.T) {
 			setup2 := configure(t, tr2, kv)
 			d2, _ := attach(t, tr2, setup2)
 			m2 := openMapping(t, d2)
-			steps, err := tr2.LoadCheckpoint(context.Background(), dir)
+			res, err := tr2.LoadCheckpoint(context.Background(), dir, plugin.LoadResume)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if steps != 8 {
-				t.Errorf("restored %d steps, want 8", steps)
+			if res.StepCount != 8 {
+				t.Errorf("restored %d steps, want 8", res.StepCount)
 			}
 			if !bytes.Equal(m2.Bytes(), saved) {
 				t.Fatal("the restored parameters differ from the saved ones")
@@ -390,7 +390,7 @@ func TestCheckpointRestoresBitwise(t *testing.T) {
 			raw, _ := os.ReadFile(opt)
 			raw[len(raw)/2] ^= 1
 			os.WriteFile(opt, raw, 0o644)
-			if _, err := tr2.LoadCheckpoint(context.Background(), dir); err == nil || !strings.Contains(err.Error(), "does not match") {
+			if _, err := tr2.LoadCheckpoint(context.Background(), dir, plugin.LoadResume); err == nil || !strings.Contains(err.Error(), "does not match") {
 				t.Fatalf("a damaged checkpoint: %v", err)
 			}
 		})
@@ -521,10 +521,10 @@ func TestCheckpointRefusesOtherModels(t *testing.T) {
 	}
 	tr2 := newTestTrainer(t)
 	configure(t, tr2, merge(data, map[string]any{"hidden": []int{8}, "threads": 1}))
-	if _, err := tr2.LoadCheckpoint(context.Background(), dir); err == nil || !strings.Contains(err.Error(), "different model layout") {
+	if _, err := tr2.LoadCheckpoint(context.Background(), dir, plugin.LoadResume); err == nil || !strings.Contains(err.Error(), "different model layout") {
 		t.Fatalf("loading another model's checkpoint: %v", err)
 	}
-	if _, err := tr2.LoadCheckpoint(context.Background(), t.TempDir()); err == nil {
+	if _, err := tr2.LoadCheckpoint(context.Background(), t.TempDir(), plugin.LoadResume); err == nil {
 		t.Fatal("loading an empty directory succeeded")
 	}
 }

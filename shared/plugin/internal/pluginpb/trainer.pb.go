@@ -25,6 +25,63 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// LoadReason says why LoadCheckpoint is called.
+type LoadReason int32
+
+const (
+	// A host before protocol 3: treated as LOAD_REASON_RESUME.
+	LoadReason_LOAD_REASON_UNSPECIFIED LoadReason = 0
+	// The run resumes from the checkpoint before its first round: restore
+	// everything, the parameters included.
+	LoadReason_LOAD_REASON_RESUME LoadReason = 1
+	// A fresh trainer replaces one the rank lost mid-run. The arena holds the
+	// rank's newest parameters, newer than the checkpoint's: restore the
+	// optimizer state and counters and leave the arena as it is; the host
+	// adopts the arena's parameters next.
+	LoadReason_LOAD_REASON_REPLACEMENT LoadReason = 2
+)
+
+// Enum value maps for LoadReason.
+var (
+	LoadReason_name = map[int32]string{
+		0: "LOAD_REASON_UNSPECIFIED",
+		1: "LOAD_REASON_RESUME",
+		2: "LOAD_REASON_REPLACEMENT",
+	}
+	LoadReason_value = map[string]int32{
+		"LOAD_REASON_UNSPECIFIED": 0,
+		"LOAD_REASON_RESUME":      1,
+		"LOAD_REASON_REPLACEMENT": 2,
+	}
+)
+
+func (x LoadReason) Enum() *LoadReason {
+	p := new(LoadReason)
+	*p = x
+	return p
+}
+
+func (x LoadReason) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (LoadReason) Descriptor() protoreflect.EnumDescriptor {
+	return file_shared_plugin_internal_pluginpb_trainer_proto_enumTypes[0].Descriptor()
+}
+
+func (LoadReason) Type() protoreflect.EnumType {
+	return &file_shared_plugin_internal_pluginpb_trainer_proto_enumTypes[0]
+}
+
+func (x LoadReason) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use LoadReason.Descriptor instead.
+func (LoadReason) EnumDescriptor() ([]byte, []int) {
+	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{0}
+}
+
 type DescribeRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -1100,8 +1157,11 @@ func (x *SaveCheckpointResponse) GetFiles() []string {
 }
 
 type LoadCheckpointRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Dir           string                 `protobuf:"bytes,1,opt,name=dir,proto3" json:"dir,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Dir   string                 `protobuf:"bytes,1,opt,name=dir,proto3" json:"dir,omitempty"`
+	// Why the trainer loads (plugin.LoadReason). Hosts before protocol 3
+	// send none, and a plugin treats that as a resume.
+	Reason        LoadReason `protobuf:"varint,2,opt,name=reason,proto3,enum=cohort.v1.LoadReason" json:"reason,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1143,11 +1203,22 @@ func (x *LoadCheckpointRequest) GetDir() string {
 	return ""
 }
 
+func (x *LoadCheckpointRequest) GetReason() LoadReason {
+	if x != nil {
+		return x.Reason
+	}
+	return LoadReason_LOAD_REASON_UNSPECIFIED
+}
+
 type LoadCheckpointResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	StepCount     uint64                 `protobuf:"varint,1,opt,name=step_count,json=stepCount,proto3" json:"step_count,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	StepCount uint64                 `protobuf:"varint,1,opt,name=step_count,json=stepCount,proto3" json:"step_count,omitempty"`
+	// On a replacement: the trainer could not use the arena's parameters and
+	// restored the checkpoint's (the host then publishes them instead of
+	// adopting the arena's). A plugin before protocol 3 never sets it.
+	CheckpointParams bool `protobuf:"varint,2,opt,name=checkpoint_params,json=checkpointParams,proto3" json:"checkpoint_params,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *LoadCheckpointResponse) Reset() {
@@ -1185,6 +1256,13 @@ func (x *LoadCheckpointResponse) GetStepCount() uint64 {
 		return x.StepCount
 	}
 	return 0
+}
+
+func (x *LoadCheckpointResponse) GetCheckpointParams() bool {
+	if x != nil {
+		return x.CheckpointParams
+	}
+	return false
 }
 
 type ShutdownRequest struct {
@@ -1519,12 +1597,14 @@ const file_shared_plugin_internal_pluginpb_trainer_proto_rawDesc = "" +
 	"\x15SaveCheckpointRequest\x12\x10\n" +
 	"\x03dir\x18\x01 \x01(\tR\x03dir\".\n" +
 	"\x16SaveCheckpointResponse\x12\x14\n" +
-	"\x05files\x18\x01 \x03(\tR\x05files\")\n" +
+	"\x05files\x18\x01 \x03(\tR\x05files\"X\n" +
 	"\x15LoadCheckpointRequest\x12\x10\n" +
-	"\x03dir\x18\x01 \x01(\tR\x03dir\"7\n" +
+	"\x03dir\x18\x01 \x01(\tR\x03dir\x12-\n" +
+	"\x06reason\x18\x02 \x01(\x0e2\x15.cohort.v1.LoadReasonR\x06reason\"d\n" +
 	"\x16LoadCheckpointResponse\x12\x1d\n" +
 	"\n" +
-	"step_count\x18\x01 \x01(\x04R\tstepCount\"\x11\n" +
+	"step_count\x18\x01 \x01(\x04R\tstepCount\x12+\n" +
+	"\x11checkpoint_params\x18\x02 \x01(\bR\x10checkpointParams\"\x11\n" +
 	"\x0fShutdownRequest\"\x12\n" +
 	"\x10ShutdownResponse\"\x15\n" +
 	"\x13ExportDeviceRequest\"F\n" +
@@ -1533,7 +1613,12 @@ const file_shared_plugin_internal_pluginpb_trainer_proto_rawDesc = "" +
 	"\x0fEpochEndRequest\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\"$\n" +
 	"\x10EpochEndResponse\x12\x10\n" +
-	"\x03ran\x18\x01 \x01(\bR\x03ran2\xed\x06\n" +
+	"\x03ran\x18\x01 \x01(\bR\x03ran*^\n" +
+	"\n" +
+	"LoadReason\x12\x1b\n" +
+	"\x17LOAD_REASON_UNSPECIFIED\x10\x00\x12\x16\n" +
+	"\x12LOAD_REASON_RESUME\x10\x01\x12\x1b\n" +
+	"\x17LOAD_REASON_REPLACEMENT\x10\x022\xed\x06\n" +
 	"\aTrainer\x12D\n" +
 	"\bDescribe\x12\x1a.cohort.v1.DescribeRequest\x1a\x1c.cohort.v1.PluginDescription\x12T\n" +
 	"\tConfigure\x12\".cohort.v1.TrainerConfigureRequest\x1a#.cohort.v1.TrainerConfigureResponse\x12=\n" +
@@ -1560,75 +1645,78 @@ func file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP() []byte {
 	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescData
 }
 
+var file_shared_plugin_internal_pluginpb_trainer_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
 var file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
 var file_shared_plugin_internal_pluginpb_trainer_proto_goTypes = []any{
-	(*DescribeRequest)(nil),          // 0: cohort.v1.DescribeRequest
-	(*PluginDescription)(nil),        // 1: cohort.v1.PluginDescription
-	(*SettingSpec)(nil),              // 2: cohort.v1.SettingSpec
-	(*TrainerConfigureRequest)(nil),  // 3: cohort.v1.TrainerConfigureRequest
-	(*TrainerConfigureResponse)(nil), // 4: cohort.v1.TrainerConfigureResponse
-	(*AttachRequest)(nil),            // 5: cohort.v1.AttachRequest
-	(*AttachResponse)(nil),           // 6: cohort.v1.AttachResponse
-	(*TrainRequest)(nil),             // 7: cohort.v1.TrainRequest
-	(*TrainReports)(nil),             // 8: cohort.v1.TrainReports
-	(*BatchReport)(nil),              // 9: cohort.v1.BatchReport
-	(*PublishRequest)(nil),           // 10: cohort.v1.PublishRequest
-	(*PublishResponse)(nil),          // 11: cohort.v1.PublishResponse
-	(*AdoptRequest)(nil),             // 12: cohort.v1.AdoptRequest
-	(*AdoptResponse)(nil),            // 13: cohort.v1.AdoptResponse
-	(*EvaluateRequest)(nil),          // 14: cohort.v1.EvaluateRequest
-	(*EvaluateResponse)(nil),         // 15: cohort.v1.EvaluateResponse
-	(*SaveCheckpointRequest)(nil),    // 16: cohort.v1.SaveCheckpointRequest
-	(*SaveCheckpointResponse)(nil),   // 17: cohort.v1.SaveCheckpointResponse
-	(*LoadCheckpointRequest)(nil),    // 18: cohort.v1.LoadCheckpointRequest
-	(*LoadCheckpointResponse)(nil),   // 19: cohort.v1.LoadCheckpointResponse
-	(*ShutdownRequest)(nil),          // 20: cohort.v1.ShutdownRequest
-	(*ShutdownResponse)(nil),         // 21: cohort.v1.ShutdownResponse
-	(*ExportDeviceRequest)(nil),      // 22: cohort.v1.ExportDeviceRequest
-	(*ExportDeviceResponse)(nil),     // 23: cohort.v1.ExportDeviceResponse
-	(*EpochEndRequest)(nil),          // 24: cohort.v1.EpochEndRequest
-	(*EpochEndResponse)(nil),         // 25: cohort.v1.EpochEndResponse
-	nil,                              // 26: cohort.v1.BatchReport.ScalarsEntry
-	(*Layout)(nil),                   // 27: cohort.v1.Layout
-	(*ArenaDescriptor)(nil),          // 28: cohort.v1.ArenaDescriptor
-	(*DeviceBlock)(nil),              // 29: cohort.v1.DeviceBlock
+	(LoadReason)(0),                  // 0: cohort.v1.LoadReason
+	(*DescribeRequest)(nil),          // 1: cohort.v1.DescribeRequest
+	(*PluginDescription)(nil),        // 2: cohort.v1.PluginDescription
+	(*SettingSpec)(nil),              // 3: cohort.v1.SettingSpec
+	(*TrainerConfigureRequest)(nil),  // 4: cohort.v1.TrainerConfigureRequest
+	(*TrainerConfigureResponse)(nil), // 5: cohort.v1.TrainerConfigureResponse
+	(*AttachRequest)(nil),            // 6: cohort.v1.AttachRequest
+	(*AttachResponse)(nil),           // 7: cohort.v1.AttachResponse
+	(*TrainRequest)(nil),             // 8: cohort.v1.TrainRequest
+	(*TrainReports)(nil),             // 9: cohort.v1.TrainReports
+	(*BatchReport)(nil),              // 10: cohort.v1.BatchReport
+	(*PublishRequest)(nil),           // 11: cohort.v1.PublishRequest
+	(*PublishResponse)(nil),          // 12: cohort.v1.PublishResponse
+	(*AdoptRequest)(nil),             // 13: cohort.v1.AdoptRequest
+	(*AdoptResponse)(nil),            // 14: cohort.v1.AdoptResponse
+	(*EvaluateRequest)(nil),          // 15: cohort.v1.EvaluateRequest
+	(*EvaluateResponse)(nil),         // 16: cohort.v1.EvaluateResponse
+	(*SaveCheckpointRequest)(nil),    // 17: cohort.v1.SaveCheckpointRequest
+	(*SaveCheckpointResponse)(nil),   // 18: cohort.v1.SaveCheckpointResponse
+	(*LoadCheckpointRequest)(nil),    // 19: cohort.v1.LoadCheckpointRequest
+	(*LoadCheckpointResponse)(nil),   // 20: cohort.v1.LoadCheckpointResponse
+	(*ShutdownRequest)(nil),          // 21: cohort.v1.ShutdownRequest
+	(*ShutdownResponse)(nil),         // 22: cohort.v1.ShutdownResponse
+	(*ExportDeviceRequest)(nil),      // 23: cohort.v1.ExportDeviceRequest
+	(*ExportDeviceResponse)(nil),     // 24: cohort.v1.ExportDeviceResponse
+	(*EpochEndRequest)(nil),          // 25: cohort.v1.EpochEndRequest
+	(*EpochEndResponse)(nil),         // 26: cohort.v1.EpochEndResponse
+	nil,                              // 27: cohort.v1.BatchReport.ScalarsEntry
+	(*Layout)(nil),                   // 28: cohort.v1.Layout
+	(*ArenaDescriptor)(nil),          // 29: cohort.v1.ArenaDescriptor
+	(*DeviceBlock)(nil),              // 30: cohort.v1.DeviceBlock
 }
 var file_shared_plugin_internal_pluginpb_trainer_proto_depIdxs = []int32{
-	2,  // 0: cohort.v1.PluginDescription.settings:type_name -> cohort.v1.SettingSpec
-	27, // 1: cohort.v1.TrainerConfigureResponse.layout:type_name -> cohort.v1.Layout
-	28, // 2: cohort.v1.AttachRequest.arena:type_name -> cohort.v1.ArenaDescriptor
-	9,  // 3: cohort.v1.TrainReports.reports:type_name -> cohort.v1.BatchReport
-	26, // 4: cohort.v1.BatchReport.scalars:type_name -> cohort.v1.BatchReport.ScalarsEntry
-	29, // 5: cohort.v1.ExportDeviceResponse.device:type_name -> cohort.v1.DeviceBlock
-	0,  // 6: cohort.v1.Trainer.Describe:input_type -> cohort.v1.DescribeRequest
-	3,  // 7: cohort.v1.Trainer.Configure:input_type -> cohort.v1.TrainerConfigureRequest
-	5,  // 8: cohort.v1.Trainer.Attach:input_type -> cohort.v1.AttachRequest
-	7,  // 9: cohort.v1.Trainer.Train:input_type -> cohort.v1.TrainRequest
-	10, // 10: cohort.v1.Trainer.Publish:input_type -> cohort.v1.PublishRequest
-	12, // 11: cohort.v1.Trainer.Adopt:input_type -> cohort.v1.AdoptRequest
-	14, // 12: cohort.v1.Trainer.Evaluate:input_type -> cohort.v1.EvaluateRequest
-	16, // 13: cohort.v1.Trainer.SaveCheckpoint:input_type -> cohort.v1.SaveCheckpointRequest
-	18, // 14: cohort.v1.Trainer.LoadCheckpoint:input_type -> cohort.v1.LoadCheckpointRequest
-	24, // 15: cohort.v1.Trainer.EpochEnd:input_type -> cohort.v1.EpochEndRequest
-	22, // 16: cohort.v1.Trainer.ExportDevice:input_type -> cohort.v1.ExportDeviceRequest
-	20, // 17: cohort.v1.Trainer.Shutdown:input_type -> cohort.v1.ShutdownRequest
-	1,  // 18: cohort.v1.Trainer.Describe:output_type -> cohort.v1.PluginDescription
-	4,  // 19: cohort.v1.Trainer.Configure:output_type -> cohort.v1.TrainerConfigureResponse
-	6,  // 20: cohort.v1.Trainer.Attach:output_type -> cohort.v1.AttachResponse
-	8,  // 21: cohort.v1.Trainer.Train:output_type -> cohort.v1.TrainReports
-	11, // 22: cohort.v1.Trainer.Publish:output_type -> cohort.v1.PublishResponse
-	13, // 23: cohort.v1.Trainer.Adopt:output_type -> cohort.v1.AdoptResponse
-	15, // 24: cohort.v1.Trainer.Evaluate:output_type -> cohort.v1.EvaluateResponse
-	17, // 25: cohort.v1.Trainer.SaveCheckpoint:output_type -> cohort.v1.SaveCheckpointResponse
-	19, // 26: cohort.v1.Trainer.LoadCheckpoint:output_type -> cohort.v1.LoadCheckpointResponse
-	25, // 27: cohort.v1.Trainer.EpochEnd:output_type -> cohort.v1.EpochEndResponse
-	23, // 28: cohort.v1.Trainer.ExportDevice:output_type -> cohort.v1.ExportDeviceResponse
-	21, // 29: cohort.v1.Trainer.Shutdown:output_type -> cohort.v1.ShutdownResponse
-	18, // [18:30] is the sub-list for method output_type
-	6,  // [6:18] is the sub-list for method input_type
-	6,  // [6:6] is the sub-list for extension type_name
-	6,  // [6:6] is the sub-list for extension extendee
-	0,  // [0:6] is the sub-list for field type_name
+	3,  // 0: cohort.v1.PluginDescription.settings:type_name -> cohort.v1.SettingSpec
+	28, // 1: cohort.v1.TrainerConfigureResponse.layout:type_name -> cohort.v1.Layout
+	29, // 2: cohort.v1.AttachRequest.arena:type_name -> cohort.v1.ArenaDescriptor
+	10, // 3: cohort.v1.TrainReports.reports:type_name -> cohort.v1.BatchReport
+	27, // 4: cohort.v1.BatchReport.scalars:type_name -> cohort.v1.BatchReport.ScalarsEntry
+	0,  // 5: cohort.v1.LoadCheckpointRequest.reason:type_name -> cohort.v1.LoadReason
+	30, // 6: cohort.v1.ExportDeviceResponse.device:type_name -> cohort.v1.DeviceBlock
+	1,  // 7: cohort.v1.Trainer.Describe:input_type -> cohort.v1.DescribeRequest
+	4,  // 8: cohort.v1.Trainer.Configure:input_type -> cohort.v1.TrainerConfigureRequest
+	6,  // 9: cohort.v1.Trainer.Attach:input_type -> cohort.v1.AttachRequest
+	8,  // 10: cohort.v1.Trainer.Train:input_type -> cohort.v1.TrainRequest
+	11, // 11: cohort.v1.Trainer.Publish:input_type -> cohort.v1.PublishRequest
+	13, // 12: cohort.v1.Trainer.Adopt:input_type -> cohort.v1.AdoptRequest
+	15, // 13: cohort.v1.Trainer.Evaluate:input_type -> cohort.v1.EvaluateRequest
+	17, // 14: cohort.v1.Trainer.SaveCheckpoint:input_type -> cohort.v1.SaveCheckpointRequest
+	19, // 15: cohort.v1.Trainer.LoadCheckpoint:input_type -> cohort.v1.LoadCheckpointRequest
+	25, // 16: cohort.v1.Trainer.EpochEnd:input_type -> cohort.v1.EpochEndRequest
+	23, // 17: cohort.v1.Trainer.ExportDevice:input_type -> cohort.v1.ExportDeviceRequest
+	21, // 18: cohort.v1.Trainer.Shutdown:input_type -> cohort.v1.ShutdownRequest
+	2,  // 19: cohort.v1.Trainer.Describe:output_type -> cohort.v1.PluginDescription
+	5,  // 20: cohort.v1.Trainer.Configure:output_type -> cohort.v1.TrainerConfigureResponse
+	7,  // 21: cohort.v1.Trainer.Attach:output_type -> cohort.v1.AttachResponse
+	9,  // 22: cohort.v1.Trainer.Train:output_type -> cohort.v1.TrainReports
+	12, // 23: cohort.v1.Trainer.Publish:output_type -> cohort.v1.PublishResponse
+	14, // 24: cohort.v1.Trainer.Adopt:output_type -> cohort.v1.AdoptResponse
+	16, // 25: cohort.v1.Trainer.Evaluate:output_type -> cohort.v1.EvaluateResponse
+	18, // 26: cohort.v1.Trainer.SaveCheckpoint:output_type -> cohort.v1.SaveCheckpointResponse
+	20, // 27: cohort.v1.Trainer.LoadCheckpoint:output_type -> cohort.v1.LoadCheckpointResponse
+	26, // 28: cohort.v1.Trainer.EpochEnd:output_type -> cohort.v1.EpochEndResponse
+	24, // 29: cohort.v1.Trainer.ExportDevice:output_type -> cohort.v1.ExportDeviceResponse
+	22, // 30: cohort.v1.Trainer.Shutdown:output_type -> cohort.v1.ShutdownResponse
+	19, // [19:31] is the sub-list for method output_type
+	7,  // [7:19] is the sub-list for method input_type
+	7,  // [7:7] is the sub-list for extension type_name
+	7,  // [7:7] is the sub-list for extension extendee
+	0,  // [0:7] is the sub-list for field type_name
 }
 
 func init() { file_shared_plugin_internal_pluginpb_trainer_proto_init() }
@@ -1644,13 +1732,14 @@ func file_shared_plugin_internal_pluginpb_trainer_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_shared_plugin_internal_pluginpb_trainer_proto_rawDesc), len(file_shared_plugin_internal_pluginpb_trainer_proto_rawDesc)),
-			NumEnums:      0,
+			NumEnums:      1,
 			NumMessages:   27,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
 		GoTypes:           file_shared_plugin_internal_pluginpb_trainer_proto_goTypes,
 		DependencyIndexes: file_shared_plugin_internal_pluginpb_trainer_proto_depIdxs,
+		EnumInfos:         file_shared_plugin_internal_pluginpb_trainer_proto_enumTypes,
 		MessageInfos:      file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes,
 	}.Build()
 	File_shared_plugin_internal_pluginpb_trainer_proto = out.File

@@ -56,6 +56,10 @@ type TrainerClient interface {
 	Adopt(ctx context.Context, in *AdoptRequest, opts ...grpc.CallOption) (*AdoptResponse, error)
 	Evaluate(ctx context.Context, in *EvaluateRequest, opts ...grpc.CallOption) (*EvaluateResponse, error)
 	SaveCheckpoint(ctx context.Context, in *SaveCheckpointRequest, opts ...grpc.CallOption) (*SaveCheckpointResponse, error)
+	// LoadCheckpoint restores a checkpoint, for the reason the request
+	// names (protocol 3 on): a resume restores everything; a replacement
+	// restores the optimizer state and counters and leaves the parameters to
+	// the arena, which holds newer ones.
 	LoadCheckpoint(ctx context.Context, in *LoadCheckpointRequest, opts ...grpc.CallOption) (*LoadCheckpointResponse, error)
 	// EpochEnd runs the user's end-of-epoch code, where the trainer has any
 	// (plugin.EpochEnder); a plugin without it answers Unimplemented.
@@ -224,6 +228,10 @@ type TrainerServer interface {
 	Adopt(context.Context, *AdoptRequest) (*AdoptResponse, error)
 	Evaluate(context.Context, *EvaluateRequest) (*EvaluateResponse, error)
 	SaveCheckpoint(context.Context, *SaveCheckpointRequest) (*SaveCheckpointResponse, error)
+	// LoadCheckpoint restores a checkpoint, for the reason the request
+	// names (protocol 3 on): a resume restores everything; a replacement
+	// restores the optimizer state and counters and leaves the parameters to
+	// the arena, which holds newer ones.
 	LoadCheckpoint(context.Context, *LoadCheckpointRequest) (*LoadCheckpointResponse, error)
 	// EpochEnd runs the user's end-of-epoch code, where the trainer has any
 	// (plugin.EpochEnder); a plugin without it answers Unimplemented.
