@@ -189,8 +189,7 @@ func TestBreakages(t *testing.T) {
 	}
 }
 
-// brokenTrainer is the mock trainer with one promise of
-// plugin.CapTrainsDuringRounds broken.
+// brokenTrainer is the mock trainer with one promise broken.
 type brokenTrainer struct {
 	*plugintest.Trainer
 	bug string
@@ -198,6 +197,9 @@ type brokenTrainer struct {
 	mu       sync.Mutex
 	mapping  *arena.Mapping
 	training bool
+	// resumed is the step count a LoadCheckpoint restored, until the next
+	// Train: offByOne's schedule starts one step past it.
+	resumed uint64
 }
 
 // The trainer bugs.
@@ -205,18 +207,46 @@ const (
 	forgetsSteps   = "forgets steps trained since Publish"
 	viewsArena     = "trains in the arena"
 	busyWhileTrain = "refuses Publish while Train runs"
+	ignoresPicks   = "trains the epoch's first picks whatever the offset"
+	ignoresLRScale = "ignores LRScale"
+	blendsWrongly  = "blends a·local + (1−a)·arena"
+	offByOne       = "restores its schedule one step off"
+	rollsBack      = "loads a replacement as a resume"
 )
 
 func (b *brokenTrainer) Train(ctx context.Context, p plugin.Plan, report func(plugin.BatchReport) error) error {
 	b.mu.Lock()
 	b.training = true
+	if b.resumed != 0 && p.GlobalStep == 0 {
+		p.GlobalStep = b.resumed + 1
+	}
+	b.resumed = 0
 	b.mu.Unlock()
 	defer func() {
 		b.mu.Lock()
 		b.training = false
 		b.mu.Unlock()
 	}()
+	switch b.bug {
+	case ignoresPicks:
+		p.PartitionOffset = 0
+	case ignoresLRScale:
+		p.LRScale = 0
+	}
 	return b.Trainer.Train(ctx, p, report)
+}
+
+func (b *brokenTrainer) LoadCheckpoint(ctx context.Context, dir string, reason plugin.LoadReason) (plugin.LoadResult, error) {
+	if b.bug == rollsBack {
+		reason = plugin.LoadResume
+	}
+	res, err := b.Trainer.LoadCheckpoint(ctx, dir, reason)
+	if err == nil && b.bug == offByOne {
+		b.mu.Lock()
+		b.resumed = res.StepCount
+		b.mu.Unlock()
+	}
+	return res, err
 }
 
 func (b *brokenTrainer) Publish(ctx context.Context) (plugin.PublishResult, error) {
@@ -260,6 +290,9 @@ func (b *brokenTrainer) Adopt(ctx context.Context, alpha float64) (float64, erro
 		}
 		copy(m.Bytes(), saved)
 	}
+	if b.bug == blendsWrongly && alpha > 0 && alpha < 1 {
+		alpha = 1 - alpha
+	}
 	return b.Trainer.Adopt(ctx, alpha)
 }
 
@@ -273,33 +306,51 @@ func (b *brokenTrainer) Shutdown(ctx context.Context) error {
 	return b.Trainer.Shutdown(ctx)
 }
 
-// TestTrainerBreakages: a trainer that declares trains-during-rounds and
-// breaks that promise fails the suite, saying which promise.
+// scheduledTrainer is the mock with a rate that follows its schedule's
+// step and a momentum, so a restore that loses either shows in the next
+// step.
+var scheduledTrainer = conformance.TrainerSettings(plugintest.TrainerSettings{Samples: 256, EvalSamples: 64, Features: 8, BatchSize: 16, LR: 0.1,
+	LRDecay: 0.05, Momentum: 0.5}.JSON())
+
+// TestTrainerBreakages: a trainer that breaks a promise fails the suite,
+// saying which promise; the wrapper without a bug passes, in every
+// configuration the cases use.
 func TestTrainerBreakages(t *testing.T) {
 	for _, c := range []struct {
-		bug    string
-		phrase string
+		bug      string
+		settings conformance.TrainerOption
+		phrase   string
 	}{
-		{noBug, ""},
-		{forgetsSteps, "Adopt after steps trained since Publish must credit them, current + (arena − published)"},
-		{viewsArena, "configured with OverlapRounds, must keep its parameters out of the arena"},
-		{busyWhileTrain, "Publish and Adopt must succeed while Train runs: Publish: broken trainer: Train is running"},
+		{noBug + " (copies)", smallTrainer, ""},
+		{noBug + " (scheduled)", scheduledTrainer, ""},
+		{noBug + " (in place)", inPlaceTrainer, ""},
+		{forgetsSteps, smallTrainer, "Adopt after steps trained since Publish must credit them, current + (arena − published)"},
+		{viewsArena, smallTrainer, "configured with OverlapRounds, must keep its parameters out of the arena"},
+		{busyWhileTrain, smallTrainer, "Publish and Adopt must succeed while Train runs: Publish: broken trainer: Train is running"},
+		{ignoresPicks, smallTrainer, "Train must train its plan's picks, plugin.Permutation(Seed, Epoch, PickSpace)[PartitionOffset:][:PartitionSize]: rank 0 of 2 trained sample"},
+		{ignoresLRScale, smallTrainer, "Train must multiply its learning rate by the plan's LRScale: one batch with LRScale 0.25 moved the parameters by 1·(the move without it)"},
+		{blendsWrongly, smallTrainer, "Adopt(0.25) must blend (1-a)·local + a·arena, local being the values at the last Publish"},
+		{offByOne, scheduledTrainer, "a checkpoint and its restore must give the same next step, bit for bit"},
+		{rollsBack, inPlaceTrainer, "LoadCheckpoint(LoadReplacement) must leave the arena as it is, since it holds parameters newer than the checkpoint's"},
 	} {
 		t.Run(c.bug, func(t *testing.T) {
 			t.Parallel()
 			failed, log := record(func(t conformance.T) {
 				conformance.CheckTrainer(t, func(conformance.T) (plugin.Trainer, error) {
 					return &brokenTrainer{Trainer: plugintest.NewTrainer(nil), bug: c.bug}, nil
-				}, smallTrainer)
+				}, c.settings)
 			})
 			switch {
 			case c.phrase == "" && failed:
 				t.Fatalf("the trainer without a bug failed the suite:\n%s", log)
+			case c.phrase == "":
+				return
 			case c.phrase != "" && !failed:
 				t.Fatalf("the suite passed a trainer whose bug is %q", c.bug)
 			case !strings.Contains(log.String(), c.phrase):
 				t.Fatalf("the suite failed a trainer whose bug is %q without saying %q:\n%s", c.bug, c.phrase, log)
 			}
+			t.Logf("failures:\n%s", log)
 		})
 	}
 }

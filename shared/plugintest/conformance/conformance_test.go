@@ -31,10 +31,24 @@ func TestMedianAverager(t *testing.T) {
 // smallTrainer keeps the mock trainer's checks fast.
 var smallTrainer = conformance.TrainerSettings(plugintest.TrainerSettings{Samples: 256, EvalSamples: 64, Features: 8, BatchSize: 16, LR: 0.1}.JSON())
 
+// inPlaceTrainer is the mock as a zero-copy trainer with optimizer state
+// and a schedule: its model trains in the arena, its momentum lives only
+// in its checkpoints, and its rate follows the step.
+var inPlaceTrainer = conformance.TrainerSettings(plugintest.TrainerSettings{Samples: 256, EvalSamples: 64, Features: 8, BatchSize: 16, LR: 0.1,
+	LRDecay: 0.01, Momentum: 0.9, ZeroCopy: true}.JSON())
+
 func TestMockTrainer(t *testing.T) {
-	bad := conformance.BadTrainerSettings([]byte(`{"batch_size": 0}`))
-	t.Run("in-process", func(t *testing.T) { conformance.RunTrainer(t, mockTrainer, smallTrainer, bad) })
-	t.Run("binary", func(t *testing.T) {
-		conformance.RunTrainer(t, conformance.TrainerBinary(binary(t, "cohort-trainer-mock")), smallTrainer, bad)
-	})
+	bad := conformance.BadTrainerSettings([]byte(`{"batch_size": 0}`), []byte(`{"momentum": 1}`))
+	for _, tc := range []struct {
+		name     string
+		settings conformance.TrainerOption
+	}{
+		{"copies", smallTrainer},
+		{"in place", inPlaceTrainer},
+	} {
+		t.Run(tc.name+"/in-process", func(t *testing.T) { conformance.RunTrainer(t, mockTrainer, tc.settings, bad) })
+		t.Run(tc.name+"/binary", func(t *testing.T) {
+			conformance.RunTrainer(t, conformance.TrainerBinary(binary(t, "cohort-trainer-mock")), tc.settings, bad, conformance.TrainerWorld(3))
+		})
+	}
 }

@@ -99,6 +99,14 @@ type TrainerOption func(*trainerOptions)
 type trainerOptions struct {
 	settings json.RawMessage
 	bad      []json.RawMessage
+	world    uint32
+}
+
+// TrainerWorld sets the ranks of the checks that configure a trainer per
+// rank of a world, such as the check of each rank's picks (default 2, at
+// least 2).
+func TrainerWorld(n uint32) TrainerOption {
+	return func(o *trainerOptions) { o.world = max(n, 2) }
 }
 
 // TrainerSettings is the trainer's config block (TrainerConfig.Settings);

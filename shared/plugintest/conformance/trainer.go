@@ -6,8 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -18,8 +16,9 @@ import (
 )
 
 // RunTrainer checks every promise of plugin.Trainer on the trainers f
-// makes, each promise a subtest of t, as rank 0 of a world of 1 configured
-// with TrainerSettings.
+// makes, each promise a subtest of t, configured with TrainerSettings: as
+// rank 0 of a world of 1, and as every rank of a world of TrainerWorld
+// where a promise concerns the ranks.
 func RunTrainer(t *testing.T, f TrainerFactory, opts ...TrainerOption) {
 	t.Helper()
 	CheckTrainer(Testing(t), f, opts...)
@@ -28,7 +27,7 @@ func RunTrainer(t *testing.T, f TrainerFactory, opts ...TrainerOption) {
 // CheckTrainer is RunTrainer on any T.
 func CheckTrainer(t T, f TrainerFactory, opts ...TrainerOption) {
 	t.Helper()
-	var o trainerOptions
+	o := trainerOptions{world: 2}
 	for _, opt := range opts {
 		opt(&o)
 	}
@@ -40,9 +39,12 @@ func CheckTrainer(t T, f TrainerFactory, opts ...TrainerOption) {
 	t.Run("BadSettings", s.badSettings)
 	t.Run("TrainAndPublish", s.trainAndPublish)
 	t.Run("ReportError", s.reportError)
+	t.Run("Picks", s.picks)
+	t.Run("LRScale", s.lrScale)
 	t.Run("Adopt", s.adopt)
 	t.Run("TrainsDuringRounds", s.trainsDuringRounds)
 	t.Run("Checkpoint", s.checkpoint)
+	t.Run("Replacement", s.replacement)
 	t.Run("Evaluate", s.evaluate)
 	t.Run("Shutdown", s.shutdown)
 }
@@ -469,56 +471,6 @@ func publishAdopt(ctx context.Context, tr plugin.Trainer) error {
 
 // delta is what trainsDuringRounds moves the arena's entry i, element k, by.
 func delta(i, k int) float32 { return float32(0.01 * math.Cos(float64(i*31+k))) }
-
-func (s *trainerSuite) checkpoint(t T) {
-	x := s.start(t)
-	x.train(x.plan())
-	pub := x.publish()
-	want := append([]byte(nil), x.arena.Bytes()...)
-	dir := t.TempDir()
-	ctx, cancel := callCtx(CallBound)
-	defer cancel()
-	files, err := x.tr.SaveCheckpoint(ctx, dir)
-	if err != nil {
-		t.Fatalf("SaveCheckpoint must succeed after training: %v", err)
-	}
-	if len(files) == 0 {
-		t.Errorf("SaveCheckpoint must return the files it wrote: it returned none")
-	}
-	for _, f := range files {
-		if !filepath.IsAbs(f) {
-			f = filepath.Join(dir, f)
-		}
-		if _, err := os.Stat(f); err != nil {
-			t.Errorf("SaveCheckpoint must return the files it wrote: %v", err)
-		}
-	}
-	evalWant, err := x.tr.Evaluate(ctx)
-	if err != nil {
-		t.Fatalf("Evaluate must succeed after training: %v", err)
-	}
-
-	y := s.start(t)
-	res, err := y.tr.LoadCheckpoint(ctx, dir, plugin.LoadResume)
-	if err != nil {
-		t.Fatalf("LoadCheckpoint must restore what SaveCheckpoint wrote: %v", err)
-	}
-	if res.StepCount != pub.StepCount {
-		t.Errorf("LoadCheckpoint must return the step count it restored: %d, the saved trainer had %d", res.StepCount, pub.StepCount)
-	}
-	y.clobber()
-	y.publish()
-	if k := diffAt(want, y.arena.Bytes()); k >= 0 {
-		t.Errorf("LoadCheckpoint must restore the parameters bit for bit: after it, Publish wrote other bytes than the saved trainer's (first at 4-byte word %d)", k)
-	}
-	evalGot, err := y.tr.Evaluate(ctx)
-	if err != nil {
-		t.Fatalf("Evaluate must succeed after LoadCheckpoint: %v", err)
-	}
-	if evalGot.Loss != evalWant.Loss {
-		t.Errorf("a restored model must evaluate as the saved one did: loss %v, the saved trainer's %v", evalGot.Loss, evalWant.Loss)
-	}
-}
 
 func (s *trainerSuite) evaluate(t T) {
 	x := s.start(t)
