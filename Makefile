@@ -17,6 +17,10 @@ PROTOC_GO   := protoc -I . --go_opt=module=github.com/cohortdl/cohort --go-grpc_
 PROTOC_GEN_GO_VERSION      := v1.36.12
 PROTOC_GEN_GO_GRPC_VERSION := v1.5.1
 FUZZTIME    ?= 20s
+# go.work holds cohort, its plugin SDK (shared/, a module of its own) and
+# each example (a vendor's module): package patterns do not cross into a
+# nested module, so each is named.
+EXAMPLES    := $(patsubst %/go.mod,./%/...,$(wildcard examples/*/go.mod))
 # go-nvml's cgo build includes nvml.h, whose deprecation warnings run to
 # thousands of lines on a fresh build cache.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
@@ -67,7 +71,7 @@ build: deps
 	$(GO) build -o $(PLUGINS)/ ./cmd/cohort-trainer-mock ./cmd/cohort-averaging-mock
 	@# GOEXPERIMENT=simd: the reduce's vector kernels (shared/reduce/numeric,
 	@# AVX2 where the CPU has it; bit for bit the scalar kernels' values) and
-	@# the ring's wide GHASH (internal/authframe, AVX-512 VPCLMULQDQ; GCM's
+	@# the ring's wide GHASH (shared/authframe, AVX-512 VPCLMULQDQ; GCM's
 	@# tags to the bit).
 	GOEXPERIMENT=simd $(GO) build -o $(PLUGINS)/cohort-averaging-cpu ./plugins/averaging-cpu
 	$(GO) build -o $(PLUGINS)/cohort-averaging-nccl ./plugins/averaging-nccl
@@ -81,10 +85,10 @@ build: deps
 test: deps proto-check
 	@unformatted=$$("$$($(GO) env GOROOT)/bin/gofmt" -l $$(git ls-files '*.go')); \
 	  if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
-	$(GO) vet ./...
-	$(GO) test -race -count=1 ./internal/... ./core/... ./shared/... ./plugins/...
-	GOEXPERIMENT=simd $(GO) vet ./internal/authframe ./shared/reduce/... ./plugins/averaging-cpu/...
-	GOEXPERIMENT=simd $(GO) test -count=1 ./internal/authframe ./shared/reduce/... ./plugins/averaging-cpu/...
+	$(GO) vet ./... ./shared/... $(EXAMPLES)
+	$(GO) test -race -count=1 ./internal/... ./core/... ./shared/... ./plugins/... $(EXAMPLES)
+	GOEXPERIMENT=simd $(GO) vet ./shared/authframe ./shared/reduce/... ./plugins/averaging-cpu/...
+	GOEXPERIMENT=simd $(GO) test -count=1 ./shared/authframe ./shared/reduce/... ./plugins/averaging-cpu/...
 	$(GO) test -count=1 ./cmd/... ./bench/... ./test/faults/...
 
 run: deps build
@@ -92,7 +96,7 @@ run: deps build
 
 # fuzz runs every fuzz target for FUZZTIME each.
 fuzz:
-	@set -e; for pkg in $$($(GO) list ./...); do \
+	@set -e; for pkg in $$($(GO) list ./... ./shared/...); do \
 	  dir=$$($(GO) list -f '{{.Dir}}' $$pkg); \
 	  for f in $$(grep -ho '^func Fuzz[A-Za-z0-9_]*' $$dir/*_test.go 2>/dev/null | sed 's/^func //'); do \
 	    echo "== $$pkg $$f"; $(GO) test -run=NONE -fuzz="^$$f$$" -fuzztime=$(FUZZTIME) -fuzzminimizetime=2s $$pkg; \

@@ -82,11 +82,12 @@ them and sets the run's keys.`,
 		newValidateCommand(g),
 		&cobra.Command{
 			Use:   "version",
-			Short: "Print cohort's version and the plugin protocol versions it speaks",
+			Short: "Print cohort's version, the plugin protocol versions it speaks and its plugin SDK's version",
 			Args:  noArgs,
 			Run: func(cmd *cobra.Command, _ []string) {
 				fmt.Fprintln(cmd.OutOrStdout(), "cohort", version)
 				fmt.Fprintln(cmd.OutOrStdout(), "plugin protocols", plugin.ProtocolRange())
+				fmt.Fprintln(cmd.OutOrStdout(), "plugin SDK", plugin.SDKModule+"@v"+plugin.SDKVersion)
 			},
 		},
 	)

@@ -22,7 +22,7 @@ import (
 	"github.com/cohortdl/cohort/core/coordinator/record"
 	"github.com/cohortdl/cohort/core/wire"
 	"github.com/cohortdl/cohort/core/wire/wirepb"
-	"github.com/cohortdl/cohort/internal/authframe"
+	"github.com/cohortdl/cohort/shared/authframe"
 )
 
 // A clean sync run: the conversation follows the protocol page from Admit

@@ -18,7 +18,7 @@
 // Where is: the listener, admission and per-connection goroutines in
 // server.go; the engine's event loop in engine.go, with membership in
 // membership.go and the round barrier in barrier.go. The channel's bytes
-// are shared/reduce's, its authentication internal/authframe's. The
+// are shared/reduce's, its authentication shared/authframe's. The
 // coordinator starts the server when a rank asks for its meeting point
 // (core/coordinator, meeting.go).
 package reduceserver
@@ -35,8 +35,8 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
-	"github.com/cohortdl/cohort/internal/authframe"
 	"github.com/cohortdl/cohort/shared/arena"
+	"github.com/cohortdl/cohort/shared/authframe"
 	"github.com/cohortdl/cohort/shared/mtls"
 	"github.com/cohortdl/cohort/shared/reduce"
 )

@@ -17,7 +17,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
-	"github.com/cohortdl/cohort/internal/authframe"
+	"github.com/cohortdl/cohort/shared/authframe"
 	"github.com/cohortdl/cohort/shared/reduce"
 )
 

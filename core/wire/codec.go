@@ -5,7 +5,7 @@ import (
 	"fmt"
 
 	"github.com/cohortdl/cohort/core/wire/wirepb"
-	"github.com/cohortdl/cohort/internal/authframe"
+	"github.com/cohortdl/cohort/shared/authframe"
 	"google.golang.org/protobuf/proto"
 )
 

@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/cohortdl/cohort/core/wire/wirepb"
-	"github.com/cohortdl/cohort/internal/authframe"
+	"github.com/cohortdl/cohort/shared/authframe"
 	"google.golang.org/protobuf/proto"
 )
 

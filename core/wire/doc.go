@@ -19,7 +19,7 @@
 // for its hello, the coordinator for its ack. Every tag is the first 8 bytes
 // of an HMAC-SHA256 under a key derived from the run's secret (see
 // [DeriveKeys]; the derivation and the frame MAC are the
-// authenticated-framing kernel's, internal/authframe):
+// authenticated-framing kernel's, shared/authframe):
 //
 //   - hello: over the hello's bytes [0:32], under the handshake key;
 //   - ack: over the ack's bytes [0:24] followed by the 40 bytes of the hello
@@ -42,7 +42,7 @@
 // rank to coordinator), and length (at most [MaxControlPayload]) before it
 // allocates anything, then reads the payload and verifies the tag; only a
 // verified payload is decoded. Each refusal wraps exactly one of the
-// sentinel errors of internal/authframe, which the averager's data channel
+// sentinel errors of shared/authframe, which the averager's data channel
 // shares, so callers test with errors.Is(err, authframe.ErrBadTag) whichever
 // protocol failed: ErrBadMagic and ErrBadVersion (a peer that is not a
 // cohort control peer of this version), ErrUnknownKind (a kind not in
@@ -53,7 +53,7 @@
 // refused the hello).
 package wire
 
-import "github.com/cohortdl/cohort/internal/authframe"
+import "github.com/cohortdl/cohort/shared/authframe"
 
 // Protocol constants. The magic values are cohort's own, so a peer speaking
 // any other protocol fails at the first four bytes instead of being misread.

@@ -3,7 +3,7 @@ package wire
 import (
 	"bytes"
 	"errors"
-	"github.com/cohortdl/cohort/internal/authframe"
+	"github.com/cohortdl/cohort/shared/authframe"
 	"io"
 	"testing"
 )

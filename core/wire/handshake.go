@@ -7,7 +7,7 @@ import (
 	"fmt"
 	"net"
 
-	"github.com/cohortdl/cohort/internal/authframe"
+	"github.com/cohortdl/cohort/shared/authframe"
 	"github.com/cohortdl/cohort/shared/mtls"
 )
 

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/cohortdl/cohort/core/wire/wirepb"
-	"github.com/cohortdl/cohort/internal/authframe"
+	"github.com/cohortdl/cohort/shared/authframe"
 )
 
 // tap records every byte read through a connection, as a wiretap on the

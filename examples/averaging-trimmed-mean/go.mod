@@ -3,7 +3,7 @@ module example.com/cohort-averaging-trimmedmean
 go 1.26.0
 
 require (
-	github.com/cohortdl/cohort v0.0.0
+	github.com/cohortdl/cohort/shared v0.1.0
 	github.com/hashicorp/go-hclog v1.6.3
 )
 
@@ -15,14 +15,10 @@ require (
 	github.com/mattn/go-colorable v0.1.12 // indirect
 	github.com/mattn/go-isatty v0.0.17 // indirect
 	github.com/oklog/run v1.1.0 // indirect
-	golang.org/x/net v0.62.0 // indirect
+	golang.org/x/net v0.60.0 // indirect
 	golang.org/x/sys v0.50.0 // indirect
-	golang.org/x/text v0.43.0 // indirect
+	golang.org/x/text v0.42.0 // indirect
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20260817212433-ac3dfec99bb1 // indirect
 	google.golang.org/grpc v1.85.0 // indirect
 	google.golang.org/protobuf v1.36.12 // indirect
 )
-
-// Built against the cohort checkout this example lives in. A vendor's own
-// repository drops this line and requires a released cohort version.
-replace github.com/cohortdl/cohort => ../..

@@ -8,6 +8,16 @@ import (
 	"strconv"
 )
 
+// The SDK is a Go module of its own, SDKModule, released as the tag
+// shared/vX.Y.Z of cohort's repository: a vendor's go.mod requires
+// SDKModule at vSDKVersion, without a replace. SDKVersion is the version
+// this copy of the SDK is (or will be, until its tag is made), and the
+// examples in the repository require it.
+const (
+	SDKModule  = "github.com/cohortdl/cohort/shared"
+	SDKVersion = "0.1.0"
+)
+
 // ErrProtocol is wrapped by the error of a plugin that speaks no protocol
 // version this host speaks.
 var ErrProtocol = errors.New("no common cohort plugin protocol version")

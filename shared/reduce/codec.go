@@ -9,7 +9,7 @@ import (
 	"fmt"
 	"math"
 
-	"github.com/cohortdl/cohort/internal/authframe"
+	"github.com/cohortdl/cohort/shared/authframe"
 )
 
 type enc []byte

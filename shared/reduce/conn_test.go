@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cohortdl/cohort/internal/authframe"
+	"github.com/cohortdl/cohort/shared/authframe"
 )
 
 var testKeys, _ = DeriveKeys([]byte("a test data key of 32 bytes long"))

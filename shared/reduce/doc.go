@@ -5,7 +5,7 @@
 // ring of the averager's own (averaging-cpu's is its internal/ring). It
 // holds the key schedule's labels, the handshake, the frame layout and the codec of every message. The key
 // derivation, the sequence-numbered frame MAC, the deadline helpers and the
-// sentinel errors are the authenticated-framing kernel's (internal/authframe),
+// sentinel errors are the authenticated-framing kernel's (shared/authframe),
 // shared with the control protocol. The arithmetic both ends run (weights,
 // bf16, the reduce kernels, the outer optimizers) lives in reduce/numeric.
 //
@@ -45,7 +45,7 @@
 // (at most MaxControlPayload) before it reads or allocates anything, and
 // returns nothing until the tag verifies. Every read has a deadline. One goroutine owns each socket's
 // writes. Every refusal wraps exactly one of the sentinel errors of
-// internal/authframe (the control protocol's too): ErrMalformed, on this
+// shared/authframe (the control protocol's too): ErrMalformed, on this
 // channel, means bytes that verified but break a rule of codec.go or the
 // handshake (a reserved field set, a payload that does not parse).
 //
@@ -55,7 +55,7 @@
 // messages and codec.go their bytes.
 package reduce
 
-import "github.com/cohortdl/cohort/internal/authframe"
+import "github.com/cohortdl/cohort/shared/authframe"
 
 // Protocol constants. The magic values are cohort's own, distinct from the
 // control protocol's, so a peer dialling the wrong port fails at once.

@@ -8,7 +8,7 @@ import (
 	"fmt"
 	"net"
 
-	"github.com/cohortdl/cohort/internal/authframe"
+	"github.com/cohortdl/cohort/shared/authframe"
 )
 
 var le = binary.LittleEndian

@@ -4,7 +4,7 @@ import (
 	"crypto/sha256"
 	"fmt"
 
-	"github.com/cohortdl/cohort/internal/authframe"
+	"github.com/cohortdl/cohort/shared/authframe"
 )
 
 // The data channel's key schedule; the labels are distinct from the control

@@ -11,7 +11,7 @@ import (
 	"os"
 	"time"
 
-	"github.com/cohortdl/cohort/internal/authframe"
+	"github.com/cohortdl/cohort/shared/authframe"
 )
 
 // Frame is one verified frame.

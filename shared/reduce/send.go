@@ -9,7 +9,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/cohortdl/cohort/internal/authframe"
+	"github.com/cohortdl/cohort/shared/authframe"
 )
 
 type sendReq struct {

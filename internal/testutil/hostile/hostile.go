@@ -1,5 +1,6 @@
 // Package hostile throws hostile connections at a listening port, for the
-// tests of cohort's servers (the control server, the reduce server): each
+// tests of cohort's servers (the control server, the reduce server) and of
+// a vendor's averager that listens on a channel of its own: each
 // connection sends something no honest peer would, and the server must
 // drop it within a deadline. Memory, goroutines and log lines are the
 // caller's to check; Settle helps with the first two.

@@ -30,7 +30,7 @@
 //
 // A step's shard of n bytes travels as frames of Chunk(n) bytes (the last
 // may be shorter): about n/32, within [MinChunk, ChunkSize]. The tag is
-// the frame's GMAC (internal/authframe): AES-GCM under the link key over an
+// the frame's GMAC (shared/authframe): AES-GCM under the link key over an
 // empty plaintext with the payload as additional data and the frame's
 // sequence number as nonce, so a tampered, dropped, replayed or reordered
 // frame fails; the sequence runs on across the link's rounds, so a frame
@@ -54,7 +54,7 @@ package ring
 import (
 	"encoding/binary"
 
-	"github.com/cohortdl/cohort/internal/authframe"
+	"github.com/cohortdl/cohort/shared/authframe"
 )
 
 // Protocol constants; the magics differ from the data channel's, so a

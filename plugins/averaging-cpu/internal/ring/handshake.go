@@ -10,7 +10,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/cohortdl/cohort/internal/authframe"
+	"github.com/cohortdl/cohort/shared/authframe"
 	"github.com/cohortdl/cohort/shared/mtls"
 )
 

@@ -9,7 +9,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/cohortdl/cohort/internal/authframe"
+	"github.com/cohortdl/cohort/shared/authframe"
 )
 
 // Link is one direction of the ring for one or more rounds: the dialer Sends, the

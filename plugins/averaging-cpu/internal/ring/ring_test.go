@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cohortdl/cohort/internal/authframe"
+	"github.com/cohortdl/cohort/shared/authframe"
 	"github.com/cohortdl/cohort/shared/reduce/numeric"
 )
 

@@ -3,6 +3,8 @@
 // the coordinator and its ranks) and the CPU averager's data channel
 // (shared/reduce, between each rank's averaging plugin and the reduce
 // server). A fix to how either authenticates its bytes is made here, once.
+// It lives in the SDK because shared/reduce speaks it; an averager uses
+// shared/reduce, not this package.
 //
 // It owns what the protocols have in common:
 //
