@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -51,7 +52,9 @@ each platform (bin/OS_ARCH/cohort-trainer-NAME or cohort-averaging-NAME),
 manifest.json (format, kind, name, version, protocols, platforms),
 SHA256SUMS over every file and SHA256SUMS.sig, the base64 ed25519
 signature of SHA256SUMS made with --key. Without --bin the package holds
-the plugin a worker would find for this platform.`,
+the plugin a worker would find for this platform. The binary for this
+platform, if the package holds one, is started briefly: a --version other
+than the one its Describe reports is refused.`,
 		Example: `  cohort plugins package --name median --kind averager --version 1.2.0 --key release.key \
     --bin linux/amd64=out/amd64/cohort-averaging-median --bin linux/arm64=out/arm64/cohort-averaging-median \
     -o median-1.2.0.tar.gz`,
@@ -93,6 +96,9 @@ the plugin a worker would find for this platform.`,
 			if err != nil {
 				return failed(err)
 			}
+			if err := checkPackagedVersion(cmd, pluginhost.Kind(kind), name, version, binaries[pluginpkg.Platform()]); err != nil {
+				return failed(err)
+			}
 			f, err := os.Create(out)
 			if err != nil {
 				return failed(fmt.Errorf("write package: %w", err))
@@ -115,7 +121,7 @@ the plugin a worker would find for this platform.`,
 	f := cmd.Flags()
 	f.StringVar(&name, "name", "", "the plugin's name (required)")
 	f.StringVar(&kind, "kind", "", "trainer or averager (required)")
-	f.StringVar(&version, "version", "", "the plugin's version, as its Describe reports it (required)")
+	f.StringVar(&version, "version", "", "the plugin's version, which its Describe must report (required)")
 	f.StringVar(&keyFile, "key", "", "the private key file from 'cohort plugins keygen' (required)")
 	f.StringVarP(&out, "out", "o", "", "the package file to write, FILE.tar.gz (required)")
 	f.StringArrayVar(&bins, "bin", nil, "OS/ARCH=PATH: the binary for a platform; repeat for each")
@@ -125,17 +131,23 @@ the plugin a worker would find for this platform.`,
 
 func newInstallCommand(g *globals) *cobra.Command {
 	var trust, dir, lockPath string
+	var replaceSigner bool
 	cmd := &cobra.Command{
 		Use:   "install FILE",
 		Short: "Verify a signed plugin package and install its plugin",
 		Long: `Verifies the package FILE: its signature with the --trust public key, every
-file against its SHA256SUMS and the manifest against the files. Then it
-installs the binary for this platform into the plugin directory (default:
+file against its SHA256SUMS and the manifest against the files, and starts
+the binary for this platform briefly: its Describe must report the
+manifest's version. Against the plugin lock (default: the config's
+worker.plugin_lock, cohort.lock.json beside the config file) it refuses a
+package signed by another key than the one the lock pins for the plugin
+(the signer of the package installed first; --replace-signer accepts the
+new one and pins it), and another binary under a version the lock already
+accepted. Then it installs the binary into the plugin directory (default:
 the config's worker.plugin_dir) as cohort-trainer-NAME or
 cohort-averaging-NAME, adds its line to that directory's SHA256SUMS, and
-records its checksum in the plugin lock (default: the config's
-worker.plugin_lock, cohort.lock.json beside the config file). Workers
-refuse a locked plugin whose binary no longer matches the lock.`,
+records its checksum, version and signer in the lock. Workers refuse a
+locked plugin whose binary no longer matches the lock.`,
 		Args: func(_ *cobra.Command, args []string) error {
 			if len(args) != 1 {
 				return usageError("install takes one package FILE")
@@ -168,7 +180,8 @@ refuse a locked plugin whose binary no longer matches the lock.`,
 				return failed(err)
 			}
 			defer p.Close()
-			inst, err := p.Install(dir, lockPath, pluginpkg.Platform())
+			inst, err := p.Install(cmd.Context(), dir, lockPath, pluginpkg.Platform(),
+				pluginpkg.InstallOptions{Describe: describer(), ReplaceSigner: replaceSigner})
 			if err != nil {
 				return failed(err)
 			}
@@ -181,7 +194,50 @@ refuse a locked plugin whose binary no longer matches the lock.`,
 	f.StringVar(&trust, "trust", "", "the signer's public key file (required)")
 	f.StringVar(&dir, "dir", "", "the plugin directory to install into (default: the config's worker.plugin_dir)")
 	f.StringVar(&lockPath, "lock", "", "the plugin lock file (default: the config's worker.plugin_lock)")
+	f.BoolVar(&replaceSigner, "replace-signer", false, "accept a package signed by another key than the one the lock pins for the plugin, and pin that key")
 	return cmd
+}
+
+// describeTimeout bounds starting a plugin binary to ask for its
+// Description, as pluginhost's start does.
+const describeTimeout = pluginhost.DefaultStartTimeout
+
+// describer starts a plugin binary briefly, without the run secret in its
+// environment, and returns what it says of itself.
+func describer() pluginpkg.Describer {
+	host := pluginhost.New(pluginhost.Options{StartTimeout: describeTimeout, Withhold: []string{envSecret, envSecretFile}})
+	return func(ctx context.Context, loc pluginhost.Located) (pluginhost.Probe, error) {
+		return host.Probe(ctx, loc, describeTimeout)
+	}
+}
+
+// checkPackagedVersion starts bin, the binary a package holds for this
+// platform (none: nothing to check), and refuses a version other than
+// the one its Describe reports. A binary that does not start here (built
+// for a machine with libraries this one lacks, say) is packaged with a
+// warning: install checks it where it runs.
+func checkPackagedVersion(cmd *cobra.Command, kind pluginhost.Kind, name, version, bin string) error {
+	if bin == "" {
+		fmt.Fprintf(cmd.ErrOrStderr(), "no binary for this platform (%s): its version is checked on install\n", pluginpkg.Platform())
+		return nil
+	}
+	abs, err := filepath.Abs(bin)
+	if err != nil {
+		return err
+	}
+	ctx := cmd.Context()
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	p, err := describer()(ctx, pluginhost.Located{Kind: kind, Name: name, Path: abs})
+	if err != nil {
+		fmt.Fprintf(cmd.ErrOrStderr(), "warning: %s does not start here, so its version is checked on install only: %v\n", bin, err)
+		return nil
+	}
+	if err := pluginpkg.CheckDescribed(version, p.Description.Version, pluginpkg.Platform()); err != nil {
+		return fmt.Errorf("package %s %q %s: %w", kind, name, version, err)
+	}
+	return nil
 }
 
 func parseProtocols(s string) ([]int, error) {

@@ -27,7 +27,8 @@ worker.plugin_dir, then the plugins directory beside the cohort binary, then
 PATH): kind, name, the version and protocol each reports (each plugin is
 started briefly, for at most --probe-timeout; 0 skips that and shows the
 version the plugin lock recorded), whether it passes its SHA256SUMS check,
-and its lock state. A config file picks one of each by name:
+and its lock state; a locked plugin whose Describe disagrees with its lock
+entry (another version, a protocol its package did not list) is refused. A config file picks one of each by name:
 trainer "NAME" {} and averager "NAME" {}. The command fails when the
 configured trainer or averager is missing or would be refused.
 
@@ -94,6 +95,7 @@ func listPlugins(ctx context.Context, w io.Writer, cfg *config.Config, probe tim
 				refused = err
 			} else {
 				version, protocol = p.Description.Version, strconv.Itoa(p.Protocol)
+				refused = lock.CheckProbe(l.Kind, l.Name, p)
 			}
 		}
 		chosen := ""

@@ -3,6 +3,7 @@ package pluginhost
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/hashicorp/go-version"
@@ -96,4 +97,34 @@ func (h *Host) Probe(ctx context.Context, loc Located, timeout time.Duration) (P
 		return out, fmt.Errorf("probe %s plugin %q (%s): %w", loc.Kind, loc.Name, loc.Path, err)
 	}
 	return out, nil
+}
+
+// SameVersion reports whether a and b name one version: equal as
+// hashicorp/go-version versions ("1.2" and "1.2.0"), or as strings when
+// either is not a version.
+func SameVersion(a, b string) bool {
+	va, errA := version.NewVersion(a)
+	vb, errB := version.NewVersion(b)
+	if errA != nil || errB != nil {
+		return a == b
+	}
+	return va.Equal(vb)
+}
+
+// CheckProbe refuses a plugin the lock names when what it says of itself
+// disagrees with what the lock accepted: another version than the
+// package's, or a negotiated protocol the package did not list. A nil
+// lock, or one that does not name the plugin, admits it.
+func (l *Lock) CheckProbe(kind Kind, name string, p Probe) error {
+	e, ok := l.Entry(kind, name)
+	if !ok {
+		return nil
+	}
+	if !SameVersion(e.Version, p.Description.Version) {
+		return fmt.Errorf("%s plugin %q describes itself as version %q, but the plugin lock accepted it as version %s", kind, name, p.Description.Version, e.Version)
+	}
+	if len(e.Protocols) > 0 && !slices.Contains(e.Protocols, p.Protocol) {
+		return fmt.Errorf("%s plugin %q speaks plugin protocol %d, which its package did not list (%v)", kind, name, p.Protocol, e.Protocols)
+	}
+	return nil
 }

@@ -225,3 +225,33 @@ func TestLoadLock(t *testing.T) {
 		}
 	}
 }
+
+// What a plugin says of itself must be what its lock entry accepted.
+func TestLockCheckProbe(t *testing.T) {
+	lock := &pluginhost.Lock{}
+	lock.Set(pluginhost.LockEntry{Kind: pluginhost.Averager, Name: "median", Version: "1.2.0", Protocols: []int{2, 3}, SHA256: strings.Repeat("ab", 32)})
+	probe := func(v string, proto int) pluginhost.Probe {
+		return pluginhost.Probe{Description: plugin.Description{Version: v}, Protocol: proto}
+	}
+	for _, tc := range []struct {
+		name    string
+		lock    *pluginhost.Lock
+		plugin  string
+		probe   pluginhost.Probe
+		wantErr string
+	}{
+		{"agrees", lock, "median", probe("1.2.0", 3), ""},
+		{"same version spelt shorter", lock, "median", probe("1.2", 2), ""},
+		{"another version", lock, "median", probe("1.1.9", 3), `averager plugin "median" describes itself as version "1.1.9", but the plugin lock accepted it as version 1.2.0`},
+		{"a protocol the package did not list", lock, "median", probe("1.2.0", 1), `averager plugin "median" speaks plugin protocol 1, which its package did not list ([2 3])`},
+		{"not locked", lock, "other", probe("9", 1), ""},
+		{"no lock", nil, "median", probe("9", 1), ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.lock.CheckProbe(pluginhost.Averager, tc.plugin, tc.probe)
+			if (err == nil) != (tc.wantErr == "") || (err != nil && err.Error() != tc.wantErr) {
+				t.Errorf("CheckProbe = %v, want %q", err, tc.wantErr)
+			}
+		})
+	}
+}

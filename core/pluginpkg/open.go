@@ -13,7 +13,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"maps"
 	"os"
 	"path"
 	"path/filepath"
@@ -21,9 +20,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-
-	"github.com/cohortdl/cohort/core/pluginhost"
-	"github.com/cohortdl/cohort/shared/atomicfile"
 )
 
 // Limits on what a package may hold; a package past them is refused.
@@ -233,65 +229,3 @@ func (p *Package) verify(trusted ed25519.PublicKey) error {
 
 // Platform is this machine's "os/arch".
 func Platform() string { return runtime.GOOS + "/" + runtime.GOARCH }
-
-// Installed is what Install put where.
-type Installed struct {
-	Path   string
-	SHA256 []byte
-	Entry  pluginhost.LockEntry
-}
-
-// Install copies the binary for platform ("os/arch"; Platform() for this
-// machine) into dir as the plugin's binary name, lists it in dir's
-// SHA256SUMS and records it in the lock file at lockPath.
-func (p *Package) Install(dir, lockPath, platform string) (Installed, error) {
-	m := p.Manifest
-	file, ok := p.Manifest.Platforms[platform]
-	if !ok {
-		return Installed{}, fmt.Errorf("install %s %q %s: the package is for %s, not this platform %s",
-			m.Kind, m.Name, m.Version, strings.Join(slices.Sorted(maps.Keys(m.Platforms)), ", "), platform)
-	}
-	e := p.files[file]
-	kind := pluginhost.Kind(m.Kind)
-	bin := pluginhost.BinaryName(kind, m.Name)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return Installed{}, fmt.Errorf("install %s: %w", bin, err)
-	}
-	dst := filepath.Join(dir, bin)
-	if err := copyInto(e.path, dst); err != nil {
-		return Installed{}, fmt.Errorf("install %s: %w", bin, err)
-	}
-	if err := pluginhost.AddSum(dir, bin, e.sum[:]); err != nil {
-		return Installed{}, fmt.Errorf("install %s: %w", bin, err)
-	}
-	lock, err := pluginhost.LoadLock(lockPath)
-	if err != nil {
-		return Installed{}, fmt.Errorf("install %s: %w", bin, err)
-	}
-	if lock == nil {
-		lock = &pluginhost.Lock{}
-	}
-	entry := pluginhost.LockEntry{
-		Kind: kind, Name: m.Name, Version: m.Version, Platform: platform,
-		Protocols: m.Protocols, SHA256: hex.EncodeToString(e.sum[:]), Signer: EncodePublicKey(p.Signer),
-	}
-	lock.Set(entry)
-	if err := lock.Save(lockPath); err != nil {
-		return Installed{}, fmt.Errorf("install %s: %w", bin, err)
-	}
-	return Installed{Path: dst, SHA256: e.sum[:], Entry: entry}, nil
-}
-
-// copyInto copies src to dst (mode 0755) through a temporary file renamed
-// into place, so a running plugin's binary is replaced, never rewritten.
-func copyInto(src, dst string) error {
-	in, err := os.Open(src)
-	if err != nil {
-		return err
-	}
-	defer in.Close()
-	return atomicfile.Write(dst, func(w io.Writer) error {
-		_, err := io.Copy(w, in)
-		return err
-	}, atomicfile.Perm(0o755))
-}

@@ -4,9 +4,11 @@ import (
 	"archive/tar"
 	"bytes"
 	"compress/gzip"
+	"context"
 	"crypto/ed25519"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -14,6 +16,7 @@ import (
 	"testing"
 
 	"github.com/cohortdl/cohort/core/pluginhost"
+	"github.com/cohortdl/cohort/shared/plugin"
 )
 
 // fixture is a key pair and a built package for this platform and another.
@@ -155,11 +158,11 @@ func TestRoundTrip(t *testing.T) {
 	}
 	plugins := filepath.Join(f.dir, "plugins")
 	lockPath := filepath.Join(f.dir, "cohort.lock.json")
-	if _, err := p.Install(plugins, lockPath, "windows/arm64"); err == nil ||
+	if _, err := p.Install(context.Background(), plugins, lockPath, "windows/arm64", describesAs("1.2.0")); err == nil ||
 		!strings.Contains(err.Error(), "the package is for "+strings.Join(sortedPlatforms(m), ", ")+", not this platform windows/arm64") {
 		t.Errorf("install for another platform: %v", err)
 	}
-	inst, err := p.Install(plugins, lockPath, Platform())
+	inst, err := p.Install(context.Background(), plugins, lockPath, Platform(), describesAs("1.2.0"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -183,7 +186,7 @@ func TestRoundTrip(t *testing.T) {
 		t.Errorf("lock entry %+v, %v", e, ok)
 	}
 	// Installing again replaces the lines, not adds to them.
-	if _, err := p.Install(plugins, lockPath, Platform()); err != nil {
+	if _, err := p.Install(context.Background(), plugins, lockPath, Platform(), describesAs("1.2")); err != nil {
 		t.Fatal(err)
 	}
 	sums, _ := os.ReadFile(filepath.Join(plugins, pluginhost.SumsFile))
@@ -249,4 +252,122 @@ func TestOpenRefuses(t *testing.T) {
 	if _, err := Open(filepath.Join(f.dir, "signer.pub"), f.pub); err == nil || !strings.Contains(err.Error(), "not a gzip file") {
 		t.Errorf("a key file opened as a package: %v", err)
 	}
+}
+
+// describesAs is InstallOptions whose binary describes itself as version v.
+func describesAs(v string) InstallOptions {
+	return InstallOptions{Describe: func(_ context.Context, loc pluginhost.Located) (pluginhost.Probe, error) {
+		if st, err := os.Stat(loc.Path); err != nil || st.Mode().Perm()&0o100 == 0 {
+			return pluginhost.Probe{}, fmt.Errorf("%s is not executable: %v", loc.Path, err)
+		}
+		return pluginhost.Probe{Description: plugin.Description{Name: loc.Name, Version: v}, Protocol: plugin.ProtocolVersion}, nil
+	}}
+}
+
+// build writes a package of the median averager at version, its binary
+// holding body, signed by key, and opens it trusting key's public half.
+func build(t *testing.T, key ed25519.PrivateKey, version, body string) *Package {
+	t.Helper()
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "median")
+	if err := os.WriteFile(bin, []byte(body), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(dir, "median.tar.gz")
+	out, err := os.Create(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Build(out, BuildOptions{Kind: pluginhost.Averager, Name: "median", Version: version, Protocols: plugin.Protocols(),
+		Binaries: map[string]string{Platform(): bin}, Key: key}); err != nil {
+		t.Fatal(err)
+	}
+	out.Close()
+	p, err := Open(file, key.Public().(ed25519.PublicKey))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	return p
+}
+
+// Install refuses what the lock says is no release of the plugin it
+// accepted, and a binary that disagrees with its manifest, each with an
+// error saying which and wrapping ErrRefused, and installs nothing then;
+// what it accepts it pins.
+func TestInstallRefuses(t *testing.T) {
+	_, vendor, _ := ed25519.GenerateKey(nil)
+	_, other, _ := ed25519.GenerateKey(nil)
+	ctx := context.Background()
+	type step struct {
+		name    string
+		pkg     *Package
+		opts    InstallOptions
+		wantErr string // "" installs
+	}
+	cases := []struct {
+		name  string
+		steps []step
+	}{
+		{"manifest's version is not the binary's", []step{
+			{"0.1.0 packaged as 0.1.1", build(t, vendor, "0.1.1", "v0.1.0"), describesAs("0.1.0"),
+				`the manifest says version 0.1.1, but its binary for ` + Platform() + ` describes itself as version "0.1.0": a manifest must agree with its binary`},
+		}},
+		{"a binary that is not a plugin", []step{
+			{"not a plugin", build(t, vendor, "1.0.0", "junk"), InstallOptions{Describe: func(context.Context, pluginhost.Located) (pluginhost.Probe, error) {
+				return pluginhost.Probe{}, errors.New("the handshake timed out")
+			}}, "does not run as a cohort averager plugin: the handshake timed out"},
+		}},
+		{"another signer", []step{
+			{"first", build(t, vendor, "1.0.0", "one"), describesAs("1.0.0"), ""},
+			{"another key", build(t, other, "1.1.0", "two"), describesAs("1.1.0"),
+				"pins averager \"median\" to the signer " + EncodePublicKey(vendor.Public().(ed25519.PublicKey)) + " (it accepted version 1.0.0 signed by it); this package is signed by " +
+					EncodePublicKey(other.Public().(ed25519.PublicKey)) + ": pass --replace-signer to accept the new signer"},
+			{"another key, replaced", build(t, other, "1.1.0", "two"), InstallOptions{Describe: describesAs("1.1.0").Describe, ReplaceSigner: true}, ""},
+			{"the first key, no longer pinned", build(t, vendor, "1.2.0", "three"), describesAs("1.2.0"), "pass --replace-signer"},
+		}},
+		{"another binary, same version", []step{
+			{"first", build(t, vendor, "2.0.0", "one"), describesAs("2.0.0"), ""},
+			{"same binary again", build(t, vendor, "2.0.0", "one"), describesAs("2.0.0"), ""},
+			{"changed binary", build(t, vendor, "2.0", "two"), describesAs("2.0"), "accepted version 2.0.0 with a binary for " + Platform() + " of sha256"},
+			{"changed binary, new version", build(t, vendor, "2.0.1", "two"), describesAs("2.0.1"), ""},
+		}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			dir := t.TempDir()
+			plugins, lockPath := filepath.Join(dir, "plugins"), filepath.Join(dir, "cohort.lock.json")
+			for _, s := range c.steps {
+				before, _ := os.ReadFile(lockPath)
+				_, err := s.pkg.Install(ctx, plugins, lockPath, Platform(), s.opts)
+				after, _ := os.ReadFile(lockPath)
+				if s.wantErr == "" {
+					if err != nil {
+						t.Fatalf("%s: %v", s.name, err)
+					}
+					e, _ := mustLock(t, lockPath).Entry(pluginhost.Averager, "median")
+					if e.Version != s.pkg.Manifest.Version || e.Signer != EncodePublicKey(s.pkg.Signer) {
+						t.Errorf("%s: lock entry %+v, want version %s signed by the package's key", s.name, e, s.pkg.Manifest.Version)
+					}
+					continue
+				}
+				if err == nil || !strings.Contains(err.Error(), s.wantErr) || !errors.Is(err, ErrRefused) {
+					t.Fatalf("%s: %v, want a refusal saying %q", s.name, err, s.wantErr)
+				}
+				if !bytes.Equal(before, after) {
+					t.Errorf("%s: a refused install changed the lock", s.name)
+				}
+				t.Logf("%s: %v", s.name, err)
+			}
+		})
+	}
+}
+
+func mustLock(t *testing.T, path string) *pluginhost.Lock {
+	t.Helper()
+	l, err := pluginhost.LoadLock(path)
+	if err != nil || l == nil {
+		t.Fatalf("lock %s: %v", path, err)
+	}
+	return l
 }
