@@ -7,7 +7,9 @@
 // the handshake, the plugin map under ProtocolVersion, and the gRPC
 // adapters between the interfaces and the cohort.v1 services, whose
 // generated code is internal. docs/plugins.md is the guide for writing a
-// plugin; examples/averaging-trimmed-mean is a complete one.
+// plugin; examples/trainer-softmax and examples/averaging-trimmed-mean are
+// complete ones. This package is part of the SDK module,
+// github.com/cohortdl/cohort/shared (SDKModule, SDKVersion).
 //
 // A plugin's main is one line:
 //

@@ -20,9 +20,14 @@
 //	}
 //
 // RunTrainer does the same for a trainer; TrainerSettings should make its
-// model and data small. An averager whose ranks meet at a reduce server
-// (Describe.Meeting plugin.MeetReduceServer) needs MeetingPoint, through
-// which the test starts one server per cohort of the suite. CheckAverager
-// and CheckTrainer take a T instead of a *testing.T, to run the suite
-// under a recorder.
+// model and data small, and BadTrainerSettings adds config blocks its
+// Configure must refuse. The trainer's checks configure a trainer per rank
+// where a promise concerns the ranks (its picks, on a world of
+// TrainerWorld), replace a trainer mid-run on the same arena, as a rank
+// does after its trainer died, and compare what trainers configured alike
+// learn from the same parameters. An averager whose ranks meet at a
+// reduce server (Describe.Meeting plugin.MeetReduceServer) needs
+// MeetingPoint, through which the test starts one server per cohort of the
+// suite. CheckAverager and CheckTrainer take a T instead of a *testing.T,
+// to run the suite under a recorder.
 package conformance
