@@ -223,7 +223,8 @@ func readSummary(t *testing.T, out string) *record.Summary {
 	return s
 }
 
-// mockParams reads the mock model a rank saved into dir, through the mock
+// mockParams reads the mock model a rank saved into its checkpoint
+// directory dir (the trainer's folder, dir/trainer), through the mock
 // trainer's own LoadCheckpoint: weight and bias (parameters) and
 // feature_mean (a buffer, also averaged), and its step count.
 func mockParams(t *testing.T, dir string, settings map[string]any) (params []float32, steps uint64) {
@@ -234,7 +235,7 @@ func mockParams(t *testing.T, dir string, settings map[string]any) (params []flo
 	if _, err := tr.Configure(ctx, plugin.TrainerConfig{Rank: 0, WorldSize: 1, Seed: 1, Settings: raw}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := tr.LoadCheckpoint(ctx, dir, plugin.LoadResume); err != nil {
+	if _, err := tr.LoadCheckpoint(ctx, filepath.Join(dir, "trainer"), plugin.LoadResume); err != nil {
 		t.Fatal(err)
 	}
 	w, b, steps, _ := tr.Snapshot()

@@ -3,12 +3,14 @@ package worker
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"path/filepath"
 	"strconv"
 	"time"
 
 	"github.com/cohortdl/cohort/core/wire/wirepb"
+	"github.com/cohortdl/cohort/internal/dirs"
 	"github.com/cohortdl/cohort/shared/plugin"
 )
 
@@ -48,6 +50,68 @@ func (w *worker) shutdownWithSave(ctx context.Context, m *wirepb.ShutdownWithSav
 		w.log.Info("saved on shutdown", "dir", dir, "files", len(files))
 	}
 	return errors.Join(saveErr, w.send(ctx, res))
+}
+
+// Each plugin saves into a folder of its own in the rank's checkpoint
+// directory, so the trainer's and the averager's files never clash.
+const (
+	trainerDir  = "trainer"
+	averagerDir = "averager"
+)
+
+// pluginDir is where a plugin restores from in the rank's checkpoint
+// directory dir: its own folder, or dir itself for a checkpoint saved
+// before the folders (its files beside the other plugin's).
+func pluginDir(dir, folder string) string {
+	if own := filepath.Join(dir, folder); dirs.NonEmpty(own) {
+		return own
+	}
+	return dir
+}
+
+// takeParameters gives a replacement's new trainer the rank's state: the
+// optimizer's from the last checkpoint, loaded with LoadReplacement, and
+// the parameters from the arena, which holds newer ones (newer, the
+// arena's bytes before the new trainer attached). When the parameters
+// died with the lost trainer's device block (blockLost) it resumes from
+// the checkpoint instead.
+func (s *supervisor) takeParameters(ctx context.Context, newer []byte, blockLost bool) error {
+	keepsCheckpoint := blockLost
+	if dir := s.checkpointToRestore(); dir != "" {
+		reason := plugin.LoadReplacement
+		if blockLost {
+			reason = plugin.LoadResume
+		}
+		res, err := s.loadTrainer(ctx, dir, reason)
+		if err != nil {
+			return fmt.Errorf("restore from %s: %w", dir, err)
+		}
+		keepsCheckpoint = keepsCheckpoint || res.CheckpointParams
+		if !plugin.KnowsLoadReason(s.trainer) {
+			// A plugin older than the load reason loaded as for a resume,
+			// into the arena too if its model lives there.
+			copy(s.arena.Bytes(), newer)
+		}
+		s.log.Info("new trainer restored its optimizer state from the last checkpoint", "dir", dir, "step_count", res.StepCount)
+	} else {
+		s.log.Warn("new trainer starts its optimizer fresh: this rank has no checkpoint to restore it from")
+	}
+	switch {
+	case !keepsCheckpoint:
+		norm, err := s.trainer.Adopt(ctx, 0)
+		if err != nil {
+			return fmt.Errorf("adopt the arena's parameters: %w", err)
+		}
+		s.log.Info("new trainer took the arena's parameters", "param_norm", norm)
+	case !blockLost:
+		// The trainer cannot use the arena's values: the arena takes its.
+		pub, err := s.trainer.Publish(ctx)
+		if err != nil {
+			return fmt.Errorf("publish the checkpoint's parameters: %w", err)
+		}
+		s.log.Warn("new trainer keeps the checkpoint's parameters: it cannot use the arena's", "param_norm", pub.ParamNorm)
+	}
+	return nil
 }
 
 // evaluate runs the trainer's evaluation and answers EvalResult; a failure

@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -194,18 +195,18 @@ func (s *supervisor) configureAverager(ctx context.Context, cfg plugin.AveragerC
 // one place it does, at resume and when a fresh trainer replaces a lost
 // one.
 func (s *supervisor) loadTrainer(ctx context.Context, dir string, reason plugin.LoadReason) (plugin.LoadResult, error) {
-	return s.trainer.LoadCheckpoint(ctx, dir, reason)
+	return s.trainer.LoadCheckpoint(ctx, pluginDir(dir, trainerDir), reason)
 }
 
 // loadAverager has the averager load its state from the checkpoint in
 // dir: the one place it does, at resume and when replaced.
 func (s *supervisor) loadAverager(ctx context.Context, dir string) error {
-	return s.averager.LoadState(ctx, dir)
+	return s.averager.LoadState(ctx, pluginDir(dir, averagerDir))
 }
 
-// save writes the trainer's checkpoint and the averager's state into dir:
-// the one place a checkpoint is saved. A trainer lost during it is
-// replaced and asked again.
+// save writes the trainer's checkpoint and the averager's state into
+// their folders in dir: the one place a checkpoint is saved. A trainer
+// lost during it is replaced and asked again.
 func (s *supervisor) save(ctx context.Context, dir string) ([]string, error) {
 	if dir == "" {
 		return nil, errors.New("save checkpoint: no directory given")
@@ -213,23 +214,26 @@ func (s *supervisor) save(ctx context.Context, dir string) ([]string, error) {
 	if !s.trainerReady {
 		return nil, errors.New("save checkpoint: the trainer is not set up")
 	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, fmt.Errorf("save checkpoint: %w", err)
+	tdir, adir := filepath.Join(dir, trainerDir), filepath.Join(dir, averagerDir)
+	for _, d := range []string{tdir, adir} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return nil, fmt.Errorf("save checkpoint: %w", err)
+		}
 	}
 	var files []string
 	err := s.withTrainer(ctx, func(t plugin.Trainer) (err error) {
-		files, err = t.SaveCheckpoint(ctx, dir)
+		files, err = t.SaveCheckpoint(ctx, tdir)
 		return err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("save checkpoint into %s: %w", dir, err)
+		return nil, fmt.Errorf("save checkpoint into %s: %w", tdir, err)
 	}
 	// The averager's own state (an outer optimizer's momentum) belongs to
 	// the same checkpoint, or a resumed run would not continue the same way.
 	if a := s.avg.Load(); a != nil {
-		more, err := (*a).SaveState(ctx, dir)
+		more, err := (*a).SaveState(ctx, adir)
 		if err != nil {
-			return nil, fmt.Errorf("save averager state into %s: %w", dir, err)
+			return nil, fmt.Errorf("save averager state into %s: %w", adir, err)
 		}
 		files = append(files, more...)
 	}
@@ -341,14 +345,25 @@ func (s *supervisor) stopPlugin(ctx context.Context, kind pluginhost.Kind) error
 }
 
 // replaceTrainer starts a fresh trainer in place of the lost one: the same
-// configuration, the same arena, whose parameters (the last Publish's, or
-// the last round's) it adopts, and the optimizer state of the rank's last
-// checkpoint when there is one. lost, when set, is the plan the old trainer
+// configuration, the same arena, whose parameters (the last Publish's, the
+// last round's, or a zero-copy trainer's values when it died) it keeps,
+// with the optimizer state of the rank's last checkpoint when there is one
+// (plugin.LoadReplacement). lost, when set, is the plan the old trainer
 // was in: the coordinator hands out again what its reports do not cover.
 func (s *supervisor) replaceTrainer(ctx context.Context, cause error, lost *plugin.Plan) error {
 	fail, err := s.replacing(ctx, pluginhost.Trainer, cause)
 	if err != nil {
 		return err
+	}
+	// The arena holds the rank's newest parameters, newer than any
+	// checkpoint's; unless they lived on the GPU, in the lost trainer's
+	// block, which died with it: then the new trainer resumes from the
+	// checkpoint, the next round averages it in, and the averager, whose
+	// mapping of the block died too, is replaced after this.
+	blockLost := s.device != nil
+	var newer []byte
+	if !blockLost {
+		newer = bytes.Clone(s.arena.Bytes())
 	}
 	t, err := s.plugins.StartTrainer(ctx, s.o.Trainer.Name)
 	if err != nil {
@@ -367,25 +382,10 @@ func (s *supervisor) replaceTrainer(ctx context.Context, cause error, lost *plug
 		return fail(fmt.Errorf("attach to arena %s: %w", s.arena.Path(), err))
 	}
 	s.canOverlap = s.trainerCfg.OverlapRounds && !zeroCopy
-	if dir := s.checkpointToRestore(); dir != "" {
-		res, err := s.loadTrainer(ctx, dir, plugin.LoadReplacement)
-		if err != nil {
-			return fail(fmt.Errorf("restore from %s: %w", dir, err))
-		}
-		s.log.Info("new trainer restored its optimizer state from the last checkpoint", "dir", dir, "step_count", res.StepCount)
-	} else {
-		s.log.Warn("new trainer starts its optimizer fresh: this rank has no checkpoint to restore it from")
-	}
-	// The arena holds the parameters of the last Publish or round, newer
-	// than any checkpoint's; unless they lived on the GPU, in the lost
-	// trainer's block, which died with it: then the new trainer keeps the
-	// checkpoint's, the next round averages them in, and the averager,
-	// whose mapping of the block died too, is replaced after this.
-	blockLost := s.device != nil
-	if !blockLost {
-		if _, err := t.Adopt(ctx, 0); err != nil {
-			return fail(fmt.Errorf("adopt the arena's parameters: %w", err))
-		}
+	// A zero-copy trainer's Attach writes its fresh model into the arena.
+	copy(s.arena.Bytes(), newer)
+	if err := s.takeParameters(ctx, newer, blockLost); err != nil {
+		return fail(err)
 	}
 	if err := s.exportDevice(ctx); err != nil {
 		return fail(err)

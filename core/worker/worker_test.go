@@ -431,9 +431,11 @@ func TestExit(t *testing.T) {
 	}
 }
 
-// TestShutdownWithSave: the rank saves into dir/rank-<r>, answers
-// CheckpointResult, then Exiting; a later run admitted with that directory
-// as resume_dir loads it, from its own rank's directory or else the lowest.
+// TestShutdownWithSave: the rank saves into dir/rank-<r>, the trainer into
+// its own folder there, answers CheckpointResult, then Exiting; a later run
+// admitted with that directory as resume_dir loads it, from its own rank's
+// directory or else the lowest, and so does one admitted with a checkpoint
+// saved before the folders (the trainer's files straight in rank-<r>).
 func TestShutdownWithSave(t *testing.T) {
 	ckpt := t.TempDir()
 	var saved []float32
@@ -449,7 +451,7 @@ func TestShutdownWithSave(t *testing.T) {
 		expectPlan(l, 4)
 		l.send(&wirepb.ShutdownWithSave{Reason: wirepb.ShutdownReason_SHUTDOWN_REASON_INTERRUPTED, Dir: ckpt, Version: 3})
 		res := expect[*wirepb.CheckpointResult](l)
-		want := filepath.Join(ckpt, "rank-0", plugintest.CheckpointFile)
+		want := filepath.Join(ckpt, "rank-0", "trainer", plugintest.CheckpointFile)
 		if res.GetVersion() != 3 || res.GetError() != "" || !slices.Equal(res.GetFiles(), []string{want}) {
 			t.Fatalf("CheckpointResult = %v, want version 3 and file %s", res, want)
 		}
@@ -465,13 +467,21 @@ func TestShutdownWithSave(t *testing.T) {
 	if saved == nil {
 		t.FailNow()
 	}
-	for _, rw := range []struct{ rank, world uint32 }{{0, 1}, {1, 2}} {
+	flat := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(flat, "rank-0"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	copyFile(t, filepath.Join(ckpt, "rank-0", "trainer", plugintest.CheckpointFile), filepath.Join(flat, "rank-0", plugintest.CheckpointFile))
+	for _, rw := range []struct {
+		rank, world uint32
+		dir         string
+	}{{0, 1, ckpt}, {1, 2, ckpt}, {1, 2, flat}} {
 		t.Run("resume", func(t *testing.T) {
 			c := newCoordinator(t)
 			o := c.options(rw.rank, rw.world, trainerSettings())
 			tr := inProcess(&o)
 			run := start(t, o)
-			l := c.accept(&wirepb.Admit{RunId: "resume", Seed: 2, ResumeDir: ckpt})
+			l := c.accept(&wirepb.Admit{RunId: "resume", Seed: 2, ResumeDir: rw.dir})
 			expect[*wirepb.Ready](l)
 			w, _, steps, _ := tr.Snapshot()
 			if !slices.Equal(w, saved) || steps != savedSteps {
@@ -1061,6 +1071,9 @@ type lostTrainer struct {
 	gone          *atomic.Bool
 	adopts, loads atomic.Int32
 	loadedFrom    atomic.Value
+	loadReason    atomic.Value
+	// atDeath is the model's weights when the trainer "died".
+	atDeath []float32
 }
 
 func (d *lostTrainer) Train(ctx context.Context, p plugin.Plan, report func(plugin.BatchReport) error) error {
@@ -1068,6 +1081,7 @@ func (d *lostTrainer) Train(ctx context.Context, p plugin.Plan, report func(plug
 	errGone := status.Error(codes.Unavailable, "mock trainer process gone")
 	err := d.Trainer.Train(ctx, p, func(b plugin.BatchReport) error {
 		if d.dieAfter > 0 && n == d.dieAfter {
+			d.atDeath, _, _, _ = d.Snapshot()
 			d.gone.Store(true)
 			return errGone
 		}
@@ -1088,6 +1102,7 @@ func (d *lostTrainer) Adopt(ctx context.Context, alpha float64) (float64, error)
 func (d *lostTrainer) LoadCheckpoint(ctx context.Context, dir string, reason plugin.LoadReason) (plugin.LoadResult, error) {
 	d.loads.Add(1)
 	d.loadedFrom.Store(dir)
+	d.loadReason.Store(reason)
 	return d.Trainer.LoadCheckpoint(ctx, dir, reason)
 }
 
@@ -1149,16 +1164,23 @@ func (s *swapPlugins) Stop(_ context.Context, kind pluginhost.Kind) error {
 }
 
 // A trainer lost mid-plan is replaced. When its parameters lived in a
-// device block, the block died with it: the new trainer keeps the last
-// checkpoint's parameters rather than adopting the arena's (stale: no
+// device block, the block died with it: the new trainer resumes from the
+// last checkpoint rather than adopting the arena's parameters (stale: no
 // round ever wrote them), exports a block of its own, and the averager,
 // whose map of the old block is dead, is replaced and handed the new one.
-// On the arena the new trainer adopts the arena and the averager stays.
+// On the arena the new trainer loads the checkpoint as a replacement
+// (optimizer state and counters) and adopts the arena, and the averager
+// stays: its model is the lost trainer's when it died, not the
+// checkpoint's, also when the model lived in the arena and the new
+// trainer's Attach wrote its fresh one there.
 func TestTrainerLostWithItsDeviceBlock(t *testing.T) {
-	for _, device := range []bool{true, false} {
-		t.Run(fmt.Sprintf("device=%v", device), func(t *testing.T) {
+	for _, tc := range []struct{ device, zeroCopy bool }{{true, false}, {false, false}, {false, true}} {
+		device := tc.device
+		t.Run(fmt.Sprintf("device=%v/zero-copy=%v", device, tc.zeroCopy), func(t *testing.T) {
 			c := newCoordinator(t)
-			o := c.options(0, 1, trainerSettings())
+			ts := trainerSettings()
+			ts.ZeroCopy, ts.Momentum = tc.zeroCopy, 0.5
+			o := c.options(0, 1, ts)
 			o.PluginRestarts = 2
 			sp := &swapPlugins{averagerTakes: device}
 			o.Plugins = sp
@@ -1192,8 +1214,16 @@ func TestTrainerLostWithItsDeviceBlock(t *testing.T) {
 				t.Fatalf("%d trainers started, want 2", len(trainers))
 			}
 			fresh := trainers[1]
-			if n, from := fresh.loads.Load(), fresh.loadedFrom.Load(); n != 1 || from != ckpt {
-				t.Errorf("new trainer loaded %d checkpoints (from %v), want 1 from %s", n, from, ckpt)
+			wantReason := plugin.LoadReplacement
+			if device {
+				wantReason = plugin.LoadResume
+			}
+			if n, from, reason := fresh.loads.Load(), fresh.loadedFrom.Load(), fresh.loadReason.Load(); n != 1 || from != filepath.Join(ckpt, "trainer") || reason != wantReason {
+				t.Errorf("new trainer loaded %d checkpoints (from %v, reason %v), want 1 from %s/trainer, reason %v", n, from, reason, ckpt, wantReason)
+			}
+			// A model in the arena is there when its trainer dies.
+			if got, _, _, _ := fresh.Snapshot(); tc.zeroCopy && !slices.Equal(got, trainers[0].atDeath) {
+				t.Errorf("new trainer's weights %v, want the lost trainer's when it died, %v", got, trainers[0].atDeath)
 			}
 			wantAverager, wantAdopts, wantStopped := 1, int32(1), []pluginhost.Kind{pluginhost.Trainer}
 			if device {
@@ -1223,5 +1253,17 @@ func TestTrainerLostWithItsDeviceBlock(t *testing.T) {
 				t.Fatal(err)
 			}
 		})
+	}
+}
+
+// copyFile copies the file src to dst.
+func copyFile(t *testing.T, src, dst string) {
+	t.Helper()
+	b, err := os.ReadFile(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(dst, b, 0o644); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -115,8 +115,9 @@ func checkLoads(t *testing.T, r *run) string {
 	return last
 }
 
-// loadMock loads one rank's saved state into a fresh mock trainer, as a
-// resumed rank would.
+// loadMock loads one rank's saved state (the trainer's folder of its
+// checkpoint directory dir) into a fresh mock trainer, as a resumed rank
+// would.
 func loadMock(t *testing.T, dir string, settings map[string]any) {
 	t.Helper()
 	raw, err := json.Marshal(settings)
@@ -128,7 +129,7 @@ func loadMock(t *testing.T, dir string, settings map[string]any) {
 	if _, err := tr.Configure(ctx, plugin.TrainerConfig{Rank: 0, WorldSize: 1, Seed: 1, Settings: raw}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := tr.LoadCheckpoint(ctx, dir, plugin.LoadResume); err != nil {
+	if _, err := tr.LoadCheckpoint(ctx, filepath.Join(dir, "trainer"), plugin.LoadResume); err != nil {
 		t.Fatalf("load %s: %v", dir, err)
 	}
 }

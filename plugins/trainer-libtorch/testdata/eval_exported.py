@@ -1,9 +1,9 @@
-"""Evaluates exported models (a cohort run's OUT/model/model.pt) on the
+"""Evaluates exported models (a cohort run's OUT/model/trainer/model.pt) on the
 Fashion-MNIST test split with PyTorch alone, as a user would: prints each
 model's accuracy in percent, one a line. Inputs are scaled as the trainer
 scales them (pixels / 255), shaped [N, 1, 28, 28]: the MLP flattens them.
 
-    python3 eval_exported.py /usr/share/datasets/fashion-mnist OUT/model/model.pt"""
+    python3 eval_exported.py /usr/share/datasets/fashion-mnist OUT/model/trainer/model.pt"""
 import gzip
 import sys
 
