@@ -141,7 +141,9 @@ func (s *trainerSuite) lrScale(t T) {
 	p.LRScale = scale
 	scaled := s.trainedBy(t, cfg, p)
 
-	var dFull, dErr, mag float64
+	// The moves without and with the scale, d1 and ds: |ds − s·d1|, and
+	// ds's projection on d1 in units of d1 for the message.
+	var dFull, dErr, mag, dot float64
 	for _, e := range layout.Entries {
 		if e.DType != arena.F32 || e.Role != arena.Parameter {
 			continue
@@ -152,9 +154,11 @@ func (s *trainerSuite) lrScale(t T) {
 			d1, ds := float64(f32(full[o:], k))-x0, float64(f32(scaled[o:], k))-x0
 			dFull += d1 * d1
 			dErr += (ds - scale*d1) * (ds - scale*d1)
+			dot += d1 * ds
 			mag += x0 * x0
 		}
 	}
+	ratio := dot / dFull
 	dFull, dErr, mag = math.Sqrt(dFull), math.Sqrt(dErr), math.Sqrt(mag)
 	if dFull == 0 {
 		t.Errorf("Train must change the parameters: one batch of %d samples left every f32 parameter as it was", p.PartitionSize)
@@ -167,25 +171,8 @@ func (s *trainerSuite) lrScale(t T) {
 			return
 		}
 		t.Errorf("Train must multiply its learning rate by the plan's LRScale: one batch with LRScale %v moved the parameters by %.3g·(the move without it) + an error of norm %.3g, want %v times the move (norm %.3g)",
-			scale, scaled64(full, scaled, from, layout, dFull), dErr, scale, dFull)
+			scale, ratio, dErr, scale, dFull)
 	}
-}
-
-// scaled64 is the projection of the scaled move on the full one, over
-// their norm: how many times the full move the scaled one was.
-func scaled64(full, scaled, from []byte, layout arena.Layout, norm float64) float64 {
-	var dot float64
-	for _, e := range layout.Entries {
-		if e.DType != arena.F32 || e.Role != arena.Parameter {
-			continue
-		}
-		for k := 0; k < int(e.Bytes/4); k++ {
-			o := e.Offset
-			x0 := float64(f32(from[o:], k))
-			dot += (float64(f32(full[o:], k)) - x0) * (float64(f32(scaled[o:], k)) - x0)
-		}
-	}
-	return dot / (norm * norm)
 }
 
 // alike reports whether a and b hold the same values in every f32 entry,
