@@ -35,7 +35,10 @@ var builds struct {
 // BuildPlugins builds the mock trainer and averager binaries, once per test
 // binary (with -race when the tests run with it), and returns their paths.
 // They live in a temporary directory that RemoveBuilds deletes; a TestMain
-// should call it after m.Run. A build failure fails t.
+// should call it after m.Run. A build failure fails t. The binaries are
+// cohort's commands (TrainerPackage, AveragerPackage), so the go command
+// must resolve cohort's module: in a cohort checkout, or in a module that
+// requires it.
 func BuildPlugins(t testing.TB) (trainerBin, averagerBin string) {
 	t.Helper()
 	builds.once.Do(func() {

@@ -46,9 +46,11 @@ func TestMockTrainer(t *testing.T) {
 		{"copies", smallTrainer},
 		{"in place", inPlaceTrainer},
 	} {
-		t.Run(tc.name+"/in-process", func(t *testing.T) { conformance.RunTrainer(t, mockTrainer, tc.settings, bad) })
+		t.Run(tc.name+"/in-process", func(t *testing.T) {
+			conformance.RunTrainer(t, mockTrainer, tc.settings, bad, conformance.TrainerWorld(3))
+		})
 		t.Run(tc.name+"/binary", func(t *testing.T) {
-			conformance.RunTrainer(t, conformance.TrainerBinary(binary(t, "cohort-trainer-mock")), tc.settings, bad, conformance.TrainerWorld(3))
+			conformance.RunTrainer(t, conformance.TrainerBinary(binary(t, "cohort-trainer-mock")), tc.settings, bad)
 		})
 	}
 }
