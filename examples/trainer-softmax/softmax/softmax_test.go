@@ -74,7 +74,8 @@ func TestTrainsInPlace(t *testing.T) {
 	t.Logf("accuracy %.3f after 3 epochs, %.3f before", got, chance)
 }
 
-// On Fashion-MNIST one epoch of a softmax classifier reaches about 80%.
+// On Fashion-MNIST a quarter of an epoch of a softmax classifier reaches
+// about 76% (one epoch about 82%).
 func TestFashionMNIST(t *testing.T) {
 	dir := os.Getenv("COHORT_FASHION_MNIST")
 	if dir == "" {
@@ -87,12 +88,14 @@ func TestFashionMNIST(t *testing.T) {
 	if setup.Samples != 60000 || setup.EvalSamples != 10000 || setup.Layout.Size < 4*7850 {
 		t.Fatalf("setup %+v, want Fashion-MNIST's 60000 and 10000 rows and 7850 parameters", setup)
 	}
-	train(t, tr, epoch(0, setup))
+	quarter := epoch(0, setup)
+	quarter.PartitionSize /= 4
+	train(t, tr, quarter)
 	got := accuracy(t, tr)
-	if got < 0.78 {
-		t.Errorf("accuracy %.3f after one epoch, want 0.78 or more", got)
+	if got < 0.75 {
+		t.Errorf("accuracy %.3f after %d samples, want 0.75 or more", got, quarter.PartitionSize)
 	}
-	t.Logf("accuracy %.3f after one epoch", got)
+	t.Logf("accuracy %.3f after %d samples", got, quarter.PartitionSize)
 }
 
 // A checkpoint whose files do not match its metadata, or of another
