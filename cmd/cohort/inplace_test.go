@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cohortdl/cohort/core/coordinator"
+	"github.com/cohortdl/cohort/core/coordinator/record"
 )
 
 // trainerExample is the trainer example, a module of its own: a softmax
@@ -127,9 +127,9 @@ averager "mock" {}
 	run := func(out string) *proc {
 		return startCohort(t, "run", "--config", cfg, "--ranks", strconv.Itoa(ranks), "--epochs", strconv.Itoa(epochs), "--out", out, "-v")
 	}
-	finalAccuracy := func(s *coordinator.Summary) float64 {
+	finalAccuracy := func(s *record.Summary) float64 {
 		last := s.Epochs[len(s.Epochs)-1]
-		if s.Status != coordinator.StatusCompleted || len(s.Epochs) != epochs || last.Accuracy == nil {
+		if s.Status != record.StatusCompleted || len(s.Epochs) != epochs || last.Accuracy == nil {
 			t.Fatalf("summary: status %s, %d epochs, last %+v", s.Status, len(s.Epochs), last)
 		}
 		return *last.Accuracy
