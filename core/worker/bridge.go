@@ -111,7 +111,7 @@ func (w *worker) linkFailed(cause error) {
 
 // answerSessionID has the averager make a session id and sends it.
 func (w *worker) answerSessionID(ctx context.Context, gen uint64) {
-	avg := w.sup.averagerRef()
+	avg := w.sup.ConfiguredAverager()
 	if avg == nil {
 		w.log.Warn("RequestSessionId before the averager is configured: not answered", "generation", gen)
 		return
@@ -170,7 +170,7 @@ func (w *worker) sampleResources(ctx context.Context, s *resources.Sampler) {
 // the core's).
 func (w *worker) processes() []resources.Process {
 	ps := []resources.Process{{Role: "worker", PID: os.Getpid()}}
-	if h, ok := w.sup.plugins.(*HostPlugins); ok {
+	if h, ok := w.plugins.(*HostPlugins); ok {
 		for _, p := range h.Processes() {
 			if pid := p.Pid(); pid > 0 && !p.Exited() {
 				ps = append(ps, resources.Process{Role: string(p.Kind), Name: p.Name, PID: pid})

@@ -17,10 +17,10 @@
 //   - plans.go: the planQueue, the rank's work: plans to run, plans held
 //     behind a round, each epoch's shape for ExtendPartition, the global
 //     step the next plan passes, the Throttle.
-//   - supervisor.go: the supervisor, which owns the two plugins (handles,
-//     configuration, the arena they share, their checkpoints and the
-//     restart budget); its recover is the one place a lost plugin is
-//     handled.
+//   - core/worker/supervisor: the Supervisor, which owns the two plugins
+//     (handles, configuration, the arena they share, their checkpoints
+//     and the restart budget); its Recover is the one place a lost plugin
+//     is handled. plugins.go names its Plugins here for Run's users.
 //   - round.go: an averaging round, Publish to SyncAck; overlap.go: one
 //     running beside training.
 //   - reports.go: a plan's batch reports, merged into Batch frames and
@@ -30,18 +30,19 @@
 //     membership.go: the dead-rank ledger, the session mailbox and the
 //     watchdog; relay.go: this rank's side of the relay and meeting point.
 //   - connect.go (dial, handshake, Admit), queue.go (the command queue and
-//     owned goroutines), plugins.go (Plugins: processes through
-//     core/pluginhost, or in process), options.go, prof.go.
+//     owned goroutines), options.go, prof.go.
 //
 // Life of a plan: mainLoop finds no command queued and the planQueue
 // ready; runNextPlan takes the next plan, fires the epoch callback and
 // calls the supervisor's trainer's Train; each batch report is summed and
 // sent on (reports.go), and between batches a round beside training starts
 // or finishes (overlap.go); Metrics close the plan. A trainer lost in Train
-// goes to supervisor.recover, which replaces it and reports the plan lost.
+// goes to the supervisor's Recover, which replaces it and reports the plan
+// lost.
 //
 // Neighbours: core/wire and core/wire/wirepb (the link and its frames),
-// core/pluginhost (plugin processes), shared/plugin (the contracts the
+// core/worker/supervisor (the plugins), core/pluginhost (plugin
+// processes), shared/plugin (the contracts the
 // plugins serve), shared/arena (the parameters' shared memory). The other
 // end of the link is core/coordinator; cmd/cohort runs Run as `cohort
 // worker`.

@@ -33,7 +33,7 @@ type loopState struct {
 	divergence *float64
 	// saved: a ShutdownWithSave was handled.
 	saved bool
-	// ovl is a round running beside training (supervisor.canOverlap),
+	// ovl is a round running beside training (Supervisor.CanOverlap),
 	// ovlWG its goroutine; training is set while Train runs.
 	ovl      *overlapRound
 	ovlWG    sync.WaitGroup
@@ -137,7 +137,7 @@ func (w *worker) handle(ctx context.Context, c command) (exit, clean bool, err e
 			err = w.evaluate(ctx, m)
 		}
 	case *wirepb.ExtendPartition:
-		w.plans.extend(m, planShape{seed: w.admit.GetSeed(), pickSpace: w.sup.setup.Samples})
+		w.plans.extend(m, planShape{seed: w.admit.GetSeed(), pickSpace: w.sup.Setup().Samples})
 		w.log.Info("partition extended", "epoch", m.GetEpoch(), "offset", m.GetPartitionOffset(), "size", m.GetPartitionSize())
 	case *wirepb.EpochEnd:
 		if m.GetTargetRank() == w.o.Rank {
@@ -176,7 +176,7 @@ func (w *worker) runNextPlan(ctx context.Context) error {
 	reports := newBatchMerger(w, p, qp.reportEvery)
 	start := time.Now()
 	w.training = true
-	err := w.sup.trainer.Train(w.stopCtx, p, func(b plugin.BatchReport) error {
+	err := w.sup.Trainer().Train(w.stopCtx, p, func(b plugin.BatchReport) error {
 		w.roundHeld += st.add(b)
 		if err := reports.add(b); err != nil {
 			return err
@@ -195,7 +195,7 @@ func (w *worker) runNextPlan(ctx context.Context) error {
 			w.log.Info("plan interrupted", "epoch", p.Epoch, "batches_done", st.batches, "reason", context.Cause(w.stopCtx))
 			return nil
 		}
-		if lost, rerr := w.sup.recover(ctx, pluginhost.Trainer, err, &p); lost {
+		if lost, rerr := w.sup.Recover(ctx, pluginhost.Trainer, err, &p); lost {
 			w.log.Warn("plan lost with the trainer", "epoch", p.Epoch, "offset", p.PartitionOffset, "size", p.PartitionSize, "batches_done", st.batches)
 			return rerr
 		}
@@ -245,14 +245,14 @@ func isShutdownWithSave(m proto.Message) bool {
 // epochEnd runs the trainer's end-of-epoch code, where it has any, and
 // reports its time (which is not batch time).
 func (w *worker) epochEnd(ctx context.Context, epoch uint64) error {
-	e, ok := w.sup.trainer.(plugin.EpochEnder)
+	e, ok := w.sup.Trainer().(plugin.EpochEnder)
 	if !ok {
 		return nil
 	}
 	start := time.Now()
 	ran, err := e.EpochEnd(ctx, epoch)
 	if err != nil {
-		if lost, rerr := w.sup.recover(ctx, pluginhost.Trainer, err, nil); lost {
+		if lost, rerr := w.sup.Recover(ctx, pluginhost.Trainer, err, nil); lost {
 			return rerr
 		}
 		// User code failing at an epoch's end costs the run nothing it has

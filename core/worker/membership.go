@@ -5,14 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"time"
 
-	"github.com/cohortdl/cohort/core/pluginhost"
 	"github.com/cohortdl/cohort/shared/plugin"
 )
-
-// abortTimeout bounds one Abort call into the averager.
-const abortTimeout = 5 * time.Second
 
 // errRoundAborted is the cause a round's context is cancelled with when the
 // watchdog aborts it; errPeerDied fails a round whose session has a dead
@@ -211,31 +206,7 @@ func (w *worker) watchdog(ctx context.Context) {
 // abortRound aborts the averager and cancels the round in flight, if any.
 func (w *worker) abortRound(ctx context.Context, reason string) {
 	cancel := w.guard.abort(fmt.Errorf("%w: %s", errRoundAborted, reason))
-	if avg := w.sup.averagerRef(); avg != nil {
-		// Teardown aborts as a matter of course; only an abort that stops a
-		// round in flight is news.
-		logf := w.log.Debug
-		if cancel != nil {
-			logf = w.log.Info
-		}
-		logf("aborting the averaging round", "reason", reason, "in_flight", cancel != nil)
-		actx, done := context.WithTimeout(ctx, abortTimeout)
-		err := avg.Abort(actx, reason)
-		done()
-		if err != nil {
-			w.log.Warn("averager abort failed", "error", err)
-		}
-		if errors.Is(err, context.DeadlineExceeded) {
-			// A wedged averager: killing it ends the round's call, and
-			// the main loop replaces it.
-			if w.sup.replaceable() {
-				w.log.Warn("averager did not answer Abort: killing it", "within", abortTimeout)
-				if err := w.sup.stopPlugin(ctx, pluginhost.Averager); err != nil {
-					w.log.Debug("stopping the wedged averager", "error", err)
-				}
-			}
-		}
-	}
+	w.sup.AbortRound(ctx, reason, cancel != nil)
 	if cancel != nil {
 		cancel(errRoundAborted)
 	}

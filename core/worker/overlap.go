@@ -35,7 +35,7 @@ func duringRound(m any) bool {
 
 // overlappable reports whether m's round may run while the rank trains.
 func (w *worker) overlappable(m *wirepb.Sync) bool {
-	return w.sup.canOverlap && m.GetOverlap() && m.GetMode() == wirepb.SyncMode_SYNC_MODE_AVERAGE
+	return w.sup.CanOverlap() && m.GetOverlap() && m.GetMode() == wirepb.SyncMode_SYNC_MODE_AVERAGE
 }
 
 // startOverlap begins m's round and leaves its averaging to a goroutine.
@@ -70,7 +70,7 @@ func (w *worker) pollOverlap(ctx context.Context) error {
 			return nil
 		}
 	}
-	if !w.sup.canOverlap {
+	if !w.sup.CanOverlap() {
 		return nil
 	}
 	// Commands that only queue or steer plans may stand before the Sync:

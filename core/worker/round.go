@@ -54,8 +54,8 @@ func (w *worker) beginRound(ctx context.Context, m *wirepb.Sync) (*roundRun, err
 	}
 	if s := w.mailbox.take(); s != nil {
 		aborts := w.guard.aborts()
-		if err := w.sup.averager.NewSession(ctx, *s); err != nil {
-			lost, rerr := w.sup.recover(ctx, pluginhost.Averager, err, nil)
+		if err := w.sup.Averager().NewSession(ctx, *s); err != nil {
+			lost, rerr := w.sup.Recover(ctx, pluginhost.Averager, err, nil)
 			if !lost {
 				return nil, fmt.Errorf("round %d: apply averaging session generation %d: %w", n, s.Generation, err)
 			}
@@ -73,9 +73,9 @@ func (w *worker) beginRound(ctx context.Context, m *wirepb.Sync) (*roundRun, err
 	if w.training {
 		// Train runs: a replacement trainer cannot be started under it.
 		// Training goes on; the batches report what this held them.
-		pub, err = w.sup.trainer.Publish(ctx)
+		pub, err = w.sup.Trainer().Publish(ctx)
 	} else {
-		err = w.sup.withTrainer(ctx, func(t plugin.Trainer) (err error) {
+		err = w.sup.WithTrainer(ctx, func(t plugin.Trainer) (err error) {
 			pub, err = t.Publish(ctx)
 			return err
 		})
@@ -119,7 +119,7 @@ func (w *worker) average(parent context.Context, rr *roundRun) roundOutcome {
 	if dead := w.ledger.deadAmong(rr.members); len(dead) > 0 {
 		out.err = fmt.Errorf("%w: session members %v are dead", errPeerDied, dead)
 	} else {
-		out.res, out.err = w.sup.averager.Average(rctx, rr.req)
+		out.res, out.err = w.sup.Averager().Average(rctx, rr.req)
 	}
 	out.abortedBy = w.guard.end()
 	return out
@@ -128,7 +128,7 @@ func (w *worker) average(parent context.Context, rr *roundRun) roundOutcome {
 // endRound takes the averaged parameters and acknowledges the round.
 func (w *worker) endRound(ctx context.Context, rr *roundRun, o roundOutcome) error {
 	n, ack, start, err := rr.n, rr.ack, rr.start, o.err
-	if lost, rerr := w.sup.recover(ctx, pluginhost.Averager, err, nil); lost {
+	if lost, rerr := w.sup.Recover(ctx, pluginhost.Averager, err, nil); lost {
 		// The new averager knows no session: the coordinator re-forms the
 		// group and runs the round again.
 		if rerr != nil {
@@ -149,8 +149,8 @@ func (w *worker) endRound(ctx context.Context, rr *roundRun, o roundOutcome) err
 	}
 	var norm float64
 	if w.training {
-		norm, err = w.sup.trainer.Adopt(ctx, alpha)
-		if w.sup.lost(pluginhost.Trainer, err) {
+		norm, err = w.sup.Trainer().Adopt(ctx, alpha)
+		if w.sup.Lost(pluginhost.Trainer, err) {
 			// The trainer died taking a round that ran beside its Train:
 			// the coordinator must hear of the round before the plan's
 			// loss (Train's end replaces the trainer), or it waits for
@@ -161,7 +161,7 @@ func (w *worker) endRound(ctx context.Context, rr *roundRun, o roundOutcome) err
 			return fmt.Errorf("round %d: adopt averaged parameters: %w", n, err)
 		}
 	} else {
-		err = w.sup.withTrainer(ctx, func(t plugin.Trainer) (err error) {
+		err = w.sup.WithTrainer(ctx, func(t plugin.Trainer) (err error) {
 			norm, err = t.Adopt(ctx, alpha)
 			return err
 		})

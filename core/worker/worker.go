@@ -15,9 +15,11 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/cohortdl/cohort/core/pluginhost"
 	"github.com/cohortdl/cohort/core/resources"
 	"github.com/cohortdl/cohort/core/wire"
 	"github.com/cohortdl/cohort/core/wire/wirepb"
+	"github.com/cohortdl/cohort/core/worker/supervisor"
 	"github.com/cohortdl/cohort/internal/dirs"
 	sharena "github.com/cohortdl/cohort/shared/arena"
 	"github.com/cohortdl/cohort/shared/plugin"
@@ -34,7 +36,8 @@ type worker struct {
 	conn       *wire.Conn
 	relay      *relayClient
 	admit      *wirepb.Admit
-	sup        *supervisor // the plugins, their arena and checkpoints
+	plugins    Plugins
+	sup        *supervisor.Supervisor // the plugins, their arena and checkpoints
 	sampler    *resources.Sampler
 	lastSample atomic.Pointer[wirepb.ResourceSample]
 
@@ -75,10 +78,33 @@ func Run(ctx context.Context, o Options) error {
 		plans:  newPlanQueue(),
 		ledger: newLedger(o.World),
 	}
-	w.sup = newSupervisor(o, w.log, rankHooks{
-		send:            w.send,
-		release:         w.releaseLost,
-		trainerReplaced: w.plans.restep,
+	w.plugins = o.Plugins
+	if w.plugins == nil {
+		w.plugins = NewHostPlugins(pluginhost.Options{
+			Dirs:     o.PluginDirs,
+			Logger:   o.Logger.ResetNamed(fmt.Sprintf("rank %d", o.Rank)),
+			Grace:    o.ShutdownGrace,
+			Withhold: o.Withhold,
+			Lock:     o.PluginLock,
+			Versions: map[pluginhost.Kind]string{
+				pluginhost.Trainer:  o.Trainer.Version,
+				pluginhost.Averager: o.Averager.Version,
+			},
+		})
+	}
+	w.sup = supervisor.New(supervisor.Config{
+		Rank:          o.Rank,
+		TrainerName:   o.Trainer.Name,
+		AveragerName:  o.Averager.Name,
+		Plugins:       w.plugins,
+		Restarts:      o.PluginRestarts,
+		ShutdownGrace: o.ShutdownGrace,
+		ArenaDir:      o.ArenaDir,
+		Logger:        w.log,
+	}, supervisor.Hooks{
+		Send:            w.send,
+		Release:         w.releaseLost,
+		TrainerReplaced: w.plans.restep,
 	})
 	w.loopState = newLoopState(o.World)
 	SweepArenas(o.ArenaDir, w.log)
@@ -191,7 +217,7 @@ func (w *worker) finishInterrupted(ctx context.Context) (bool, error) {
 // docs/protocol.md: the averager's meeting point, trainer, arena, attach,
 // resume, averager.
 func (w *worker) setUp(ctx context.Context) error {
-	td, ad, err := w.sup.start(ctx)
+	td, ad, err := w.sup.Start(ctx)
 	if err != nil {
 		return err
 	}
@@ -210,7 +236,7 @@ func (w *worker) setUp(ctx context.Context) error {
 		return err
 	}
 
-	err = w.sup.configureTrainer(ctx, plugin.TrainerConfig{
+	err = w.sup.ConfigureTrainer(ctx, plugin.TrainerConfig{
 		Rank:       w.o.Rank,
 		WorldSize:  w.o.World,
 		LocalRanks: w.o.LocalRanks,
@@ -229,7 +255,7 @@ func (w *worker) setUp(ctx context.Context) error {
 		if from, err = resumeDir(dir, w.o.Rank); err != nil {
 			return err
 		}
-		if err := w.sup.resume(ctx, from); err != nil {
+		if err := w.sup.Resume(ctx, from); err != nil {
 			return err
 		}
 	}
@@ -238,10 +264,10 @@ func (w *worker) setUp(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("derive averaging data key: %w", err)
 	}
-	return w.sup.configureAverager(ctx, plugin.AveragerConfig{
+	return w.sup.ConfigureAverager(ctx, plugin.AveragerConfig{
 		Rank:      w.o.Rank,
 		WorldSize: w.o.World,
-		Arena:     w.sup.arenaDescriptor(),
+		Arena:     w.sup.ArenaDescriptor(),
 		Endpoint:  averagingEndpoint(endpoint, w.o.Coordinator),
 		DataKey:   dataKey,
 		Settings:  w.o.Averager.Settings,
@@ -297,7 +323,8 @@ func resumeDir(dir string, rank uint32) (string, error) {
 
 // sendReady tells the coordinator what this rank's trainer holds.
 func (w *worker) sendReady(ctx context.Context) error {
-	l := w.sup.setup.Layout
+	setup := w.sup.Setup()
+	l := setup.Layout
 	var params uint64
 	for _, e := range l.Entries {
 		if e.Role != sharena.Parameter {
@@ -312,20 +339,20 @@ func (w *worker) sendReady(ctx context.Context) error {
 	digest := l.Digest()
 	err := w.conn.Send(ctx, &wirepb.Ready{
 		Rank:           w.o.Rank,
-		Samples:        w.sup.setup.Samples,
-		EvalSamples:    w.sup.setup.EvalSamples,
+		Samples:        setup.Samples,
+		EvalSamples:    setup.EvalSamples,
 		ParameterCount: params,
 		ParameterBytes: l.Size,
 		LayoutDigest:   digest[:],
 		Trainer:        w.o.Trainer.Name,
 		Averager:       w.o.Averager.Name,
-		BatchSize:      w.sup.setup.BatchSize,
-		SoloIdentity:   w.sup.avgTraits.SoloIdentity,
+		BatchSize:      setup.BatchSize,
+		SoloIdentity:   w.sup.AveragerTraits().SoloIdentity,
 	})
 	if err != nil {
 		return fmt.Errorf("send Ready: %w", err)
 	}
-	w.log.Info("ready", "samples", w.sup.setup.Samples, "parameters", params, "arena_bytes", l.Size)
+	w.log.Info("ready", "samples", setup.Samples, "parameters", params, "arena_bytes", l.Size)
 	return nil
 }
 
@@ -357,10 +384,10 @@ func (w *worker) teardown(ctx context.Context, clean bool, runErr error) error {
 	}
 
 	// 2. Abort the averager.
-	w.sup.abortAverager(tctx)
+	w.sup.AbortAverager(tctx)
 
 	// 3. Final parameters into the arena.
-	w.sup.publishFinal(tctx)
+	w.sup.PublishFinal(tctx)
 
 	// 4. Exiting, as the last frame: the periodic senders stop first.
 	w.samplerTask.stop()
@@ -388,7 +415,7 @@ func (w *worker) teardown(ctx context.Context, clean bool, runErr error) error {
 	w.logProfile()
 
 	// 6. The plugins, then the arena they mapped.
-	w.sup.stopAll(tctx)
+	w.sup.StopAll(tctx)
 	if runErr == nil {
 		w.log.Info("rank worker exited", "clean", clean)
 	}
