@@ -3,23 +3,24 @@ package worker
 import (
 	"context"
 	"errors"
-	"fmt"
-	"io"
 	"os"
 	"time"
 
+	"google.golang.org/protobuf/proto"
+
 	"github.com/cohortdl/cohort/core/resources"
 	"github.com/cohortdl/cohort/core/wire/wirepb"
+	"github.com/cohortdl/cohort/core/worker/link"
 	"github.com/cohortdl/cohort/shared/plugin"
 )
 
 // Why a worker stops with an error because of its coordinator; Run's error
-// wraps one of them.
+// wraps one of them. They are core/worker/link's.
 var (
 	// ErrLinkLost: the control connection broke before a clean Shutdown.
-	ErrLinkLost = errors.New("coordinator link lost")
+	ErrLinkLost = link.ErrLinkLost
 	// ErrCoordinatorSilent: no frame arrived within the liveness timeout.
-	ErrCoordinatorSilent = errors.New("coordinator silent past the liveness timeout")
+	ErrCoordinatorSilent = link.ErrCoordinatorSilent
 )
 
 // errCleanStop is the stop cause when the coordinator sent Shutdown or
@@ -29,88 +30,32 @@ var errCleanStop = errors.New("coordinator asked for shutdown")
 // sessionIDTimeout bounds the averager's NewSessionID call.
 const sessionIDTimeout = 10 * time.Second
 
-// inbound is the inbound bridge: the one goroutine that reads the
-// connection. Any frame proves the coordinator alive (Receive's idle
-// timeout is the liveness clock). Membership frames are handled here,
-// because the main loop may be blocked in a round that only they can end.
-func (w *worker) inbound(ctx context.Context) {
-	clean := false // a Shutdown arrived: the EOF that follows is expected
-	for {
-		msg, err := w.conn.Receive(ctx)
-		if err != nil {
-			if ctx.Err() != nil {
-				return // teardown
-			}
-			if clean {
-				w.log.Debug("control link closed after Shutdown", "reason", err)
-				return
-			}
-			var cause error
-			switch {
-			case errors.Is(err, os.ErrDeadlineExceeded):
-				cause = fmt.Errorf("%w (%v): %w", ErrCoordinatorSilent, w.o.LivenessTimeout, err)
-			case errors.Is(err, io.EOF):
-				cause = fmt.Errorf("%w: the coordinator closed the connection before Shutdown", ErrLinkLost)
-			default:
-				cause = fmt.Errorf("%w: %w", ErrLinkLost, err)
-			}
-			w.linkFailed(cause)
-			return
-		}
-		switch m := msg.(type) {
-		case *wirepb.CoordinatorHeartbeat:
-			// Only proof of life, which Receive already counted.
-		case *wirepb.DeclareDead:
-			news, err := w.ledger.mark(m.GetRank())
-			switch {
-			case err != nil:
-				w.log.Warn("ignoring DeclareDead", "error", err)
-			case news:
-				w.log.Info("peer declared dead", "peer", m.GetRank(), "reason", m.GetReason())
-			}
-		case *wirepb.NewSession:
-			w.mailbox.put(plugin.Session{
-				Generation:   m.GetGeneration(),
-				ID:           m.GetSessionId(),
-				NewRank:      m.GetNewRank(),
-				NewWorldSize: m.GetNewWorldSize(),
-				Members:      m.GetMembers(),
-			})
-			w.log.Info("new averaging session received", "generation", m.GetGeneration(), "members", m.GetMembers())
-		case *wirepb.RequestSessionId:
-			w.answerSessionID(ctx, m.GetGeneration())
-		case *wirepb.Meeting:
-			w.relay.deliverMeeting(m)
-		case *wirepb.RelayResult:
-			if !w.relay.deliver(m) {
-				w.log.Debug("relay result nobody waits for", "key", m.GetKey())
-			}
-		case *wirepb.Admit:
-			w.log.Warn("ignoring a second Admit")
-		case *wirepb.Shutdown, *wirepb.ShutdownWithSave:
-			clean = true
-			w.queue.push(command{msg: msg})
-			// Interrupts a plan in training (or the setup); the main loop
-			// then finds the command.
-			w.stop(errCleanStop)
-		default:
-			w.queue.push(command{msg: msg})
-		}
+// bridge is the inbound bridge: what the link's reading goroutine hands
+// over (link.Handler). Membership frames are handled here, because the
+// main loop may be blocked in a round that only they can end; the rest
+// queue for the main loop.
+type bridge struct{ w *worker }
+
+var _ link.Handler = bridge{}
+
+func (b bridge) PeerDead(rank uint32, reason string) {
+	news, err := b.w.ledger.mark(rank)
+	switch {
+	case err != nil:
+		b.w.log.Warn("ignoring DeclareDead", "error", err)
+	case news:
+		b.w.log.Info("peer declared dead", "peer", rank, "reason", reason)
 	}
 }
 
-// linkFailed ends the worker on a lost coordinator: every peer is marked
-// dead so the watchdog aborts a round in flight, and an error stop is
-// queued for the main loop.
-func (w *worker) linkFailed(cause error) {
-	w.log.Error("lost the coordinator", "error", cause)
-	w.ledger.markAllExcept(w.o.Rank)
-	w.queue.push(command{err: cause})
-	w.stop(cause)
+func (b bridge) NewSession(s plugin.Session) {
+	b.w.mailbox.put(s)
+	b.w.log.Info("new averaging session received", "generation", s.Generation, "members", s.Members)
 }
 
-// answerSessionID has the averager make a session id and sends it.
-func (w *worker) answerSessionID(ctx context.Context, gen uint64) {
+// SessionIDRequested has the averager make a session id and sends it.
+func (b bridge) SessionIDRequested(ctx context.Context, gen uint64) {
+	w := b.w
 	avg := w.sup.ConfiguredAverager()
 	if avg == nil {
 		w.log.Warn("RequestSessionId before the averager is configured: not answered", "generation", gen)
@@ -123,27 +68,29 @@ func (w *worker) answerSessionID(ctx context.Context, gen uint64) {
 		w.log.Error("averager could not make a session id: not answered", "generation", gen, "error", err)
 		return
 	}
-	if err := w.conn.Send(ctx, &wirepb.SessionIdGenerated{Rank: w.o.Rank, Generation: gen, SessionId: id}); err != nil {
+	if err := w.link.Send(ctx, &wirepb.SessionIdGenerated{Rank: w.o.Rank, Generation: gen, SessionId: id}); err != nil {
 		w.log.Warn("send SessionIdGenerated", "error", err)
 	}
 }
 
-// heartbeat sends Heartbeat every HeartbeatInterval.
-func (w *worker) heartbeat(ctx context.Context) {
-	t := time.NewTicker(w.o.HeartbeatInterval)
-	defer t.Stop()
-	var counter uint64
-	for {
-		counter++
-		if err := w.conn.Send(ctx, &wirepb.Heartbeat{Rank: w.o.Rank, Counter: counter}); err != nil && ctx.Err() == nil {
-			w.log.Debug("send Heartbeat", "error", err)
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+func (b bridge) Command(msg proto.Message) {
+	b.w.queue.push(command{msg: msg})
+	if isShutdown(msg) || isShutdownWithSave(msg) {
+		// Interrupts a plan in training (or the setup); the main loop
+		// then finds the command.
+		b.w.stop(errCleanStop)
 	}
+}
+
+// Lost ends the worker on a lost coordinator: every peer is marked dead so
+// the watchdog aborts a round in flight, and an error stop is queued for
+// the main loop.
+func (b bridge) Lost(cause error) {
+	w := b.w
+	w.log.Error("lost the coordinator", "error", cause)
+	w.ledger.markAllExcept(w.o.Rank)
+	w.queue.push(command{err: cause})
+	w.stop(cause)
 }
 
 // sampleResources sends a ResourceSample every ResourceInterval and keeps
@@ -159,7 +106,7 @@ func (w *worker) sampleResources(ctx context.Context, s *resources.Sampler) {
 		}
 		rs := w.resourceSample(s.Sample(), s.SampleProcesses(w.processes()))
 		w.lastSample.Store(rs)
-		if err := w.conn.Send(ctx, rs); err != nil && ctx.Err() == nil {
+		if err := w.link.Send(ctx, rs); err != nil && ctx.Err() == nil {
 			w.log.Debug("send ResourceSample", "error", err)
 		}
 	}

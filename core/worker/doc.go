@@ -1,8 +1,8 @@
 // Package worker is the rank process: it hosts the rank's trainer and
 // averaging plugins, bridges them to the coordinator over one control
-// connection (core/wire), keeps the heartbeat, runs the watchdog that aborts
-// a round when a peer dies, runs the epoch loop, and tears everything down
-// in order.
+// connection (core/worker/link), keeps the heartbeat, runs the watchdog
+// that aborts a round when a peer dies, runs the epoch loop, and tears
+// everything down in order.
 //
 // The conversation it holds is docs/protocol.md. Run is the whole life of a
 // rank: connect, handshake, Admit, plugin setup, Ready, then commands until
@@ -26,11 +26,13 @@
 //   - reports.go: a plan's batch reports, merged into Batch frames and
 //     summed into its Metrics; scalars.go: the trainer's named figures.
 //   - save.go: Checkpoint, ShutdownWithSave and Evaluate.
-//   - bridge.go: the inbound bridge, heartbeat and resource sampler;
-//     membership.go: the dead-rank ledger, the session mailbox and the
-//     watchdog; relay.go: this rank's side of the relay and meeting point.
-//   - connect.go (dial, handshake, Admit), queue.go (the command queue and
-//     owned goroutines), options.go, prof.go.
+//   - core/worker/link: the control link itself (dial, handshake, Admit,
+//     Send, the reading goroutine, heartbeat, the relay and meeting point).
+//   - bridge.go: the inbound bridge (what the link reads, handed to the
+//     rank) and the resource sampler; membership.go: the dead-rank ledger,
+//     the session mailbox and the watchdog.
+//   - queue.go (the command queue and owned goroutines), options.go,
+//     prof.go.
 //
 // Life of a plan: mainLoop finds no command queued and the planQueue
 // ready; runNextPlan takes the next plan, fires the epoch callback and
@@ -40,22 +42,22 @@
 // goes to the supervisor's Recover, which replaces it and reports the plan
 // lost.
 //
-// Neighbours: core/wire and core/wire/wirepb (the link and its frames),
-// core/worker/supervisor (the plugins), core/pluginhost (plugin
-// processes), shared/plugin (the contracts the
-// plugins serve), shared/arena (the parameters' shared memory). The other
-// end of the link is core/coordinator; cmd/cohort runs Run as `cohort
-// worker`.
+// Neighbours: core/worker/link (the control link) and core/wire/wirepb
+// (its frames), core/worker/supervisor (the plugins), core/pluginhost
+// (plugin processes), shared/plugin (the contracts the plugins serve),
+// shared/arena (the parameters' shared memory). The other end of the link
+// is core/coordinator; cmd/cohort runs Run as `cohort worker`.
 //
 // Goroutines, each owned by Run and joined before it returns:
 //
-//   - inbound bridge: receives every frame; membership frames (DeclareDead,
-//     NewSession, RequestSessionId) are handled there because the main loop
-//     may be blocked inside a round; the rest queue for the main loop. A
-//     broken or silent link poisons the dead-rank ledger and injects an
-//     error stop.
-//   - heartbeat and resource sampler: periodic frames from their own
-//     goroutines, so a rank blocked in a round is not taken for dead.
+//   - inbound bridge (link.Read, handing frames to bridge): receives every
+//     frame; membership frames (DeclareDead, NewSession, RequestSessionId)
+//     are handled there because the main loop may be blocked inside a
+//     round; the rest queue for the main loop. A broken or silent link
+//     poisons the dead-rank ledger and injects an error stop.
+//   - heartbeat (link.Heartbeat) and resource sampler: periodic frames from
+//     their own goroutines, so a rank blocked in a round is not taken for
+//     dead.
 //   - watchdog: aborts the averaging round in flight when a peer dies.
 //   - an overlapped round's averaging, owned by the main loop, which joins
 //     it before anything else touches the averager.

@@ -224,13 +224,9 @@ func (w *worker) fireEpochFn(ctx context.Context, epoch uint64) error {
 	return w.send(ctx, &wirepb.EpochFnElapsed{Rank: w.o.Rank, Epoch: epoch, ElapsedMs: plugin.Milliseconds(time.Since(start))})
 }
 
-// send writes one frame, naming it in the error.
-func (w *worker) send(ctx context.Context, msg proto.Message) error {
-	if err := w.conn.Send(ctx, msg); err != nil {
-		return fmt.Errorf("send %s: %w", msg.ProtoReflect().Descriptor().Name(), err)
-	}
-	return nil
-}
+// send writes one frame, naming it in the error (link.Send); the
+// supervisor, made before the link, sends through it too.
+func (w *worker) send(ctx context.Context, msg proto.Message) error { return w.link.Send(ctx, msg) }
 
 func isShutdown(m proto.Message) bool {
 	_, ok := m.(*wirepb.Shutdown)

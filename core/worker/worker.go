@@ -19,13 +19,14 @@ import (
 	"github.com/cohortdl/cohort/core/resources"
 	"github.com/cohortdl/cohort/core/wire"
 	"github.com/cohortdl/cohort/core/wire/wirepb"
+	"github.com/cohortdl/cohort/core/worker/link"
 	"github.com/cohortdl/cohort/core/worker/supervisor"
 	"github.com/cohortdl/cohort/internal/dirs"
 	sharena "github.com/cohortdl/cohort/shared/arena"
 	"github.com/cohortdl/cohort/shared/plugin"
 )
 
-// worker is one Run's state. conn, relay and admit are set before the
+// worker is one Run's state. link and admit are set before the
 // goroutines that read them start; the main-loop fields are the main
 // goroutine's alone.
 type worker struct {
@@ -33,8 +34,7 @@ type worker struct {
 	log  hclog.Logger
 	keys wire.Keys
 
-	conn       *wire.Conn
-	relay      *relayClient
+	link       *link.Link
 	admit      *wirepb.Admit
 	plugins    Plugins
 	sup        *supervisor.Supervisor // the plugins, their arena and checkpoints
@@ -152,12 +152,22 @@ func SweepArenas(dir string, log hclog.Logger) {
 // run joins the cohort and serves commands; clean reports whether the
 // coordinator ended the worker by protocol (Exiting is due).
 func (w *worker) run(ctx context.Context) (clean bool, err error) {
-	w.conn, err = w.connect(w.stopCtx)
+	w.link, err = link.Dial(w.stopCtx, link.Config{
+		Coordinator:     w.o.Coordinator,
+		Rank:            w.o.Rank,
+		World:           w.o.World,
+		Keys:            w.keys,
+		TLS:             w.o.TLS,
+		LivenessTimeout: w.o.LivenessTimeout,
+		ConnectTimeout:  w.o.ConnectTimeout,
+		Stopping:        w.stopCtx.Done(),
+		Logger:          w.log,
+	})
 	if err != nil {
 		return false, err
 	}
-	w.admit, err = w.awaitAdmit(w.stopCtx)
-	if errors.Is(err, errShutdownBeforeAdmit) {
+	w.admit, err = w.link.AwaitAdmit(w.stopCtx)
+	if errors.Is(err, link.ErrShutdownBeforeAdmit) {
 		w.log.Info("coordinator ended the run before admitting this rank")
 		return true, nil
 	}
@@ -165,15 +175,14 @@ func (w *worker) run(ctx context.Context) (clean bool, err error) {
 		return false, err
 	}
 	w.log.Info("admitted", "run", w.admit.GetRunId(), "seed", w.admit.GetSeed(), "resume", w.admit.GetResumeDir())
-	w.relay = newRelayClient(w.conn, w.stopCtx.Done())
 
 	// From here, while the plugins start (a libtorch trainer may load for
 	// longer than the coordinator's heartbeat timeout), the coordinator
 	// must hear from this rank and this rank must notice a lost
 	// coordinator or its Shutdown. Heartbeat is the one frame sent before
 	// Ready.
-	w.inboundTask = goTask(ctx, w.inbound)
-	w.heartbeatTask = goTask(ctx, w.heartbeat)
+	w.inboundTask = goTask(ctx, func(ctx context.Context) { w.link.Read(ctx, bridge{w}) })
+	w.heartbeatTask = goTask(ctx, func(ctx context.Context) { w.link.Heartbeat(ctx, w.o.HeartbeatInterval) })
 
 	if err := w.setUp(w.stopCtx); err != nil {
 		if w.stopCtx.Err() != nil {
@@ -231,7 +240,7 @@ func (w *worker) setUp(ctx context.Context) error {
 	}
 	// Asked before the trainer's Configure, which may load for long: a
 	// coordinator that serves no such meeting point fails the rank at once.
-	endpoint, err := w.relay.meet(ctx, ad.MeetingKind(), w.o.Averager.Name)
+	endpoint, err := w.link.Relay().Meet(ctx, ad.MeetingKind(), w.o.Averager.Name)
 	if err != nil {
 		return err
 	}
@@ -273,7 +282,7 @@ func (w *worker) setUp(ctx context.Context) error {
 		Settings:  w.o.Averager.Settings,
 		RunID:     w.admit.GetRunId(),
 		TLS:       w.o.averagerTLS(),
-		Relay:     w.relay,
+		Relay:     w.link.Relay(),
 	}, from)
 }
 
@@ -337,7 +346,7 @@ func (w *worker) sendReady(ctx context.Context) error {
 		params += n
 	}
 	digest := l.Digest()
-	err := w.conn.Send(ctx, &wirepb.Ready{
+	err := w.link.Send(ctx, &wirepb.Ready{
 		Rank:           w.o.Rank,
 		Samples:        setup.Samples,
 		EvalSamples:    setup.EvalSamples,
@@ -350,7 +359,7 @@ func (w *worker) sendReady(ctx context.Context) error {
 		SoloIdentity:   w.sup.AveragerTraits().SoloIdentity,
 	})
 	if err != nil {
-		return fmt.Errorf("send Ready: %w", err)
+		return err
 	}
 	w.log.Info("ready", "samples", setup.Samples, "parameters", params, "arena_bytes", l.Size)
 	return nil
@@ -392,9 +401,9 @@ func (w *worker) teardown(ctx context.Context, clean bool, runErr error) error {
 	// 4. Exiting, as the last frame: the periodic senders stop first.
 	w.samplerTask.stop()
 	w.heartbeatTask.stop()
-	if clean && w.conn != nil {
+	if clean && w.link != nil {
 		sctx, cancel := context.WithTimeout(tctx, w.o.ShutdownGrace)
-		if err := w.conn.Send(sctx, &wirepb.Exiting{Rank: w.o.Rank}); err != nil {
+		if err := w.link.Send(sctx, &wirepb.Exiting{Rank: w.o.Rank}); err != nil {
 			w.log.Warn("send Exiting", "error", err)
 		}
 		cancel()
@@ -403,8 +412,8 @@ func (w *worker) teardown(ctx context.Context, clean bool, runErr error) error {
 	// 5. The remaining goroutines, then the link.
 	w.watchdogTask.stop()
 	w.inboundTask.stop()
-	if w.conn != nil {
-		if err := w.conn.Close(); err != nil {
+	if w.link != nil {
+		if err := w.link.Close(); err != nil {
 			w.log.Debug("close control link", "error", err)
 		}
 	}

@@ -1,4 +1,4 @@
-package worker
+package link
 
 import (
 	"context"
@@ -10,10 +10,10 @@ import (
 	"github.com/cohortdl/cohort/shared/plugin"
 )
 
-// relayClient is this rank's side of the coordinator's relay (plugin.Relay,
-// handed to the averager) and of its meeting-point request. Requests go out
-// on the control link; the inbound goroutine delivers the answers here.
-type relayClient struct {
+// Relay is this rank's side of the coordinator's relay (plugin.Relay,
+// handed to the averager) and of its meeting-point request (Meet).
+// Requests go out on the control link; Read delivers the answers here.
+type Relay struct {
 	conn *wire.Conn
 	// stopped ends every wait when the worker stops.
 	stopped <-chan struct{}
@@ -23,14 +23,14 @@ type relayClient struct {
 	meeting chan *wirepb.Meeting
 }
 
-func newRelayClient(conn *wire.Conn, stopped <-chan struct{}) *relayClient {
-	return &relayClient{conn: conn, stopped: stopped, waiting: map[string]chan *wirepb.RelayResult{}, meeting: make(chan *wirepb.Meeting, 1)}
+func newRelay(conn *wire.Conn, stopped <-chan struct{}) *Relay {
+	return &Relay{conn: conn, stopped: stopped, waiting: map[string]chan *wirepb.RelayResult{}, meeting: make(chan *wirepb.Meeting, 1)}
 }
 
-var _ plugin.Relay = (*relayClient)(nil)
+var _ plugin.Relay = (*Relay)(nil)
 
 // Exchange posts blob under key and waits for the coordinator's result.
-func (r *relayClient) Exchange(ctx context.Context, key string, blob []byte) (map[uint32][]byte, error) {
+func (r *Relay) Exchange(ctx context.Context, key string, blob []byte) (map[uint32][]byte, error) {
 	if len(blob) > plugin.MaxRelayBlob {
 		return nil, fmt.Errorf("relay key %q: blob of %d bytes, limit %d", key, len(blob), plugin.MaxRelayBlob)
 	}
@@ -74,7 +74,7 @@ func (r *relayClient) Exchange(ctx context.Context, key string, blob []byte) (ma
 
 // deliver hands a result to the exchange waiting on its key; a result
 // nobody waits for (its wait was abandoned) is dropped.
-func (r *relayClient) deliver(m *wirepb.RelayResult) bool {
+func (r *Relay) deliver(m *wirepb.RelayResult) bool {
 	r.mu.Lock()
 	ch, ok := r.waiting[m.GetKey()]
 	r.mu.Unlock()
@@ -87,17 +87,17 @@ func (r *relayClient) deliver(m *wirepb.RelayResult) bool {
 	return ok
 }
 
-// deliverMeeting hands the coordinator's Meeting to meet.
-func (r *relayClient) deliverMeeting(m *wirepb.Meeting) {
+// deliverMeeting hands the coordinator's Meeting to Meet.
+func (r *Relay) deliverMeeting(m *wirepb.Meeting) {
 	select {
 	case r.meeting <- m:
 	default:
 	}
 }
 
-// meet asks the coordinator for the meeting point of kind and returns its
+// Meet asks the coordinator for the meeting point of kind and returns its
 // endpoint as the coordinator gave it.
-func (r *relayClient) meet(ctx context.Context, kind, averager string) (string, error) {
+func (r *Relay) Meet(ctx context.Context, kind, averager string) (string, error) {
 	if err := r.conn.Send(ctx, &wirepb.MeetRequest{Kind: kind, Averager: averager}); err != nil {
 		return "", fmt.Errorf("ask for a %q meeting point: %w", kind, err)
 	}
