@@ -6,7 +6,7 @@ BIN         := bin
 PLUGINS     := $(BIN)/plugins
 # The plugin binaries `make build` writes; their checksums go into
 # $(PLUGINS)/SHA256SUMS, which workers check before starting them.
-BUILTIN_PLUGINS := cohort-trainer-mock cohort-averaging-mock cohort-averaging-cpu cohort-averaging-nccl cohort-trainer-libtorch
+BUILTIN_PLUGINS := cohort-trainer-mock cohort-averaging-mock cohort-averaging-cpu cohort-averaging-nccl cohort-trainer-libtorch cohort-trainer-pytorch
 TOOLS       := $(CURDIR)/.tools
 # The control protocol is the core's own (core/wire/wirepb); the plugin
 # contracts' generated code is internal to shared/plugin. Both generate from
@@ -26,7 +26,11 @@ EXAMPLES    := $(patsubst %/go.mod,./%/...,$(wildcard examples/*/go.mod))
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 # Debian packages the build, tests and the default run need.
 # chromium: the status page's browser test (cmd/cohort/status_test.go).
-DEB_PACKAGES := protobuf-compiler g++ libtorch-dev libopenblas0-pthread python3-torch dataset-fashion-mnist chromium
+# python3-grpcio, python3-protobuf: trainer-pytorch's run time (with
+# python3-torch); protobuf-compiler-grpc: the Python SDK's generated gRPC
+# code; python3-build, python3-setuptools, python3-wheel: its package.
+DEB_PACKAGES := protobuf-compiler g++ libtorch-dev libopenblas0-pthread python3-torch dataset-fashion-mnist chromium \
+	python3-grpcio python3-protobuf protobuf-compiler-grpc python3-build python3-setuptools python3-wheel
 
 .PHONY: all build test run proto proto-check bench fuzz deps clean tools slurm-check multihost scale gpu-prep gpu-check
 
@@ -50,15 +54,20 @@ $(TOOLS)/protoc-gen-go:
 $(TOOLS)/protoc-gen-go-grpc:
 	GOBIN=$(TOOLS) $(GO) install google.golang.org/grpc/cmd/protoc-gen-go-grpc@$(PROTOC_GEN_GO_GRPC_VERSION)
 
-# proto regenerates the committed Go code from the .proto files.
+# The Python SDK's copy of the trainer contract (shared/python/gen.sh).
+PY_PB       := shared/python/cohort_plugin/_pb
+
+# proto regenerates the committed Go and Python code from the .proto files.
 proto: deps tools
 	PATH=$(TOOLS):$$PATH $(PROTOC_GO) --go_out=. --go-grpc_out=. $(PROTOS)
+	shared/python/gen.sh $(PY_PB)
 
 # proto-check fails when the committed generated code is stale.
 proto-check: deps tools
 	@tmp=$$(mktemp -d); trap 'rm -rf $$tmp' EXIT; \
 	PATH=$(TOOLS):$$PATH $(PROTOC_GO) --go_out=$$tmp --go-grpc_out=$$tmp $(PROTOS) && \
-	stale=0; for f in $$(cd $$tmp && find . -name '*.go'); do \
+	shared/python/gen.sh $$tmp/$(PY_PB) && \
+	stale=0; for f in $$(cd $$tmp && find . -name '*.go' -o -name '*.py'); do \
 	  cmp -s $$tmp/$$f $$f || { echo "stale: $$f"; stale=1; }; \
 	done; \
 	if [ $$stale != 0 ]; then \
@@ -76,6 +85,7 @@ build: deps
 	GOEXPERIMENT=simd $(GO) build -o $(PLUGINS)/cohort-averaging-cpu ./plugins/averaging-cpu
 	$(GO) build -o $(PLUGINS)/cohort-averaging-nccl ./plugins/averaging-nccl
 	$(GO) build -o $(PLUGINS)/cohort-trainer-libtorch ./plugins/trainer-libtorch
+	$(GO) build -o $(PLUGINS)/cohort-trainer-pytorch ./plugins/trainer-pytorch
 	$(MAKE) --no-print-directory -f plugins/trainer-libtorch/shim.mk SHIM_OUT=$(CURDIR)/$(PLUGINS)/libcohort_torch_shim.so
 	@# Refresh the built plugins' lines, keeping those of plugins installed
 	@# from packages ('cohort plugins install'); the shim is a library the

@@ -1,0 +1,87 @@
+package main
+
+import (
+	"context"
+	"math"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/cohortdl/cohort/shared/arena"
+	"github.com/cohortdl/cohort/shared/plugin"
+	"github.com/cohortdl/cohort/shared/plugintest/conformance"
+)
+
+// The Python trainer's parameters are views of the arena: what the host
+// writes there is what the model computes with, with no Adopt between,
+// what it trains lands there with no Publish, and Publish reports no bytes
+// copied.
+func TestParametersLiveInTheArena(t *testing.T) {
+	file, err := filepath.Abs("testdata/small.py")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr, err := conformance.TrainerBinary(buildPlugin(t))(conformance.Testing(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	setup, err := tr.Configure(ctx, plugin.TrainerConfig{WorldSize: 1, LocalRanks: 1, Seed: 3, Settings: settings(t, map[string]any{"file": file})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := arena.Create(t.TempDir(), "pytorch-test", setup.Layout)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Remove()
+	zeroCopy, err := tr.Attach(ctx, a.Descriptor())
+	if err != nil || !zeroCopy {
+		t.Fatalf("Attach: zero copy %v, %v; want a model on the CPU viewed in place", zeroCopy, err)
+	}
+
+	// Zero weights make every logit 0: cross-entropy over 4 classes is
+	// ln 4, whatever the data, if and only if the model reads the arena.
+	clear(a.Bytes())
+	res, err := tr.Evaluate(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if math.Abs(res.Loss-math.Log(4)) > 1e-6 {
+		t.Errorf("after the arena was zeroed the model evaluates to loss %v, want ln 4 = %v: its tensors are not the arena's", res.Loss, math.Log(4))
+	}
+
+	// Training moves the arena itself.
+	before := slices.Clone(a.Bytes())
+	p := plugin.Plan{PartitionSize: 64, Seed: 3, PickSpace: setup.Samples}
+	if err := tr.Train(ctx, p, func(plugin.BatchReport) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if slices.Equal(before, a.Bytes()) {
+		t.Errorf("two steps of training left the arena as it was: the optimizer does not update it in place")
+	}
+	pub, err := tr.Publish(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pub.HostCopyBytes != 0 || pub.Steps != 2 {
+		t.Errorf("Publish: %d bytes copied and %d steps, want 0 bytes (the model is the arena) and 2 steps", pub.HostCopyBytes, pub.Steps)
+	}
+}
+
+// trainOnce attaches tr to a fresh arena and trains one batch.
+func trainOnce(ctx context.Context, t *testing.T, tr plugin.Trainer, setup plugin.TrainerSetup) error {
+	t.Helper()
+	a, err := arena.Create(t.TempDir(), "pytorch-test", setup.Layout)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Remove() })
+	if _, err := tr.Attach(ctx, a.Descriptor()); err != nil {
+		t.Fatal(err)
+	}
+	p := plugin.Plan{PartitionSize: uint64(setup.BatchSize), Seed: 1, PickSpace: setup.Samples}
+	return tr.Train(ctx, p, func(plugin.BatchReport) error { return nil })
+}
