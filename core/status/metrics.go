@@ -76,8 +76,8 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	gauge(c.lrScale, s.Controller.LRScale)
 	gauge(c.divergence, s.Controller.DivergenceEMA)
 	for _, r := range s.Ranks {
-		if r.State == "live" || r.State == "joined" || r.State == "ready" {
-			gauge(c.hbAge, r.HeartbeatAge, strconv.FormatUint(uint64(r.Rank), 10))
+		if r.HeartbeatAge != nil {
+			gauge(c.hbAge, *r.HeartbeatAge, strconv.FormatUint(uint64(r.Rank), 10))
 		}
 	}
 	if n := len(s.EpochCurve); n > 0 {

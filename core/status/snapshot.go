@@ -71,9 +71,11 @@ type Rank struct {
 	Samples uint64  `json:"samples"`
 	BatchMS float64 `json:"batch_ms"`
 	// LastHeard is the rank's last frame; HeartbeatAge is its age when the
-	// snapshot was served (Serve fills it in).
-	LastHeard    time.Time  `json:"last_heard"`
-	HeartbeatAge float64    `json:"heartbeat_age_seconds"`
+	// snapshot was served (Serve fills it in) while the rank is connected.
+	// Both are absent for a rank not heard from, or, for the age, no
+	// longer connected: unknown, not zero.
+	LastHeard    time.Time  `json:"last_heard,omitzero"`
+	HeartbeatAge *float64   `json:"heartbeat_age_seconds,omitempty"`
 	Resources    *Resources `json:"resources,omitempty"`
 	// PluginRestarts counts the plugins the rank replaced after they died
 	// or wedged.
@@ -213,7 +215,8 @@ func (s *Snapshot) at(now time.Time) *Snapshot {
 	c.Ranks = make([]Rank, len(s.Ranks))
 	for i, r := range s.Ranks {
 		if !r.LastHeard.IsZero() && (r.State == "joined" || r.State == "ready" || r.State == "live") {
-			r.HeartbeatAge = max(0, now.Sub(r.LastHeard).Seconds())
+			age := max(0, now.Sub(r.LastHeard).Seconds())
+			r.HeartbeatAge = &age
 		}
 		c.Ranks[i] = r
 	}

@@ -66,18 +66,26 @@ func TestStatusJSON(t *testing.T) {
 		}
 	}
 	ranks := got["ranks"].([]any)
-	age := func(i int) float64 { return ranks[i].(map[string]any)["heartbeat_age_seconds"].(float64) }
-	if a := age(0); a < 1.5 || a > 10 {
+	if a, _ := ranks[0].(map[string]any)["heartbeat_age_seconds"].(float64); a < 1.5 || a > 10 {
 		t.Errorf("rank 0 heartbeat age %v, want about 1.5 s", a)
 	}
-	if a := age(2); a != 0 {
-		t.Errorf("dead rank's heartbeat age %v, want 0", a)
+	// Unknown figures are absent, not zero: a dead rank's heartbeat age,
+	// and both for a rank never heard from.
+	if v, ok := ranks[2].(map[string]any)["heartbeat_age_seconds"]; ok {
+		t.Errorf("dead rank's heartbeat age %v, want it absent", v)
+	}
+	absent, err := json.Marshal(Rank{Rank: 3, State: "absent"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := string(absent); strings.Contains(s, "last_heard") || strings.Contains(s, "heartbeat_age") {
+		t.Errorf("a rank never heard from: %s, want no last_heard or heartbeat age", s)
 	}
 	procs := ranks[0].(map[string]any)["resources"].(map[string]any)["processes"].([]any)
 	if len(procs) != 2 || procs[1].(map[string]any)["role"] != "trainer" || procs[0].(map[string]any)["cpu_percent"] != 150.0 {
 		t.Errorf("processes %v", procs)
 	}
-	if snap.Ranks[0].HeartbeatAge != 0 {
+	if snap.Ranks[0].HeartbeatAge != nil {
 		t.Error("serving wrote into the published snapshot")
 	}
 	ctl := got["controller"].(map[string]any)

@@ -31,7 +31,8 @@ function ranks(s) {
     cell(tr, r.batches);
     cell(tr, fmt(r.batch_ms, 1));
     const alive = r.state === "live" || r.state === "joined" || r.state === "ready";
-    cell(tr, alive ? fmt(r.heartbeat_age_seconds, 1) + " s" : "–", alive && r.heartbeat_age_seconds > 5 ? "stale" : "");
+    const age = r.heartbeat_age_seconds;
+    cell(tr, age == null ? "–" : fmt(age, 1) + " s", age > 5 ? "stale" : "");
     const res = r.resources;
     const cpu = cell(tr, "", "procs");
     const mem = cell(tr, "", "procs");
