@@ -323,7 +323,11 @@ func (c *Coordinator) Run(ctx context.Context) (*record.Summary, error) {
 	}
 	r := newRunner(c)
 	sum, runErr := r.run(ctx)
-	if rounds, bytes := c.meetings.Bulk(); rounds > 0 {
+	// The reduce server's count stands in only where it saw more than the
+	// ranks reported (as for the live totals): over one host it counts no
+	// ring bytes, while the ranks' averagers still move their rounds'
+	// messages over its sockets.
+	if rounds, bytes := c.meetings.Bulk(); rounds > 0 && float64(bytes)/float64(rounds) > sum.Averaging.BytesPerRound {
 		sum.Averaging.BytesPerRound = float64(bytes) / float64(rounds)
 	}
 	if err := c.meetings.Close(); err != nil {

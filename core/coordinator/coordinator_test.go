@@ -605,3 +605,41 @@ func TestCohortGoesSolo(t *testing.T) {
 		t.Errorf("rounds after the death: %v, want at most the aborted one again", after)
 	}
 }
+
+// bulkPoint is a meeting point that counts the rounds' bulk data itself,
+// as the reduce server does: 4 rounds of bytesPerRound.
+type bulkPoint struct {
+	fixedEndpoint
+	bytesPerRound uint64
+}
+
+func (b *bulkPoint) Bulk() (rounds, bytes uint64) { return 4, 4 * b.bytesPerRound }
+
+// The summary's bytes_per_round is the larger of what the ranks report
+// (100 bytes per rank per round, 3 ranks) and what a meeting point that
+// counts bulk data saw: a point that saw none (every rank on one host)
+// must not zero the ranks' figure.
+func TestBytesPerRound(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		bulk uint64
+		want float64
+	}{
+		{"the point saw nothing", 0, 300},
+		{"the point saw less", 120, 300},
+		{"the point saw more", 5000, 5000},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := testConfig(t)
+			pt := &bulkPoint{bytesPerRound: tc.bulk}
+			h := newHarness(t, cfg, func(o *Options) {
+				o.Meetings = map[string]meeting.Factory{"fabric": func(meeting.Env) (meeting.Point, error) { return pt, nil }}
+			})
+			h.startAll(func(uint32) rankScript { return rankScript{meet: "fabric", msPerBatch: time.Millisecond} })
+			sum := h.mustComplete()
+			if got := sum.Averaging.BytesPerRound; got != tc.want {
+				t.Errorf("bytes_per_round %v, want %v", got, tc.want)
+			}
+		})
+	}
+}

@@ -176,9 +176,9 @@ type AveragingSummary struct {
 	RoundsTotal uint64  `json:"rounds_total"`
 	MeanRoundMS float64 `json:"mean_round_ms"`
 	// BytesPerRound is the averaging data that crossed the network per
-	// round: the coordinator's reduce server's bulk frames when it served
-	// the rounds, else what the ranks' averagers report. It is 0 when every
-	// rank shares the host, as they reduce in shared memory.
+	// round: what the ranks' averagers report, or the coordinator's reduce
+	// server's bulk frames where it counted more. The same figure, times
+	// the rounds, is the status page's and metrics' bytes averaged.
 	BytesPerRound float64 `json:"bytes_per_round"`
 	// HostCopyBytes sums what the live ranks' trainers and averagers
 	// reported copying between device and host memory for the rounds
