@@ -8,33 +8,37 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strconv"
 )
 
 // An Option changes the file Write makes.
 type Option func(*options)
 
 type options struct {
-	perm os.FileMode
+	perm os.FileMode // 0: 0666 less the umask
 }
 
-// Perm gives the file these permission bits instead of 0600: a plugin
-// binary wants 0755, a file other users read 0644. They are set with
-// chmod, so the umask does not narrow them.
+// Perm gives the file these permission bits instead of those of a file
+// os.Create makes (0666 less the umask, as for every other file a run
+// writes): a plugin binary wants 0755, a private key 0600. They are set
+// with chmod, so the umask does not narrow them.
 func Perm(perm os.FileMode) Option { return func(o *options) { o.perm = perm } }
 
 // Write replaces path with what fill writes: into a temporary file in the
 // same directory, fsynced, renamed over path, and the directory fsynced so
 // the rename itself survives a crash. On error nothing is left behind. The
-// file is 0600 unless Perm says otherwise.
+// file's mode is that of os.Create's files unless Perm says otherwise.
 func Write(path string, fill func(io.Writer) error, opts ...Option) (err error) {
-	o := options{perm: 0o600}
+	var o options
 	for _, opt := range opts {
 		opt(&o)
 	}
 	dir := filepath.Dir(path)
-	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".*.tmp")
+	f, err := createTemp(dir, "."+filepath.Base(path)+".", ".tmp")
 	if err != nil {
 		return fmt.Errorf("write %s: %w", path, err)
 	}
@@ -45,8 +49,10 @@ func Write(path string, fill func(io.Writer) error, opts ...Option) (err error) 
 			os.Remove(tmp)
 		}
 	}()
-	if err = f.Chmod(o.perm); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
+	if o.perm != 0 {
+		if err = f.Chmod(o.perm); err != nil {
+			return fmt.Errorf("write %s: %w", path, err)
+		}
 	}
 	w := bufio.NewWriterSize(f, 1<<20)
 	if err = fill(w); err != nil {
@@ -73,6 +79,20 @@ func WriteBytes(path string, data []byte, opts ...Option) error {
 		_, err := w.Write(data)
 		return err
 	}, opts...)
+}
+
+// createTemp is os.CreateTemp with os.Create's mode (0666 less the umask)
+// rather than 0600: the kernel applies the umask, which a process cannot
+// read without changing it.
+func createTemp(dir, prefix, suffix string) (*os.File, error) {
+	for range 100 {
+		name := filepath.Join(dir, prefix+strconv.FormatUint(uint64(rand.Uint32()), 10)+suffix)
+		f, err := os.OpenFile(name, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o666)
+		if !errors.Is(err, fs.ErrExist) {
+			return f, err
+		}
+	}
+	return nil, fmt.Errorf("create a temporary file in %s: too many names taken", dir)
 }
 
 // SyncDir fsyncs a directory, so that a rename or a new entry in it

@@ -57,20 +57,25 @@ func TestWriteIntoMissingDir(t *testing.T) {
 	}
 }
 
-// The file gets the bits Perm names, whatever the umask, and 0600 without
-// it; a replaced file takes the new bits.
+// The file gets the bits Perm names, whatever the umask, and without it
+// those of os.Create (0666 less the umask), as every other file of a run;
+// a replaced file takes the new bits.
 func TestWritePerm(t *testing.T) {
-	defer syscall.Umask(syscall.Umask(0o077))
 	path := filepath.Join(t.TempDir(), "bin")
 	cases := []struct {
-		opts []atomicfile.Option
-		want os.FileMode
+		umask int
+		opts  []atomicfile.Option
+		want  os.FileMode
 	}{
-		{nil, 0o600},
-		{[]atomicfile.Option{atomicfile.Perm(0o755)}, 0o755},
-		{[]atomicfile.Option{atomicfile.Perm(0o644)}, 0o644},
+		{0o022, nil, 0o644},
+		{0o077, nil, 0o600},
+		{0o077, []atomicfile.Option{atomicfile.Perm(0o755)}, 0o755},
+		{0o077, []atomicfile.Option{atomicfile.Perm(0o644)}, 0o644},
+		{0o022, []atomicfile.Option{atomicfile.Perm(0o600)}, 0o600},
 	}
+	defer syscall.Umask(syscall.Umask(0o022))
 	for _, c := range cases {
+		syscall.Umask(c.umask)
 		if err := atomicfile.WriteBytes(path, []byte("x"), c.opts...); err != nil {
 			t.Fatal(err)
 		}
