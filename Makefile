@@ -17,6 +17,9 @@ PROTOC_GO   := protoc -I . --go_opt=module=github.com/cohortdl/cohort --go-grpc_
 PROTOC_GEN_GO_VERSION      := v1.36.12
 PROTOC_GEN_GO_GRPC_VERSION := v1.5.1
 FUZZTIME    ?= 20s
+# cohort's version for `cohort version` where go's own VCS stamping is off
+# (GOFLAGS=-buildvcs=false): the commit, a tag where one names it.
+VERSION     ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)
 # go.work holds cohort, its plugin SDK (shared/, a module of its own) and
 # each example (a vendor's module): package patterns do not cross into a
 # nested module, so each is named.
@@ -76,7 +79,7 @@ proto-check: deps tools
 
 build: deps
 	@mkdir -p $(PLUGINS)
-	$(GO) build -o $(BIN)/ ./cmd/cohort
+	$(GO) build -ldflags "-X main.version=$(VERSION)" -o $(BIN)/ ./cmd/cohort
 	$(GO) build -o $(PLUGINS)/ ./cmd/cohort-trainer-mock ./cmd/cohort-averaging-mock
 	@# GOEXPERIMENT=simd: the reduce's vector kernels (shared/reduce/numeric,
 	@# AVX2 where the CPU has it; bit for bit the scalar kernels' values) and

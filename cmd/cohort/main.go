@@ -19,9 +19,6 @@ import (
 	"github.com/cohortdl/cohort/shared/plugin"
 )
 
-// version is set at build time with -ldflags "-X main.version=...".
-var version = "dev"
-
 // Exit statuses.
 const (
 	exitCompleted = 0
@@ -59,7 +56,7 @@ coordinator in process and N 'cohort worker' subprocesses. For a run across
 hosts, 'cohort coordinator' and 'cohort worker' run apart. Trainers and
 averagers are plugins ('cohort plugins' lists them); a config file picks
 them and sets the run's keys.`,
-		Version: version,
+		Version: cohortVersion(),
 		// Errors and usage are printed once, by exitStatus.
 		SilenceErrors: true,
 		SilenceUsage:  true,
@@ -67,12 +64,14 @@ them and sets the run's keys.`,
 			return usageError("a command is needed")
 		},
 	}
-	root.CompletionOptions.DisableDefaultCmd = true
+	// `cohort completion bash|zsh|fish|powershell` is cobra's: it
+	// completes commands, flags and the config file's name.
 	root.SetVersionTemplate("cohort {{.Version}}\n")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &exitError{code: exitUsage, err: err} })
 	f := root.PersistentFlags()
 	f.StringVar(&g.configPath, "config", "", "HCL config file (default: the built-in configuration; cohort coordinator needs one)")
 	f.CountVarP(&g.verbosity, "verbose", "v", "log more: -v, -vv, -vvv (up to trace)")
+	_ = root.MarkPersistentFlagFilename("config", "hcl")
 	root.AddCommand(
 		newRunCommand(g),
 		newCoordinatorCommand(g),
@@ -85,9 +84,7 @@ them and sets the run's keys.`,
 			Short: "Print cohort's version, the plugin protocol versions it speaks and its plugin SDK's version",
 			Args:  noArgs,
 			Run: func(cmd *cobra.Command, _ []string) {
-				fmt.Fprintln(cmd.OutOrStdout(), "cohort", version)
-				fmt.Fprintln(cmd.OutOrStdout(), "plugin protocols", plugin.ProtocolRange())
-				fmt.Fprintln(cmd.OutOrStdout(), "plugin SDK", plugin.SDKModule+"@v"+plugin.SDKVersion)
+				fmt.Fprint(cmd.OutOrStdout(), versionText(plugin.ProtocolRange(), plugin.SDKModule+"@v"+plugin.SDKVersion))
 			},
 		},
 	)
