@@ -230,14 +230,14 @@ func (p *progressPrinter) close() {
 func (p *progressPrinter) report(pr coordinator.Progress) {
 	switch pr.Kind {
 	case coordinator.ProgressFormed:
-		p.line(fmt.Sprintf("cohort formed: %d ranks in %.1fs", pr.World, time.Since(p.start).Seconds()))
+		p.line(fmt.Sprintf("cohort formed: %s in %.1fs", count(pr.World, "rank"), time.Since(p.start).Seconds()))
 	case coordinator.ProgressSamples:
 		p.send(progressMsg{samples: &pr})
 	case coordinator.ProgressEpoch:
 		p.send(progressMsg{line: epochLine(pr), endsBar: true})
 	case coordinator.ProgressMembership:
 		e := pr.Event
-		p.line(fmt.Sprintf("rank %d %s in epoch %d: %s (%d of %d ranks live)", e.Rank, e.Event, e.Epoch, e.Reason, pr.Live, pr.World))
+		p.line(fmt.Sprintf("rank %d %s in epoch %d: %s (%d of %s live)", e.Rank, e.Event, e.Epoch, e.Reason, pr.Live, count(pr.World, "rank")))
 	case coordinator.ProgressCheckpoint:
 		p.line("checkpoint " + pr.Checkpoint)
 	case coordinator.ProgressModel:
@@ -262,11 +262,11 @@ func epochLine(pr coordinator.Progress) string {
 	if s.Seconds > 0 {
 		rate = float64(s.Samples) / s.Seconds
 	}
-	fmt.Fprintf(&b, "  %d samples  %.0f samples/s  %.1fs", s.Samples, rate, s.Seconds)
+	fmt.Fprintf(&b, "  %s  %.0f samples/s  %.1fs", count(s.Samples, "sample"), rate, s.Seconds)
 	if s.Rounds == 0 {
 		b.WriteString("  no rounds") // a lone rank's rounds would change nothing
 	} else {
-		fmt.Fprintf(&b, "  %d rounds  sync %.1f ms/round  wait %.1f ms", s.Rounds, s.MeanRoundMS, s.WaitAtSyncMS)
+		fmt.Fprintf(&b, "  %s  sync %.1f ms/round  wait %.1f ms", count(s.Rounds, "round"), s.MeanRoundMS, s.WaitAtSyncMS)
 	}
 	return b.String()
 }
@@ -313,4 +313,12 @@ func accuracyNote(epochs []record.EpochSummary) string {
 		}
 	}
 	return ""
+}
+
+// count is n and noun, plural unless n is 1: "1 rank", "4 ranks".
+func count[N int | uint32 | uint64](n N, noun string) string {
+	if n == 1 {
+		return fmt.Sprintf("1 %s", noun)
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
 }

@@ -227,8 +227,8 @@ func (l *launcher) run() error {
 		coord.Close()
 		return failed(err)
 	}
-	prog.line(fmt.Sprintf("run %s: %d ranks, %d epochs, policy %s, trainer %s, averager %s; out %s (logs in %s)",
-		coord.RunID(), l.cfg.Run.Ranks, l.cfg.Run.Epochs, l.cfg.Coordinator.Policy, l.cfg.Trainer.Name, l.cfg.Averager.Name, coord.Out(),
+	prog.line(fmt.Sprintf("run %s: %s, %s, policy %s, trainer %s, averager %s; out %s (logs in %s)",
+		coord.RunID(), count(l.cfg.Run.Ranks, "rank"), count(l.cfg.Run.Epochs, "epoch"), l.cfg.Coordinator.Policy, l.cfg.Trainer.Name, l.cfg.Averager.Name, coord.Out(),
 		filepath.Join(coord.Out(), LogsDir)))
 	stopStatus, err := startStatus(l.cfg.Coordinator.HTTP, coord, logger, prog)
 	if err != nil {

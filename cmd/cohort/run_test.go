@@ -979,6 +979,8 @@ func TestEpochLine(t *testing.T) {
 	}{
 		{"rounds", record.EpochSummary{Epoch: 3, Loss: 0.4066, Accuracy: &acc, Seconds: 1, Samples: 60000, Rounds: 24, MeanRoundMS: 6.5, WaitAtSyncMS: 3.25},
 			[]string{"epoch 3/3", "accuracy 85.39%", "60000 samples/s", "24 rounds", "sync 6.5 ms/round", "wait 3.2 ms"}, []string{"no rounds"}},
+		{"one round", record.EpochSummary{Epoch: 1, Loss: 0.5, Seconds: 1, Samples: 1, Rounds: 1},
+			[]string{"1 sample ", "1 round "}, []string{"1 samples ", "1 rounds"}},
 		{"lone rank", record.EpochSummary{Epoch: 1, Loss: 0.5, Seconds: 2, Samples: 60000},
 			[]string{"epoch 1/3", "30000 samples/s", "no rounds"}, []string{"accuracy", "ms/round"}},
 	} {
