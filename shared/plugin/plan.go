@@ -11,7 +11,12 @@ import (
 // A Fisher-Yates shuffle driven by PCG keeps it identical across platforms
 // and Go versions.
 func Permutation(seed, epoch, n uint64) []uint64 {
-	p := make([]uint64, n)
+	return permute(make([]uint64, n), seed, epoch)
+}
+
+// permute fills p with the permutation of picks 0..len(p) and returns it.
+func permute(p []uint64, seed, epoch uint64) []uint64 {
+	n := uint64(len(p))
 	for i := range p {
 		p[i] = uint64(i)
 	}
@@ -42,7 +47,13 @@ func (k *Picker) Picks(p Plan) ([]uint64, error) {
 	}
 	if k.perm == nil || k.seed != p.Seed || k.epoch != p.Epoch || k.n != p.PickSpace {
 		k.seed, k.epoch, k.n = p.Seed, p.Epoch, p.PickSpace
-		k.perm = Permutation(p.Seed, p.Epoch, p.PickSpace)
+		// The last epoch's storage takes the new shuffle: a fresh one (8
+		// bytes a pick) every epoch is garbage that a trainer holding its
+		// data set on the Go heap keeps for many epochs before collecting.
+		if uint64(cap(k.perm)) < p.PickSpace {
+			k.perm = make([]uint64, p.PickSpace)
+		}
+		k.perm = permute(k.perm[:p.PickSpace], p.Seed, p.Epoch)
 	}
 	return k.perm[p.PartitionOffset:end:end], nil
 }

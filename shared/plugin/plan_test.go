@@ -2,6 +2,8 @@ package plugin_test
 
 import (
 	"math"
+	"runtime"
+	"slices"
 	"testing"
 	"time"
 
@@ -44,5 +46,36 @@ func TestMilliseconds(t *testing.T) {
 		if got := plugin.Milliseconds(c.d); got != c.want {
 			t.Errorf("Milliseconds(%v) = %v, want %v", c.d, got, c.want)
 		}
+	}
+}
+
+// TestPickerReusesItsShuffle: a Picker hands out each epoch's slice of
+// Permutation, and a new epoch's shuffle takes the last one's storage, so a
+// run of many epochs allocates one permutation, not one an epoch.
+func TestPickerReusesItsShuffle(t *testing.T) {
+	const n, epochs = 100_000, 10
+	var k plugin.Picker
+	plan := func(epoch uint64) plugin.Plan {
+		return plugin.Plan{Seed: 5, Epoch: epoch, PickSpace: n, PartitionOffset: n / 4, PartitionSize: n / 2}
+	}
+	for epoch := range uint64(3) {
+		got, err := k.Picks(plan(epoch))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := plugin.Permutation(5, epoch, n)[n/4 : n/4+n/2]; !slices.Equal(got, want) {
+			t.Fatalf("epoch %d: the picks are not the permutation's slice", epoch)
+		}
+	}
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	for epoch := range uint64(epochs) {
+		if _, err := k.Picks(plan(100 + epoch)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	runtime.ReadMemStats(&after)
+	if got := after.TotalAlloc - before.TotalAlloc; got >= n*8 {
+		t.Fatalf("%d epochs' picks allocated %d bytes, want less than one permutation's %d", epochs, got, n*8)
 	}
 }
