@@ -109,8 +109,10 @@ func (t *Trainer) Configure(_ context.Context, cfg plugin.TrainerConfig) (plugin
 		t.bufs[i] = newBatchBuf(train, int(s.BatchSize))
 	}
 	var evalN uint64
+	t.evalBuf = nil
 	if eval != nil {
 		evalN = uint64(eval.N())
+		t.evalBuf = newBatchBuf(eval, min(int(s.EvalBatchSize), eval.N()))
 	}
 	t.logger.Info("configured", "model", s.Model, "tensors", len(layout.Entries), "arena_bytes", layout.Size,
 		"samples", train.N(), "eval_samples", evalN, "threads", threads, "device", s.Device,

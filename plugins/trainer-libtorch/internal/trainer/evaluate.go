@@ -22,35 +22,22 @@ func (t *Trainer) Evaluate(ctx context.Context) (plugin.EvalResult, error) {
 	if d == nil {
 		return plugin.EvalResult{}, errNoEval
 	}
-	chunk := min(int(t.s.EvalBatchSize), d.N())
-	x := make([]float32, chunk*d.Features())
-	var y []int64
-	var tg []float32
-	if d.Labels() != nil {
-		y = make([]int64, chunk)
-	} else {
-		tg = make([]float32, chunk*d.Width())
-	}
-	idx := make([]uint64, chunk)
+	b := t.evalBuf
+	chunk := len(b.idx)
 	var lossSum float64
 	var correct int64
 	for lo := 0; lo < d.N(); lo += chunk {
 		if err := ctx.Err(); err != nil {
 			return plugin.EvalResult{}, fmt.Errorf("libtorch trainer: evaluation stopped: %w", err)
 		}
-		n := min(chunk, d.N()-lo)
-		for i := range n {
-			idx[i] = uint64(lo + i)
+		b.n = min(chunk, d.N()-lo)
+		for i := range b.n {
+			b.idx[i] = uint64(lo + i)
 		}
-		var yb []int64
-		var tb []float32
-		if y != nil {
-			yb = y[:n]
-		} else {
-			tb = tg[:n*d.Width()]
-		}
-		d.Gather(idx[:n], x[:n*d.Features()], yb, tb)
-		l, c, err := t.model.Evaluate(x[:n*d.Features()], n, yb, tb, d.Width(), t.errBuf)
+		x := b.x[:b.n*d.Features()]
+		y, tg := b.targets(d.Width())
+		d.Gather(b.idx[:b.n], x, y, tg)
+		l, c, err := t.model.Evaluate(x, b.n, y, tg, d.Width(), t.errBuf)
 		if err != nil {
 			return plugin.EvalResult{}, fmt.Errorf("libtorch trainer: %w", err)
 		}

@@ -79,7 +79,11 @@ type Trainer struct {
 	schedStep uint64       // the learning-rate schedule's step
 	// bufs are the two batches Train alternates between: one trains while
 	// the other is gathered.
-	bufs     [2]*batchBuf
+	bufs [2]*batchBuf
+	// evalBuf is Evaluate's chunk of the test split, kept from Configure:
+	// a fresh one per call is megabytes of garbage an epoch, which the Go
+	// heap, sized by the data set it holds, keeps for many epochs.
+	evalBuf  *batchBuf
 	errBuf   []byte
 	shutdown bool
 	// gen counts Configure and Shutdown calls: a Train started on one
