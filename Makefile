@@ -35,7 +35,7 @@ export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 DEB_PACKAGES := protobuf-compiler g++ libtorch-dev libopenblas0-pthread python3-torch dataset-fashion-mnist chromium \
 	python3-grpcio python3-protobuf protobuf-compiler-grpc python3-build python3-setuptools python3-wheel
 
-.PHONY: all build test run proto proto-check bench fuzz deps clean tools slurm-check multihost scale gpu-prep gpu-check
+.PHONY: all build test run proto proto-check bench fuzz deps clean tools slurm-check multihost scale soak gpu-prep gpu-check
 
 all: build
 
@@ -132,6 +132,14 @@ bench: build
 # heartbeat handling, the coordinator's peak RSS and CPU time.
 scale:
 	$(GO) run ./bench/scale
+
+# soak trains the default configuration for 200 epochs, evaluating every
+# epoch, and fails when any of its processes (cohort run with its
+# coordinator, each worker, each plugin) grew by more than 5% of its PSS
+# between epoch 10 and the end; it prints each one's two figures and a
+# JSON line. About 10 minutes on 2 cores; not part of `make test`.
+soak: build
+	$(GO) run ./bench/soak -cohort $(BIN)/cohort
 
 # multihost runs cohort across three network namespaces on this machine
 # (root): a mock run, libtorch with averaging-cpu, and a host killed

@@ -1,0 +1,250 @@
+// Command soak runs cohort's default configuration (`cohort run` without a
+// config file: 4 ranks, the libtorch MLP, CPU averaging, an evaluation
+// every epoch) for many epochs and checks that no process grows with the
+// length of the run. After every epoch it reads the proportional set size
+// (Pss of /proc/PID/smaps_rollup) of `cohort run` (which holds the
+// coordinator), each rank's worker and each plugin; it compares each
+// process's figure at -first with its last one (the last epoch whose
+// sample found every process) and fails when any grew by more than
+// -max-growth. It prints each process's two figures, then one JSON line.
+//
+//	go run ./bench/soak -cohort bin/cohort              # 200 epochs
+//	go run ./bench/soak -cohort bin/cohort -epochs 30   # a quicker look
+//
+// Run it from the repository root (the default configuration's plugin_dir
+// is bin/plugins, relative to it).
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"syscall"
+	"time"
+
+	"github.com/cohortdl/cohort/internal/testutil/proctab"
+)
+
+func main() {
+	bin := flag.String("cohort", "bin/cohort", "the cohort binary")
+	epochs := flag.Int("epochs", 200, "epochs to train")
+	first := flag.Int("first", 10, "the epoch of the first sample")
+	maxGrowth := flag.Float64("max-growth", 0.05, "largest growth of a process's PSS allowed between -first and the end, as a fraction")
+	out := flag.String("out", "", "the run's output directory (default: a temporary one, removed after)")
+	timeout := flag.Duration("timeout", 2*time.Hour, "longest the run may take")
+	flag.Parse()
+	if *first < 1 || *first >= *epochs {
+		fmt.Fprintf(os.Stderr, "soak: -first %d must lie in [1, -epochs %d)\n", *first, *epochs)
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	ctx, cancel := context.WithTimeout(ctx, *timeout)
+	defer cancel()
+	res, err := soak(ctx, *bin, *out, *epochs, *first)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "soak: %v\n", err)
+		os.Exit(1)
+	}
+	res.MaxGrowthAllowed = *maxGrowth
+	for _, p := range res.Processes {
+		fmt.Printf("%-28s pid %-7d %8.1f MB at epoch %d  %8.1f MB at epoch %d  %+6.2f%%\n",
+			p.Name, p.PID, p.FirstMB, res.FirstEpoch, p.LastMB, res.LastEpoch, 100*p.Growth)
+		if p.Growth > *maxGrowth {
+			res.Grew = append(res.Grew, p.Name)
+		}
+		res.MaxGrowth = max(res.MaxGrowth, p.Growth)
+	}
+	line, err := json.Marshal(res)
+	if err != nil {
+		panic(err) // a struct of plain fields always marshals
+	}
+	fmt.Println(string(line))
+	if len(res.Grew) > 0 {
+		fmt.Fprintf(os.Stderr, "soak: %d process(es) grew by more than %.0f%%: %v\n", len(res.Grew), 100**maxGrowth, res.Grew)
+		os.Exit(1)
+	}
+}
+
+// result is the JSON line.
+type result struct {
+	Epochs           int       `json:"epochs"`
+	FirstEpoch       int       `json:"first_epoch"`
+	LastEpoch        int       `json:"last_epoch"`
+	Seconds          float64   `json:"seconds"`
+	Processes        []process `json:"processes"`
+	MaxGrowth        float64   `json:"max_growth"`
+	MaxGrowthAllowed float64   `json:"max_growth_allowed"`
+	// Grew names the processes past the limit; empty when the soak holds.
+	Grew []string `json:"grew"`
+}
+
+type process struct {
+	Name    string  `json:"name"`
+	PID     int     `json:"pid"`
+	FirstMB float64 `json:"first_pss_mb"`
+	LastMB  float64 `json:"last_pss_mb"`
+	Growth  float64 `json:"growth"`
+}
+
+// epochLine is `cohort run`'s line at an epoch's end; its progress lines
+// within an epoch ("epoch 3/200  41%  ...") do not match.
+var epochLine = regexp.MustCompile(`^epoch (\d+)/\d+ +loss `)
+
+// soak runs `cohort run` for epochs epochs, sampling its processes after
+// each one from first on.
+func soak(ctx context.Context, bin, out string, epochs, first int) (*result, error) {
+	if out == "" {
+		dir, err := os.MkdirTemp("", "cohort-soak-")
+		if err != nil {
+			return nil, err
+		}
+		defer os.RemoveAll(dir)
+		out = filepath.Join(dir, "run")
+	}
+	cmd := exec.CommandContext(ctx, bin, "run", "--epochs", fmt.Sprint(epochs), "--out", out)
+	cmd.Cancel = func() error { return cmd.Process.Signal(os.Interrupt) }
+	cmd.WaitDelay = 30 * time.Second
+	cmd.Stderr = os.Stderr
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("starting %s: %w", bin, err)
+	}
+	res := &result{Epochs: epochs, FirstEpoch: first, Grew: []string{}}
+	var firstSample, lastSample map[string]sample
+	sc := bufio.NewScanner(stdout)
+	for sc.Scan() {
+		line := sc.Text()
+		m := epochLine.FindStringSubmatch(line)
+		if m == nil {
+			continue
+		}
+		var epoch int
+		fmt.Sscan(m[1], &epoch)
+		if epoch%10 == 0 || epoch == epochs {
+			fmt.Fprintln(os.Stderr, line)
+		}
+		if epoch < first {
+			continue
+		}
+		s := sampleTree(cmd.Process.Pid)
+		switch {
+		case epoch == first:
+			firstSample = s
+		case firstSample != nil && sameProcesses(firstSample, s):
+			lastSample, res.LastEpoch = s, epoch
+		}
+	}
+	io.Copy(io.Discard, stdout)
+	if err := cmd.Wait(); err != nil {
+		return nil, fmt.Errorf("cohort run (out %s): %w", out, err)
+	}
+	res.Seconds = time.Since(start).Seconds()
+	if firstSample == nil || lastSample == nil {
+		return nil, fmt.Errorf("cohort run (out %s) printed no epoch %d, or no later one with the same processes", out, first)
+	}
+	for name, f := range firstSample {
+		l := lastSample[name]
+		res.Processes = append(res.Processes, process{Name: name, PID: f.pid, FirstMB: mb(f.pss), LastMB: mb(l.pss),
+			Growth: float64(l.pss)/float64(f.pss) - 1})
+	}
+	slices.SortFunc(res.Processes, func(a, b process) int { return a.PID - b.PID })
+	return res, nil
+}
+
+func mb(kb int64) float64 { return float64(kb) / 1024 }
+
+// sample is one process's PSS, in kB.
+type sample struct {
+	pid int
+	pss int64
+}
+
+// sampleTree reads the PSS of root and every process below it, by name.
+func sampleTree(root int) map[string]sample {
+	ps := proctab.List()
+	out := map[string]sample{}
+	for _, p := range append([]proctab.Proc{{PID: root, Args: []string{"cohort", "run"}}}, proctab.Descendants(ps, root)...) {
+		if p.Zombie() || len(p.Args) == 0 {
+			continue
+		}
+		pss, err := readPSS(p.PID)
+		if err != nil {
+			continue // it exited while read
+		}
+		out[name(ps, p, root)] = sample{pid: p.PID, pss: pss}
+	}
+	return out
+}
+
+// name says what a process of the run is: "cohort run", "rank R worker"
+// or "rank R <plugin binary>".
+func name(ps []proctab.Proc, p proctab.Proc, root int) string {
+	if p.PID == root {
+		return "cohort run"
+	}
+	if r := rankOf(p.Args); r != "" {
+		return "rank " + r + " worker"
+	}
+	for _, q := range ps {
+		if q.PID == p.PPID {
+			if r := rankOf(q.Args); r != "" {
+				return "rank " + r + " " + filepath.Base(p.Args[0])
+			}
+		}
+	}
+	return fmt.Sprintf("%s (%d)", filepath.Base(p.Args[0]), p.PID)
+}
+
+// rankOf is the --rank argument of a `cohort worker` command line.
+func rankOf(args []string) string {
+	for i, a := range args {
+		if a == "--rank" && i+1 < len(args) {
+			return args[i+1]
+		}
+	}
+	return ""
+}
+
+// sameProcesses reports whether b holds a's processes, each by the same
+// pid: a process replaced since (a plugin restarted) is not the one whose
+// growth the soak measures.
+func sameProcesses(a, b map[string]sample) bool {
+	for name, s := range a {
+		if t, ok := b[name]; !ok || t.pid != s.pid {
+			return false
+		}
+	}
+	return true
+}
+
+// readPSS is /proc/PID/smaps_rollup's Pss line, in kB.
+func readPSS(pid int) (int64, error) {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/smaps_rollup", pid))
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		var kb int64
+		if n, _ := fmt.Sscanf(sc.Text(), "Pss: %d kB", &kb); n == 1 {
+			return kb, nil
+		}
+	}
+	return 0, errors.New("no Pss line in smaps_rollup")
+}

@@ -1,0 +1,57 @@
+package main
+
+import (
+	"os"
+	"testing"
+
+	"github.com/cohortdl/cohort/internal/testutil/proctab"
+)
+
+// The soak samples at epoch ends only, never at a progress line.
+func TestEpochLine(t *testing.T) {
+	for _, c := range []struct {
+		line  string
+		epoch string
+	}{
+		{"epoch 10/200  loss 0.3001  eval loss 0.3377  accuracy 87.84%  60000 samples", "10"},
+		{"epoch 7/12   loss 0.4  60000 samples", "7"},
+		{"epoch 10/200    7%  4416/60000 samples  15091 samples/s  ETA 4s  loss 0.2218", ""},
+		{"cohort formed: 4 ranks in 0.8s", ""},
+	} {
+		m := epochLine.FindStringSubmatch(c.line)
+		if got := ""; m != nil {
+			got = m[1]
+			if got != c.epoch {
+				t.Errorf("%q: epoch %q, want %q", c.line, got, c.epoch)
+			}
+		} else if c.epoch != "" {
+			t.Errorf("%q: no match, want epoch %s", c.line, c.epoch)
+		}
+	}
+}
+
+// Each process of a run is named by its role and rank.
+func TestName(t *testing.T) {
+	ps := []proctab.Proc{
+		{PID: 10, PPID: 1, Args: []string{"bin/cohort", "run"}},
+		{PID: 11, PPID: 10, Args: []string{"/r/bin/cohort", "worker", "--coordinator", "127.0.0.1:5", "--rank", "2", "--world", "4"}},
+		{PID: 12, PPID: 11, Args: []string{"/r/bin/plugins/cohort-trainer-libtorch"}},
+		{PID: 13, PPID: 10, Args: []string{"/usr/bin/stray"}},
+	}
+	for i, want := range []string{"cohort run", "rank 2 worker", "rank 2 cohort-trainer-libtorch", "stray (13)"} {
+		if got := name(ps, ps[i], 10); got != want {
+			t.Errorf("process %d: %q, want %q", ps[i].PID, got, want)
+		}
+	}
+}
+
+// readPSS reads a live process's figure and refuses one that is gone.
+func TestReadPSS(t *testing.T) {
+	kb, err := readPSS(os.Getpid())
+	if err != nil || kb <= 0 {
+		t.Fatalf("this process: %d kB, %v", kb, err)
+	}
+	if _, err := readPSS(1 << 30); err == nil {
+		t.Fatal("a pid that does not exist reads without an error")
+	}
+}
