@@ -23,12 +23,14 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strings"
 	"syscall"
 	"time"
 
@@ -135,13 +137,15 @@ func soak(ctx context.Context, bin, out string, epochs, first int) (*result, err
 		}
 		var epoch int
 		fmt.Sscan(m[1], &epoch)
-		if epoch%10 == 0 || epoch == epochs {
-			fmt.Fprintln(os.Stderr, line)
-		}
 		if epoch < first {
 			continue
 		}
 		s := sampleTree(cmd.Process.Pid)
+		if epoch%10 == 0 {
+			// Where the figures stand every 10 epochs: a leak climbs
+			// steadily, a warm-up levels off.
+			fmt.Fprintf(os.Stderr, "%s\n  pss MB:%s\n", line, trace(s))
+		}
 		switch {
 		case epoch == first:
 			firstSample = s
@@ -167,6 +171,17 @@ func soak(ctx context.Context, bin, out string, epochs, first int) (*result, err
 }
 
 func mb(kb int64) float64 { return float64(kb) / 1024 }
+
+// trace is a sample's figures, by pid.
+func trace(s map[string]sample) string {
+	names := slices.Collect(maps.Keys(s))
+	slices.SortFunc(names, func(a, b string) int { return s[a].pid - s[b].pid })
+	var b strings.Builder
+	for _, n := range names {
+		fmt.Fprintf(&b, " %s %.1f,", n, mb(s[n].pss))
+	}
+	return strings.TrimSuffix(b.String(), ",")
+}
 
 // sample is one process's PSS, in kB.
 type sample struct {
