@@ -130,7 +130,7 @@ const (
 	reqCancelled
 )
 
-func newConn(nc net.Conn, keys Keys, hello Hello, hb, ackCore []byte, sendDir direction, o options) *Conn {
+func newConn(nc net.Conn, keys Keys, hello Hello, hb, cc []byte, sendDir direction, o options) *Conn {
 	recvDir := dirToRank
 	if sendDir == dirToRank {
 		recvDir = dirToCoord
@@ -140,12 +140,12 @@ func newConn(nc net.Conn, keys Keys, hello Hello, hb, ackCore []byte, sendDir di
 		hello:     hello,
 		opts:      o,
 		sendDir:   sendDir,
-		rd:        frameReader{mac: authframe.NewMAC(connKey(keys, recvDir, hb, ackCore)), dir: recvDir, max: o.maxPayload},
+		rd:        frameReader{mac: authframe.NewMAC(connKey(keys, recvDir, hb, cc)), dir: recvDir, max: o.maxPayload},
 		sendq:     make(chan *sendReq, 16),
 		quit:      make(chan struct{}),
 		writerEnd: make(chan struct{}),
 	}
-	go c.writeLoop(&frameWriter{mac: authframe.NewMAC(connKey(keys, sendDir, hb, ackCore))})
+	go c.writeLoop(&frameWriter{mac: authframe.NewMAC(connKey(keys, sendDir, hb, cc))})
 	return c
 }
 

@@ -132,7 +132,7 @@ func TestConnRejectsBadFrames(t *testing.T) {
 	other := mustKeys(t, otherSecret)
 	k := mustKeys(t, testSecret)
 	helloOther := encodeHello(Hello{Rank: 0, World: 2}, testNonce(1), k.k.Handshake())
-	ackOther := encodeAck(helloOther[:], testNonce(2), k.k.Handshake())
+	challengeOther := encodeChallenge(helloOther[:], testNonce(2), k.k.Handshake())
 	hb := func(n uint64) proto.Message { return &wirepb.Heartbeat{Rank: 1, Counter: n} }
 	cases := []struct {
 		name  string
@@ -148,12 +148,12 @@ func TestConnRejectsBadFrames(t *testing.T) {
 		}, authframe.ErrBadTag},
 		{"wrong secret", func(w *frameWriter, _ []byte) []byte {
 			hbytes := encodeHello(Hello{Rank: 1, World: 2}, testNonce(1), other.k.Handshake())
-			abytes := encodeAck(hbytes[:], testNonce(2), other.k.Handshake())
-			ow := writerAt(connKey(other, dirToCoord, hbytes[:], abytes[:ackCore]), w.mac.Seq())
+			abytes := encodeChallenge(hbytes[:], testNonce(2), other.k.Handshake())
+			ow := writerAt(connKey(other, dirToCoord, hbytes[:], abytes[:challengeCore]), w.mac.Seq())
 			return mustFrame(ow, hb(1))
 		}, authframe.ErrBadTag},
 		{"spliced from rank 0's connection", func(w *frameWriter, _ []byte) []byte {
-			ow := writerAt(connKey(k, dirToCoord, helloOther[:], ackOther[:ackCore]), w.mac.Seq())
+			ow := writerAt(connKey(k, dirToCoord, helloOther[:], challengeOther[:challengeCore]), w.mac.Seq())
 			return mustFrame(ow, hb(1))
 		}, authframe.ErrBadTag},
 		{"flipped payload bit", func(w *frameWriter, _ []byte) []byte {

@@ -73,11 +73,11 @@ func TestReadFrameRejects(t *testing.T) {
 	key := bytes.Repeat([]byte{1}, 32)
 	k := mustKeys(t, testSecret)
 	hb := encodeHello(Hello{Rank: 0, World: 2}, testNonce(1), k.k.Handshake())
-	ab := encodeAck(hb[:], testNonce(2), k.k.Handshake())
+	ab := encodeChallenge(hb[:], testNonce(2), k.k.Handshake())
 	hb1 := encodeHello(Hello{Rank: 1, World: 2}, testNonce(3), k.k.Handshake())
-	ab1 := encodeAck(hb1[:], testNonce(4), k.k.Handshake())
-	abAgain := encodeAck(hb[:], testNonce(5), k.k.Handshake())
-	connToCoord := connKey(k, dirToCoord, hb[:], ab[:ackCore])
+	ab1 := encodeChallenge(hb1[:], testNonce(4), k.k.Handshake())
+	abAgain := encodeChallenge(hb[:], testNonce(5), k.k.Handshake())
+	connToCoord := connKey(k, dirToCoord, hb[:], ab[:challengeCore])
 
 	hbeat := func(n uint64) proto.Message { return &wirepb.Heartbeat{Rank: 1, Counter: n} }
 	f := frameBytes(t, key, hbeat(0), hbeat(1), hbeat(2))
@@ -120,9 +120,9 @@ func TestReadFrameRejects(t *testing.T) {
 			binary.LittleEndian.PutUint32(b[16:], uint32(wirepb.FrameKind_FRAME_KIND_EXITING))
 		}), want: authframe.ErrBadTag},
 		{name: "wrong secret", stream: f[0], key: bytes.Repeat([]byte{2}, 32), want: authframe.ErrBadTag},
-		{name: "reflected frame (other direction's key)", stream: frameBytes(t, connKey(k, dirToRank, hb[:], ab[:ackCore]), hbeat(0))[0], key: connToCoord, want: authframe.ErrBadTag},
-		{name: "spliced from another connection", stream: frameBytes(t, connKey(k, dirToCoord, hb1[:], ab1[:ackCore]), hbeat(0))[0], key: connToCoord, want: authframe.ErrBadTag},
-		{name: "recorded under the same hello, another ack", stream: frameBytes(t, connKey(k, dirToCoord, hb[:], abAgain[:ackCore]), hbeat(0))[0], key: connToCoord, want: authframe.ErrBadTag},
+		{name: "reflected frame (other direction's key)", stream: frameBytes(t, connKey(k, dirToRank, hb[:], ab[:challengeCore]), hbeat(0))[0], key: connToCoord, want: authframe.ErrBadTag},
+		{name: "spliced from another connection", stream: frameBytes(t, connKey(k, dirToCoord, hb1[:], ab1[:challengeCore]), hbeat(0))[0], key: connToCoord, want: authframe.ErrBadTag},
+		{name: "recorded under the same hello, another ack", stream: frameBytes(t, connKey(k, dirToCoord, hb[:], abAgain[:challengeCore]), hbeat(0))[0], key: connToCoord, want: authframe.ErrBadTag},
 		{name: "replayed frame", stream: cat(f[0], f[0]), good: 1, want: authframe.ErrBadTag},
 		{name: "reordered frames", stream: cat(f[1], f[0]), want: authframe.ErrBadTag},
 		{name: "dropped frame", stream: cat(f[0], f[2]), good: 1, want: authframe.ErrBadTag},

@@ -38,17 +38,38 @@ func FuzzDecodeHello(f *testing.F) {
 	})
 }
 
-func FuzzDecodeAck(f *testing.F) {
-	f.Fuzz(func(t *testing.T, ack, hello []byte) {
-		err := verifyAck(ack, hello, fuzzHandshakeKey)
+func FuzzDecodeChallenge(f *testing.F) {
+	f.Fuzz(func(t *testing.T, ch, hello []byte) {
+		err := verifyChallenge(ch, hello, fuzzHandshakeKey)
 		if err != nil {
 			if !isSentinel(err) {
 				t.Fatalf("refusal wraps no sentinel: %v", err)
 			}
 			return
 		}
-		if want := encodeAck(hello, nonce(ack[8:24]), fuzzHandshakeKey); !bytes.Equal(want[:], ack) {
-			t.Fatalf("accepted ack % x for hello % x; the ack for it is % x", ack, hello, want)
+		if want := encodeChallenge(hello, nonce(ch[8:24]), fuzzHandshakeKey); !bytes.Equal(want[:], ch) {
+			t.Fatalf("accepted challenge % x for hello % x; the challenge for it is % x", ch, hello, want)
+		}
+	})
+}
+
+// FuzzDecodeSeal checks proofs and acks (which by the flag) against an
+// arbitrary handshake so far.
+func FuzzDecodeSeal(f *testing.F) {
+	f.Fuzz(func(t *testing.T, isAck bool, b, hello, ch []byte) {
+		magic, what := ProofMagic, "proof"
+		if isAck {
+			magic, what = AckMagic, "ack"
+		}
+		err := verifySeal(b, magic, what, fuzzHandshakeKey, hello, ch)
+		if err != nil {
+			if !isSentinel(err) {
+				t.Fatalf("refusal wraps no sentinel: %v", err)
+			}
+			return
+		}
+		if want := encodeSeal(magic, fuzzHandshakeKey, hello, ch); !bytes.Equal(want[:], b) {
+			t.Fatalf("accepted %s % x; the %s for this handshake is % x", what, b, what, want)
 		}
 	})
 }

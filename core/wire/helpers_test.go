@@ -124,7 +124,15 @@ func fakeRank(t testing.TB, hello Hello, opts ...Option) (raw net.Conn, w *frame
 	if _, err := cn.Write(hb[:]); err != nil {
 		t.Fatalf("write hello: %v", err)
 	}
-	var ab [ackSize]byte
+	var cb [challengeSize]byte
+	if _, err := readFullTimeout(cn, cb[:]); err != nil {
+		t.Fatalf("read challenge: %v", err)
+	}
+	proof := encodeSeal(ProofMagic, keys.k.Handshake(), hb[:], cb[:])
+	if _, err := cn.Write(proof[:]); err != nil {
+		t.Fatalf("write proof: %v", err)
+	}
+	var ab [sealSize]byte
 	if _, err := readFullTimeout(cn, ab[:]); err != nil {
 		t.Fatalf("read ack: %v", err)
 	}
@@ -133,7 +141,7 @@ func fakeRank(t testing.TB, hello Hello, opts ...Option) (raw net.Conn, w *frame
 		t.Fatalf("ServerHandshake: %v", r.err)
 	}
 	t.Cleanup(func() { r.c.Close() })
-	return cn, &frameWriter{mac: authframe.NewMAC(connKey(keys, dirToCoord, hb[:], ab[:ackCore]))}, r.c
+	return cn, &frameWriter{mac: authframe.NewMAC(connKey(keys, dirToCoord, hb[:], cb[:challengeCore]))}, r.c
 }
 
 // writerAt returns a frame writer under key whose next frame has sequence

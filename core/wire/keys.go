@@ -66,8 +66,8 @@ func (k Keys) Format(f fmt.State, verb rune) {
 var errZeroKeys = errors.New("wire: keys not derived (use DeriveKeys)")
 
 // connKey is the key for frames flowing in d on the connection that hello
-// and the ack's untagged bytes (ackCore) opened: it binds every frame to
+// and the challenge's untagged bytes opened: it binds every frame to
 // both sides' nonces, so no frame recorded on another connection verifies.
-func connKey(k Keys, d direction, hello, ackCore []byte) []byte {
-	return k.k.ConnKey(int(d), hello, ackCore)
+func connKey(k Keys, d direction, hello, challengeCore []byte) []byte {
+	return k.k.ConnKey(int(d), hello, challengeCore)
 }
