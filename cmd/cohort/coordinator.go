@@ -62,7 +62,7 @@ and 'cohort validate FILE' on a worker's host checks them ahead of the run.`,
 		}
 		cfg.Coordinator.Listen = listen
 		if err := cfg.Validate(); err != nil {
-			return failed(fmt.Errorf("--listen: %w", err))
+			return configError(fmt.Errorf("--listen: %w", err))
 		}
 		if err := applyHTTPFlag(cmd, cfg, httpAddr); err != nil {
 			return err

@@ -4,12 +4,14 @@
 package main
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 
 	"github.com/hashicorp/go-hclog"
@@ -19,13 +21,35 @@ import (
 	"github.com/cohortdl/cohort/shared/plugin"
 )
 
-// Exit statuses.
+// Exit statuses: exitCodes says what each means.
 const (
 	exitCompleted = 0
 	exitFailed    = 1
 	exitUsage     = 2
 	exitStopped   = 130 // the shell's code for "ended by SIGINT"
 )
+
+// exitCodes is the one table of cohort's exit statuses: every command ends
+// with one of them, and every command's --help (and the README) prints it.
+var exitCodes = []struct {
+	code    int
+	meaning string
+}{
+	{exitCompleted, "done: the run completed, or the command did what it was asked"},
+	{exitFailed, "failed: the run started and failed (a failed run that saved names its checkpoint), or something outside the config failed (an address in use, a missing secret, an unreadable file)"},
+	{exitUsage, "wrong command line, config file or plugin block (nothing started): the message names the flag, or the file, line and key"},
+	{exitStopped, "stopped by Ctrl-C or SIGTERM after saving a checkpoint: --resume continues it"},
+}
+
+// exitTable is exitCodes as --help prints it.
+func exitTable() string {
+	var b strings.Builder
+	b.WriteString("Exit status:\n")
+	for _, e := range exitCodes {
+		fmt.Fprintf(&b, "  %-4d %s\n", e.code, e.meaning)
+	}
+	return b.String()
+}
 
 func main() {
 	os.Exit(execute(os.Args[1:]))
@@ -35,9 +59,24 @@ func main() {
 // status.
 func execute(args []string) int {
 	root := newRootCommand()
-	root.SetArgs(args)
+	root.SetArgs(singleDashJSON(args))
 	cmd, err := root.ExecuteC()
 	return exitStatus(cmd, err)
+}
+
+// singleDashJSON lets -json stand for --json, the spelling of Go's own
+// tools (go list -json), which pflag would read as -j -s -o -n.
+func singleDashJSON(args []string) []string {
+	out := slices.Clone(args)
+	for i, a := range out {
+		if a == "--" {
+			break
+		}
+		if a == "-json" {
+			out[i] = "--json"
+		}
+	}
+	return out
 }
 
 // globals are the flags every command shares.
@@ -88,7 +127,17 @@ them and sets the run's keys.`,
 			},
 		},
 	)
+	withExitTable(root)
 	return root
+}
+
+// withExitTable ends the help of cmd and every command under it with the
+// exit status table.
+func withExitTable(cmd *cobra.Command) {
+	cmd.Long = strings.TrimRight(cmp.Or(cmd.Long, cmd.Short), "\n") + "\n\n" + exitTable()
+	for _, c := range cmd.Commands() {
+		withExitTable(c)
+	}
 }
 
 // loadConfig is the config a command runs with: the --config file, else
@@ -104,14 +153,14 @@ func (g *globals) loadConfig() (*config.Config, error) {
 	if g.configPath != "" {
 		var err error
 		if cfg, err = config.Load(g.configPath); err != nil {
-			return nil, failed(err)
+			return nil, configError(err)
 		}
 		base = filepath.Dir(g.configPath)
 	}
 	if lock := cfg.Worker.PluginLock; lock != "" && !filepath.IsAbs(lock) {
 		abs, err := filepath.Abs(filepath.Join(base, lock))
 		if err != nil {
-			return nil, failed(fmt.Errorf("worker.plugin_lock %q: %w", lock, err))
+			return nil, configError(fmt.Errorf("worker.plugin_lock %q: %w", lock, err))
 		}
 		cfg.Worker.PluginLock = abs
 	}

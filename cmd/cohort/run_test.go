@@ -577,8 +577,9 @@ func TestRunCadenceOnUnequalRanks(t *testing.T) {
 	}
 }
 
-// The exit status says how a command line fared: 2 for one cohort cannot
-// run, 1 for a run that could not start, 0 for help and version.
+// The exit status says how a command line fared: 2 for a command line or
+// config file cohort cannot run, 1 for a run that could not start, 0 for
+// help and version (exitCodes; a run's own outcomes are TestOutcome's).
 func TestExitStatus(t *testing.T) {
 	t.Setenv(envSecret, "")
 	t.Setenv(envSecretFile, "")
@@ -599,12 +600,18 @@ func TestExitStatus(t *testing.T) {
 		{"run: no secret file of its own", []string{"run", "--secret-file", "s"}, exitUsage},
 		{"run: bad flag value", []string{"run", "--ranks", "two"}, exitUsage},
 		{"run: zero ranks", []string{"run", "--ranks", "0"}, exitUsage},
-		{"run: missing config", []string{"run", "--config", "/nonexistent/cohort.hcl"}, exitFailed},
+		{"run: missing config", []string{"run", "--config", "/nonexistent/cohort.hcl"}, exitUsage},
+		{"run: typo'd key", []string{"run", "--config", writeFile(t, "run {\n  rank = 2\n}\n")}, exitUsage},
+		{"run: wrong type", []string{"run", "--config", writeFile(t, "run {\n  ranks = \"two\"\n}\n")}, exitUsage},
+		{"run: syntax error", []string{"run", "--config", writeFile(t, "run {\n  ranks = \n}\n")}, exitUsage},
+		{"validate: no file", []string{"validate"}, exitUsage},
+		{"validate: missing file", []string{"validate", "/nonexistent/cohort.hcl"}, exitUsage},
+		{"worker: typo'd key", []string{"worker", "--config", writeFile(t, "worker {\n  plugin_dirs = \"x\"\n}\n"), "--rank", "0", "--world", "1", "--coordinator", "127.0.0.1:1"}, exitUsage},
 		{"coordinator: no config", []string{"coordinator", "--listen", "127.0.0.1:0"}, exitUsage},
 		{"coordinator: no listen", []string{"coordinator", "--config", cfg}, exitUsage},
-		{"coordinator: bad listen", []string{"coordinator", "--config", cfg, "--listen", "nowhere"}, exitFailed},
+		{"coordinator: bad listen", []string{"coordinator", "--config", cfg, "--listen", "nowhere"}, exitUsage},
 		{"coordinator: no secret", []string{"coordinator", "--config", cfg, "--listen", "127.0.0.1:0"}, exitFailed},
-		{"plugins: missing config", []string{"plugins", "--config", "/nonexistent/cohort.hcl"}, exitFailed},
+		{"plugins: missing config", []string{"plugins", "--config", "/nonexistent/cohort.hcl"}, exitUsage},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

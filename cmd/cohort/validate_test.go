@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -20,17 +21,31 @@ func TestValidate(t *testing.T) {
 		want      []string
 	}{
 		{"good", "trainer \"mock\" {}\naverager \"mock\" {}\n", 0, []string{"ok (trainer \"mock\", averager \"mock\")"}},
-		{"every mistake", "run {\n  ranks = 0\n}\ntrainer \"nosuch\" {}\naverager \"mock\" {\n  version = \">= 9\"\n}\n", 1, []string{
+		{"every mistake", "run {\n  ranks = 0\n}\ntrainer \"nosuch\" {}\naverager \"mock\" {\n  version = \">= 9\"\n}\n", 2, []string{
 			"cohort.hcl:2,3-8: run.ranks: must be at least 1, got 0",
 			// An unknown plugin names the directories searched.
-			"no executable cohort-trainer-nosuch in bin/plugins, " + filepath.Join(filepath.Dir(bin), "plugins") + " or on PATH",
+			"cohort.hcl:4,9-17: trainer: find trainer plugin \"nosuch\": no executable cohort-trainer-nosuch in bin/plugins, " + filepath.Join(filepath.Dir(bin), "plugins") + " or on PATH",
+			"cohort.hcl:5,10-16: averager: averaging plugin \"mock\" (",
 			"averager plugin \"mock\" is version 1, which does not satisfy the config's constraint \">= 9\"",
 		}},
-		{"syntax", "run {\n  ranks = \n}\n", 1, []string{"cohort.hcl:2"}},
+		// A mistake in decoding does not hide the others: every kind is
+		// reported in one pass.
+		{"one of each kind", "run {\n  ranks = \"four\"\n  epoch = 3\n}\ncoordinator {\n  heartbeat_timeout = \"soon\"\n  policy = \"fastest\"\n  sync_every = 0\n}\n" +
+			"trainer \"mock\" {\n  lr = \"fast\"\n}\naverager \"nosuch\" {}\n", 2, []string{
+			"is not valid: 7 mistakes",
+			"cohort.hcl:2,3-8: run.ranks: a number is required",
+			`cohort.hcl:3,3-8: run.epoch: unknown key; did you mean "epochs"?`,
+			`cohort.hcl:6,3-20: coordinator.heartbeat_timeout: "soon" is not a duration`,
+			`cohort.hcl:7,3-9: coordinator.policy: "fastest" is not one of sync, cadence, async`,
+			"cohort.hcl:8,3-13: coordinator.sync_every: must be at least 1, got 0",
+			`cohort.hcl:11,3-5: trainer.lr: a number, got the string "fast"`,
+			"cohort.hcl:13,10-18: averager: find averager plugin \"nosuch\": no executable cohort-averaging-nosuch",
+		}},
+		{"syntax", "run {\n  ranks = \n}\n", 2, []string{"cohort.hcl:2"}},
 		// The plugins' settings are checked against the schemas they
 		// declare, reported with the core's errors, each on its line.
 		{"plugin settings", "run {\n  ranks = 0\n}\ntrainer \"mock\" {\n  lr = \"fast\"\n  batch_size = 1.5\n  sample = 10\n  optimizer = \"sgd\"\n}\n" +
-			"averager \"mock\" {\n  sleep_per_round = \"soon\"\n}\n", 1, []string{
+			"averager \"mock\" {\n  sleep_per_round = \"soon\"\n}\n", 2, []string{
 			"cohort.hcl:2,3-8: run.ranks: must be at least 1, got 0",
 			`cohort.hcl:5,3-5: trainer.lr: a number, got the string "fast"`,
 			"cohort.hcl:6,3-13: trainer.batch_size: an integer, got the number 1.5",
@@ -99,5 +114,70 @@ func TestRunRefusesBadPluginsBeforeAnyRank(t *testing.T) {
 				t.Errorf("out directory %s was made (%v; rank logs %q)", out, err, logs)
 			}
 		})
+	}
+}
+
+// -json (or --json) prints the same problems as the text, each with its
+// file, line, column and key, and exits 2 as the text does; --config names
+// the file as well as the argument.
+func TestValidateJSON(t *testing.T) {
+	bin := cohortBinary(t)
+	dir := t.TempDir()
+	file := filepath.Join(dir, "cohort.hcl")
+	src := "run {\n  epoch = 3\n}\ncoordinator {\n  policy = \"fastest\"\n}\ntrainer \"nosuch\" {}\naverager \"mock\" {}\n"
+	if err := os.WriteFile(file, []byte(src), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	run := func(args ...string) (string, int) {
+		cmd := exec.Command(bin, args...)
+		cmd.Dir = dir
+		out, _ := cmd.Output()
+		return string(out), cmd.ProcessState.ExitCode()
+	}
+	type problem struct {
+		File         string
+		Line, Column int
+		Key, Message string
+	}
+	want := []problem{
+		{file, 2, 3, "run.epoch", `unknown key; did you mean "epochs"? run takes ranks, epochs, seed, out`},
+		{file, 5, 3, "coordinator.policy", `"fastest" is not one of sync, cadence, async`},
+		{file, 7, 9, "trainer", ""},
+	}
+	for _, args := range [][]string{{"validate", "-json", file}, {"validate", "--config", file, "--json"}} {
+		out, code := run(args...)
+		if code != exitUsage {
+			t.Errorf("%q: exit %d, want %d", args, code, exitUsage)
+		}
+		var got struct {
+			File     string
+			Valid    bool
+			Problems []problem
+		}
+		if err := json.Unmarshal([]byte(out), &got); err != nil {
+			t.Fatalf("%q: %v:\n%s", args, err, out)
+		}
+		if got.Valid || got.File != file || len(got.Problems) != len(want) {
+			t.Fatalf("%q: %+v, want %d problems", args, got, len(want))
+		}
+		for i, w := range want {
+			g := got.Problems[i]
+			if w.Message == "" { // the search path varies; the place does not
+				w.Message = g.Message
+			}
+			if g != w {
+				t.Errorf("%q: problem %d is %+v, want %+v", args, i, g, w)
+			}
+		}
+	}
+	if _, code := run("validate", "--config", file, filepath.Join(dir, "other.hcl")); code != exitUsage {
+		t.Errorf("two files: exit %d, want %d", code, exitUsage)
+	}
+	good := filepath.Join(dir, "good.hcl")
+	if err := os.WriteFile(good, []byte("trainer \"mock\" {}\naverager \"mock\" {}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, code := run("validate", "-json", "--config", good); code != 0 || !strings.Contains(out, `"valid": true`) || !strings.Contains(out, `"problems": []`) {
+		t.Errorf("a good file: exit %d:\n%s", code, out)
 	}
 }

@@ -177,7 +177,7 @@ func DefaultFile() []byte { return bytes.Clone(defaultFile) }
 
 var parsedDefault = sync.OnceValue(func() *Config {
 	c := &Config{where: map[string]hcl.Range{}}
-	if err := c.decode(defaultFile, "default.hcl"); err != nil {
+	if _, err := c.decode(defaultFile, "default.hcl"); err != nil {
 		panic("config: the built-in default does not parse: " + err.Error())
 	}
 	if err := c.Validate(); err != nil {
@@ -213,7 +213,7 @@ func Load(path string) (*Config, error) {
 // and becomes Path. The error lists every problem found, one a line; each
 // is an *Error (errors.As finds the first).
 func Parse(src []byte, filename string) (*Config, error) {
-	c, err := decodeFile(src, filename)
+	c, _, err := decodeFile(src, filename)
 	if err != nil {
 		return nil, err
 	}
@@ -223,29 +223,44 @@ func Parse(src []byte, filename string) (*Config, error) {
 	return c, nil
 }
 
-// LoadUnchecked reads and decodes a config file like Load but leaves
-// Validate to the caller: `cohort validate` reports its errors together
-// with the plugins'.
+// LoadUnchecked reads and decodes a config file like Load, but leaves
+// Validate to the caller and goes on past the file's mistakes, so that
+// `cohort validate` reports them all in one pass with Validate's and the
+// plugins': the Config holds what decoded (a key that did not keeps its
+// default) and the error lists every mistake. The Config is nil only when
+// the file could not be read or parsed, with nothing to check further.
 func LoadUnchecked(path string) (*Config, error) {
 	src, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("config: %w", err)
 	}
-	return decodeFile(src, path)
-}
-
-func decodeFile(src []byte, filename string) (*Config, error) {
-	if len(src) > MaxFileSize {
-		return nil, &Error{Range: hcl.Range{Filename: filename},
-			Msg: fmt.Sprintf("%d bytes is more than a config file may have (%d)", len(src), MaxFileSize)}
-	}
-	c := Default()
-	c.Path = filename
-	c.where = map[string]hcl.Range{}
-	if err := c.decode(src, filename); err != nil {
+	c, parsed, err := decodeFile(src, path)
+	if !parsed {
 		return nil, err
 	}
-	return c, nil
+	return c, err
+}
+
+// decodeFile decodes src over the default; parsed is false when src is
+// not HCL at all.
+func decodeFile(src []byte, filename string) (c *Config, parsed bool, err error) {
+	if len(src) > MaxFileSize {
+		return nil, false, &Error{Range: hcl.Range{Filename: filename},
+			Msg: fmt.Sprintf("%d bytes is more than a config file may have (%d)", len(src), MaxFileSize)}
+	}
+	c = Default()
+	c.Path = filename
+	c.where = map[string]hcl.Range{}
+	parsed, err = c.decode(src, filename)
+	return c, parsed, err
+}
+
+// ErrorAt is err as a mistake of key ("trainer", "coordinator.policy"),
+// at the line that set it: for a problem found outside the file (a
+// plugin that is missing or refuses its block) to name the file and line
+// as the file's own mistakes do.
+func (c *Config) ErrorAt(key string, err error) *Error {
+	return &Error{Range: c.at(key), Key: key, Msg: err.Error()}
 }
 
 // clone returns a copy of c that shares nothing mutable with it.

@@ -200,13 +200,14 @@ func path(name string, field func(*Config) *string) key {
 }
 
 // decode parses src and overlays what it sets onto c, recording where each
-// key came from. It does not validate.
-func (c *Config) decode(src []byte, filename string) error {
+// key came from; parsed is false when src is not HCL. It does not
+// validate.
+func (c *Config) decode(src []byte, filename string) (parsed bool, err error) {
 	var errs errList
 	f, diags := hclsyntax.ParseConfig(src, filename, hcl.InitialPos)
 	if diags.HasErrors() {
 		errs.diags("", diags)
-		return errs.err()
+		return false, errs.err()
 	}
 	content, diags := f.Body.Content(fileSchema)
 	errs.diags("", diags)
@@ -227,7 +228,7 @@ func (c *Config) decode(src []byte, filename string) error {
 			c.decodeCore(b, b.Type, blockOf(b.Type), &errs)
 		}
 	}
-	return errs.err()
+	return true, errs.err()
 }
 
 // decodeCore reads a core block (or sub-block) b, named by its path
