@@ -57,9 +57,21 @@ func (l *ledger) add(rank uint32, epoch, from, n uint64) {
 // epochs was trained exactly once.
 func (l *ledger) checkExactlyOnce(t *testing.T, epochs, pickSpace uint64) {
 	t.Helper()
+	l.checkEpochs(t, 0, epochs, pickSpace)
+}
+
+// checkEpochs fails t unless every position of epochs from..to-1 was
+// trained exactly once, and nothing of any other epoch was trained.
+func (l *ledger) checkEpochs(t *testing.T, from, to, pickSpace uint64) {
+	t.Helper()
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	for e := range epochs {
+	for e, m := range l.seen {
+		if (e < from || e >= to) && len(m) > 0 {
+			t.Errorf("epoch %d: %d positions trained, want none", e, len(m))
+		}
+	}
+	for e := from; e < to; e++ {
 		m := l.seen[e]
 		var missing, twice []uint64
 		for p := range pickSpace {

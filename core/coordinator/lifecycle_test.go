@@ -173,6 +173,40 @@ func TestEpochCheckpoints(t *testing.T) {
 	}
 }
 
+// A completed run resumed with more epochs trains every added epoch in
+// full: its last checkpoint (saved after the final epoch) must not read as
+// the first added epoch already trained.
+func TestResumeFinishedRunWithMoreEpochs(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.Coordinator.CheckpointEvery = 1
+	h1 := newHarness(t, cfg, nil)
+	h1.startAll(nil)
+	sum1 := h1.mustComplete()
+	h1.ledger.checkExactlyOnce(t, 2, 96)
+
+	more := *cfg
+	more.Run.Epochs = 4
+	h2 := newHarness(t, &more, func(o *Options) { o.Resume = h1.out; o.Out = h1.out })
+	h2.startAll(nil)
+	sum2 := h2.mustComplete()
+	h2.ledger.checkEpochs(t, 2, 4, 96)
+	if sum2.ResumedFrom != sum1.Checkpoint || len(sum2.Epochs) != 4 {
+		t.Fatalf("resumed from %q with %d epochs in the summary; want %q and 4", sum2.ResumedFrom, len(sum2.Epochs), sum1.Checkpoint)
+	}
+	for _, e := range sum2.Epochs {
+		if e.Samples != 96 {
+			t.Errorf("epoch %d: %d samples in the summary, want 96", e.Epoch, e.Samples)
+		}
+	}
+
+	// Resumed again with the run's own length, the last checkpoint holds a
+	// finished run: nothing more is trained.
+	h3 := newHarness(t, &more, func(o *Options) { o.Resume = h2.out; o.Out = h2.out })
+	h3.startAll(nil)
+	h3.mustComplete()
+	h3.ledger.checkEpochs(t, 0, 0, 96)
+}
+
 // Cadence on ranks of unequal speed: the fast rank runs more batches per
 // window, and the ranks wait less at the sync than under the sync policy.
 func TestCadenceBeatsSyncOnUnequalRanks(t *testing.T) {

@@ -230,13 +230,12 @@ func (d *Dispatcher) Snapshot(live []uint32) Snapshot {
 	return p
 }
 
-// FreshSnapshot is the start of epoch e, split over the live ranks (no
-// work at all once e is past the run's last epoch).
+// FreshSnapshot is the start of epoch e, split over the live ranks. Past
+// the run's last epoch too: a run resumed with more epochs trains e in
+// full, while one resumed with the same number knows from e alone that it
+// is finished.
 func (d *Dispatcher) FreshSnapshot(e uint64, live []uint32) Snapshot {
 	p := Snapshot{Epoch: e, Remaining: map[uint32][]Range{}, Controller: d.ctl.state(), Window: d.ctl.window()}
-	if e >= uint64(d.cfg.Run.Epochs) {
-		return p
-	}
 	w := newEpochWork(e, d.pickSpace, live, d.shared())
 	for _, id := range live {
 		p.Remaining[id] = w.parts[id]
