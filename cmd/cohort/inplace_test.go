@@ -3,8 +3,10 @@ package main
 import (
 	"bytes"
 	"encoding/binary"
+	"encoding/json"
 	"math"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -84,24 +86,98 @@ func stopTraining(t *testing.T, pid int, arena string) []byte {
 	return nil
 }
 
-// A trainer that trains in place (examples/trainer-softmax on
-// Fashion-MNIST) is killed in the middle of a plan and replaced: the new
-// trainer's model is the arena's when the old one died (its norm, as the
-// worker logs it after the Adopt, equals the norm of the arena's bytes read
-// with the trainer stopped, not the norm of the checkpoint it restored its
+// A trainer that trains in place on Fashion-MNIST (examples/trainer-softmax,
+// a Go plugin; the MLP of examples/pytorch under trainer-pytorch, Python)
+// is killed in the middle of a plan and replaced: the new trainer's model
+// is the arena's when the old one died (its norm, as the worker logs it
+// after the Adopt, equals the norm of the arena's bytes read with the
+// trainer stopped, not the norm of the checkpoint it restored its
 // optimizer from), and the run ends within 0.3 points of the accuracy of
 // the same run without the kill. One round an epoch (a chunk is the whole
 // partition, the interval fixed), so mid-epoch only the trainer writes the
 // arena.
 func TestReplacedTrainerKeepsTheArena(t *testing.T) {
 	cohortBinary(t) // skips under -short
+	data := "/usr/share/datasets/fashion-mnist"
+	if _, err := os.Stat(filepath.Join(data, "train-images-idx3-ubyte.gz")); err != nil {
+		t.Fatalf("Fashion-MNIST is not in %s (%v): install dataset-fashion-mnist", data, err)
+	}
+	pyFile, err := filepath.Abs("../../examples/pytorch/train.py")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		// build writes the plugin binary into the plugin directory.
+		build func(t *testing.T, plugins string)
+		block string // the config's trainer block
+		// process is the plugin process's name (its argv[0]'s base).
+		process string
+		// ckptNorm is the norm of the parameters a checkpoint directory
+		// holds.
+		ckptNorm func(t *testing.T, dir string) float64
+	}{
+		{
+			name: "softmax",
+			build: func(t *testing.T, plugins string) {
+				exampleGo(t, trainerExample, "build", "-o", filepath.Join(plugins, "cohort-trainer-softmax"), ".")
+			},
+			block: `trainer "softmax" {
+  data       = "` + data + `"
+  batch_size = 32
+  lr         = 0.05
+  lr_decay   = 0.002
+}`,
+			process: "cohort-trainer-softmax",
+			ckptNorm: func(t *testing.T, dir string) float64 {
+				ckpt, err := os.ReadFile(filepath.Join(dir, "softmax-params.f32"))
+				if err != nil {
+					t.Fatal(err)
+				}
+				return l2(ckpt)
+			},
+		},
+		{
+			name: "pytorch",
+			build: func(t *testing.T, plugins string) {
+				if out, err := exec.Command("go", "build", "-o", filepath.Join(plugins, "cohort-trainer-pytorch"), "../../plugins/trainer-pytorch").CombinedOutput(); err != nil {
+					t.Fatalf("build trainer-pytorch: %v\n%s", err, out)
+				}
+			},
+			block: `trainer "pytorch" {
+  file = "` + pyFile + `"
+}`,
+			// The launcher execs the interpreter in its own process.
+			process: "python3",
+			ckptNorm: func(t *testing.T, dir string) float64 {
+				raw, err := os.ReadFile(filepath.Join(dir, "trainer.json"))
+				if err != nil {
+					t.Fatal(err)
+				}
+				var meta struct {
+					ParamNorm float64 `json:"param_norm"`
+				}
+				if err := json.Unmarshal(raw, &meta); err != nil || meta.ParamNorm == 0 {
+					t.Fatalf("the checkpoint's metadata gives no parameter norm (%v): %.200s", err, raw)
+				}
+				return meta.ParamNorm
+			},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			plugins := t.TempDir()
+			tc.build(t, plugins)
+			replacedKeepsArena(t, plugins, tc.block, tc.process, tc.ckptNorm)
+		})
+	}
+}
+
+func replacedKeepsArena(t *testing.T, plugins, block, process string, ckptNorm func(*testing.T, string) float64) {
 	const ranks, epochs, victim = 3, 4, 1
 	data := "/usr/share/datasets/fashion-mnist"
 	if _, err := os.Stat(filepath.Join(data, "train-images-idx3-ubyte.gz")); err != nil {
 		t.Fatalf("Fashion-MNIST is not in %s (%v): install dataset-fashion-mnist", data, err)
 	}
-	plugins := t.TempDir()
-	exampleGo(t, trainerExample, "build", "-o", filepath.Join(plugins, "cohort-trainer-softmax"), ".")
 	cfg := filepath.Join(t.TempDir(), "cohort.hcl")
 	src := `coordinator {
   policy           = "sync"
@@ -113,12 +189,7 @@ worker {
   plugin_dir      = "` + plugins + `"
   plugin_restarts = 1
 }
-trainer "softmax" {
-  data       = "` + data + `"
-  batch_size = 32
-  lr         = 0.05
-  lr_decay   = 0.002
-}
+` + block + `
 averager "mock" {}
 `
 	if err := os.WriteFile(cfg, []byte(src), 0o644); err != nil {
@@ -146,7 +217,7 @@ averager "mock" {}
 	// The first checkpoint is complete: the rank has one to restore its
 	// optimizer from, and three epochs are left to train.
 	p.waitLine("checkpoint ", 240*time.Second)
-	pid := pluginPID(t, workerPID(t, p.cmd.Process.Pid, victim), "cohort-trainer-softmax", 0)
+	pid := pluginPID(t, workerPID(t, p.cmd.Process.Pid, victim), process, 0)
 	atKill := stopTraining(t, pid, arenaOf(t, pid))
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
@@ -176,11 +247,7 @@ averager "mock" {}
 	if err != nil {
 		t.Fatal(err)
 	}
-	ckpt, err := os.ReadFile(filepath.Join(restored[1], "trainer", "softmax-params.f32"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	before, saved := l2(atKill), l2(ckpt)
+	before, saved := l2(atKill), ckptNorm(t, filepath.Join(restored[1], "trainer"))
 	t.Logf("norm of the arena at the kill %.9g, of the model after the replacement %.9g, of the checkpoint (%s) %.9g",
 		before, after, restored[1], saved)
 	t.Logf("final accuracy %.4f with the kill, %.4f without", got, want)

@@ -499,6 +499,8 @@ class TorchTrainer:
         except TypeError as e:
             raise UserError("%s: state() must return tensors, numbers, strings, lists and dicts: %s" % (self.origin, e)) from e
         meta["format"] = CHECKPOINT_FORMAT
+        # For people and tools that look into a checkpoint; load ignores them.
+        meta["step_count"], meta["param_norm"] = self.step_count, self._norm()
         tpath, mpath = os.path.join(d, CHECKPOINT_TENSORS), os.path.join(d, CHECKPOINT_META)
         # Tensors first, the metadata that names them last: a checkpoint
         # without its metadata is no checkpoint.
