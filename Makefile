@@ -117,7 +117,8 @@ fuzz:
 	done
 
 # bench prints cohort's figures next to the peers' (../shared/peers),
-# measured in the same run, as ratios. The -netns rows (hosts as network
+# measured in the same run, as ratios; bench/pytorch puts trainer-pytorch's
+# lone rank next to a plain PyTorch loop. The -netns rows (hosts as network
 # namespaces on 1 Gbit/s shaped links) need root and say so when skipped;
 # their rounds take a few hundred milliseconds, so they take the median of
 # 15, where a core that comes late to one host moves a median of 5.
@@ -125,6 +126,7 @@ bench: build
 	$(GO) run ./bench/averaging -plugin $(PLUGINS)/cohort-averaging-cpu
 	$(GO) run ./bench/averaging -netns -iters 15 -plugin $(PLUGINS)/cohort-averaging-cpu
 	$(GO) run ./bench/training -cohort $(BIN)/cohort
+	$(GO) run ./bench/pytorch -cohort $(BIN)/cohort
 
 # scale runs one coordinator (a child process) against 10, 100 and 1000
 # simulated ranks speaking the control protocol, kills 1% of them, and
