@@ -35,7 +35,7 @@ export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 DEB_PACKAGES := protobuf-compiler g++ libtorch-dev libopenblas0-pthread python3-torch dataset-fashion-mnist chromium \
 	python3-grpcio python3-protobuf protobuf-compiler-grpc python3-build python3-setuptools python3-wheel
 
-.PHONY: all build test run proto proto-check bench fuzz deps clean tools slurm-check multihost scale soak gpu-prep gpu-check
+.PHONY: all build test run proto python-sdk proto-check bench fuzz deps clean tools slurm-check multihost scale soak gpu-prep gpu-check
 
 all: build
 
@@ -106,6 +106,11 @@ test: deps proto-check
 
 run: deps build
 	$(BIN)/cohort run
+
+# python-sdk builds the Python plugin SDK's wheel and sdist
+# (cohort_plugin, shared/python) into $(BIN)/python, offline.
+python-sdk: deps
+	shared/python/package.sh $(BIN)/python
 
 # fuzz runs every fuzz target for FUZZTIME each.
 fuzz:

@@ -43,13 +43,14 @@ Each file is two lines: a header naming the key, then the raw key in base64
 
 func newPackageCommand(g *globals) *cobra.Command {
 	var name, kind, version, keyFile, out, protocols string
-	var bins []string
+	var bins, requires []string
 	cmd := &cobra.Command{
 		Use:   "package",
 		Short: "Write a signed plugin package",
 		Long: `Writes a signed plugin package, a .tar.gz holding the plugin's binary for
 each platform (bin/OS_ARCH/cohort-trainer-NAME or cohort-averaging-NAME),
-manifest.json (format, kind, name, version, protocols, platforms),
+manifest.json (format, kind, name, version, protocols, platforms, and
+what the plugin needs on the host besides its binary, --requires),
 SHA256SUMS over every file and SHA256SUMS.sig, the base64 ed25519
 signature of SHA256SUMS made with --key. Without --bin the package holds
 the plugin a worker would find for this platform. The binary for this
@@ -57,7 +58,9 @@ platform, if the package holds one, is started briefly: a --version other
 than the one its Describe reports is refused.`,
 		Example: `  cohort plugins package --name median --kind averager --version 1.2.0 --key release.key \
     --bin linux/amd64=out/amd64/cohort-averaging-median --bin linux/arm64=out/arm64/cohort-averaging-median \
-    -o median-1.2.0.tar.gz`,
+    -o median-1.2.0.tar.gz
+  cohort plugins package --name pytorch --kind trainer --version 0.1.0 --key release.key \
+    --requires "python3 >= 3.9" --requires torch --requires grpcio --requires "protobuf >= 3.20" -o pytorch-0.1.0.tar.gz`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			switch {
@@ -105,7 +108,7 @@ than the one its Describe reports is refused.`,
 			}
 			m, err := pluginpkg.Build(f, pluginpkg.BuildOptions{
 				Kind: pluginhost.Kind(kind), Name: name, Version: version,
-				Protocols: protos, Binaries: binaries, Key: key,
+				Protocols: protos, Binaries: binaries, Requires: requires, Key: key,
 			})
 			if cerr := f.Close(); err == nil && cerr != nil {
 				err = fmt.Errorf("write package %s: %w", out, cerr)
@@ -115,6 +118,9 @@ than the one its Describe reports is refused.`,
 				return failed(err)
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "wrote %s: %s %s %s for %d platform(s)\n", out, m.Kind, m.Name, m.Version, len(m.Platforms))
+			if len(m.Requires) > 0 {
+				fmt.Fprintf(cmd.OutOrStdout(), "requires: %s\n", strings.Join(m.Requires, "; "))
+			}
 			return nil
 		},
 	}
@@ -125,6 +131,7 @@ than the one its Describe reports is refused.`,
 	f.StringVar(&keyFile, "key", "", "the private key file from 'cohort plugins keygen' (required)")
 	f.StringVarP(&out, "out", "o", "", "the package file to write, FILE.tar.gz (required)")
 	f.StringArrayVar(&bins, "bin", nil, "OS/ARCH=PATH: the binary for a platform; repeat for each")
+	f.StringArrayVar(&requires, "requires", nil, "what the plugin needs on the host besides its binary (\"python3 >= 3.9\", \"torch\"); repeat for each")
 	f.StringVar(&protocols, "protocols", joinInts(plugin.Protocols()), "the plugin protocol versions the binaries serve, comma-separated")
 	return cmd
 }
@@ -187,6 +194,9 @@ locked plugin whose binary no longer matches the lock.`,
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "installed %s %s %s as %s (sha256 %x); locked in %s\n",
 				p.Manifest.Kind, p.Manifest.Name, p.Manifest.Version, inst.Path, inst.SHA256, filepath.Clean(lockPath))
+			if len(p.Manifest.Requires) > 0 {
+				fmt.Fprintf(cmd.OutOrStdout(), "it needs on this host: %s\n", strings.Join(p.Manifest.Requires, "; "))
+			}
 			return nil
 		},
 	}

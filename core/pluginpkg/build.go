@@ -44,7 +44,17 @@ type Manifest struct {
 	// Platforms maps "os/arch" to the binary's path in the package,
 	// bin/OS_ARCH/<binary name>.
 	Platforms map[string]string `json:"platforms"`
+	// Requires are what the plugin needs on the host besides its binary,
+	// one requirement a line ("python3 >= 3.9", "torch"), for the people
+	// installing it: cohort does not check them, the plugin does at start.
+	Requires []string `json:"requires,omitempty"`
 }
+
+// Requirement limits: a manifest is read whole, so its lists are bounded.
+const (
+	maxRequires    = 32
+	maxRequirement = 200
+)
 
 var (
 	nameRe     = regexp.MustCompile(`^[a-z0-9_-]+$`)
@@ -65,6 +75,14 @@ func (m *Manifest) check() error {
 	}
 	if _, err := version.NewVersion(m.Version); err != nil {
 		return fmt.Errorf("manifest version %q: %w", m.Version, err)
+	}
+	if len(m.Requires) > maxRequires {
+		return fmt.Errorf("manifest lists %d requirements, at most %d", len(m.Requires), maxRequires)
+	}
+	for _, r := range m.Requires {
+		if r == "" || len(r) > maxRequirement || strings.ContainsFunc(r, func(c rune) bool { return c < ' ' || c == 0x7f }) {
+			return fmt.Errorf("manifest requirement %q: want 1 to %d printable characters", r, maxRequirement)
+		}
 	}
 	for _, p := range m.Protocols {
 		if p < 0 {
@@ -95,6 +113,8 @@ type BuildOptions struct {
 	Protocols []int
 	// Binaries maps "os/arch" to the binary's path on disk.
 	Binaries map[string]string
+	// Requires go to Manifest.Requires.
+	Requires []string
 	Key      ed25519.PrivateKey
 }
 
@@ -103,6 +123,7 @@ func Build(w io.Writer, o BuildOptions) (*Manifest, error) {
 	m := &Manifest{
 		Format: FormatVersion, Kind: string(o.Kind), Name: o.Name, Version: o.Version,
 		Protocols: slices.Clone(o.Protocols), Platforms: map[string]string{},
+		Requires: slices.Clone(o.Requires),
 	}
 	bin := pluginhost.BinaryName(o.Kind, o.Name)
 	for plat := range o.Binaries {

@@ -12,6 +12,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -66,6 +67,7 @@ func newFixture(t *testing.T) *fixture {
 	if _, err := Build(out, BuildOptions{
 		Kind: pluginhost.Averager, Name: "median", Version: "1.2.0", Protocols: []int{1, 2},
 		Binaries: map[string]string{Platform(): bin, "plan9/mips": bin}, Key: f.priv,
+		Requires: []string{"python3 >= 3.9", "torch"},
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -153,7 +155,8 @@ func TestRoundTrip(t *testing.T) {
 	}
 	defer p.Close()
 	m := p.Manifest
-	if m.Kind != "averager" || m.Name != "median" || m.Version != "1.2.0" || len(m.Platforms) != 2 {
+	if m.Kind != "averager" || m.Name != "median" || m.Version != "1.2.0" || len(m.Platforms) != 2 ||
+		!slices.Equal(m.Requires, []string{"python3 >= 3.9", "torch"}) {
 		t.Errorf("manifest %+v", m)
 	}
 	plugins := filepath.Join(f.dir, "plugins")
@@ -370,4 +373,25 @@ func mustLock(t *testing.T, path string) *pluginhost.Lock {
 		t.Fatalf("lock %s: %v", path, err)
 	}
 	return l
+}
+
+// A requirement a terminal would misprint, an empty one, or too many are
+// refused when the package is built, as Open refuses them in a manifest.
+func TestBuildRefusesBadRequirements(t *testing.T) {
+	f := newFixture(t)
+	bin := filepath.Join(t.TempDir(), "bin")
+	if err := os.WriteFile(bin, f.binary, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	many := make([]string, maxRequires+1)
+	for i := range many {
+		many[i] = "x"
+	}
+	for _, req := range [][]string{{"torch\x1b[2J"}, {""}, {strings.Repeat("x", maxRequirement+1)}, many} {
+		_, err := Build(io.Discard, BuildOptions{Kind: pluginhost.Trainer, Name: "pytorch", Version: "0.1.0",
+			Binaries: map[string]string{Platform(): bin}, Requires: req, Key: f.priv})
+		if err == nil || !strings.Contains(err.Error(), "requirement") {
+			t.Errorf("requires %.40q: %v, want a refusal", req, err)
+		}
+	}
 }

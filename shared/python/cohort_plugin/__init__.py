@@ -15,7 +15,7 @@ optimizer(params, cfg), data(cfg), loss(output, target) and optionally
 batch_size, epoch_end(model, epoch), state() and load_state(state); see
 TorchTrainer. plan.permutation and plan.Picker give the plan's picks, bit
 for bit those of Go's plugin.Permutation; arena maps the rank's arena.
-docs/python.md is the guide.
+shared/python/README.md in cohort's repository is the guide.
 """
 
 import os
