@@ -184,6 +184,7 @@ func replacedKeepsArena(t *testing.T, plugins, block, process string, ckptNorm f
   sync_every       = 100000
   adaptive_sync    = false
   checkpoint_every = 1
+  checkpoint_keep  = 0
 }
 worker {
   plugin_dir      = "` + plugins + `"

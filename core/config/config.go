@@ -86,6 +86,7 @@ type Coordinator struct {
 	SyncEvery        int     // batches between averaging rounds, for sync; at least 1
 	MinRanks         int     // fewest live ranks that may carry on, in [1, Run.Ranks]
 	CheckpointEvery  int     // epochs between checkpoints; 0: only on ShutdownWithSave
+	CheckpointKeep   int     // the newest checkpoints a run keeps; 0: all
 	ChunkBatches     int     // progressive dispatch chunk size; 0: the policy's default
 	OverheadTarget   float64 // cadence: sync overhead share that grows the window, in (0,1)
 	EASGDAlpha       float64 // async: elastic averaging strength, in (0,1]

@@ -27,6 +27,7 @@ coordinator {
   sync_every        = 20
   min_ranks         = 2
   checkpoint_every  = 1
+  checkpoint_keep   = 0
   eval_rank         = "fastest"
   eval_every        = 2
   chunk_batches     = 16
@@ -198,6 +199,8 @@ func TestDefaults(t *testing.T) {
 			Policy:           PolicySync,
 			SyncEvery:        10,
 			MinRanks:         1,
+			CheckpointEvery:  1,
+			CheckpointKeep:   3,
 			OverheadTarget:   0.1,
 			EASGDAlpha:       0.5,
 			AsyncOverlap:     true,
@@ -270,6 +273,7 @@ func TestValidationErrors(t *testing.T) {
 		{"not a duration", "coordinator {\n  heartbeat_timeout = 30\n}\n", "cohort.hcl:2,3-20: coordinator.heartbeat_timeout: ", `"30" is not a duration`},
 		{"formation zero", "coordinator {\n  formation_timeout = \"0s\"\n}\n", "cohort.hcl:2,3-20: coordinator.formation_timeout: ", "positive duration"},
 		{"checkpoint_every", "coordinator {\n  checkpoint_every = -1\n}\n", "cohort.hcl:2,3-19: coordinator.checkpoint_every: ", "at least 0"},
+		{"checkpoint_keep", "coordinator {\n  checkpoint_keep = -1\n}\n", "cohort.hcl:2,3-18: coordinator.checkpoint_keep: ", "at least 0"},
 		{"chunk_batches", "coordinator {\n  chunk_batches = -2\n}\n", "cohort.hcl:2,3-16: coordinator.chunk_batches: ", "at least 0"},
 		{"eval_rank unknown", "coordinator {\n  eval_rank = \"quickest\"\n}\n", "cohort.hcl:2,3-12: coordinator.eval_rank: ", `"quickest" is not lowest, fastest or a rank number`},
 		{"eval_rank negative", "coordinator {\n  eval_rank = -1\n}\n", "cohort.hcl:2,3-12: coordinator.eval_rank: ", `"-1" is not lowest, fastest or a rank number`},

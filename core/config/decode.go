@@ -66,6 +66,7 @@ var coreKeys = []coreBlock{
 		value("sync_every", func(c *Config) *int { return &c.Coordinator.SyncEvery }),
 		value("min_ranks", func(c *Config) *int { return &c.Coordinator.MinRanks }),
 		value("checkpoint_every", func(c *Config) *int { return &c.Coordinator.CheckpointEvery }),
+		value("checkpoint_keep", func(c *Config) *int { return &c.Coordinator.CheckpointKeep }),
 		value("eval_rank", func(c *Config) *string { return &c.Coordinator.EvalRank }),
 		value("eval_every", func(c *Config) *int { return &c.Coordinator.EvalEvery }),
 		value("chunk_batches", func(c *Config) *int { return &c.Coordinator.ChunkBatches }),

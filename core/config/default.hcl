@@ -17,7 +17,8 @@ coordinator {
   policy            = "sync"        # sync | cadence | async
   sync_every        = 10            # batches between averaging rounds, for sync
   min_ranks         = 1             # fewest live ranks that may carry on
-  checkpoint_every  = 0             # epochs; 0: only on ShutdownWithSave
+  checkpoint_every  = 1             # epochs between checkpoints; 0: only on Ctrl-C and failures
+  checkpoint_keep   = 3             # the newest checkpoints kept; 0: all
   eval_rank         = "lowest"      # who evaluates and runs the epoch callback: lowest (live rank) |
                                     # fastest (lowest batch time; moves for a 10% faster rank) | a rank number ("2")
   eval_every        = 1             # epochs between evaluations; 0: never (else the last epoch always is)

@@ -73,6 +73,7 @@ func (c *Config) Validate() error {
 		bad("coordinator.min_ranks", "%d is outside [1, run.ranks = %d]", co.MinRanks, c.Run.Ranks)
 	}
 	atLeast("coordinator.checkpoint_every", co.CheckpointEvery, 0)
+	atLeast("coordinator.checkpoint_keep", co.CheckpointKeep, 0)
 	c.checkEvalRank(bad)
 	if co.EvalEvery < 0 {
 		bad("coordinator.eval_every", "must be a number of epochs, or 0 to never evaluate, got %d", co.EvalEvery)

@@ -269,7 +269,7 @@ func New(opts Options) (_ *Coordinator, err error) {
 	}
 	var removed []string
 	run := checkpoint.Run{RunID: c.runID, Seed: cfg.Run.Seed, World: uint32(cfg.Run.Ranks), Policy: string(cfg.Coordinator.Policy), Epochs: cfg.Run.Epochs}
-	if c.ckpts, removed, err = checkpoint.Open(filepath.Join(c.out, checkpoint.CheckpointsDir), run, c.log); err != nil {
+	if c.ckpts, removed, err = checkpoint.Open(filepath.Join(c.out, checkpoint.CheckpointsDir), run, cfg.Coordinator.CheckpointKeep, c.log); err != nil {
 		return nil, fmt.Errorf("coordinator: %w", err)
 	}
 	for _, p := range removed {

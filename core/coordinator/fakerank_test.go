@@ -743,6 +743,8 @@ func testConfig(t *testing.T) *config.Config {
 	cfg.Coordinator.HeartbeatTimeout = 2 * time.Second
 	cfg.Coordinator.FormationTimeout = 10 * time.Second
 	cfg.Coordinator.SyncEvery = 2
+	// Tests that count a rank's frames see no checkpoints unless they ask.
+	cfg.Coordinator.CheckpointEvery = 0
 	cfg.Averager = config.Plugin{Name: "mock", Settings: json.RawMessage(`{}`)}
 	cfg.Trainer = config.Plugin{Name: "mock", Settings: json.RawMessage(`{}`)}
 	return cfg

@@ -124,8 +124,24 @@ func TestStopBeforeFormation(t *testing.T) {
 
 // checkpoint_every: each due epoch ends in a complete checkpoint whose
 // meta resumes at the next epoch; a rank that fails to save is left out
-// of it, and a checkpoint no rank saved is removed.
+// of it, and a checkpoint no rank saved is removed. checkpoint_keep
+// removes the oldest beyond it as each new one commits.
 func TestEpochCheckpoints(t *testing.T) {
+	t.Run("keep 2 of 4", func(t *testing.T) {
+		cfg := testConfig(t)
+		cfg.Run.Epochs, cfg.Coordinator.CheckpointEvery, cfg.Coordinator.CheckpointKeep = 4, 1, 2
+		h := newHarness(t, cfg, nil)
+		h.startAll(func(uint32) rankScript { return rankScript{} })
+		sum := h.mustComplete()
+		entries, _ := os.ReadDir(filepath.Join(h.out, checkpoint.CheckpointsDir))
+		var names []string
+		for _, e := range entries {
+			names = append(names, e.Name())
+		}
+		if !slices.Equal(names, []string{"ckpt-000003", "ckpt-000004"}) || filepath.Base(sum.Checkpoint) != "ckpt-000004" {
+			t.Errorf("checkpoints %v, summary names %q; want the last two, ckpt-000004 last", names, sum.Checkpoint)
+		}
+	})
 	cases := []struct {
 		name     string
 		failSave func(r uint32) bool

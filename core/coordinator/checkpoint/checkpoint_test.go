@@ -95,3 +95,40 @@ func TestResolveCheckpoint(t *testing.T) {
 		t.Error("a directory without checkpoints resolved")
 	}
 }
+
+// prune keeps the newest complete checkpoints and leaves what is not one
+// (an incomplete checkpoint, a temp directory, other files) alone.
+func TestPruneKeepsTheNewest(t *testing.T) {
+	for _, tc := range []struct {
+		keep int
+		want []string
+	}{
+		{0, []string{".tmp-ckpt-000007", "ckpt-000001", "ckpt-000002", "ckpt-000003", "ckpt-000004", "ckpt-000006", "notes"}},
+		{2, []string{".tmp-ckpt-000007", "ckpt-000003", "ckpt-000004", "ckpt-000006", "notes"}},
+		{1, []string{".tmp-ckpt-000007", "ckpt-000004", "ckpt-000006", "notes"}},
+		{9, []string{".tmp-ckpt-000007", "ckpt-000001", "ckpt-000002", "ckpt-000003", "ckpt-000004", "ckpt-000006", "notes"}},
+	} {
+		dir := t.TempDir()
+		for _, name := range []string{"ckpt-000001", "ckpt-000002", "ckpt-000003", "ckpt-000004", "ckpt-000006", ".tmp-ckpt-000007", "notes"} {
+			if err := os.MkdirAll(filepath.Join(dir, name, "rank-0"), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if name != "ckpt-000006" { // incomplete: no meta.json
+				if err := os.WriteFile(filepath.Join(dir, name, MetaFile), []byte("{}"), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		if err := (&ckptStore{dir: dir}).prune(tc.keep); err != nil {
+			t.Fatal(err)
+		}
+		entries, _ := os.ReadDir(dir)
+		var got []string
+		for _, e := range entries {
+			got = append(got, e.Name())
+		}
+		if strings.Join(got, " ") != strings.Join(tc.want, " ") {
+			t.Errorf("keep %d: left %v, want %v", tc.keep, got, tc.want)
+		}
+	}
+}

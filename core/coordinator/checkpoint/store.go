@@ -89,6 +89,48 @@ func (s *ckptStore) commit(tmp string, m *Meta) (string, error) {
 	return final, nil
 }
 
+// prune removes the oldest complete checkpoints beyond the newest keep
+// (0 keeps all). An incomplete one (no meta.json) is left to
+// openCkptStore's next cleanup or the user: it is not counted.
+func (s *ckptStore) prune(keep int) error {
+	if keep <= 0 {
+		return nil
+	}
+	entries, err := os.ReadDir(s.dir)
+	if err != nil {
+		return fmt.Errorf("list checkpoints: %w", err)
+	}
+	type ckpt struct {
+		version uint64
+		path    string
+	}
+	var complete []ckpt
+	for _, e := range entries {
+		v, ok := ckptVersion(e.Name())
+		if !ok || !e.IsDir() {
+			continue
+		}
+		p := filepath.Join(s.dir, e.Name())
+		if _, err := os.Stat(filepath.Join(p, MetaFile)); err == nil {
+			complete = append(complete, ckpt{v, p})
+		}
+	}
+	sort.Slice(complete, func(i, j int) bool { return complete[i].version < complete[j].version })
+	var errs []error
+	for _, c := range complete[:max(0, len(complete)-keep)] {
+		// meta.json first: a removal cut short leaves an incomplete
+		// checkpoint, never one that looks complete but is not.
+		if err := os.Remove(filepath.Join(c.path, MetaFile)); err != nil {
+			errs = append(errs, fmt.Errorf("remove checkpoint %s: %w", c.path, err))
+			continue
+		}
+		if err := os.RemoveAll(c.path); err != nil {
+			errs = append(errs, fmt.Errorf("remove checkpoint %s: %w", c.path, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // abandon removes a checkpoint that will not complete.
 func (s *ckptStore) abandon(tmp string) error {
 	if err := os.RemoveAll(tmp); err != nil && !errors.Is(err, fs.ErrNotExist) {
@@ -127,11 +169,13 @@ type Totals struct {
 	Cadence    *dispatch.CadenceState
 }
 
-// Writer numbers, builds and commits a run's checkpoints. Only the
-// coordinator's loop calls it while the run runs.
+// Writer numbers, builds and commits a run's checkpoints, and removes the
+// oldest beyond the number it keeps. Only the coordinator's loop calls it
+// while the run runs.
 type Writer struct {
 	store *ckptStore
 	run   Run
+	keep  int
 	log   hclog.Logger
 	last  string
 }
@@ -140,13 +184,14 @@ type Writer struct {
 // creates it if needed, numbers new checkpoints after the ones already
 // there, and removes the temp directories a crash left behind, which it
 // returns. Until the run commits one, the last complete checkpoint is
-// whatever dir already holds.
-func Open(dir string, run Run, log hclog.Logger) (*Writer, []string, error) {
+// whatever dir already holds. Each commit then leaves the newest keep
+// complete checkpoints in dir (0: all).
+func Open(dir string, run Run, keep int, log hclog.Logger) (*Writer, []string, error) {
 	s, removed, err := openCkptStore(dir)
 	if err != nil {
 		return nil, nil, err
 	}
-	w := &Writer{store: s, run: run, log: log}
+	w := &Writer{store: s, run: run, keep: keep, log: log}
 	w.last, _ = LastCheckpoint(dir)
 	return w, removed, nil
 }
@@ -237,6 +282,10 @@ func (w *Writer) Resolve(wt *Wait, t Totals) (path string) {
 	}
 	w.last = path
 	w.log.Info("checkpoint complete", "path", path, "epoch", m.Epoch, "reason", wt.reason)
+	if err := w.store.prune(w.keep); err != nil {
+		// The new checkpoint is complete: a resume has what it needs.
+		w.log.Warn("removing old checkpoints failed", "keep", w.keep, "error", err)
+	}
 	return path
 }
 
