@@ -30,7 +30,7 @@ func TestWorkerCommandRefuses(t *testing.T) {
 		{"no world", []string{"--coordinator", "127.0.0.1:1", "--rank", "0"}, 2},
 		{"stray argument", []string{"--coordinator", "127.0.0.1:1", "--rank", "0", "--world", "1", "extra"}, 2},
 		{"unknown flag", []string{"--ranks", "1"}, 2},
-		{"missing config", []string{"--coordinator", "127.0.0.1:1", "--rank", "0", "--world", "1", "--config", "/nonexistent/cohort.hcl"}, 1},
+		{"missing config", []string{"--coordinator", "127.0.0.1:1", "--rank", "0", "--world", "1", "--config", "/nonexistent/cohort.hcl"}, exitUsage},
 		{"no secret", []string{"--coordinator", "127.0.0.1:1", "--rank", "0", "--world", "1"}, 1},
 	}
 	for _, tc := range cases {
