@@ -1,6 +1,7 @@
 // Command cohort runs data-parallel training: `cohort run` trains on this
 // machine with a local coordinator and N rank workers; `cohort coordinator`
-// and `cohort worker` run the two halves apart for multi-host runs.
+// and `cohort node` (a host's ranks) or `cohort worker` (one rank) run the
+// halves apart for multi-host runs.
 package main
 
 import (
@@ -92,9 +93,10 @@ func newRootCommand() *cobra.Command {
 		Short: "Data-parallel training: a coordinator and N rank workers",
 		Long: `cohort runs data-parallel training. 'cohort run' trains on this machine: a
 coordinator in process and N 'cohort worker' subprocesses. For a run across
-hosts, 'cohort coordinator' and 'cohort worker' run apart. Trainers and
-averagers are plugins ('cohort plugins' lists them); a config file picks
-them and sets the run's keys.`,
+hosts, 'cohort coordinator' runs on one and 'cohort node' on each (or
+'cohort worker' once per rank). Trainers and averagers are plugins
+('cohort plugins' lists them); a config file picks them and sets the run's
+keys.`,
 		Version: cohortVersion(),
 		// Errors and usage are printed once, by exitStatus.
 		SilenceErrors: true,
@@ -115,6 +117,7 @@ them and sets the run's keys.`,
 		newRunCommand(g),
 		newCoordinatorCommand(g),
 		newWorkerCommand(g),
+		newNodeCommand(g),
 		newPluginsCommand(g),
 		newTLSCommand(),
 		newValidateCommand(g),

@@ -22,15 +22,17 @@ type placement struct {
 type convention struct {
 	name                    string
 	rank, world, localRanks string
-	coordinator             string // HOST:PORT in one variable
-	coordHost, coordPort    string // or in two
+	coordinator             string // HOST:PORT
 }
 
 var conventions = []convention{
 	// cohort's own, for launchers of any kind.
 	{name: "cohort", rank: "COHORT_RANK", world: "COHORT_WORLD", localRanks: "COHORT_LOCAL_RANKS", coordinator: "COHORT_COORDINATOR"},
-	// torchrun and the job templates written for it.
-	{name: "torchrun", rank: "RANK", world: "WORLD_SIZE", localRanks: "LOCAL_WORLD_SIZE", coordHost: "MASTER_ADDR", coordPort: "MASTER_PORT"},
+	// torchrun and the job templates written for it. Its MASTER_PORT is
+	// its own rendezvous's port, never cohort's coordinator: the address
+	// comes from --coordinator or $COHORT_COORDINATOR (":PORT" takes its
+	// host from $MASTER_ADDR).
+	{name: "torchrun", rank: "RANK", world: "WORLD_SIZE", localRanks: "LOCAL_WORLD_SIZE"},
 	// srun: one task per rank. SLURM_NTASKS_PER_NODE is set only with
 	// --ntasks-per-node; without it every rank counts as alone on its host.
 	{name: "slurm", rank: "SLURM_PROCID", world: "SLURM_NTASKS", localRanks: "SLURM_NTASKS_PER_NODE"},
@@ -75,13 +77,13 @@ func resolvePlacement(p placement, flagged map[string]bool, getenv func(string) 
 		if p.from["coordinator"] != "" {
 			continue
 		}
-		switch {
-		case c.coordinator != "" && getenv(c.coordinator) != "":
+		if c.coordinator != "" && getenv(c.coordinator) != "" {
 			p.coordinator, p.from["coordinator"] = getenv(c.coordinator), "$"+c.coordinator
-		case c.coordHost != "" && getenv(c.coordHost) != "" && getenv(c.coordPort) != "":
-			p.coordinator = net.JoinHostPort(getenv(c.coordHost), getenv(c.coordPort))
-			p.from["coordinator"] = "$" + c.coordHost + ":$" + c.coordPort
 		}
+	}
+	if host, port, err := net.SplitHostPort(p.coordinator); err == nil && host == "" && getenv("MASTER_ADDR") != "" {
+		p.coordinator = net.JoinHostPort(getenv("MASTER_ADDR"), port)
+		p.from["coordinator"] += " on $MASTER_ADDR"
 	}
 	if p.from["local-ranks"] == "" {
 		p.localRanks = 1
@@ -100,7 +102,7 @@ func (p placement) check() error {
 	}
 	switch {
 	case p.coordinator == "":
-		return usageError("no coordinator address: set --coordinator, $COHORT_COORDINATOR, or $MASTER_ADDR and $MASTER_PORT")
+		return usageError("no coordinator address: set --coordinator or $COHORT_COORDINATOR (:PORT takes the host from $MASTER_ADDR; torchrun's MASTER_PORT is its rendezvous's, not cohort's)")
 	case p.from["rank"] == "":
 		return usageError("no rank: set --rank, or run under a launcher that sets one ($COHORT_RANK, $RANK, $SLURM_PROCID, $JOB_COMPLETION_INDEX)")
 	case p.from["world"] == "":

@@ -35,7 +35,9 @@ Under a launcher the flags may be left out: the rank, world size, ranks on
 this host and the coordinator's address come from the variables it sets,
 tried in this order after the flags:
   cohort      COHORT_RANK, COHORT_WORLD, COHORT_LOCAL_RANKS, COHORT_COORDINATOR
-  torchrun    RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR + MASTER_PORT
+  torchrun    RANK, WORLD_SIZE, LOCAL_WORLD_SIZE (a --coordinator or
+              $COHORT_COORDINATOR of ":PORT" takes its host from MASTER_ADDR;
+              MASTER_PORT is torchrun's rendezvous, never the coordinator)
   Slurm srun  SLURM_PROCID, SLURM_NTASKS, SLURM_NTASKS_PER_NODE
   Kubernetes  JOB_COMPLETION_INDEX (an Indexed Job's pod index)
 
