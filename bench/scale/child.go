@@ -15,6 +15,7 @@ import (
 	"github.com/cohortdl/cohort/core/config"
 	"github.com/cohortdl/cohort/core/coordinator"
 	"github.com/cohortdl/cohort/core/wire"
+	"github.com/cohortdl/cohort/shared/plugin"
 )
 
 // childEnv makes this binary the coordinator child: its value is the
@@ -99,7 +100,7 @@ func coordinate(spec string) error {
 	rep := &childReport{Events: map[string]*eventStat{}}
 	var heartbeats []float64
 	timer := func(what string, d time.Duration) {
-		ms := float64(d) / float64(time.Millisecond)
+		ms := plugin.Milliseconds(d)
 		if what == "Heartbeat" {
 			heartbeats = append(heartbeats, ms)
 		}

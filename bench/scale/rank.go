@@ -13,6 +13,7 @@ import (
 
 	"github.com/cohortdl/cohort/core/wire"
 	"github.com/cohortdl/cohort/core/wire/wirepb"
+	"github.com/cohortdl/cohort/shared/plugin"
 )
 
 // rankSpec is what every simulated rank of a run shares.
@@ -329,14 +330,14 @@ func (s *simRank) train(ctx context.Context, send func(proto.Message) error, p *
 		done += n
 		batches++
 		*steps++
-		err := send(&wirepb.Batch{Rank: s.id, Epoch: p.GetEpoch(), BatchMs: float64(s.spec.batchTime) / 1e6, Samples: uint32(n),
+		err := send(&wirepb.Batch{Rank: s.id, Epoch: p.GetEpoch(), BatchMs: plugin.Milliseconds(s.spec.batchTime), Samples: uint32(n),
 			StepCount: *steps, BatchLoss: 0.5, PartitionOffset: p.GetPartitionOffset(), PartitionSize: size})
 		if err != nil {
 			return err
 		}
 	}
 	return send(&wirepb.Metrics{Rank: s.id, Epoch: p.GetEpoch(), AvgLoss: 0.5, Batches: batches, Samples: size,
-		EpochMs: float64(time.Since(start)) / 1e6, PartitionOffset: p.GetPartitionOffset(), PartitionSize: size})
+		EpochMs: plugin.Milliseconds(time.Since(start)), PartitionOffset: p.GetPartitionOffset(), PartitionSize: size})
 }
 
 // sync plays one round: a NewSession received since the last round

@@ -7,6 +7,8 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/cohortdl/cohort/shared/plugin"
 )
 
 // recorder gathers what the simulated ranks see, on the harness's clock.
@@ -111,7 +113,7 @@ func (r *recorder) roundMS() []float64 {
 	var out []float64
 	for k, end := range r.done {
 		if start, ok := r.issued[k]; ok {
-			out = append(out, float64(end.Sub(start))/float64(time.Millisecond))
+			out = append(out, plugin.Milliseconds(end.Sub(start)))
 		}
 	}
 	return out

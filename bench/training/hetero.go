@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/cohortdl/cohort/core/coordinator/record"
+	"github.com/cohortdl/cohort/shared/plugin"
 )
 
 // Goals of part 3.
@@ -107,7 +108,7 @@ func (h *harness) hetero() (*heteroReport, error) {
 	rep.AsyncWaitPass = rep.AsyncWaitShare < goalAsyncWait
 	rep.BatchMS = round3(mean(batchMS))
 	delay := time.Duration((o.slowFactor - 1) * rep.BatchMS * float64(time.Millisecond)).Round(100 * time.Microsecond)
-	rep.SlowDelayMS = round3(float64(delay) / float64(time.Millisecond))
+	rep.SlowDelayMS = round3(plugin.Milliseconds(delay))
 
 	fmt.Printf("one slow rank: %d ranks, rank %d sleeps %.1f ms per batch (%.1f ms measured: about 1/%g of the others' speed), %d epochs, target %.1f%%, seeds 1..%d\n",
 		o.ranks, rep.SlowRank, rep.SlowDelayMS, rep.BatchMS, o.slowFactor, o.targetEpochs, 100*o.target, o.heteroSeeds)

@@ -8,6 +8,7 @@ import (
 	"github.com/cohortdl/cohort/core/coordinator/dispatch"
 	"github.com/cohortdl/cohort/core/coordinator/membership"
 	"github.com/cohortdl/cohort/core/wire/wirepb"
+	"github.com/cohortdl/cohort/shared/plugin"
 )
 
 // round is an averaging round in flight.
@@ -145,7 +146,7 @@ func (r *runner) checkRound() {
 func (r *runner) completeRound(rd *round) {
 	r.round = nil
 	took := time.Since(rd.issued)
-	ms := float64(took) / float64(time.Millisecond)
+	ms := plugin.Milliseconds(took)
 	acks := map[uint32]*wirepb.SyncAck{}
 	for id, ack := range rd.acks {
 		if r.ranks.Status(id) == membership.Live {

@@ -6,6 +6,7 @@ import (
 
 	"github.com/cohortdl/cohort/core/config"
 	"github.com/cohortdl/cohort/core/wire/wirepb"
+	"github.com/cohortdl/cohort/shared/plugin"
 )
 
 // asyncAhead is how many async chunks a rank holds: the one it trains and
@@ -162,7 +163,7 @@ func (d *Dispatcher) CloseWindow() (waits map[uint32]time.Duration, ok bool) {
 			waits[id] = now.Sub(q.lastMetrics)
 		}
 	}
-	d.lastWindowMS = float64(now.Sub(d.win.opened)) / float64(time.Millisecond)
+	d.lastWindowMS = plugin.Milliseconds(now.Sub(d.win.opened))
 	d.win = nil
 	return waits, true
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/cohortdl/cohort/core/coordinator/dispatch"
 	"github.com/cohortdl/cohort/core/wire/wirepb"
+	"github.com/cohortdl/cohort/shared/plugin"
 )
 
 // EpochProgress is the running aggregate of an epoch in progress.
@@ -64,7 +65,7 @@ func (a *epochAgg) rank(r uint32) *rankAgg {
 }
 
 func (a *epochAgg) addWait(r uint32, d time.Duration) {
-	ms := float64(d) / float64(time.Millisecond)
+	ms := plugin.Milliseconds(d)
 	if ms < 0 {
 		ms = 0
 	}
@@ -186,7 +187,7 @@ func (r *Recorder) Unclosed(t dispatch.Trained) {
 // closes windows at the round (else each rank's time in the round beyond
 // the fastest's is its wait at the sync).
 func (r *Recorder) Round(num, epoch uint64, took time.Duration, acks map[uint32]*wirepb.SyncAck, initial, windowed bool) {
-	ms := float64(took) / float64(time.Millisecond)
+	ms := plugin.Milliseconds(took)
 	var bytes float64
 	minMS := math.Inf(1)
 	for _, ack := range acks {
