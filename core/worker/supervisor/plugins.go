@@ -129,23 +129,28 @@ type inProcess struct {
 }
 
 func (p *inProcess) StartTrainer(ctx context.Context, _ string) (plugin.Trainer, error) {
-	if p.trainer == nil {
-		return nil, errors.New("in-process plugins: no trainer given")
+	if err := p.start(ctx, p.trainer != nil, &p.startedT, "trainer"); err != nil {
+		return nil, err
 	}
-	p.mu.Lock()
-	p.startedT = true
-	p.mu.Unlock()
-	return p.trainer, ctx.Err()
+	return p.trainer, nil
 }
 
 func (p *inProcess) StartAverager(ctx context.Context, _ string) (plugin.Averager, error) {
-	if p.averager == nil {
-		return nil, errors.New("in-process plugins: no averager given")
+	if err := p.start(ctx, p.averager != nil, &p.startedA, "averager"); err != nil {
+		return nil, err
+	}
+	return p.averager, nil
+}
+
+// start marks a plugin of kind started, when one was given.
+func (p *inProcess) start(ctx context.Context, given bool, started *bool, kind string) error {
+	if !given {
+		return fmt.Errorf("in-process plugins: no %s given", kind)
 	}
 	p.mu.Lock()
-	p.startedA = true
+	*started = true
 	p.mu.Unlock()
-	return p.averager, ctx.Err()
+	return ctx.Err()
 }
 
 // StopAll shuts down what was started, averager first (the reverse of the

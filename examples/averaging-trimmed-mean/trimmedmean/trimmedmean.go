@@ -25,6 +25,10 @@
 // tensors stay local. A layout with bf16 or f16 tensors is refused at
 // Configure rather than left unaveraged, which would let the ranks drift
 // apart unnoticed.
+//
+// Like every example it is written against the SDK alone, so its
+// constructor and Describe stand alike to the other plugins' and share no
+// code with them.
 package trimmedmean
 
 import (

@@ -15,6 +15,11 @@
 // parameters, the velocity and the counters; a replacement restores the
 // velocity and the counters and leaves the arena, which holds newer
 // parameters than the checkpoint's, as it is.
+//
+// It is written as a vendor writes a plugin, against the SDK alone: its
+// contract methods, settings checks and checkpoint reads stand alike to
+// those of shared/plugintest's mock trainer and of trainer-libtorch, which
+// serve the same contract, and share no code with them on purpose.
 package softmax
 
 import (
