@@ -42,6 +42,14 @@
 // goes to the supervisor's Recover, which replaces it and reports the plan
 // lost.
 //
+// Life of a Sync: link.Read hands the frame to the bridge (bridge.go),
+// which queues it; mainLoop pops it and handle (loop.go) calls round
+// (round.go), which applies a pending session, has the supervisor's
+// trainer Publish, the averager Average and the trainer Adopt, and sends
+// the SyncAck through the link. A plugin lost on the way goes to the
+// supervisor's Recover; a peer's death reaches the round through the
+// watchdog (membership.go).
+//
 // Neighbours: core/worker/link (the control link) and core/wire/wirepb
 // (its frames), core/worker/supervisor (the plugins), core/pluginhost
 // (plugin processes), shared/plugin (the contracts the plugins serve),
