@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/binary"
 	"math"
 	"path/filepath"
 	"slices"
@@ -84,4 +85,66 @@ func trainOnce(ctx context.Context, t *testing.T, tr plugin.Trainer, setup plugi
 	}
 	p := plugin.Plan{PartitionSize: uint64(setup.BatchSize), Seed: 1, PickSpace: setup.Samples}
 	return tr.Train(ctx, p, func(plugin.BatchReport) error { return nil })
+}
+
+// Buffers live in the arena too, of their own dtypes (batch norm's f32
+// statistics and its i64 step counter, an f64 parameter), and a weight
+// that was not contiguous becomes a view of its entry: training moves
+// every one of them in the arena itself, with no Publish.
+func TestBuffersAndOtherDTypesInTheArena(t *testing.T) {
+	file, err := filepath.Abs("testdata/buffers.py")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr, err := conformance.TrainerBinary(buildPlugin(t))(conformance.Testing(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	setup, err := tr.Configure(ctx, plugin.TrainerConfig{WorldSize: 1, LocalRanks: 1, Seed: 5, Settings: settings(t, map[string]any{"file": file})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]struct {
+		dtype arena.DType
+		role  arena.Role
+		shape []int64
+	}{
+		"w": {arena.F32, arena.Parameter, []int64{8, 4}}, "shift": {arena.F64, arena.Parameter, []int64{4}},
+		"norm.weight": {arena.F32, arena.Parameter, []int64{8}}, "norm.running_mean": {arena.F32, arena.Buffer, []int64{8}},
+		"norm.num_batches_tracked": {arena.I64, arena.Buffer, []int64{}},
+	}
+	for name, w := range want {
+		i := setup.Layout.Index(name)
+		if i < 0 {
+			t.Fatalf("the layout has no %q: %+v", name, setup.Layout.Entries)
+		}
+		e := setup.Layout.Entries[i]
+		if e.DType != w.dtype || e.Role != w.role || !slices.Equal(e.Shape, w.shape) {
+			t.Errorf("%q: %v %v %v, want %v %v %v", name, e.DType, e.Role, e.Shape, w.dtype, w.role, w.shape)
+		}
+	}
+	a, err := arena.Create(t.TempDir(), "pytorch-test", setup.Layout)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Remove()
+	if zc, err := tr.Attach(ctx, a.Descriptor()); err != nil || !zc {
+		t.Fatalf("Attach: zero copy %v, %v", zc, err)
+	}
+	before := slices.Clone(a.Bytes())
+	if err := tr.Train(ctx, plugin.Plan{PartitionSize: 48, Seed: 5, PickSpace: setup.Samples}, func(plugin.BatchReport) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	for name := range want {
+		e := setup.Layout.Entries[setup.Layout.Index(name)]
+		if slices.Equal(before[e.Offset:e.Offset+e.Bytes], a.Bytes()[e.Offset:e.Offset+e.Bytes]) {
+			t.Errorf("three steps left %q as it was in the arena: not trained in place", name)
+		}
+	}
+	e := setup.Layout.Entries[setup.Layout.Index("norm.num_batches_tracked")]
+	if n := binary.LittleEndian.Uint64(a.Bytes()[e.Offset:]); n != 3 {
+		t.Errorf("the arena's num_batches_tracked is %d after 3 batches, want 3", n)
+	}
 }

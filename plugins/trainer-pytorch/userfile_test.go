@@ -24,6 +24,7 @@ func TestUserFileErrors(t *testing.T) {
 		{"misfit.py", false, []string{"misfit.py:19", "does not fit the targets", "(2, 3)", "labels 3 to 4"}},
 		{"nan.py", true, []string{"nan.py:19", "returned nan at batch 0 of epoch 0"}},
 		{"absent.py", false, []string{"absent.py: no such file"}},
+		{"bytebuffer.py", false, []string{"bytebuffer.py", "buffer 'mask' is torch.uint8", "the arena holds float32, float64, bfloat16, float16, int64 and int32"}},
 	}
 	for _, c := range cases {
 		t.Run(c.file, func(t *testing.T) {

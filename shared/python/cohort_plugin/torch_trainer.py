@@ -280,18 +280,17 @@ class TorchTrainer:
         # The model's output must fit the targets: one step's forward and
         # loss on two samples, before any rank starts training.
         x, y = _gather(train, [0, min(1, n - 1)])
-        with torch.no_grad():
-            out = user_call(o, "the model's forward", model, x)
-            try:
-                loss = self.loss_fn(out, y)
-            except Exception as e:  # noqa: BLE001 - the user's loss may raise anything
-                shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-                raise UserError("%s: the model's output does not fit the targets: on two training samples it "
-                                "returned %s for targets %s (%s), and loss(output, target) raised %s: %s" % (
-                                    where_defined(self.loss_fn, o), shape, tuple(y.shape),
-                                    _target_summary(y), type(e).__name__, e)) from e
-        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
-            raise UserError("%s: loss(output, target) must return a scalar tensor, got %r" % (o, loss))
+        # The probe leaves no trace: buffers (batch norm's statistics) and
+        # the RNG (dropout) are as the model built them.
+        buffers = [(b, b.detach().clone()) for b in model.buffers()]
+        rng = torch.get_rng_state()
+        try:
+            self._probe(model, x, y, o)
+        finally:
+            with torch.no_grad():
+                for b, saved in buffers:
+                    b.copy_(saved)
+            torch.set_rng_state(rng)
         self.model, self.train_data, self.eval_data = model, train, evals
         self.batch_size, self.eval_batch_size = bs, s.get("eval_batch_size") or 1000
         params = [p for p in model.parameters() if p.requires_grad]
@@ -306,6 +305,21 @@ class TorchTrainer:
         self.mapping = None
         return {"entries": self.entries, "size": self.size, "samples": n,
                 "eval_samples": _dataset_len(evals) if evals is not None else 0, "batch_size": bs}
+
+    def _probe(self, model, x, y, o):
+        """One forward and loss on two samples: the output must fit the targets."""
+        with torch.no_grad():
+            out = user_call(o, "the model's forward", model, x)
+            try:
+                loss = self.loss_fn(out, y)
+            except Exception as e:  # noqa: BLE001 - the user's loss may raise anything
+                shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+                raise UserError("%s: the model's output does not fit the targets: on two training samples it "
+                                "returned %s for targets %s (%s), and loss(output, target) raised %s: %s" % (
+                                    where_defined(self.loss_fn, o), shape, tuple(y.shape),
+                                    _target_summary(y), type(e).__name__, e)) from e
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+            raise UserError("%s: loss(output, target) must return a scalar tensor, got %r" % (o, loss))
 
     def _layout(self, model):
         """Every parameter, then every buffer, as arena entries."""
