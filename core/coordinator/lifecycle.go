@@ -23,7 +23,7 @@ func (r *runner) startTraining() {
 	r.rep.Resumed(m.Rounds, slices.Clone(m.Finished))
 	r.epoch = m.Epoch
 	if m.Epoch >= uint64(r.cfg.Run.Epochs) {
-		r.log.Info("the checkpoint holds a finished run; shutting down", "epoch", m.Epoch)
+		r.log.Info("the checkpoint holds a finished run; shutting down", "epochs", m.Epoch)
 		r.disp.Resume(dispatch.Resumed{Epoch: m.Epoch, GlobalStep: m.GlobalStep}, nil) // nothing left
 		r.rep.StartEpoch(m.Epoch, record.EpochProgress{})
 		r.shutdown()
@@ -33,7 +33,7 @@ func (r *runner) startTraining() {
 	r.rep.StartEpoch(m.Epoch, m.Partial)
 	r.disp.RestoreController(m.Controller, m.ControllerWindow)
 	r.snap = r.progressNow()
-	r.log.Info("resumed", "checkpoint", r.c.resume, "epoch", m.Epoch, "samples_left", r.disp.Remaining(),
+	r.log.Info("resumed", "checkpoint", r.c.resume, "epoch", m.Epoch+1, "samples_left", r.disp.Remaining(),
 		"same_partitions", same)
 }
 
@@ -44,7 +44,7 @@ func (r *runner) startEpoch(e uint64) {
 	r.rep.StartEpoch(e, record.EpochProgress{})
 	r.phase = phTraining
 	r.snap = r.progressNow()
-	r.log.Info("epoch started", "epoch", e, "samples", r.pickSpace, "ranks", len(r.ranks.Live()))
+	r.log.Info("epoch started", "epoch", e+1, "samples", r.pickSpace, "ranks", len(r.ranks.Live()))
 }
 
 // endEpoch runs after the epoch's last round: the eval role's election,
@@ -56,13 +56,13 @@ func (r *runner) endEpoch() {
 	r.role.Elect(r.epoch)
 	switch live := r.ranks.Live(); {
 	case !evaluates(r.cfg, r.epoch):
-		r.log.Debug("no evaluation: coordinator.eval_every skips this epoch", "epoch", r.epoch, "eval_every", r.cfg.Coordinator.EvalEvery)
+		r.log.Debug("no evaluation: coordinator.eval_every skips this epoch", "epoch", r.epoch+1, "eval_every", r.cfg.Coordinator.EvalEvery)
 		r.closeEpoch()
 		return
 	case len(live) > 0 && r.ranks.ReadyOf(live[0]).GetEvalSamples() == 0:
 		// The trainers hold no test split (every rank loads the same data):
 		// asking would only fail.
-		r.log.Debug("no evaluation: the trainer has no test split", "epoch", r.epoch)
+		r.log.Debug("no evaluation: the trainer has no test split", "epoch", r.epoch+1)
 		r.closeEpoch()
 		return
 	}
@@ -83,7 +83,7 @@ func (r *runner) onEvalResult(id uint32, m *wirepb.EvalResult) {
 		return
 	}
 	if e := m.GetError(); e != "" {
-		r.log.Warn("evaluation failed", "rank", id, "epoch", r.epoch, "error", e)
+		r.log.Warn("evaluation failed", "rank", id, "epoch", r.epoch+1, "error", e)
 	} else {
 		r.rep.Evaluated(m)
 	}

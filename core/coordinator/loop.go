@@ -352,7 +352,7 @@ func (r *runner) onMessage(id uint32, msg proto.Message) {
 	case *wirepb.SessionIdGenerated:
 		r.sessions.OnID(id, m)
 	case *wirepb.EpochFnElapsed:
-		r.log.Debug("epoch callback ran", "rank", id, "epoch", m.GetEpoch(), "ms", m.GetElapsedMs())
+		r.log.Debug("epoch callback ran", "rank", id, "epoch", m.GetEpoch()+1, "ms", m.GetElapsedMs())
 	case *wirepb.ResourceSample:
 		r.rep.Resources(id, m)
 	case *wirepb.Exiting:

@@ -57,7 +57,7 @@ func (r *runner) depart(id uint32, event, reason string, status membership.Statu
 	r.rep.Left(id, reason)
 	ev := record.MembershipEvent{Rank: id, Event: event, Epoch: r.epoch + 1, Reason: reason, Time: time.Now()}
 	r.log.Warn("rank removed from the cohort", "rank", id, "event", event, "reason", reason,
-		"epoch", r.epoch, "phase", r.phase.String())
+		"epoch", r.epoch+1, "phase", r.phase.String())
 	r.emit(Progress{Kind: ProgressMembership, Event: &ev})
 	r.rep.Member(ev)
 	r.meet.Dead(id, reason)

@@ -61,7 +61,12 @@ func TestDeadRankRedistributed(t *testing.T) {
 			}
 			ev := sum.MembershipEvents[0]
 			if ev.Rank != 2 || ev.Event != "dead" || ev.Epoch != 1 || ev.Reason != tc.reason {
-				t.Errorf("event %+v, want rank 2 dead in epoch 0: %q", ev, tc.reason)
+				t.Errorf("event %+v, want rank 2 dead in epoch 1: %q", ev, tc.reason)
+			}
+			// One numbering of epochs: the log says what the summary does,
+			// and counts from 1 as it does.
+			if !h.logHas("rank removed from the cohort", "rank=2", "epoch=1") || !h.logHas("epoch started", "epoch=1") || h.logHas("epoch=0") {
+				t.Errorf("the coordinator's log numbers epochs unlike the summary (from 1):\n%s", h.logs.String())
 			}
 			if r := sum.Ranks[2]; r.State != record.RankDead || r.Reason != tc.reason {
 				t.Errorf("rank 2 summary %+v", r)

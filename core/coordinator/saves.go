@@ -20,7 +20,7 @@ func (r *runner) beginCheckpoint() {
 	live := r.ranks.Live()
 	w, err := r.c.ckpts.Begin(live, r.snap, checkpoint.ReasonCheckpoint)
 	if err != nil {
-		r.log.Error("checkpoint skipped", "epoch", r.epoch, "error", err)
+		r.log.Error("checkpoint skipped", "epoch", r.epoch+1, "error", err)
 		r.nextEpoch()
 		return
 	}

@@ -138,7 +138,7 @@ func (w *worker) handle(ctx context.Context, c command) (exit, clean bool, err e
 		}
 	case *wirepb.ExtendPartition:
 		w.plans.extend(m, planShape{seed: w.admit.GetSeed(), pickSpace: w.sup.Setup().Samples})
-		w.log.Info("partition extended", "epoch", m.GetEpoch(), "offset", m.GetPartitionOffset(), "size", m.GetPartitionSize())
+		w.log.Info("partition extended", "epoch", m.GetEpoch()+1, "offset", m.GetPartitionOffset(), "size", m.GetPartitionSize())
 	case *wirepb.EpochEnd:
 		if m.GetTargetRank() == w.o.Rank {
 			err = w.epochEnd(ctx, m.GetEpoch())
@@ -192,11 +192,11 @@ func (w *worker) runNextPlan(ctx context.Context) error {
 	st.warnDropped(w.log, p)
 	if err != nil {
 		if w.stopCtx.Err() != nil {
-			w.log.Info("plan interrupted", "epoch", p.Epoch, "batches_done", st.batches, "reason", context.Cause(w.stopCtx))
+			w.log.Info("plan interrupted", "epoch", p.Epoch+1, "batches_done", st.batches, "reason", context.Cause(w.stopCtx))
 			return nil
 		}
 		if lost, rerr := w.sup.Recover(ctx, pluginhost.Trainer, err, &p); lost {
-			w.log.Warn("plan lost with the trainer", "epoch", p.Epoch, "offset", p.PartitionOffset, "size", p.PartitionSize, "batches_done", st.batches)
+			w.log.Warn("plan lost with the trainer", "epoch", p.Epoch+1, "offset", p.PartitionOffset, "size", p.PartitionSize, "batches_done", st.batches)
 			return rerr
 		}
 		return fmt.Errorf("train epoch %d, plan [%d, +%d): %w", p.Epoch, p.PartitionOffset, p.PartitionSize, err)
@@ -219,7 +219,7 @@ func (w *worker) fireEpochFn(ctx context.Context, epoch uint64) error {
 	}
 	start := time.Now()
 	if err := w.o.EpochFn(ctx, epoch); err != nil {
-		w.log.Warn("epoch callback failed", "epoch", epoch, "error", err)
+		w.log.Warn("epoch callback failed", "epoch", epoch+1, "error", err)
 	}
 	return w.send(ctx, &wirepb.EpochFnElapsed{Rank: w.o.Rank, Epoch: epoch, ElapsedMs: plugin.Milliseconds(time.Since(start))})
 }
@@ -253,12 +253,12 @@ func (w *worker) epochEnd(ctx context.Context, epoch uint64) error {
 		}
 		// User code failing at an epoch's end costs the run nothing it has
 		// trained: say so and go on, as a failed evaluation does.
-		w.log.Warn("the trainer's end-of-epoch code failed", "epoch", epoch, "error", err)
+		w.log.Warn("the trainer's end-of-epoch code failed", "epoch", epoch+1, "error", err)
 		return nil
 	}
 	if !ran {
 		return nil
 	}
-	w.log.Debug("end-of-epoch code ran", "epoch", epoch, "ms", plugin.Milliseconds(time.Since(start)))
+	w.log.Debug("end-of-epoch code ran", "epoch", epoch+1, "ms", plugin.Milliseconds(time.Since(start)))
 	return w.send(ctx, &wirepb.EpochFnElapsed{Rank: w.o.Rank, Epoch: epoch, ElapsedMs: plugin.Milliseconds(time.Since(start))})
 }

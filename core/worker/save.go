@@ -61,7 +61,7 @@ func (w *worker) evaluate(ctx context.Context, m *wirepb.Evaluate) error {
 	})
 	res := &wirepb.EvalResult{Rank: w.o.Rank, ScheduleId: m.GetScheduleId(), Epoch: m.GetEpoch(), ElapsedMs: plugin.Milliseconds(time.Since(start))}
 	if err != nil {
-		w.log.Error("evaluation failed", "epoch", m.GetEpoch(), "error", err)
+		w.log.Error("evaluation failed", "epoch", m.GetEpoch()+1, "error", err)
 		res.Loss, res.Error = math.NaN(), err.Error()
 	} else {
 		res.Loss, res.Accuracy, res.Samples = r.Loss, r.Accuracy, r.Samples

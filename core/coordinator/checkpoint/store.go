@@ -281,7 +281,7 @@ func (w *Writer) Resolve(wt *Wait, t Totals) (path string) {
 		return ""
 	}
 	w.last = path
-	w.log.Info("checkpoint complete", "path", path, "epoch", m.Epoch, "reason", wt.reason)
+	w.log.Info("checkpoint complete", "path", path, "resumes_at_epoch", m.Epoch+1, "reason", wt.reason)
 	if err := w.store.prune(w.keep); err != nil {
 		// The new checkpoint is complete: a resume has what it needs.
 		w.log.Warn("removing old checkpoints failed", "keep", w.keep, "error", err)

@@ -120,7 +120,7 @@ func (r *Role) move(epoch uint64, to uint32, why string, detail ...any) {
 	from := r.role
 	r.role = to
 	r.noteRole(epoch+1, why)
-	r.log.Info("eval role moved", append([]any{"from", from, "to", to, "why", why, "epoch", epoch}, detail...)...)
+	r.log.Info("eval role moved", append([]any{"from", from, "to", to, "why", why, "epoch", epoch + 1}, detail...)...)
 	r.roster.Broadcast(&wirepb.SetEpochCallbackRole{Rank: to})
 }
 

@@ -268,7 +268,7 @@ func (r *Recorder) EndEpoch() EpochSummary {
 		s.Ranks = append(s.Ranks, er)
 	}
 	r.finished = append(r.finished, s)
-	r.log.Info("epoch finished", "epoch", a.epoch, "loss", s.Loss, "seconds", s.Seconds,
+	r.log.Info("epoch finished", "epoch", a.epoch+1, "loss", s.Loss, "seconds", s.Seconds,
 		"samples", s.Samples, "rounds", s.Rounds, "wait_at_sync_ms", s.WaitAtSyncMS)
 	return s
 }

@@ -279,7 +279,11 @@ func (s *Supervisor) AbortRound(ctx context.Context, reason string, inFlight boo
 	actx, done := context.WithTimeout(ctx, AbortTimeout)
 	err := avg.Abort(actx, reason)
 	done()
-	if err != nil {
+	switch {
+	case err != nil && ctx.Err() != nil:
+		// The worker is tearing down: an abort it cut short is expected.
+		s.log.Debug("averager abort ended by the teardown", "error", err)
+	case err != nil:
 		s.log.Warn("averager abort failed", "error", err)
 	}
 	if errors.Is(err, context.DeadlineExceeded) && s.replaceable() {

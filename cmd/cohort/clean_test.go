@@ -1,0 +1,70 @@
+package main
+
+import (
+	"io/fs"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+)
+
+// alarm is a log line at WARN or ERROR, as hclog writes it.
+var alarm = regexp.MustCompile(`\[(ERROR|WARN)\]`)
+
+// A clean run raises no alarm: its console (stdout and stderr) and every
+// log in OUT/logs hold no [ERROR] or [WARN] line, the averaging-cpu
+// reduce server's goodbyes and the workers' teardown included; and every
+// file it writes has one mode, an os.Create'd file's.
+func TestCleanRunRaisesNoAlarm(t *testing.T) {
+	buildPlugin(t, "averaging-cpu")
+	cfg := writeRunConfigAveraging(t, "coordinator {\n  sync_every = 4\n}", map[string]any{"samples": 1024, "batch_size": 16}, `averager "cpu" {}`)
+	out := filepath.Join(t.TempDir(), "run")
+	p := startCohort(t, "run", "--config", cfg, "--ranks", "4", "--epochs", "3", "--out", out)
+	if code := p.wait(120 * time.Second); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	texts := map[string]string{"stdout": p.output(), "stderr": p.stderrText()}
+	logs, _ := filepath.Glob(filepath.Join(out, LogsDir, "*.log"))
+	if len(logs) != 5 {
+		t.Fatalf("logs %v, want the coordinator's and 4 ranks'", logs)
+	}
+	for _, l := range logs {
+		b, err := os.ReadFile(l)
+		if err != nil {
+			t.Fatal(err)
+		}
+		texts[filepath.Base(l)] = string(b)
+	}
+	for name, text := range texts {
+		for _, line := range strings.Split(text, "\n") {
+			if alarm.MatchString(line) {
+				t.Errorf("%s: %s", name, line)
+			}
+		}
+	}
+
+	probe := filepath.Join(t.TempDir(), "probe")
+	f, err := os.Create(probe)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	st, _ := os.Stat(probe)
+	want := st.Mode().Perm()
+	n := 0
+	filepath.WalkDir(out, func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		n++
+		if info, err := d.Info(); err == nil && info.Mode().Perm() != want {
+			t.Errorf("%s: mode %v, want %v as every file of the run", path, info.Mode().Perm(), want)
+		}
+		return nil
+	})
+	if n < 10 {
+		t.Errorf("%d files under %s: the run wrote less than expected", n, out)
+	}
+}
