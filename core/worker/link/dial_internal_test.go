@@ -1,8 +1,15 @@
 package link
 
 import (
+	"context"
+	"errors"
+	"net"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/hashicorp/go-hclog"
 )
 
 // Pauses double from 250 ms to at most 5 s, and the jitter only shortens
@@ -26,5 +33,20 @@ func TestRetryPause(t *testing.T) {
 		if got := retryPause(c.attempt, c.rnd); got != c.want {
 			t.Errorf("retryPause(%d, %v) = %v, want %v", c.attempt, c.rnd, got, c.want)
 		}
+	}
+}
+
+// A coordinator that refuses every attempt is reported as refusing, not
+// as whatever the deadline cut short last.
+func TestDialReportsTheLastRealError(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close() // nothing listens there now: every dial is refused
+	_, err = Dial(context.Background(), Config{Coordinator: addr, ConnectTimeout: 400 * time.Millisecond, Logger: hclog.NewNullLogger()})
+	if err == nil || !errors.Is(err, syscall.ECONNREFUSED) || !strings.Contains(err.Error(), "gave up after 400ms") {
+		t.Fatalf("error %v, want connection refused after the connect timeout", err)
 	}
 }

@@ -94,6 +94,14 @@ func Dial(ctx context.Context, c Config) (*Link, error) {
 	var nc net.Conn
 	start := time.Now()
 	var lastSaid time.Time
+	// lastErr is the last attempt's own failure: one that the deadline cut
+	// short says only that time ran out (a name lookup's "i/o timeout"),
+	// which would hide why every attempt before it failed.
+	var lastErr error
+	giveUp := func(attempts int) error {
+		return fmt.Errorf("connect to coordinator %s: gave up after %v and %s (worker.connect_timeout); the last attempt: %w",
+			c.Coordinator, c.ConnectTimeout, plural(attempts, "attempt"), lastErr)
+	}
 	for attempt := 1; ; attempt++ {
 		var err error
 		nc, err = d.DialContext(dctx, "tcp", c.Coordinator)
@@ -103,9 +111,11 @@ func Dial(ctx context.Context, c Config) (*Link, error) {
 		if ctx.Err() != nil {
 			return nil, fmt.Errorf("connect to coordinator %s: %w", c.Coordinator, ctx.Err())
 		}
+		if dctx.Err() == nil || lastErr == nil {
+			lastErr = err
+		}
 		if dctx.Err() != nil {
-			return nil, fmt.Errorf("connect to coordinator %s: gave up after %v and %d attempts (worker.connect_timeout): %w",
-				c.Coordinator, c.ConnectTimeout, attempt, err)
+			return nil, giveUp(attempt)
 		}
 		pause := retryPause(attempt, rand.Float64())
 		if time.Since(lastSaid) >= 10*time.Second {
@@ -118,6 +128,9 @@ func Dial(ctx context.Context, c Config) (*Link, error) {
 		case <-t.C:
 		case <-dctx.Done():
 			t.Stop()
+			if ctx.Err() == nil {
+				return nil, giveUp(attempt)
+			}
 		}
 	}
 	conn, err := wire.ClientHandshake(ctx, nc, c.Keys, wire.Hello{Rank: c.Rank, World: c.World}, opts...)
@@ -183,4 +196,12 @@ func (l *Link) Heartbeat(ctx context.Context, interval time.Duration) {
 		case <-t.C:
 		}
 	}
+}
+
+// plural is n and noun, plural unless n is 1.
+func plural(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
 }
