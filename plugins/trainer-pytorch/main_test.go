@@ -2,21 +2,47 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
+	"sync"
 	"testing"
 
 	"github.com/cohortdl/cohort/shared/plugintest/conformance"
 )
 
-// buildPlugin builds the launcher, as make build does.
+// built is the test binary's one build of the launcher.
+var built struct {
+	once sync.Once
+	dir  string
+	err  error
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if built.dir != "" {
+		os.RemoveAll(built.dir)
+	}
+	os.Exit(code)
+}
+
+// buildPlugin builds the launcher, as make build does, once.
 func buildPlugin(t *testing.T) string {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), "cohort-trainer-pytorch")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("build the plugin: %v\n%s", err, out)
+	built.once.Do(func() {
+		if built.dir, built.err = os.MkdirTemp("", "trainer-pytorch-test-"); built.err != nil {
+			return
+		}
+		bin := filepath.Join(built.dir, "cohort-trainer-pytorch")
+		if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+			built.err = fmt.Errorf("build the plugin: %w\n%s", err, out)
+		}
+	})
+	if built.err != nil {
+		t.Fatal(built.err)
 	}
-	return bin
+	return filepath.Join(built.dir, "cohort-trainer-pytorch")
 }
 
 func settings(t *testing.T, kv map[string]any) []byte {

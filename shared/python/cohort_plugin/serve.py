@@ -21,6 +21,7 @@ import signal
 import sys
 import tempfile
 import threading
+import time
 
 import grpc
 
@@ -107,7 +108,7 @@ def _die_with_parent(log):
 
     def watch():
         while True:
-            threading.Event().wait(0.3)
+            time.sleep(0.3)
             if os.getppid() != ppid:
                 log.warning("host process is gone; exiting", extra={"kv": {"parent_pid": ppid}})
                 os._exit(1)
