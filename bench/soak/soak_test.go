@@ -45,13 +45,13 @@ func TestName(t *testing.T) {
 	}
 }
 
-// readPSS reads a live process's figure and refuses one that is gone.
-func TestReadPSS(t *testing.T) {
-	kb, err := readPSS(os.Getpid())
-	if err != nil || kb <= 0 {
-		t.Fatalf("this process: %d kB, %v", kb, err)
+// readRollup reads a live process's figures and refuses one that is gone.
+func TestReadRollup(t *testing.T) {
+	m, err := readRollup(os.Getpid())
+	if err != nil || m["Pss"] <= 0 || m["Pss_Anon"] <= 0 || m["Pss_Anon"] > m["Pss"] {
+		t.Fatalf("this process: %v, %v", m, err)
 	}
-	if _, err := readPSS(1 << 30); err == nil {
+	if _, err := readRollup(1 << 30); err == nil {
 		t.Fatal("a pid that does not exist reads without an error")
 	}
 }
