@@ -162,6 +162,56 @@ func TestStopKillsAfterGrace(t *testing.T) {
 	}
 }
 
+// A plugin killed under the host leaves its unix socket, which it would
+// have removed on its way out; Stop removes it, for a plugin replaced
+// after a crash and for one found dead at teardown alike.
+func TestStopRemovesAKilledPluginsSocket(t *testing.T) {
+	trainerBin, averagerBin := plugintest.BuildPlugins(t)
+	dir := t.TempDir()
+	for _, bin := range []string{trainerBin, averagerBin} {
+		if err := os.Symlink(bin, filepath.Join(dir, filepath.Base(bin))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tmp := t.TempDir()
+	h := pluginhost.New(pluginhost.Options{Dirs: []string{dir}, Grace: 2 * time.Second, Env: []string{"GORACE=atexit_sleep_ms=0", "TMPDIR=" + tmp}})
+	ctx := context.Background()
+	_, tp, err := h.StartTrainer(ctx, plugintest.TrainerName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, ap, err := h.StartAverager(ctx, plugintest.AveragerName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sockets := func() []string {
+		m, _ := filepath.Glob(filepath.Join(tmp, "*"))
+		return m
+	}
+	if n := len(sockets()); n != 2 {
+		t.Fatalf("%d files in the plugins' TMPDIR, want their 2 sockets: %q", n, sockets())
+	}
+	for _, p := range []*pluginhost.Process{tp, ap} {
+		pid := p.Pid()
+		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		for deadline := time.Now().Add(5 * time.Second); alive(pid); time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("plugin %d outlived SIGKILL", pid)
+			}
+		}
+	}
+	h.Stop(ctx, tp) // replaced after a crash
+	if n := len(sockets()); n != 1 {
+		t.Fatalf("after the killed trainer's Stop: %q, want only the averager's socket", sockets())
+	}
+	h.StopAll(ctx) // found dead at teardown
+	if left := sockets(); len(left) > 0 {
+		t.Fatalf("left after StopAll: %q", left)
+	}
+}
+
 // A plugin logs at the host logger's level unless the environment names
 // one: its debug line at start ("serving") reaches a debug host's log and
 // not an info host's, nor a debug host's whose environment says info.
