@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -105,6 +106,11 @@ func (c *children) start(exe string, args, env []string, name string, log io.Wri
 	go func() {
 		defer c.wg.Done()
 		err := cmd.Wait()
+		// A worker killed before its teardown leaves its temporary
+		// files (its plugins' sockets); its plugins die with it.
+		if rerr := removeWorkerTemp(cmd.Process.Pid); rerr != nil {
+			fmt.Fprintf(pw, "removing the temporary files of %s: %v\n", name, rerr)
+		}
 		pw.flush()
 		c.mu.Lock()
 		ch.reaped = true

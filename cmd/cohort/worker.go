@@ -86,6 +86,12 @@ At start it removes the arenas in /dev/shm of cohort workers that are gone.`,
 		o.Withhold = []string{envSecret, envSecretFile}
 		o.PluginDirs = pluginDirs(cfg)
 
+		cleanup, err := useWorkerTemp(logger)
+		if err != nil {
+			return failed(err)
+		}
+		defer cleanup()
+
 		// Under `cohort run` Ctrl-C is the launcher's to handle.
 		sigs := []os.Signal{syscall.SIGTERM, os.Interrupt}
 		if os.Getenv(envRunChild) == "1" {
