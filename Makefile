@@ -35,7 +35,7 @@ export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 DEB_PACKAGES := protobuf-compiler g++ libtorch-dev libopenblas0-pthread python3-torch dataset-fashion-mnist chromium \
 	python3-grpcio python3-protobuf protobuf-compiler-grpc python3-build python3-setuptools python3-wheel
 
-.PHONY: all build test run proto python-sdk proto-check bench fuzz deps clean tools slurm-check multihost scale soak gpu-prep gpu-check
+.PHONY: all build test run proto python-sdk proto-check bench fuzz deps clean tools slurm-check multihost scale soak chaos gpu-prep gpu-check
 
 all: build
 
@@ -149,6 +149,12 @@ scale:
 # test`.
 soak: build
 	$(GO) run ./bench/soak -cohort $(BIN)/cohort
+
+# chaos is the seeded fault soak (docs/reliability.md): 10 minutes of mock
+# runs under a fault every 15-30 s, checked against the trainers' ledger and
+# for anything left behind; one JSON line. Not part of `make test` or CI.
+chaos: build
+	$(GO) run ./bench/chaos -bin $(BIN)
 
 # multihost runs cohort across three network namespaces on this machine
 # (root): a mock run, libtorch with averaging-cpu, and a host killed

@@ -1,0 +1,183 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/cohortdl/cohort/core/coordinator/checkpoint"
+	"github.com/cohortdl/cohort/internal/testutil/hostile"
+)
+
+// kind is one fault: apply injects it into r (whose processes are p) and
+// reports false, injecting nothing, where it does not apply now.
+type kind struct {
+	name  string
+	apply func(h *harness, r *run, p procs) bool
+}
+
+var kinds = []kind{
+	{"kill_worker", killWorker},
+	{"kill_trainer", func(h *harness, r *run, p procs) bool { return killPlugin(h, r, p.trainers, true) }},
+	{"kill_averager", func(h *harness, r *run, p procs) bool { return killPlugin(h, r, p.averagers, false) }},
+	{"stop_worker", stopWorker},
+	{"hostile", hostileBurst},
+	{"kill_coordinator", killCoordinator},
+}
+
+// inject applies the next kind of the seeded cycle that applies now.
+func (h *harness) inject(r *run, p procs) bool {
+	for range kinds {
+		if len(h.order) == 0 {
+			h.order = h.rng.Perm(len(kinds))
+		}
+		k := kinds[h.order[0]]
+		if !k.apply(h, r, p) {
+			// Try the next kind; this one waits for its turn in a
+			// later cycle.
+			h.order = append(h.order[1:], h.order[0])
+			continue
+		}
+		h.order = h.order[1:]
+		h.res.FaultsInjected++
+		h.res.Faults[k.name]++
+		fmt.Fprintf(os.Stderr, "chaos: fault %d: %s (%s)\n", h.res.FaultsInjected, k.name, r.dir)
+		return true
+	}
+	return false
+}
+
+// pick is a seeded choice among pids' ranks.
+func (h *harness) pick(pids map[uint32]int) (uint32, int) {
+	ranks := make([]uint32, 0, len(pids))
+	for r := range pids {
+		ranks = append(ranks, r)
+	}
+	slices.Sort(ranks)
+	r := ranks[h.rng.IntN(len(ranks))]
+	return r, pids[r]
+}
+
+// killWorker SIGKILLs a rank's worker while another rank lives on.
+func killWorker(h *harness, r *run, p procs) bool {
+	if len(p.workers) < 2 {
+		return false
+	}
+	_, pid := h.pick(p.workers)
+	return syscall.Kill(pid, syscall.SIGKILL) == nil
+}
+
+// stopWorker SIGSTOPs a rank's worker past the heartbeat timeout, then
+// lets it go on (if the launcher has not ended it).
+func stopWorker(h *harness, r *run, p procs) bool {
+	if len(p.workers) < 2 {
+		return false
+	}
+	_, pid := h.pick(p.workers)
+	if syscall.Kill(pid, syscall.SIGSTOP) != nil {
+		return false
+	}
+	time.Sleep(heartbeatTimeout + 1500*time.Millisecond)
+	syscall.Kill(pid, syscall.SIGCONT)
+	return true
+}
+
+// maxPluginKills keeps a rank inside its restart budget (plugin_restarts
+// = 3), so a plugin fault stays one and does not end the rank.
+const maxPluginKills = 3
+
+// killPlugin SIGKILLs a rank's trainer or averager. A killed trainer's
+// plan is handed out again, the samples it trained of it included: that
+// epoch's trainings by the rank before the kill may be trained again.
+func killPlugin(h *harness, r *run, pids map[uint32]int, trainer bool) bool {
+	live := map[uint32]int{}
+	for rank, pid := range pids {
+		if r.pluginKills[rank] < maxPluginKills {
+			live[rank] = pid
+		}
+	}
+	if len(live) == 0 {
+		return false
+	}
+	rank, pid := h.pick(live)
+	if syscall.Kill(pid, syscall.SIGKILL) != nil {
+		return false
+	}
+	r.pluginKills[rank]++
+	if trainer {
+		// The dead trainer's last writes are done once its process is
+		// gone; the ledger's size then bounds what it trained.
+		waitGone(pid, 2*time.Second)
+		to := fileSize(r.ledger)
+		if epoch, ok := lastEpochOf(r.ledger, rank, to); ok {
+			r.losts = append(r.losts, lost{cause: "trainer_killed", epoch: epoch, rank: rank, from: r.incarnationStart, to: to})
+		}
+	}
+	return true
+}
+
+func waitGone(pid int, within time.Duration) {
+	deadline := time.Now().Add(within)
+	for time.Now().Before(deadline) {
+		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil || strings.Contains(string(stat), ") Z ") {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// hostileBurst throws hostile connections at the coordinator's control
+// port, in the background (a silent one waits out the handshake timeout):
+// each must be dropped. Connections the server refused because the run
+// had ended are not counted against it.
+func hostileBurst(h *harness, r *run, _ procs) bool {
+	garbage := make([]byte, 96)
+	for i := range garbage {
+		garbage[i] = byte(h.rng.Uint32())
+	}
+	h.wg.Add(1)
+	go func() {
+		defer h.wg.Done()
+		for _, c := range hostile.Cases(garbage) {
+			err := hostile.Burst(h.ctx, r.control, c, 20, 20*time.Second)
+			if err != nil && strings.Contains(err.Error(), "kept the connection open") {
+				h.mu.Lock()
+				h.res.HostileKept++
+				h.mu.Unlock()
+				h.problem("hostile %s at %s: %v", c.Name, r.control, err)
+			}
+		}
+	}()
+	return true
+}
+
+// killCoordinator SIGKILLs `cohort run`, which holds the coordinator, once
+// a checkpoint exists, and starts `cohort run --resume` on the same out
+// directory when its workers and plugins are gone.
+func killCoordinator(h *harness, r *run, _ procs) bool {
+	if _, err := checkpoint.LastCheckpoint(fmt.Sprintf("%s/%s", r.out, checkpoint.CheckpointsDir)); err != nil {
+		return false
+	}
+	if r.cmd.Process.Signal(syscall.SIGKILL) != nil {
+		return false
+	}
+	<-r.exited
+	// Its workers end by Pdeathsig, and their plugins with them.
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		if len(r.leftProcesses()) == 0 {
+			break
+		}
+	}
+	if err := r.killed(); err != nil {
+		h.problem("after killing the coordinator in %s: %v", r.dir, err)
+		return true
+	}
+	if err := r.start(true); err != nil {
+		h.problem("resuming %s: %v", r.dir, err)
+	}
+	return true
+}

@@ -1,0 +1,369 @@
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/cohortdl/cohort/core/coordinator/checkpoint"
+	"github.com/cohortdl/cohort/core/coordinator/dispatch"
+	"github.com/cohortdl/cohort/core/coordinator/record"
+	"github.com/cohortdl/cohort/internal/testutil/proctab"
+	"github.com/cohortdl/cohort/shared/plugin"
+)
+
+// run is one logical run of cohort: an out directory, a config and a
+// ledger, trained by one `cohort run` and, after each kill of it, one
+// `cohort run --resume`.
+type run struct {
+	h                *harness
+	dir, out, cfg    string
+	ledger, tmp      string
+	control          string // the coordinator's control address
+	epochs, samples  uint64
+	seed             uint64
+	cmd              *exec.Cmd
+	exited           chan struct{}
+	mu               sync.Mutex
+	runIDs           []string
+	losts            []lost
+	pluginKills      map[uint32]int // per rank, this run
+	incarnationStart int64          // ledger offset where the current `cohort run` began
+	peakRSSKB        int64
+	output           strings.Builder // the last incarnation's stdout and stderr
+}
+
+// Settings of every run: 4 ranks of the mock plugins, checkpoints every
+// epoch, deaths noticed within 2 s, a replaced plugin up to 3 times a rank.
+const (
+	ranks            = 4
+	heartbeatTimeout = 2 * time.Second
+)
+
+func (h *harness) newRun(i int) (*run, error) {
+	dir := filepath.Join(h.dir, fmt.Sprintf("run-%03d", i))
+	r := &run{h: h, dir: dir, out: filepath.Join(dir, "out"), cfg: filepath.Join(dir, "cohort.hcl"),
+		ledger: filepath.Join(dir, "ledger"), tmp: filepath.Join(dir, "tmp"),
+		epochs: uint64(h.epochs), samples: 2048, seed: h.rng.Uint64N(1 << 30), pluginKills: map[uint32]int{}}
+	if err := os.MkdirAll(r.tmp, 0o755); err != nil {
+		return nil, err
+	}
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	r.control = "127.0.0.1:" + strconv.Itoa(port)
+	cfg := fmt.Sprintf(`run {
+  ranks  = %d
+  epochs = %d
+  seed   = %d
+}
+coordinator {
+  listen            = %q
+  http              = ""
+  heartbeat_timeout = %q
+  checkpoint_every  = 1
+  min_ranks         = 1
+  sync_every        = 4
+}
+worker {
+  liveness_timeout = "3s"
+  plugin_dir       = %q
+  plugin_lock      = ""
+  plugin_restarts  = 3
+  shutdown_grace   = "2s"
+}
+trainer "mock" {
+  samples         = %d
+  batch_size      = 16
+  sleep_per_batch = "15ms"
+  ledger          = %q
+}
+averager "mock" {
+}
+`, ranks, r.epochs, r.seed, r.control, heartbeatTimeout.String(), h.pluginDir, r.samples, r.ledger)
+	return r, os.WriteFile(r.cfg, []byte(cfg), 0o644)
+}
+
+// freePort is a loopback port free a moment ago.
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// start runs `cohort run` on r, resuming its last checkpoint when resume is
+// set. Its processes put their temporary files (the plugins' sockets) in
+// r.tmp, where the end of the run looks for any left.
+func (r *run) start(resume bool) error {
+	args := []string{"run", "--config", r.cfg, "--out", r.out}
+	if resume {
+		args = append(args, "--resume", r.out)
+	} else {
+		args = append(args, "--force")
+	}
+	r.incarnationStart = fileSize(r.ledger)
+	cmd := exec.Command(r.h.bin, args...)
+	cmd.Env = append(os.Environ(), "TMPDIR="+r.tmp)
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		return err
+	}
+	cmd.Stdout, cmd.Stderr = pw, pw
+	if err := cmd.Start(); err != nil {
+		pw.Close()
+		pr.Close()
+		return fmt.Errorf("starting cohort run: %w", err)
+	}
+	pw.Close()
+	r.cmd, r.exited = cmd, make(chan struct{})
+	r.mu.Lock()
+	r.output.Reset()
+	r.mu.Unlock()
+	go func() {
+		defer close(r.exited)
+		sc := bufio.NewScanner(pr)
+		for sc.Scan() {
+			line := sc.Text()
+			r.mu.Lock()
+			r.output.WriteString(line + "\n")
+			if id, ok := strings.CutPrefix(line, "run "); ok && strings.Contains(line, " ranks, ") {
+				r.runIDs = append(r.runIDs, strings.TrimSuffix(strings.Fields(id)[0], ":"))
+			}
+			r.mu.Unlock()
+		}
+		pr.Close()
+		cmd.Wait()
+		if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
+			r.mu.Lock()
+			r.peakRSSKB = max(r.peakRSSKB, ru.Maxrss)
+			r.mu.Unlock()
+		}
+	}()
+	return nil
+}
+
+func (r *run) tail() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	s := r.output.String()
+	return s[max(0, len(s)-2000):]
+}
+
+func fileSize(path string) int64 {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return 0
+	}
+	return fi.Size()
+}
+
+// procs are the run's processes as /proc shows them now.
+type procs struct {
+	workers   map[uint32]int // rank -> pid
+	trainers  map[uint32]int
+	averagers map[uint32]int
+}
+
+func (r *run) procs() procs {
+	p := procs{workers: map[uint32]int{}, trainers: map[uint32]int{}, averagers: map[uint32]int{}}
+	if r.cmd == nil {
+		return p
+	}
+	ps := proctab.List()
+	below := proctab.Descendants(ps, r.cmd.Process.Pid)
+	for _, w := range below {
+		if w.Zombie() || w.PPID != r.cmd.Process.Pid {
+			continue
+		}
+		rank, ok := rankArg(w.Args)
+		if !ok {
+			continue
+		}
+		p.workers[rank] = w.PID
+		for _, c := range below {
+			if c.PPID != w.PID || c.Zombie() || len(c.Args) == 0 {
+				continue
+			}
+			switch base := filepath.Base(c.Args[0]); {
+			case strings.HasPrefix(base, "cohort-trainer-"):
+				p.trainers[rank] = c.PID
+			case strings.HasPrefix(base, "cohort-averaging-"):
+				p.averagers[rank] = c.PID
+			}
+		}
+	}
+	return p
+}
+
+func rankArg(args []string) (uint32, bool) {
+	for i, a := range args {
+		if a == "--rank" && i+1 < len(args) {
+			r, err := strconv.ParseUint(args[i+1], 10, 32)
+			return uint32(r), err == nil
+		}
+	}
+	return 0, false
+}
+
+// formed reports whether every live rank runs both plugins, so a fault
+// meets a run at work rather than one still starting.
+func (p procs) formed() bool {
+	if len(p.workers) == 0 {
+		return false
+	}
+	for rank := range p.workers {
+		if p.trainers[rank] == 0 || p.averagers[rank] == 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// lastEpochOf is the epoch of rank's last training written before off.
+func lastEpochOf(ledger string, rank uint32, off int64) (uint64, bool) {
+	ts, _, err := readLedger(ledger)
+	if err != nil {
+		return 0, false
+	}
+	for i := len(ts) - 1; i >= 0; i-- {
+		if ts[i].off < off && ts[i].rank == rank {
+			return ts[i].epoch, true
+		}
+	}
+	return 0, false
+}
+
+// killed notes a coordinator kill: the checkpoint the next `cohort run
+// --resume` continues from says what it trains again. Call it once the
+// killed run's processes are gone.
+func (r *run) killed() error {
+	dir, err := checkpoint.LastCheckpoint(filepath.Join(r.out, checkpoint.CheckpointsDir))
+	if err != nil {
+		return err
+	}
+	m, err := checkpoint.ReadMeta(dir)
+	if err != nil {
+		return err
+	}
+	to := fileSize(r.ledger)
+	again := map[uint64]bool{}
+	perm := plugin.Permutation(uint64(m.Seed), m.Epoch, m.PickSpace)
+	for _, rr := range m.Remaining {
+		addRanges(again, perm, rr.Ranges, r.samples)
+	}
+	addRanges(again, perm, m.Pool, r.samples)
+	r.losts = append(r.losts, lost{cause: "coordinator_restart", epoch: m.Epoch, anyRank: true, samples: again, from: r.incarnationStart, to: to})
+	for e := m.Epoch + 1; e < r.epochs; e++ {
+		r.losts = append(r.losts, lost{cause: "coordinator_restart", epoch: e, anyRank: true, from: r.incarnationStart, to: to})
+	}
+	return nil
+}
+
+func addRanges(set map[uint64]bool, perm []uint64, rs []dispatch.Range, samples uint64) {
+	for _, rg := range rs {
+		for p := rg.Offset; p < rg.Offset+rg.Size && p < uint64(len(perm)); p++ {
+			set[perm[p]%samples] = true
+		}
+	}
+}
+
+// deaths reads the run's death records: a dead rank's work the coordinator
+// took back (Unfinished) and handed out again may have been trained by it
+// already.
+func (r *run) deaths() ([]lost, error) {
+	files, _ := filepath.Glob(filepath.Join(r.out, record.DeathsDir, "*.json"))
+	var out []lost
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return nil, err
+		}
+		var d record.DeathRecord
+		if err := json.Unmarshal(b, &d); err != nil {
+			return nil, fmt.Errorf("%s: %w", f, err)
+		}
+		if d.Epoch == 0 {
+			continue // before training began
+		}
+		epoch := d.Epoch - 1
+		again := map[uint64]bool{}
+		addRanges(again, plugin.Permutation(r.seed, epoch, r.samples), d.Unfinished, r.samples)
+		out = append(out, lost{cause: "rank_death", epoch: epoch, rank: d.Rank, samples: again, from: 0, to: 1 << 62})
+	}
+	return out, nil
+}
+
+// settle waits up to within for the run's processes to be gone and then
+// says what is left: processes of the harness's binaries, arenas of the
+// run's ids in /dev/shm, files in the run's TMPDIR (the plugins' sockets).
+func (r *run) settle(within time.Duration) (left []string) {
+	deadline := time.Now().Add(within)
+	for {
+		left = r.leftBehind()
+		if len(left) == 0 || time.Now().After(deadline) {
+			return left
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// leftProcesses lists the live processes running one of the harness's
+// binaries.
+func (r *run) leftProcesses() []string {
+	var left []string
+	for _, p := range proctab.List() {
+		if !p.Zombie() && len(p.Args) > 0 && strings.HasPrefix(p.Args[0], r.h.binDir+"/") {
+			left = append(left, fmt.Sprintf("process %d: %s", p.PID, strings.Join(p.Args, " ")))
+		}
+	}
+	return left
+}
+
+func (r *run) leftBehind() []string {
+	left := r.leftProcesses()
+	r.mu.Lock()
+	ids := append([]string(nil), r.runIDs...)
+	r.mu.Unlock()
+	for _, id := range ids {
+		m, _ := filepath.Glob(filepath.Join("/dev/shm", "cohort-"+id+"-*"))
+		for _, a := range m {
+			left = append(left, "arena "+a)
+		}
+	}
+	ents, _ := os.ReadDir(r.tmp)
+	for _, e := range ents {
+		left = append(left, "file "+filepath.Join(r.tmp, e.Name()))
+	}
+	return left
+}
+
+// completed checks the run's summary: completed, every epoch counted in
+// full.
+func (r *run) completed() error {
+	s, err := record.ReadSummary(filepath.Join(r.out, record.SummaryFile))
+	if err != nil {
+		return err
+	}
+	if s.Status != record.StatusCompleted || uint64(len(s.Epochs)) != r.epochs {
+		return fmt.Errorf("summary: status %s with %d epochs, want completed with %d", s.Status, len(s.Epochs), r.epochs)
+	}
+	for _, e := range s.Epochs {
+		if e.Samples != r.samples {
+			return fmt.Errorf("summary: epoch %d counts %d samples, want %d", e.Epoch, e.Samples, r.samples)
+		}
+	}
+	return nil
+}
