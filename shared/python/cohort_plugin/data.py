@@ -31,8 +31,7 @@ def load_idx(path):
     if len(body) != n:
         raise ValueError("%s: header says %d data bytes, the file holds %d%s" % (
             path, n, len(body), " or more" if len(body) > n else ""))
-    t = torch.frombuffer(bytearray(body), dtype=torch.uint8) if hasattr(torch, "frombuffer") else \
-        torch.tensor(list(body), dtype=torch.uint8)
+    t = torch.frombuffer(bytearray(body), dtype=torch.uint8)
     if dtype != torch.uint8:
         # IDX is big-endian; the tensor's bytes are read in host order.
         t = t.view(-1, size).flip(1).contiguous().view(dtype) if struct.pack("=H", 1) == b"\1\0" else t.view(dtype)

@@ -20,7 +20,7 @@ import torch
 
 from . import arena
 from .plan import Picker
-from .service import LOAD_REPLACEMENT, SettingSpec
+from .service import LOAD_REPLACEMENT, SettingSpec, Trainer
 
 # torch dtype -> arena dtype; anything else is refused at Configure.
 _ARENA_DTYPES = {
@@ -69,18 +69,6 @@ def where_defined(fn, origin):
     if code is not None and origin and os.path.abspath(code.co_filename) == origin:
         return "%s:%d" % (code.co_filename, code.co_firstlineno)
     return origin
-
-
-def frombuffer(buf, dtype, count, offset):
-    """A tensor viewing count elements of buf at offset (torch.frombuffer,
-    from PyTorch 1.10 on; older ones go through NumPy)."""
-    if hasattr(torch, "frombuffer"):
-        return torch.frombuffer(buf, dtype=dtype, count=count, offset=offset)
-    import numpy as np  # noqa: PLC0415 - only before torch.frombuffer
-    if dtype == torch.bfloat16:
-        raise TypeError("bf16 parameters need PyTorch 1.10 or later")
-    np_dtype = torch.empty(0, dtype=dtype).numpy().dtype
-    return torch.from_numpy(np.frombuffer(buf, dtype=np_dtype, count=count, offset=offset))
 
 
 def _write_atomic(path, write):
@@ -199,7 +187,7 @@ def _check_tensors(name, ds, origin):
         raise UserError("%s: %s data has %d feature rows but %d targets" % (origin, name, ds[0].shape[0], ds[1].shape[0]))
 
 
-class TorchTrainer:
+class TorchTrainer(Trainer):
     """A trainer (service.Trainer) over user Parts.
 
     load(settings_dict) -> Parts reads the plugin's own keys (extra_settings)
@@ -352,8 +340,10 @@ class TorchTrainer:
         self.views = []
         zero_copy = True
         for e, t in zip(self.entries, self.tensors):
-            v = frombuffer(self.mapping.buf, t.dtype, e.elements(), e.offset).view(t.shape) if e.nbytes else \
-                torch.empty(t.shape, dtype=t.dtype)
+            if e.nbytes:
+                v = torch.frombuffer(self.mapping.buf, dtype=t.dtype, count=e.elements(), offset=e.offset).view(t.shape)
+            else:  # frombuffer refuses an empty view
+                v = torch.empty(t.shape, dtype=t.dtype)
             with torch.no_grad():
                 v.copy_(t.detach())
             self.views.append(v)
@@ -536,10 +526,7 @@ class TorchTrainer:
         if not isinstance(meta, dict) or meta.get("format") != CHECKPOINT_FORMAT:
             raise ValueError("checkpoint %s: not a cohort PyTorch trainer's checkpoint" % mpath)
         # Tensors only: nothing in the file can run code as it loads.
-        try:
-            tensors = torch.load(tpath, map_location="cpu", weights_only=True)
-        except TypeError:  # a PyTorch before weights_only
-            tensors = torch.load(tpath, map_location="cpu")
+        tensors = torch.load(tpath, map_location="cpu", weights_only=True)
         state = _decode(meta, tensors, mpath)
         if not isinstance(state, dict) or not {"params", "optimizer", "step_count"} <= set(state):
             raise ValueError("checkpoint %s: incomplete" % mpath)
