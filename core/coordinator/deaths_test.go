@@ -18,10 +18,11 @@ import (
 // OUT/deaths/rank-<N>.json: why and when, what it had trained, the work
 // taken back from it and the survivors that got it. Rank 2 owns [64, 96)
 // of each epoch in plans of 16 samples, batches of 8: three batches in, it
-// holds [88, 96) of its second plan untrained. A rank that leaves with
-// Exiting leaves no record.
+// has trained [80, 88) of its second plan since the round that averaged
+// its first, which dies with it, and holds [88, 96) untrained: all of
+// [80, 96) is taken back. A rank that leaves with Exiting leaves no record.
 func TestDeathRecord(t *testing.T) {
-	untrained := []dispatch.Range{{Offset: 88, Size: 8}}
+	untrained := []dispatch.Range{{Offset: 80, Size: 16}}
 	cases := []struct {
 		name     string
 		script   rankScript
@@ -35,13 +36,13 @@ func TestDeathRecord(t *testing.T) {
 			name:   "link breaks mid-plan",
 			script: rankScript{msPerBatch: 5 * time.Millisecond, dieAfterBatches: 3},
 			reason: "link closed without Exiting",
-			handed: []dispatch.Handoff{{Rank: 0, Range: dispatch.Range{Offset: 88, Size: 4}}, {Rank: 1, Range: dispatch.Range{Offset: 92, Size: 4}}},
+			handed: []dispatch.Handoff{{Rank: 0, Range: dispatch.Range{Offset: 80, Size: 8}}, {Rank: 1, Range: dispatch.Range{Offset: 88, Size: 8}}},
 		},
 		{
 			name:   "falls silent mid-plan",
 			script: rankScript{msPerBatch: 5 * time.Millisecond, silentAfterBatches: 3},
 			reason: "silent for 1s (heartbeat timeout)",
-			handed: []dispatch.Handoff{{Rank: 0, Range: dispatch.Range{Offset: 88, Size: 4}}, {Rank: 1, Range: dispatch.Range{Offset: 92, Size: 4}}},
+			handed: []dispatch.Handoff{{Rank: 0, Range: dispatch.Range{Offset: 80, Size: 8}}, {Rank: 1, Range: dispatch.Range{Offset: 88, Size: 8}}},
 		},
 		{
 			name:     "below min_ranks",

@@ -35,34 +35,59 @@ import (
 // ledger records trained permutation positions per epoch, from every rank.
 type ledger struct {
 	mu   sync.Mutex
-	seen map[uint64]map[uint64][]uint32 // epoch -> position -> ranks that trained it
+	seen map[uint64]map[uint64][]training // epoch -> position -> its trainings
 }
 
-func newLedger() *ledger { return &ledger{seen: map[uint64]map[uint64][]uint32{}} }
+// training is one rank's training of a position, after it had completed
+// rounds averaging rounds.
+type training struct {
+	f      *fakeRank
+	rounds int
+}
 
-func (l *ledger) add(rank uint32, epoch, from, n uint64) {
+func newLedger() *ledger { return &ledger{seen: map[uint64]map[uint64][]training{}} }
+
+func (l *ledger) add(f *fakeRank, rounds int, epoch, from, n uint64) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	m := l.seen[epoch]
 	if m == nil {
-		m = map[uint64][]uint32{}
+		m = map[uint64][]training{}
 		l.seen[epoch] = m
 	}
 	for p := from; p < from+n; p++ {
-		m[p] = append(m[p], rank)
+		m[p] = append(m[p], training{f, rounds})
 	}
 }
 
+// lostWithRank reports whether tr died with its rank: the rank left the
+// run without a clean exit, and trained it after the last round it
+// completed, so no round carried it into the cohort's model.
+func lostWithRank(tr training) bool {
+	tr.f.mu.Lock()
+	defer tr.f.mu.Unlock()
+	return !tr.f.exitedOK && tr.rounds >= tr.f.roundsDone
+}
+
 // checkExactlyOnce fails t unless every position of every epoch below
-// epochs was trained exactly once.
+// epochs is in the cohort's model exactly once: trained once, not
+// counting trainings lost with their rank, which must have been trained
+// again.
 func (l *ledger) checkExactlyOnce(t *testing.T, epochs, pickSpace uint64) {
 	t.Helper()
 	l.checkEpochs(t, 0, epochs, pickSpace)
 }
 
-// checkEpochs fails t unless every position of epochs from..to-1 was
-// trained exactly once, and nothing of any other epoch was trained.
+// checkEpochs is checkExactlyOnce for epochs from..to-1; nothing of any
+// other epoch may have been trained.
 func (l *ledger) checkEpochs(t *testing.T, from, to, pickSpace uint64) {
+	t.Helper()
+	l.checkHeld(t, from, to, pickSpace, lostWithRank)
+}
+
+// checkHeld is checkEpochs with lost saying which trainings the cohort's
+// model does not hold.
+func (l *ledger) checkHeld(t *testing.T, from, to, pickSpace uint64, lost func(training) bool) {
 	t.Helper()
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -75,7 +100,13 @@ func (l *ledger) checkEpochs(t *testing.T, from, to, pickSpace uint64) {
 		m := l.seen[e]
 		var missing, twice []uint64
 		for p := range pickSpace {
-			switch n := len(m[p]); {
+			n := 0
+			for _, tr := range m[p] {
+				if !lost(tr) {
+					n++
+				}
+			}
+			switch {
 			case n == 0:
 				missing = append(missing, p)
 			case n > 1:
@@ -83,7 +114,7 @@ func (l *ledger) checkEpochs(t *testing.T, from, to, pickSpace uint64) {
 			}
 		}
 		if len(missing) > 0 || len(twice) > 0 || uint64(len(m)) != pickSpace {
-			t.Errorf("epoch %d: %d positions never trained (first %v), %d trained more than once (first %v), %d distinct of %d",
+			t.Errorf("epoch %d: %d positions not held (first %v), %d held more than once (first %v), %d distinct of %d",
 				e, len(missing), head(missing), len(twice), head(twice), len(m), pickSpace)
 		}
 	}
@@ -447,7 +478,10 @@ func (f *fakeRank) play(ctx context.Context) error {
 				return ctx.Err()
 			default:
 			}
-			f.h.ledger.add(f.id, epoch, off+done, n)
+			f.mu.Lock()
+			rounds := f.roundsDone
+			f.mu.Unlock()
+			f.h.ledger.add(f, rounds, epoch, off+done, n)
 			done += n
 			nb++
 			batches++

@@ -345,6 +345,9 @@ func (r *runner) onMessage(id uint32, msg proto.Message) {
 		r.onSyncAck(id, m)
 	case *wirepb.SnapshotReady:
 		r.log.Trace("snapshot ready", "rank", id, "round", m.GetRound())
+		if rd := r.round; rd != nil && rd.num == m.GetRound() && rd.waiting[id] && rd.mode == wirepb.SyncMode_SYNC_MODE_AVERAGE {
+			r.disp.Published(id)
+		}
 	case *wirepb.EvalResult:
 		r.onEvalResult(id, m)
 	case *wirepb.CheckpointResult:

@@ -61,13 +61,15 @@ func (r *runner) depart(id uint32, event, reason string, status membership.Statu
 	r.emit(Progress{Kind: ProgressMembership, Event: &ev})
 	r.rep.Member(ev)
 	r.meet.Dead(id, reason)
-	// Its work back: the part of each open plan no Batch report covers,
-	// then its undispatched partition. The part reports cover counts as
-	// trained.
-	unfinished, trained := r.disp.Forfeit(id)
+	// Its work back: what it trained since the last round that averaged
+	// its work (its model alone held it), the part of each open plan no
+	// Batch report covers, then its undispatched partition. Only what a
+	// round took from it counts as trained.
+	unfinished, trained, lost := r.disp.Forfeit(id)
 	for _, t := range trained {
 		r.rep.Unclosed(t)
 	}
+	r.rep.Lost(id, lost)
 	survivors := r.ranks.Live()
 	var death *record.DeathRecord
 	if status == membership.Dead {

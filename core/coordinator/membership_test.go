@@ -18,9 +18,9 @@ import (
 
 // A rank lost mid-epoch (its link breaks, or it falls silent past the
 // heartbeat timeout) is declared dead to the survivors, the group is
-// re-formed without it, and its unfinished samples are handed out with
-// ExtendPartition so every sample of the epoch is still trained exactly
-// once.
+// re-formed without it, and its unfinished samples (those it trained since
+// the last round included) are handed out with ExtendPartition, so the
+// cohort's model still holds every sample of the epoch exactly once.
 func TestDeadRankRedistributed(t *testing.T) {
 	cases := []struct {
 		name   string
@@ -87,10 +87,11 @@ func TestDeadRankRedistributed(t *testing.T) {
 					extended += e.GetPartitionSize()
 				}
 			}
-			// Rank 2 trained 3 batches of 8 of its 32: the other 8 of its
-			// first window's chunk and its 16 undispatched go to the others.
-			if extended != 32-3*8 {
-				t.Errorf("ExtendPartition covered %d samples, want %d", extended, 32-3*8)
+			// Rank 2 trained 3 batches of 8 of its 32, two of them averaged
+			// in round 1: the third, which died with it, and the rest of
+			// its second plan go to the others.
+			if extended != 32-2*8 {
+				t.Errorf("ExtendPartition covered %d samples, want %d", extended, 32-2*8)
 			}
 			if n := len(messagesOf[*wirepb.RequestSessionId](ranks[0])); n != 1 {
 				t.Errorf("rank 0 (lowest survivor) got %d RequestSessionId, want 1", n)
@@ -277,10 +278,10 @@ func TestSessionRequestRetried(t *testing.T) {
 	}
 }
 
-// The summary counts every trained sample of an epoch once, whatever died
-// when: batches a rank reported from a plan it never finished were trained
-// (they are not handed out again), so they count though no Metrics closes
-// that plan.
+// The summary counts every sample of an epoch once, whatever died when:
+// batches a dead rank reported that a round averaged count though no
+// Metrics closes their plan; the ones that died with it count only when a
+// survivor trains them again.
 func TestEpochSummaryCountsADeadRanksTrainedBatches(t *testing.T) {
 	cases := []struct {
 		name   string

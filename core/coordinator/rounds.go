@@ -64,7 +64,7 @@ func (r *runner) issueRound(mode wirepb.SyncMode, root uint32, initial bool) {
 	}
 	overlap := r.policy == config.PolicyAsync && r.cfg.Coordinator.AsyncOverlap && mode == wirepb.SyncMode_SYNC_MODE_AVERAGE && !initial
 	rd.overlap = overlap
-	r.disp.RoundIssued(live)
+	r.disp.RoundIssued(live, mode == wirepb.SyncMode_SYNC_MODE_AVERAGE)
 	for _, id := range live {
 		rd.waiting[id] = true
 		msg := &wirepb.Sync{Round: rd.num, Mode: mode, Root: root, Overlap: overlap}
@@ -161,6 +161,7 @@ func (r *runner) completeRound(rd *round) {
 			return
 		}
 	} else {
+		r.disp.Consensus(r.ranks.Live())
 		r.disp.RoundDone(rd.num, r.epoch+1, ms, divergences(rd, r.ranks.Live()), rd.mode == wirepb.SyncMode_SYNC_MODE_AVERAGE)
 		if rd.snap != nil {
 			// The work as of the round's issue (the plans it carried are

@@ -101,8 +101,13 @@ func (r *runner) settleCkpt(w *checkpoint.Wait) {
 	}
 }
 
-// resolveCkpt commits w if any rank saved into it, else removes it.
+// resolveCkpt commits w if any rank saved into it, else removes it. A
+// ShutdownWithSave's ranks saved their models as they stood, which for the
+// resumed run's root holds what it trained since the last round.
 func (r *runner) resolveCkpt(w *checkpoint.Wait) {
+	if root, ok := w.Root(); ok && w == r.save {
+		w.Holds(root, r.disp.Held(root))
+	}
 	path := r.c.ckpts.Resolve(w, checkpoint.Totals{
 		PickSpace: r.pickSpace, BatchSize: r.batch, Rounds: r.rep.RoundsTotal(), GlobalStep: r.disp.GlobalStep(),
 		Finished: r.rep.Finished(), Cadence: r.disp.CadenceState(),

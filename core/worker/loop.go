@@ -185,7 +185,7 @@ func (w *worker) runNextPlan(ctx context.Context) error {
 	})
 	w.training = false
 	elapsed := time.Since(start)
-	if ferr := reports.flush(); err == nil && ferr != nil {
+	if ferr := reports.flush(ctx); err == nil && ferr != nil {
 		err = ferr
 	}
 	w.prof.planDone(elapsed, st)

@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"time"
@@ -8,6 +9,7 @@ import (
 	"github.com/cohortdl/cohort/core/wire/wirepb"
 	"github.com/cohortdl/cohort/shared/plugin"
 	"github.com/hashicorp/go-hclog"
+	"google.golang.org/protobuf/proto"
 )
 
 // batchMerger turns a plan's batch reports into Batch frames. This is the
@@ -45,23 +47,27 @@ func (m *batchMerger) add(b plugin.BatchReport) error {
 	if m.reportEvery > 0 && time.Since(m.lastSent) < m.reportEvery {
 		return nil
 	}
-	return m.flush()
+	return m.flush(m.w.stopCtx)
 }
 
-// flush sends the frame being built, if any.
-func (m *batchMerger) flush() error {
-	f := m.merged
-	if f == nil {
+// flush sends the frame being built, if any. A frame ctx stopped is kept
+// for the next flush: the plan's last flush, under the run's context,
+// sends it, so the coordinator learns of every batch the model holds
+// before a stop's save.
+func (m *batchMerger) flush(ctx context.Context) error {
+	if m.merged == nil {
 		return nil
 	}
-	m.merged, m.lastSent = nil, time.Now()
+	f := proto.Clone(m.merged).(*wirepb.Batch)
 	if f.Batches > 1 {
 		f.BatchLoss /= float64(f.Batches)
 	}
-	if m.w.divergence != nil {
-		f.SyncDivergence, m.w.divergence = m.w.divergence, nil
+	f.SyncDivergence = m.w.divergence
+	if err := m.w.send(ctx, f); err != nil {
+		return err
 	}
-	return m.w.send(m.w.stopCtx, f)
+	m.merged, m.lastSent, m.w.divergence = nil, time.Now(), nil
+	return nil
 }
 
 // planStats sums one plan's batch reports for its Metrics.

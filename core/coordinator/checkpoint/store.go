@@ -4,8 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -256,6 +258,42 @@ func (w *Writer) Result(wt *Wait, rank uint32, errText string) bool {
 		wt.saved = append(wt.saved, rank)
 	}
 	return true
+}
+
+// Root is the rank whose saved model a run resumed from wt starts from:
+// the lowest that saved (its rank 0 loads that rank's directory, and round
+// 0 gives every rank its parameters). ok is false while none has saved.
+func (wt *Wait) Root() (rank uint32, ok bool) {
+	if len(wt.saved) == 0 {
+		return 0, false
+	}
+	return slices.Min(wt.saved), true
+}
+
+// Holds records that the root's saved model holds, beyond wt's progress,
+// what root trained since: a ShutdownWithSave taken between rounds. Those
+// samples leave the remaining work and count in the epoch's figures, so
+// a resumed run trains each sample once.
+func (wt *Wait) Holds(root uint32, spans []dispatch.Span) {
+	p := &wt.progress
+	spans = slices.DeleteFunc(slices.Clone(spans), func(s dispatch.Span) bool { return s.Epoch != p.Epoch })
+	if len(spans) == 0 {
+		return
+	}
+	p.Snapshot = p.Snapshot.Without(dispatch.Ranges(spans))
+	ranks := maps.Clone(p.Partial.Ranks)
+	if ranks == nil {
+		ranks = map[uint32]record.RankShare{}
+	}
+	sh := ranks[root]
+	for _, s := range spans {
+		p.Partial.Samples += s.Size
+		p.Partial.Batches += s.Batches
+		sh.Samples += s.Size
+		sh.Batches += s.Batches
+	}
+	ranks[root] = sh
+	p.Partial.Ranks = ranks
 }
 
 // Abandon removes a checkpoint that will not complete.

@@ -76,6 +76,9 @@ type queue struct {
 	lastMetrics time.Time
 	// batchMS is a moving average of the rank's reported batch times.
 	batchMS float64
+	// unaveraged and published: see unaveraged.go.
+	unaveraged []Span
+	published  int
 }
 
 // New is the dispatcher of a run of cfg; the controller's decisions are
@@ -124,6 +127,10 @@ func (d *Dispatcher) shared() bool { return d.policy != config.PolicySync }
 // StartEpoch splits epoch e over the live ranks.
 func (d *Dispatcher) StartEpoch(e uint64, live []uint32) {
 	d.epoch = e
+	// The last epoch ended with a round: its work is in the consensus.
+	for i := range d.queues {
+		d.queues[i].unaveraged, d.queues[i].published = nil, 0
+	}
 	d.work = newEpochWork(e, d.pickSpace, live, d.shared())
 }
 

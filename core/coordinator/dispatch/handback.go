@@ -20,11 +20,15 @@ func (p *Plan) trained() Trained {
 		LossSum: p.lossSum, LossBatches: p.lossBatches}
 }
 
-// Forfeit takes a departing rank's work back: the part of each open plan
-// no Batch report covers, then its undispatched partition. The part
-// reports cover counts as trained: one Trained per open plan, in order.
-// The rank is out of the cadence's timing and of the open window.
-func (d *Dispatcher) Forfeit(rank uint32) (unfinished []Range, trained []Trained) {
+// Forfeit takes a departing rank's work back: what it trained of the epoch
+// since the last round that averaged its work (lost, which its model
+// alone held), the part of each open plan no Batch report covers, then
+// its undispatched partition; unfinished lists them all, in that order,
+// neighbours joined. What the reports of its open plans cover is
+// returned as trained (one Trained per open plan, in order), lost
+// included: a caller counting figures adds the one and takes away the
+// other. The rank is out of the cadence's timing and of the open window.
+func (d *Dispatcher) Forfeit(rank uint32) (unfinished []Range, trained []Trained, lost []Span) {
 	if d.cad != nil {
 		d.cad.forget(rank)
 	}
@@ -32,6 +36,9 @@ func (d *Dispatcher) Forfeit(rank uint32) (unfinished []Range, trained []Trained
 		delete(d.win.ranks, rank)
 	}
 	q := &d.queues[rank]
+	lost = d.Held(rank)
+	unfinished = Ranges(lost)
+	q.unaveraged, q.published = nil, 0
 	for _, p := range q.outstanding {
 		trained = append(trained, p.trained())
 		if u := p.unfinished(); u.Size > 0 {
@@ -43,7 +50,7 @@ func (d *Dispatcher) Forfeit(rank uint32) (unfinished []Range, trained []Trained
 	if d.work != nil {
 		unfinished = append(unfinished, d.work.forfeit(rank)...)
 	}
-	return unfinished, trained
+	return joinRanges(unfinished), trained, lost
 }
 
 // TakeBack takes back the plan of epoch at [offset, +size) that rank's

@@ -201,7 +201,9 @@ func (d *Dispatcher) Batch(rank uint32, m *wirepb.Batch, live []uint32, inRound 
 	n := uint64(m.GetSamples())
 	batches := uint64(max(m.GetBatches(), 1))
 	if p := q.reportedPlan(m); p != nil {
-		p.reported += min(n, p.rng.Size-p.reported)
+		add := min(n, p.rng.Size-p.reported)
+		q.noteTrained(p, p.reported, add, batches)
+		p.reported += add
 		p.reportedBatches += batches
 		if l := m.GetBatchLoss(); finite(l) {
 			p.lossSum += l * float64(batches)

@@ -9,12 +9,16 @@ import (
 
 // RoundIssued notes a round's Sync going out to the live ranks: it
 // releases the throttled ones, and what each has trained so far is what
-// the round averages.
-func (d *Dispatcher) RoundIssued(live []uint32) {
+// the round averages (average), or what it already averaged in the round
+// a broadcast re-runs.
+func (d *Dispatcher) RoundIssued(live []uint32, average bool) {
 	for _, id := range live {
 		q := &d.queues[id]
 		q.throttled = false // the Sync releases it
 		q.since = q.sinceRound
+		if average {
+			q.published = len(q.unaveraged)
+		}
 	}
 }
 
@@ -143,7 +147,10 @@ func (d *Dispatcher) CadenceState() *CadenceState {
 
 // Settle counts everything rank trained as averaged: a solo rank's
 // batches, which no round averages.
-func (d *Dispatcher) Settle(rank uint32) { d.queues[rank].sinceRound = 0 }
+func (d *Dispatcher) Settle(rank uint32) {
+	q := &d.queues[rank]
+	q.sinceRound, q.unaveraged, q.published = 0, nil, 0
+}
 
 // ControllerState is the controller's state as of now, for a checkpoint.
 func (d *Dispatcher) ControllerState() ControllerState { return d.ctl.state() }

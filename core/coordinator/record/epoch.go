@@ -22,6 +22,15 @@ type EpochProgress struct {
 	// Scalars are the trainer scalars' sums so far, the earlier part's
 	// included.
 	Scalars map[string]ScalarSum `json:"scalars,omitempty"`
+	// Ranks are each rank's share of Samples and Batches, so a resumed
+	// epoch's shares still add up to its count.
+	Ranks map[uint32]RankShare `json:"ranks,omitempty"`
+}
+
+// RankShare is one rank's part of an epoch's figures.
+type RankShare struct {
+	Samples uint64 `json:"samples"`
+	Batches uint64 `json:"batches"`
 }
 
 // epochAgg accumulates one epoch's figures.
@@ -81,6 +90,10 @@ func (a *epochAgg) addWait(r uint32, d time.Duration) {
 func (r *Recorder) StartEpoch(e uint64, prior EpochProgress) {
 	a := &epochAgg{epoch: e, started: time.Now(), prior: prior, perRank: map[uint32]*rankAgg{}}
 	a.scalars.add(prior.Scalars)
+	for id, sh := range prior.Ranks {
+		ra := a.rank(id)
+		ra.samples, ra.batches = sh.Samples, sh.Batches
+	}
 	r.agg = a
 }
 
@@ -98,7 +111,17 @@ func (r *Recorder) Partial() EpochProgress {
 		LossBatches: a.prior.LossBatches + a.lossBatches,
 		Seconds:     a.prior.Seconds + time.Since(a.started).Seconds(),
 		Scalars:     maps.Clone(a.scalars.sums),
+		Ranks:       a.shares(),
 	}
+}
+
+// shares is each rank's share so far, the earlier part's included.
+func (a *epochAgg) shares() map[uint32]RankShare {
+	out := make(map[uint32]RankShare, len(a.perRank))
+	for id, ra := range a.perRank {
+		out[id] = RankShare{Samples: ra.samples, Batches: ra.batches}
+	}
+	return out
 }
 
 // Handed notes a plan handed to rank: a window (or async chunk) in which
@@ -179,6 +202,27 @@ func (r *Recorder) Unclosed(t dispatch.Trained) {
 	r.agg.batches += t.Batches
 	r.agg.lossSum += t.LossSum
 	r.agg.lossBatches += t.LossBatches
+}
+
+// Lost takes out of the epoch's figures, and out of rank's share, what
+// the departed rank trained that no averaging round took from it: those
+// samples are handed out again, and count when trained again. Unclosed
+// must have counted the rank's open plans first.
+func (r *Recorder) Lost(rank uint32, spans []dispatch.Span) {
+	if r.agg == nil {
+		return
+	}
+	ra := r.agg.rank(rank)
+	for _, s := range spans {
+		if s.Epoch != r.agg.epoch {
+			continue
+		}
+		r.agg.samples -= min(s.Size, r.agg.samples)
+		r.agg.batches -= min(s.Batches, r.agg.batches)
+		r.agg.trained -= min(s.Size, r.agg.trained)
+		ra.samples -= min(s.Size, ra.samples)
+		ra.batches -= min(s.Batches, ra.batches)
+	}
 }
 
 // Round records a completed averaging round: num, of epoch (from 1), took
