@@ -73,17 +73,27 @@ function line(svg, series) {
   if (!pts.length) return;
   let [x0, x1, y0, y1] = [Infinity, -Infinity, Infinity, -Infinity];
   for (const [x, y] of pts) { x0 = Math.min(x0, x); x1 = Math.max(x1, x); y0 = Math.min(y0, y); y1 = Math.max(y1, y); }
-  if (x1 === x0) x1 = x0 + 1;
-  if (y1 === y0) { const pad = Math.abs(y0) * 0.1 || 0.5; y1 += pad; y0 -= pad; }
+  // The x labels name the data's first and last x, where they are drawn.
+  const xs = [x0, x1];
+  if (x1 === x0) { x0 -= 0.5; x1 += 0.5; }
+  // A flat series (float noise included: 0.1 and 0.1000000001) gets a
+  // span of its own, so the noise is not stretched into swings.
+  const mag = Math.max(Math.abs(y0), Math.abs(y1));
+  if (y1 - y0 <= mag * 1e-6) { const mid = (y0 + y1) / 2, pad = mag * 0.1 || 0.5; y0 = mid - pad; y1 = mid + pad; }
+  else { const pad = (y1 - y0) * 0.05; y0 -= pad; y1 += pad; } // points off the frame's edges
   const sx = (x) => L + ((x - x0) / (x1 - x0)) * (W - L - R);
   const sy = (y) => H - B - ((y - y0) / (y1 - y0)) * (H - B - T);
-  el("text", { x: 2, y: T + 8 }, y1.toPrecision(3));
-  el("text", { x: 2, y: H - B }, y0.toPrecision(3));
-  el("text", { x: L, y: H - 4 }, String(x0));
-  el("text", { x: W - R - 30, y: H - 4 }, String(x1));
+  // As many digits as the two y labels need to differ.
+  let digits = 3;
+  while (digits < 12 && y1.toPrecision(digits) === y0.toPrecision(digits)) digits++;
+  el("text", { x: 2, y: T + 8 }, y1.toPrecision(digits));
+  el("text", { x: 2, y: H - B }, y0.toPrecision(digits));
+  for (const x of new Set(xs)) el("text", { x: Math.min(sx(x), W - R - 30), y: H - 4 }, String(x));
   for (const s of series) {
     if (!s.points.length) continue;
     el("polyline", { class: s.cls, "data-points": s.points.length, points: s.points.map(([x, y]) => sx(x).toFixed(1) + "," + sy(y).toFixed(1)).join(" ") });
+    // A line through one point draws nothing: mark it.
+    if (s.points.length === 1) el("circle", { class: s.cls, r: 3, cx: sx(s.points[0][0]).toFixed(1), cy: sy(s.points[0][1]).toFixed(1) });
   }
 }
 
@@ -122,6 +132,13 @@ function scalars(s) {
   }
 }
 
+// showList shows a list that has items, else its "none" line: an empty
+// list is never an item of itself.
+function showList(ol, none) {
+  ol.hidden = !ol.children.length;
+  none.hidden = !ol.hidden;
+}
+
 function decisions(s) {
   const c = s.controller || {};
   $("interval").textContent = c.interval ? c.interval + (c.adaptive ? " (adaptive)" : "") : "–";
@@ -139,7 +156,7 @@ function decisions(s) {
     li.textContent = text;
     ol.appendChild(li);
   }
-  if (!ol.children.length) ol.innerHTML = '<li class="none">no decision</li>';
+  showList(ol, $("decisions-none"));
 }
 
 function timeline(s) {
@@ -151,7 +168,7 @@ function timeline(s) {
     li.textContent = new Date(m.time).toLocaleTimeString() + " rank " + m.rank + " " + m.event + " in epoch " + m.epoch + ": " + m.reason;
     ol.appendChild(li);
   }
-  if (!ol.children.length) ol.innerHTML = '<li class="none">no change</li>';
+  showList(ol, $("timeline-none"));
 }
 
 function render(s) {
