@@ -951,6 +951,57 @@ func TestMergedBatchReports(t *testing.T) {
 	}
 }
 
+// TestStopSendsMergedReports: a save that interrupts a plan whose reports
+// merge still hears of the batches trained before it: their frame reaches
+// the coordinator before the CheckpointResult, so the checkpoint knows what
+// the saved model holds.
+func TestStopSendsMergedReports(t *testing.T) {
+	c := newCoordinator(t)
+	ts := trainerSettings()
+	ts.SleepPerBatch = "50ms"
+	o := c.options(0, 1, ts)
+	tr := inProcess(&o)
+	run := start(t, o)
+	l := c.accept(&wirepb.Admit{RunId: "merged-stop", Seed: 3})
+	expect[*wirepb.Ready](l)
+	merging := plan(0, 0, 256, 3, 256) // 16 batches
+	merging.ReportIntervalMs = 60_000
+	l.send(&wirepb.StartEpoch{Plan: merging})
+	deadline := time.Now().Add(frameWait)
+	for {
+		if _, _, steps, _ := tr.Snapshot(); steps >= 3 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the trainer never got 3 batches in")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	l.send(&wirepb.ShutdownWithSave{Dir: t.TempDir(), Version: 1, Reason: wirepb.ShutdownReason_SHUTDOWN_REASON_TOO_FEW_RANKS})
+	var reported uint64
+	for {
+		m := l.next(frameWait)
+		if b, ok := m.(*wirepb.Batch); ok {
+			reported += uint64(b.GetBatches())
+			continue
+		}
+		if _, ok := m.(*wirepb.CheckpointResult); !ok {
+			t.Fatalf("got %s, want Batch frames, then CheckpointResult", describe(m))
+		}
+		break
+	}
+	expect[*wirepb.Exiting](l)
+	if err := run.wait(frameWait); err != nil {
+		t.Fatal(err)
+	}
+	// The mock applies a batch's step before its sleep: a stop inside the
+	// sleep leaves that one step unreported.
+	_, _, steps, _ := tr.Snapshot()
+	if reported+1 < steps || reported > steps {
+		t.Fatalf("%d batches reported before the save, the trainer took %d steps", reported, steps)
+	}
+}
+
 // A worker whose coordinator never comes says whom it waits for and gives
 // up after worker.connect_timeout with an error that names the address,
 // the timeout and the setting.
