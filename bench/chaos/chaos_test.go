@@ -16,7 +16,7 @@ func TestTally(t *testing.T) {
 	}
 	// Every sample of both epochs once, by rank 0 and rank 1.
 	clean := []training{tr(0, 0, 0, 0), tr(1, 0, 1, 10), tr(0, 0, 2, 20), tr(0, 1, 0, 30), tr(1, 1, 1, 40), tr(1, 1, 2, 50)}
-	death := lost{cause: "rank_death", epoch: 0, rank: 1, samples: map[uint64]bool{1: true}, from: 0, to: 1 << 40}
+	death := lost{cause: "rank_death", epoch: 0, rank: 1, gone: true, samples: map[uint64]bool{1: true}, from: 0, to: 1 << 40}
 	for _, c := range []struct {
 		name  string
 		ts    []training
@@ -27,15 +27,19 @@ func TestTally(t *testing.T) {
 		{"a sample never trained", clean[1:], nil, account{Missing: 1, Allowed: map[string]uint64{}}},
 		{"a dead rank's sample trained again", append(clean, tr(0, 0, 1, 60)), []lost{death},
 			account{Twice: 1, Allowed: map[string]uint64{"rank_death": 1}}},
+		{"a dead rank's sample never trained again", clean, []lost{death},
+			account{Missing: 1, Allowed: map[string]uint64{}}},
+		{"a killed trainer's sample may stay", clean, []lost{{cause: "trainer_killed", epoch: 0, rank: 1, to: 1 << 40}},
+			account{Allowed: map[string]uint64{}}},
 		{"trained again with no fault", append(clean, tr(0, 0, 1, 60)), nil,
 			account{Twice: 1, Unexplained: 1, Allowed: map[string]uint64{}}},
 		{"another rank's training is not the dead rank's", append(clean, tr(1, 0, 0, 60)), []lost{death},
-			account{Twice: 1, Unexplained: 1, Allowed: map[string]uint64{}}},
+			account{Missing: 1, Twice: 1, Unexplained: 1, Allowed: map[string]uint64{}}},
 		{"a sample outside the work taken back", append(clean, tr(0, 0, 2, 60)), []lost{{cause: "rank_death", epoch: 0, rank: 0, samples: map[uint64]bool{1: true}, to: 1 << 40}},
 			account{Twice: 1, Unexplained: 1, Allowed: map[string]uint64{}}},
-		{"a restart retrains the killed run's later epochs, once each", append(clean, tr(2, 1, 0, 60), tr(2, 1, 1, 70), tr(3, 1, 1, 80)),
-			[]lost{{cause: "coordinator_restart", epoch: 1, anyRank: true, from: 0, to: 55}},
-			account{Twice: 3, Unexplained: 1, Allowed: map[string]uint64{"coordinator_restart": 2}}},
+		{"a restart retrains the killed run's later epochs, once each, sample 2 not", append(clean, tr(2, 1, 0, 60), tr(2, 1, 1, 70), tr(3, 1, 1, 80)),
+			[]lost{{cause: "coordinator_restart", epoch: 1, anyRank: true, gone: true, from: 0, to: 55}},
+			account{Missing: 1, Twice: 3, Unexplained: 1, Allowed: map[string]uint64{"coordinator_restart": 2}}},
 		{"only trainings written before the kill", append(clean, tr(0, 1, 2, 60)),
 			[]lost{{cause: "trainer_killed", epoch: 1, rank: 1, from: 0, to: 45}},
 			account{Twice: 1, Unexplained: 1, Allowed: map[string]uint64{}}},

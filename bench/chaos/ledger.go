@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 )
 
@@ -53,12 +54,16 @@ func readLedger(path string) (ts []training, bad int, err error) {
 
 // lost is work a fault took, which the run then trains again: trainings
 // of epoch, by rank (any rank when anyRank), written at ledger offsets in
-// [from, to), of the samples in samples (every sample when nil).
+// [from, to), of the samples in samples (every sample when nil). gone says
+// the coordinator recorded the work as in no surviving model: each such
+// training must be followed by another. A lost that is not gone only
+// bounds what may be trained again.
 type lost struct {
 	cause    string
 	epoch    uint64
 	rank     uint32
 	anyRank  bool
+	gone     bool
 	samples  map[uint64]bool
 	from, to int64
 }
@@ -71,7 +76,9 @@ func (l lost) covers(t training) bool {
 // account is one run's ledger against its data set and the work its faults
 // took.
 type account struct {
-	// Missing counts (epoch, sample) pairs no rank trained.
+	// Missing counts (epoch, sample) pairs that no training outside the
+	// work the faults took (gone) holds: never trained, or trained only
+	// into models that were lost and never again.
 	Missing uint64 `json:"samples_missing"`
 	// Twice counts the trainings of a sample beyond its first in an epoch.
 	Twice uint64 `json:"samples_trained_twice"`
@@ -84,7 +91,8 @@ type account struct {
 // tally counts what the ledger's trainings say about a run of epochs
 // epochs over samples samples, given the work its faults took: a sample
 // trained n > 1 times in an epoch is allowed min(n-1, k) extra trainings,
-// where k of its trainings were taken by a fault.
+// where k of its trainings were taken by a fault; a sample is missing when
+// every training of it was taken by a fault that left it in no model.
 func tally(ts []training, epochs, samples uint64, losts []lost) account {
 	a := account{Allowed: map[string]uint64{}}
 	type key struct{ epoch, sample uint64 }
@@ -97,8 +105,16 @@ func tally(ts []training, epochs, samples uint64, losts []lost) account {
 	for e := range epochs {
 		for s := range samples {
 			got := by[key{e, s}]
-			if len(got) == 0 {
+			held := 0
+			for _, t := range got {
+				if !slices.ContainsFunc(losts, func(l lost) bool { return l.gone && l.covers(t) }) {
+					held++
+				}
+			}
+			if held == 0 {
 				a.Missing++
+			}
+			if len(got) == 0 {
 				continue
 			}
 			extra := uint64(len(got) - 1)

@@ -19,13 +19,16 @@
 //     --resume` on the same out directory.
 //
 // After each run it reads the mock trainer's ledger (a line per sample
-// trained) and what the coordinator recorded: every sample of every epoch
-// must be trained (samples_missing), and each sample trained more than once
-// in an epoch must be work a fault took that the run trained again
-// (twice_allowed, by cause): work a dead rank's record lists as taken back
-// (deaths/*.json, Unfinished); the plan of a killed trainer; what the
-// checkpoint a resume continues from lists as remaining, and every later
-// epoch. Whatever else is trained twice is twice_unexplained. Nothing may be
+// trained) against what the coordinator recorded a fault took: the work a
+// dead rank's record lists as taken back (deaths/*.json, Unfinished: what
+// it trained since the last round that averaged its work, and the rest of
+// its plans), and what a killed `cohort run` trained of the work the
+// checkpoint its resume continues from lists as remaining (and of every
+// later epoch). Such work is in no surviving model. Every sample of every
+// epoch must have a training outside it (samples_missing), and each sample
+// trained more than once in an epoch must be such work trained again, or
+// the epoch's plan of a killed trainer (twice_allowed, by cause). Whatever
+// else is trained twice is twice_unexplained. Nothing may be
 // left behind: processes of its binaries, the runs' arenas in /dev/shm,
 // files (the plugins' sockets) in the runs' TMPDIR. It prints one JSON line
 // and exits non-zero when a check fails.

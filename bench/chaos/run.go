@@ -265,9 +265,9 @@ func (r *run) killed() error {
 		addRanges(again, perm, rr.Ranges, r.samples)
 	}
 	addRanges(again, perm, m.Pool, r.samples)
-	r.losts = append(r.losts, lost{cause: "coordinator_restart", epoch: m.Epoch, anyRank: true, samples: again, from: r.incarnationStart, to: to})
+	r.losts = append(r.losts, lost{cause: "coordinator_restart", epoch: m.Epoch, anyRank: true, gone: true, samples: again, from: r.incarnationStart, to: to})
 	for e := m.Epoch + 1; e < r.epochs; e++ {
-		r.losts = append(r.losts, lost{cause: "coordinator_restart", epoch: e, anyRank: true, from: r.incarnationStart, to: to})
+		r.losts = append(r.losts, lost{cause: "coordinator_restart", epoch: e, anyRank: true, gone: true, from: r.incarnationStart, to: to})
 	}
 	return nil
 }
@@ -280,9 +280,10 @@ func addRanges(set map[uint64]bool, perm []uint64, rs []dispatch.Range, samples 
 	}
 }
 
-// deaths reads the run's death records: a dead rank's work the coordinator
-// took back (Unfinished) and handed out again may have been trained by it
-// already.
+// deaths reads the run's death records: the work the coordinator took
+// back from a dead rank (Unfinished: what it trained since the last round
+// that averaged its work, and the unreported rest of its plans) is in no
+// surviving model, and is handed out again.
 func (r *run) deaths() ([]lost, error) {
 	files, _ := filepath.Glob(filepath.Join(r.out, record.DeathsDir, "*.json"))
 	var out []lost
@@ -301,7 +302,7 @@ func (r *run) deaths() ([]lost, error) {
 		epoch := d.Epoch - 1
 		again := map[uint64]bool{}
 		addRanges(again, plugin.Permutation(r.seed, epoch, r.samples), d.Unfinished, r.samples)
-		out = append(out, lost{cause: "rank_death", epoch: epoch, rank: d.Rank, samples: again, from: 0, to: 1 << 62})
+		out = append(out, lost{cause: "rank_death", epoch: epoch, rank: d.Rank, gone: true, samples: again, from: 0, to: 1 << 62})
 	}
 	return out, nil
 }
