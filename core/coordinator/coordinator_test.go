@@ -302,8 +302,10 @@ func TestFormationTimeout(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "2/3 ranks ready") {
 		t.Fatalf("error %v, want a formation failure with 2/3 ranks ready", err)
 	}
-	if d := time.Since(start); d > 5*time.Second {
-		t.Errorf("formation failure took %v", d)
+	// The bound only has to tell the configured 500 ms from the default
+	// 60 s, with room for a loaded machine.
+	if d := time.Since(start); d > 30*time.Second {
+		t.Errorf("formation failure took %v, as if formation_timeout = 500ms were not applied", d)
 	}
 	if sum.Status != record.StatusFailed || sum.Ranks[1].State != record.RankDead || sum.Ranks[1].Reason != "never joined the cohort" {
 		t.Errorf("summary %+v", sum)
