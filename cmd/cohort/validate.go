@@ -181,7 +181,7 @@ func checkPlugins(ctx context.Context, cfg *config.Config) []error {
 	})
 	defer h.StopAll(context.Background())
 	var errs []error
-	check := func(kind string, p interface {
+	check := func(kind string, settings []byte, p interface {
 		Describe(context.Context) (plugin.Description, error)
 	}, err error) {
 		if err != nil {
@@ -194,12 +194,40 @@ func checkPlugins(ctx context.Context, cfg *config.Config) []error {
 			return
 		}
 		if err := cfg.CheckPluginSettings(kind, d.Settings); err != nil {
+			// Values of the wrong type or keys it does not take: its own
+			// check would only repeat them.
 			errs = append(errs, err)
+			return
 		}
+		errs = append(errs, pluginSettingsCheck(ctx, cfg, kind, settings, p)...)
 	}
 	t, _, err := h.StartTrainer(ctx, cfg.Trainer.Name)
-	check(plugin.KindTrainer, t, err)
+	check(plugin.KindTrainer, cfg.Trainer.Settings, t, err)
 	a, _, err := h.StartAverager(ctx, cfg.Averager.Name)
-	check(plugin.KindAverager, a, err)
+	check(plugin.KindAverager, cfg.Averager.Settings, a, err)
+	return errs
+}
+
+// pluginSettingsCheck asks p, the started plugin of kind, to check its
+// block's settings as it would configure with them (SettingsChecker),
+// and returns each value it refuses at the line of its key.
+func pluginSettingsCheck(ctx context.Context, cfg *config.Config, kind string, settings []byte, p any) []error {
+	c, ok := p.(plugin.SettingsChecker)
+	if !ok {
+		return nil
+	}
+	problems, err := c.CheckSettings(ctx, settings)
+	if err != nil {
+		return []error{cfg.ErrorAt(kind, err)}
+	}
+	var errs []error
+	for _, pr := range problems {
+		e := cfg.ErrorAt(kind+"."+pr.Key, errors.New(pr.Message))
+		if pr.Key == "" || e.Range.Start.Line == 0 {
+			// The block's own line: the key is not in the file.
+			e = cfg.ErrorAt(kind, errors.New(pr.Message))
+		}
+		errs = append(errs, e)
+	}
 	return errs
 }

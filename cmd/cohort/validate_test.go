@@ -15,6 +15,7 @@ import (
 // what is wrong where, and passes a good one.
 func TestValidate(t *testing.T) {
 	bin := cohortBinary(t)
+	buildPlugin(t, "averaging-cpu")
 	cases := []struct {
 		name, src string
 		code      int
@@ -40,6 +41,22 @@ func TestValidate(t *testing.T) {
 			"cohort.hcl:8,3-13: coordinator.sync_every: must be at least 1, got 0",
 			`cohort.hcl:11,3-5: trainer.lr: a number, got the string "fast"`,
 			"cohort.hcl:13,10-18: averager: find averager plugin \"nosuch\": no executable cohort-averaging-nosuch",
+		}},
+		// Values only the plugin can judge are its own to check
+		// (CheckSettings), reported with the rest, each on its key's line.
+		{"the plugin's own checks", "run {\n  ranks = \"four\"\n  epoch = 3\n}\ncoordinator {\n  heartbeat_timeout = \"soon\"\n  policy = \"fastest\"\n}\n" +
+			"trainer \"mock\" {\n  lr = -5\n  batch_size = 0\n}\naverager \"nosuch\" {}\n", 2, []string{
+			"is not valid: 7 mistakes",
+			"cohort.hcl:2,3-8: run.ranks: a number is required",
+			`cohort.hcl:3,3-8: run.epoch: unknown key; did you mean "epochs"?`,
+			`cohort.hcl:6,3-20: coordinator.heartbeat_timeout: "soon" is not a duration`,
+			`cohort.hcl:7,3-9: coordinator.policy: "fastest" is not one of sync, cadence, async`,
+			"cohort.hcl:10,3-5: trainer.lr: lr = -5, want a finite number above 0",
+			"cohort.hcl:11,3-13: trainer.batch_size: batch_size = 0, want at least 1",
+			"cohort.hcl:13,10-18: averager: find averager plugin \"nosuch\": no executable cohort-averaging-nosuch",
+		}},
+		{"a bad enum value the averager refuses", "trainer \"mock\" {}\naverager \"cpu\" {\n  wire = \"fp8\"\n}\n", 2, []string{
+			`cohort.hcl:3,3-7: averager.wire: wire = "fp8": want "f32" or "bf16"`,
 		}},
 		{"syntax", "run {\n  ranks = \n}\n", 2, []string{"cohort.hcl:2"}},
 		// The plugins' settings are checked against the schemas they

@@ -29,6 +29,26 @@ type Description struct {
 	Settings []SettingSpec
 }
 
+// SettingsChecker is an optional Trainer and Averager method.
+// CheckSettings checks a config block's settings (the JSON Configure's
+// settings would carry) as Configure would read them, without loading
+// data, starting a backend or training, and returns every value it
+// refuses: `cohort validate` and `cohort run` report them with the file
+// and line of each key before any rank starts. A plugin without it is
+// checked against its declared schema alone; the host asks its plugins
+// for it over the protocol, and one built before the method existed
+// answers that it has none.
+type SettingsChecker interface {
+	CheckSettings(ctx context.Context, settings json.RawMessage) ([]SettingProblem, error)
+}
+
+// SettingProblem is one value CheckSettings refuses.
+type SettingProblem struct {
+	// Key is the block's key at fault ("lr"); "" for the block as a whole.
+	Key     string
+	Message string
+}
+
 // EpochEnder is an optional Trainer method. EpochEnd runs the user's
 // end-of-epoch code (trainer-libtorch: a TorchScript model's epoch_end
 // method) on the rank the coordinator elected for callbacks, after the

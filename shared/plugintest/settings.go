@@ -3,7 +3,9 @@ package plugintest
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math"
+	"slices"
 	"strconv"
 	"time"
 
@@ -96,53 +98,78 @@ func (s TrainerSettings) JSON() json.RawMessage {
 // parseTrainerSettings decodes and checks a trainer config block; the
 // sleep returned is rank's.
 func parseTrainerSettings(raw json.RawMessage, rank uint32) (TrainerSettings, time.Duration, error) {
+	s, sleep, problems, err := checkTrainerSettings(raw, rank)
+	if err != nil {
+		return TrainerSettings{}, 0, err
+	}
+	if len(problems) > 0 {
+		p := problems[0]
+		return TrainerSettings{}, 0, fmt.Errorf("mock trainer settings: %s", p.Message)
+	}
+	return s, sleep, nil
+}
+
+// checkTrainerSettings decodes raw and checks every value, returning
+// each one refused (Configure refuses the first; CheckSettings lists
+// them all) and rank's sleep per batch. err is a block that does not
+// decode at all.
+func checkTrainerSettings(raw json.RawMessage, rank uint32) (TrainerSettings, time.Duration, []plugin.SettingProblem, error) {
 	s := DefaultTrainerSettings()
 	if err := plugin.DecodeSettings(raw, &s); err != nil {
-		return TrainerSettings{}, 0, fmt.Errorf("mock trainer settings: %w", err)
+		return TrainerSettings{}, 0, nil, fmt.Errorf("mock trainer settings: %w", err)
 	}
-	bad := func(format string, a ...any) (TrainerSettings, time.Duration, error) {
-		return TrainerSettings{}, 0, fmt.Errorf("mock trainer settings: "+format, a...)
+	var problems []plugin.SettingProblem
+	bad := func(key, format string, a ...any) {
+		problems = append(problems, plugin.SettingProblem{Key: key, Message: key + " " + fmt.Sprintf(format, a...)})
 	}
-	switch {
-	case s.Samples == 0 || s.Samples > MaxSamples:
-		return bad("samples = %d, want 1..%d", s.Samples, uint64(MaxSamples))
-	case s.EvalSamples == 0 || s.EvalSamples > MaxSamples:
-		return bad("eval_samples = %d, want 1..%d", s.EvalSamples, uint64(MaxSamples))
-	case s.Features <= 0 || s.Features > MaxFeatures:
-		return bad("features = %d, want 1..%d", s.Features, MaxFeatures)
-	case s.BatchSize == 0:
-		return bad("batch_size = 0, want at least 1")
-	case !(s.LR > 0) || math.IsInf(s.LR, 0):
-		return bad("lr = %v, want a finite number above 0", s.LR)
-	case !(s.LRDecay >= 0) || math.IsInf(s.LRDecay, 0):
-		return bad("lr_decay = %v, want a finite number, 0 or more", s.LRDecay)
-	case !(s.Momentum >= 0 && s.Momentum < 1):
-		return bad("momentum = %v, want a number in [0, 1)", s.Momentum)
+	if s.Samples == 0 || s.Samples > MaxSamples {
+		bad("samples", "= %d, want 1..%d", s.Samples, uint64(MaxSamples))
+	}
+	if s.EvalSamples == 0 || s.EvalSamples > MaxSamples {
+		bad("eval_samples", "= %d, want 1..%d", s.EvalSamples, uint64(MaxSamples))
+	}
+	if s.Features <= 0 || s.Features > MaxFeatures {
+		bad("features", "= %d, want 1..%d", s.Features, MaxFeatures)
+	}
+	if s.BatchSize == 0 {
+		bad("batch_size", "= 0, want at least 1")
+	}
+	if !(s.LR > 0) || math.IsInf(s.LR, 0) {
+		bad("lr", "= %v, want a finite number above 0", s.LR)
+	}
+	if !(s.LRDecay >= 0) || math.IsInf(s.LRDecay, 0) {
+		bad("lr_decay", "= %v, want a finite number, 0 or more", s.LRDecay)
+	}
+	if !(s.Momentum >= 0 && s.Momentum < 1) {
+		bad("momentum", "= %v, want a number in [0, 1)", s.Momentum)
 	}
 	if s.SleepPerBatch == "" {
 		s.SleepPerBatch = "0"
 	}
 	sleep, err := time.ParseDuration(s.SleepPerBatch)
-	if err != nil {
-		return bad("sleep_per_batch: %v", err)
+	switch {
+	case err != nil:
+		bad("sleep_per_batch", "%q: %v", s.SleepPerBatch, err)
+	case sleep < 0:
+		bad("sleep_per_batch", "= %v, want 0 or more", sleep)
 	}
-	if sleep < 0 {
-		return bad("sleep_per_batch = %v, want 0 or more", sleep)
-	}
-	for key, v := range s.SleepPerBatchByRank {
+	for _, key := range slices.Sorted(maps.Keys(s.SleepPerBatchByRank)) {
+		v := s.SleepPerBatchByRank[key]
 		r, err := strconv.ParseUint(key, 10, 32)
 		if err != nil {
-			return bad("sleep_per_batch_by_rank: key %q is not a rank", key)
+			bad("sleep_per_batch_by_rank", "key %q is not a rank", key)
+			continue
 		}
 		d, err := time.ParseDuration(v)
 		if err != nil || d < 0 {
-			return bad("sleep_per_batch_by_rank[%q] = %q, want a duration of 0 or more", key, v)
+			bad("sleep_per_batch_by_rank", "[%q] = %q, want a duration of 0 or more", key, v)
+			continue
 		}
 		if uint32(r) == rank {
 			sleep = d
 		}
 	}
-	return s, sleep, nil
+	return s, sleep, problems, nil
 }
 
 // AveragerSettings is the mock averager's config block.

@@ -2,6 +2,7 @@ package plugintest
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -99,6 +100,12 @@ func NewTrainer(logger hclog.Logger) *Trainer {
 func (t *Trainer) Describe(context.Context) (plugin.Description, error) {
 	return plugin.Description{Name: TrainerName, Version: "1", Capabilities: []string{"cpu", "deterministic", plugin.CapTrainsDuringRounds},
 		Settings: plugin.SchemaOf(TrainerSettings{})}, nil
+}
+
+// CheckSettings lists every value of the block Configure would refuse.
+func (t *Trainer) CheckSettings(_ context.Context, settings json.RawMessage) ([]plugin.SettingProblem, error) {
+	_, _, problems, err := checkTrainerSettings(settings, 0)
+	return problems, err
 }
 
 // Configure parses the settings, generates the data set's true weights from

@@ -96,6 +96,11 @@ class TrainerService:
             settings=[trainer_pb2.SettingSpec(key=s.key, type=s.type, required=s.required, doc=s.doc)
                       for s in d.get("settings") or ()])
 
+    def CheckSettings(self, request, context):
+        # A Python trainer checks its settings in configure: the host then
+        # checks the block against the declared schema alone.
+        _fail(context, grpc.StatusCode.UNIMPLEMENTED, "this trainer checks its settings only in configure")
+
     def Configure(self, request, context):
         cfg = Config(request.rank, request.world_size, request.local_ranks, request.seed,
                      bytes(request.settings_json), request.overlap_rounds)

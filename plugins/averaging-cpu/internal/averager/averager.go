@@ -16,6 +16,7 @@ package averager
 import (
 	"context"
 	"crypto/rand"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
@@ -78,6 +79,15 @@ var _ plugin.Averager = (*Averager)(nil)
 func (a *Averager) Describe(context.Context) (plugin.Description, error) {
 	return plugin.Description{Name: Name, Version: Version, Capabilities: []string{"shm-fold", "bf16-wire", "outer-slowmo", "outer-diloco", "easgd"},
 		Meeting: plugin.MeetReduceServer, Settings: plugin.SchemaOf(Settings{})}, nil
+}
+
+// CheckSettings checks the block as Configure would, connecting to
+// nothing.
+func (a *Averager) CheckSettings(_ context.Context, settings json.RawMessage) ([]plugin.SettingProblem, error) {
+	if _, err := parseSettings(settings); err != nil {
+		return []plugin.SettingProblem{plugin.ProblemOf(err, plugin.SchemaOf(Settings{}))}, nil
+	}
+	return nil, nil
 }
 
 // Configure joins the cohort: it opens the arena, connects to the reduce

@@ -2,6 +2,7 @@ package trainer
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -14,6 +15,48 @@ import (
 	"github.com/cohortdl/cohort/shared/plugin"
 )
 
+// checkedSettings are the block's settings, checked as far as they can
+// be without loading data or building the model: every value, and that
+// the model is one the trainer builds or a file it can read.
+func checkedSettings(raw json.RawMessage) (Settings, error) {
+	s, err := parseSettings(raw)
+	if err != nil {
+		return Settings{}, err
+	}
+	if err := checkModel(s.Model); err != nil {
+		return Settings{}, err
+	}
+	return s, nil
+}
+
+// checkModel refuses a model the trainer neither builds nor can read.
+func checkModel(model string) error {
+	if model == "" || model == "mlp" || model == "cnn" {
+		return nil
+	}
+	if _, err := os.Stat(model); err != nil {
+		return fmt.Errorf("libtorch trainer settings: model = %q is not \"mlp\", \"cnn\" or a TorchScript file: %w", model, err)
+	}
+	return nil
+}
+
+// CheckSettings checks the block as Configure would, loading and building
+// nothing: the model, and the other values up to the first refusal.
+func (t *Trainer) CheckSettings(_ context.Context, settings json.RawMessage) ([]plugin.SettingProblem, error) {
+	schema := plugin.SchemaOf(Settings{})
+	var problems []plugin.SettingProblem
+	var s Settings
+	if err := plugin.DecodeSettings(settings, &s); err == nil {
+		if err := checkModel(s.Model); err != nil {
+			problems = append(problems, plugin.ProblemOf(err, schema))
+		}
+	}
+	if _, err := parseSettings(settings); err != nil {
+		problems = append(problems, plugin.ProblemOf(err, schema))
+	}
+	return problems, nil
+}
+
 // Configure parses the settings, loads the data, builds the model and its
 // optimizer and returns the layout. A trainer configured before drops its
 // model, arena and counters.
@@ -21,14 +64,9 @@ func (t *Trainer) Configure(_ context.Context, cfg plugin.TrainerConfig) (plugin
 	if cfg.WorldSize == 0 || cfg.Rank >= cfg.WorldSize {
 		return plugin.TrainerSetup{}, fmt.Errorf("libtorch trainer: rank %d of a world of %d", cfg.Rank, cfg.WorldSize)
 	}
-	s, err := parseSettings(cfg.Settings)
+	s, err := checkedSettings(cfg.Settings)
 	if err != nil {
 		return plugin.TrainerSetup{}, err
-	}
-	if s.Model != "mlp" && s.Model != "cnn" {
-		if _, err := os.Stat(s.Model); err != nil {
-			return plugin.TrainerSetup{}, fmt.Errorf("libtorch trainer: model = %q is not \"mlp\", \"cnn\" or a TorchScript file: %w", s.Model, err)
-		}
 	}
 	start := time.Now()
 	train, eval, err := dataset.Load(dataset.Source{

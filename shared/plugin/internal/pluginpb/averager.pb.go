@@ -972,9 +972,10 @@ const file_shared_plugin_internal_pluginpb_averager_proto_rawDesc = "" +
 	"\n" +
 	"RelayEntry\x12\x12\n" +
 	"\x04rank\x18\x01 \x01(\rR\x04rank\x12\x12\n" +
-	"\x04blob\x18\x02 \x01(\fR\x04blob2\xa6\x05\n" +
+	"\x04blob\x18\x02 \x01(\fR\x04blob2\xfa\x05\n" +
 	"\bAverager\x12D\n" +
-	"\bDescribe\x12\x1a.cohort.v1.DescribeRequest\x1a\x1c.cohort.v1.PluginDescription\x12V\n" +
+	"\bDescribe\x12\x1a.cohort.v1.DescribeRequest\x1a\x1c.cohort.v1.PluginDescription\x12R\n" +
+	"\rCheckSettings\x12\x1f.cohort.v1.CheckSettingsRequest\x1a .cohort.v1.CheckSettingsResponse\x12V\n" +
 	"\tConfigure\x12#.cohort.v1.AveragerConfigureRequest\x1a$.cohort.v1.AveragerConfigureResponse\x12@\n" +
 	"\aAverage\x12\x19.cohort.v1.AverageRequest\x1a\x1a.cohort.v1.AverageResponse\x12O\n" +
 	"\fNewSessionId\x12\x1e.cohort.v1.NewSessionIdRequest\x1a\x1f.cohort.v1.NewSessionIdResponse\x12I\n" +
@@ -1018,39 +1019,43 @@ var file_shared_plugin_internal_pluginpb_averager_proto_goTypes = []any{
 	(*RelayEntry)(nil),                // 14: cohort.v1.RelayEntry
 	(*ArenaDescriptor)(nil),           // 15: cohort.v1.ArenaDescriptor
 	(*DescribeRequest)(nil),           // 16: cohort.v1.DescribeRequest
-	(*SaveCheckpointRequest)(nil),     // 17: cohort.v1.SaveCheckpointRequest
-	(*LoadCheckpointRequest)(nil),     // 18: cohort.v1.LoadCheckpointRequest
-	(*ShutdownRequest)(nil),           // 19: cohort.v1.ShutdownRequest
-	(*PluginDescription)(nil),         // 20: cohort.v1.PluginDescription
-	(*SaveCheckpointResponse)(nil),    // 21: cohort.v1.SaveCheckpointResponse
-	(*ShutdownResponse)(nil),          // 22: cohort.v1.ShutdownResponse
+	(*CheckSettingsRequest)(nil),      // 17: cohort.v1.CheckSettingsRequest
+	(*SaveCheckpointRequest)(nil),     // 18: cohort.v1.SaveCheckpointRequest
+	(*LoadCheckpointRequest)(nil),     // 19: cohort.v1.LoadCheckpointRequest
+	(*ShutdownRequest)(nil),           // 20: cohort.v1.ShutdownRequest
+	(*PluginDescription)(nil),         // 21: cohort.v1.PluginDescription
+	(*CheckSettingsResponse)(nil),     // 22: cohort.v1.CheckSettingsResponse
+	(*SaveCheckpointResponse)(nil),    // 23: cohort.v1.SaveCheckpointResponse
+	(*ShutdownResponse)(nil),          // 24: cohort.v1.ShutdownResponse
 }
 var file_shared_plugin_internal_pluginpb_averager_proto_depIdxs = []int32{
 	15, // 0: cohort.v1.AveragerConfigureRequest.arena:type_name -> cohort.v1.ArenaDescriptor
 	1,  // 1: cohort.v1.AveragerConfigureRequest.tls:type_name -> cohort.v1.TLSFiles
 	14, // 2: cohort.v1.RelayExchangeResponse.entries:type_name -> cohort.v1.RelayEntry
 	16, // 3: cohort.v1.Averager.Describe:input_type -> cohort.v1.DescribeRequest
-	0,  // 4: cohort.v1.Averager.Configure:input_type -> cohort.v1.AveragerConfigureRequest
-	3,  // 5: cohort.v1.Averager.Average:input_type -> cohort.v1.AverageRequest
-	5,  // 6: cohort.v1.Averager.NewSessionId:input_type -> cohort.v1.NewSessionIdRequest
-	7,  // 7: cohort.v1.Averager.NewSession:input_type -> cohort.v1.NewSessionRequest
-	9,  // 8: cohort.v1.Averager.Abort:input_type -> cohort.v1.AbortRequest
-	17, // 9: cohort.v1.Averager.SaveState:input_type -> cohort.v1.SaveCheckpointRequest
-	18, // 10: cohort.v1.Averager.LoadState:input_type -> cohort.v1.LoadCheckpointRequest
-	19, // 11: cohort.v1.Averager.Shutdown:input_type -> cohort.v1.ShutdownRequest
-	12, // 12: cohort.v1.Relay.Exchange:input_type -> cohort.v1.RelayExchangeRequest
-	20, // 13: cohort.v1.Averager.Describe:output_type -> cohort.v1.PluginDescription
-	2,  // 14: cohort.v1.Averager.Configure:output_type -> cohort.v1.AveragerConfigureResponse
-	4,  // 15: cohort.v1.Averager.Average:output_type -> cohort.v1.AverageResponse
-	6,  // 16: cohort.v1.Averager.NewSessionId:output_type -> cohort.v1.NewSessionIdResponse
-	8,  // 17: cohort.v1.Averager.NewSession:output_type -> cohort.v1.NewSessionResponse
-	10, // 18: cohort.v1.Averager.Abort:output_type -> cohort.v1.AbortResponse
-	21, // 19: cohort.v1.Averager.SaveState:output_type -> cohort.v1.SaveCheckpointResponse
-	11, // 20: cohort.v1.Averager.LoadState:output_type -> cohort.v1.LoadStateResponse
-	22, // 21: cohort.v1.Averager.Shutdown:output_type -> cohort.v1.ShutdownResponse
-	13, // 22: cohort.v1.Relay.Exchange:output_type -> cohort.v1.RelayExchangeResponse
-	13, // [13:23] is the sub-list for method output_type
-	3,  // [3:13] is the sub-list for method input_type
+	17, // 4: cohort.v1.Averager.CheckSettings:input_type -> cohort.v1.CheckSettingsRequest
+	0,  // 5: cohort.v1.Averager.Configure:input_type -> cohort.v1.AveragerConfigureRequest
+	3,  // 6: cohort.v1.Averager.Average:input_type -> cohort.v1.AverageRequest
+	5,  // 7: cohort.v1.Averager.NewSessionId:input_type -> cohort.v1.NewSessionIdRequest
+	7,  // 8: cohort.v1.Averager.NewSession:input_type -> cohort.v1.NewSessionRequest
+	9,  // 9: cohort.v1.Averager.Abort:input_type -> cohort.v1.AbortRequest
+	18, // 10: cohort.v1.Averager.SaveState:input_type -> cohort.v1.SaveCheckpointRequest
+	19, // 11: cohort.v1.Averager.LoadState:input_type -> cohort.v1.LoadCheckpointRequest
+	20, // 12: cohort.v1.Averager.Shutdown:input_type -> cohort.v1.ShutdownRequest
+	12, // 13: cohort.v1.Relay.Exchange:input_type -> cohort.v1.RelayExchangeRequest
+	21, // 14: cohort.v1.Averager.Describe:output_type -> cohort.v1.PluginDescription
+	22, // 15: cohort.v1.Averager.CheckSettings:output_type -> cohort.v1.CheckSettingsResponse
+	2,  // 16: cohort.v1.Averager.Configure:output_type -> cohort.v1.AveragerConfigureResponse
+	4,  // 17: cohort.v1.Averager.Average:output_type -> cohort.v1.AverageResponse
+	6,  // 18: cohort.v1.Averager.NewSessionId:output_type -> cohort.v1.NewSessionIdResponse
+	8,  // 19: cohort.v1.Averager.NewSession:output_type -> cohort.v1.NewSessionResponse
+	10, // 20: cohort.v1.Averager.Abort:output_type -> cohort.v1.AbortResponse
+	23, // 21: cohort.v1.Averager.SaveState:output_type -> cohort.v1.SaveCheckpointResponse
+	11, // 22: cohort.v1.Averager.LoadState:output_type -> cohort.v1.LoadStateResponse
+	24, // 23: cohort.v1.Averager.Shutdown:output_type -> cohort.v1.ShutdownResponse
+	13, // 24: cohort.v1.Relay.Exchange:output_type -> cohort.v1.RelayExchangeResponse
+	14, // [14:25] is the sub-list for method output_type
+	3,  // [3:14] is the sub-list for method input_type
 	3,  // [3:3] is the sub-list for extension type_name
 	3,  // [3:3] is the sub-list for extension extendee
 	0,  // [0:3] is the sub-list for field type_name

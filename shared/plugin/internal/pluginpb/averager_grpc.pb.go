@@ -23,15 +23,16 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Averager_Describe_FullMethodName     = "/cohort.v1.Averager/Describe"
-	Averager_Configure_FullMethodName    = "/cohort.v1.Averager/Configure"
-	Averager_Average_FullMethodName      = "/cohort.v1.Averager/Average"
-	Averager_NewSessionId_FullMethodName = "/cohort.v1.Averager/NewSessionId"
-	Averager_NewSession_FullMethodName   = "/cohort.v1.Averager/NewSession"
-	Averager_Abort_FullMethodName        = "/cohort.v1.Averager/Abort"
-	Averager_SaveState_FullMethodName    = "/cohort.v1.Averager/SaveState"
-	Averager_LoadState_FullMethodName    = "/cohort.v1.Averager/LoadState"
-	Averager_Shutdown_FullMethodName     = "/cohort.v1.Averager/Shutdown"
+	Averager_Describe_FullMethodName      = "/cohort.v1.Averager/Describe"
+	Averager_CheckSettings_FullMethodName = "/cohort.v1.Averager/CheckSettings"
+	Averager_Configure_FullMethodName     = "/cohort.v1.Averager/Configure"
+	Averager_Average_FullMethodName       = "/cohort.v1.Averager/Average"
+	Averager_NewSessionId_FullMethodName  = "/cohort.v1.Averager/NewSessionId"
+	Averager_NewSession_FullMethodName    = "/cohort.v1.Averager/NewSession"
+	Averager_Abort_FullMethodName         = "/cohort.v1.Averager/Abort"
+	Averager_SaveState_FullMethodName     = "/cohort.v1.Averager/SaveState"
+	Averager_LoadState_FullMethodName     = "/cohort.v1.Averager/LoadState"
+	Averager_Shutdown_FullMethodName      = "/cohort.v1.Averager/Shutdown"
 )
 
 // AveragerClient is the client API for Averager service.
@@ -39,6 +40,8 @@ const (
 // For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
 type AveragerClient interface {
 	Describe(ctx context.Context, in *DescribeRequest, opts ...grpc.CallOption) (*PluginDescription, error)
+	// CheckSettings: as the Trainer's.
+	CheckSettings(ctx context.Context, in *CheckSettingsRequest, opts ...grpc.CallOption) (*CheckSettingsResponse, error)
 	Configure(ctx context.Context, in *AveragerConfigureRequest, opts ...grpc.CallOption) (*AveragerConfigureResponse, error)
 	// Average runs one round; it returns when the arena holds the consensus.
 	Average(ctx context.Context, in *AverageRequest, opts ...grpc.CallOption) (*AverageResponse, error)
@@ -68,6 +71,16 @@ func (c *averagerClient) Describe(ctx context.Context, in *DescribeRequest, opts
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(PluginDescription)
 	err := c.cc.Invoke(ctx, Averager_Describe_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *averagerClient) CheckSettings(ctx context.Context, in *CheckSettingsRequest, opts ...grpc.CallOption) (*CheckSettingsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CheckSettingsResponse)
+	err := c.cc.Invoke(ctx, Averager_CheckSettings_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -159,6 +172,8 @@ func (c *averagerClient) Shutdown(ctx context.Context, in *ShutdownRequest, opts
 // for forward compatibility.
 type AveragerServer interface {
 	Describe(context.Context, *DescribeRequest) (*PluginDescription, error)
+	// CheckSettings: as the Trainer's.
+	CheckSettings(context.Context, *CheckSettingsRequest) (*CheckSettingsResponse, error)
 	Configure(context.Context, *AveragerConfigureRequest) (*AveragerConfigureResponse, error)
 	// Average runs one round; it returns when the arena holds the consensus.
 	Average(context.Context, *AverageRequest) (*AverageResponse, error)
@@ -186,6 +201,9 @@ type UnimplementedAveragerServer struct{}
 
 func (UnimplementedAveragerServer) Describe(context.Context, *DescribeRequest) (*PluginDescription, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method Describe not implemented")
+}
+func (UnimplementedAveragerServer) CheckSettings(context.Context, *CheckSettingsRequest) (*CheckSettingsResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method CheckSettings not implemented")
 }
 func (UnimplementedAveragerServer) Configure(context.Context, *AveragerConfigureRequest) (*AveragerConfigureResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method Configure not implemented")
@@ -246,6 +264,24 @@ func _Averager_Describe_Handler(srv interface{}, ctx context.Context, dec func(i
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
 		return srv.(AveragerServer).Describe(ctx, req.(*DescribeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Averager_CheckSettings_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CheckSettingsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AveragerServer).CheckSettings(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Averager_CheckSettings_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AveragerServer).CheckSettings(ctx, req.(*CheckSettingsRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -404,6 +440,10 @@ var Averager_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Describe",
 			Handler:    _Averager_Describe_Handler,
+		},
+		{
+			MethodName: "CheckSettings",
+			Handler:    _Averager_CheckSettings_Handler,
 		},
 		{
 			MethodName: "Configure",

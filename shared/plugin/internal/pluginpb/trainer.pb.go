@@ -118,6 +118,150 @@ func (*DescribeRequest) Descriptor() ([]byte, []int) {
 	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{0}
 }
 
+type CheckSettingsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The block's settings, as Configure's settings_json would carry them.
+	SettingsJson  []byte `protobuf:"bytes,1,opt,name=settings_json,json=settingsJson,proto3" json:"settings_json,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CheckSettingsRequest) Reset() {
+	*x = CheckSettingsRequest{}
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CheckSettingsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CheckSettingsRequest) ProtoMessage() {}
+
+func (x *CheckSettingsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CheckSettingsRequest.ProtoReflect.Descriptor instead.
+func (*CheckSettingsRequest) Descriptor() ([]byte, []int) {
+	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *CheckSettingsRequest) GetSettingsJson() []byte {
+	if x != nil {
+		return x.SettingsJson
+	}
+	return nil
+}
+
+type CheckSettingsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Every value refused; none: the settings would configure.
+	Problems      []*SettingProblem `protobuf:"bytes,1,rep,name=problems,proto3" json:"problems,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CheckSettingsResponse) Reset() {
+	*x = CheckSettingsResponse{}
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CheckSettingsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CheckSettingsResponse) ProtoMessage() {}
+
+func (x *CheckSettingsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CheckSettingsResponse.ProtoReflect.Descriptor instead.
+func (*CheckSettingsResponse) Descriptor() ([]byte, []int) {
+	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *CheckSettingsResponse) GetProblems() []*SettingProblem {
+	if x != nil {
+		return x.Problems
+	}
+	return nil
+}
+
+// SettingProblem is one value CheckSettings refuses.
+type SettingProblem struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The block's key at fault; empty for the block as a whole.
+	Key           string `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	Message       string `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SettingProblem) Reset() {
+	*x = SettingProblem{}
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SettingProblem) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SettingProblem) ProtoMessage() {}
+
+func (x *SettingProblem) ProtoReflect() protoreflect.Message {
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SettingProblem.ProtoReflect.Descriptor instead.
+func (*SettingProblem) Descriptor() ([]byte, []int) {
+	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *SettingProblem) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *SettingProblem) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
 type PluginDescription struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	Name    string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -139,7 +283,7 @@ type PluginDescription struct {
 
 func (x *PluginDescription) Reset() {
 	*x = PluginDescription{}
-	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[1]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -151,7 +295,7 @@ func (x *PluginDescription) String() string {
 func (*PluginDescription) ProtoMessage() {}
 
 func (x *PluginDescription) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[1]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -164,7 +308,7 @@ func (x *PluginDescription) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PluginDescription.ProtoReflect.Descriptor instead.
 func (*PluginDescription) Descriptor() ([]byte, []int) {
-	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{1}
+	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *PluginDescription) GetName() string {
@@ -225,7 +369,7 @@ type SettingSpec struct {
 
 func (x *SettingSpec) Reset() {
 	*x = SettingSpec{}
-	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[2]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -237,7 +381,7 @@ func (x *SettingSpec) String() string {
 func (*SettingSpec) ProtoMessage() {}
 
 func (x *SettingSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[2]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -250,7 +394,7 @@ func (x *SettingSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SettingSpec.ProtoReflect.Descriptor instead.
 func (*SettingSpec) Descriptor() ([]byte, []int) {
-	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{2}
+	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *SettingSpec) GetKey() string {
@@ -298,7 +442,7 @@ type TrainerConfigureRequest struct {
 
 func (x *TrainerConfigureRequest) Reset() {
 	*x = TrainerConfigureRequest{}
-	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[3]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -310,7 +454,7 @@ func (x *TrainerConfigureRequest) String() string {
 func (*TrainerConfigureRequest) ProtoMessage() {}
 
 func (x *TrainerConfigureRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[3]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -323,7 +467,7 @@ func (x *TrainerConfigureRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TrainerConfigureRequest.ProtoReflect.Descriptor instead.
 func (*TrainerConfigureRequest) Descriptor() ([]byte, []int) {
-	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{3}
+	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *TrainerConfigureRequest) GetRank() uint32 {
@@ -380,7 +524,7 @@ type TrainerConfigureResponse struct {
 
 func (x *TrainerConfigureResponse) Reset() {
 	*x = TrainerConfigureResponse{}
-	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[4]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -392,7 +536,7 @@ func (x *TrainerConfigureResponse) String() string {
 func (*TrainerConfigureResponse) ProtoMessage() {}
 
 func (x *TrainerConfigureResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[4]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -405,7 +549,7 @@ func (x *TrainerConfigureResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TrainerConfigureResponse.ProtoReflect.Descriptor instead.
 func (*TrainerConfigureResponse) Descriptor() ([]byte, []int) {
-	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{4}
+	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *TrainerConfigureResponse) GetLayout() *Layout {
@@ -445,7 +589,7 @@ type AttachRequest struct {
 
 func (x *AttachRequest) Reset() {
 	*x = AttachRequest{}
-	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[5]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -457,7 +601,7 @@ func (x *AttachRequest) String() string {
 func (*AttachRequest) ProtoMessage() {}
 
 func (x *AttachRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[5]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -470,7 +614,7 @@ func (x *AttachRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttachRequest.ProtoReflect.Descriptor instead.
 func (*AttachRequest) Descriptor() ([]byte, []int) {
-	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{5}
+	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *AttachRequest) GetArena() *ArenaDescriptor {
@@ -491,7 +635,7 @@ type AttachResponse struct {
 
 func (x *AttachResponse) Reset() {
 	*x = AttachResponse{}
-	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[6]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -503,7 +647,7 @@ func (x *AttachResponse) String() string {
 func (*AttachResponse) ProtoMessage() {}
 
 func (x *AttachResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[6]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -516,7 +660,7 @@ func (x *AttachResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttachResponse.ProtoReflect.Descriptor instead.
 func (*AttachResponse) Descriptor() ([]byte, []int) {
-	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{6}
+	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *AttachResponse) GetZeroCopy() bool {
@@ -542,7 +686,7 @@ type TrainRequest struct {
 
 func (x *TrainRequest) Reset() {
 	*x = TrainRequest{}
-	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[7]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -554,7 +698,7 @@ func (x *TrainRequest) String() string {
 func (*TrainRequest) ProtoMessage() {}
 
 func (x *TrainRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[7]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -567,7 +711,7 @@ func (x *TrainRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TrainRequest.ProtoReflect.Descriptor instead.
 func (*TrainRequest) Descriptor() ([]byte, []int) {
-	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{7}
+	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *TrainRequest) GetEpoch() uint64 {
@@ -629,7 +773,7 @@ type TrainReports struct {
 
 func (x *TrainReports) Reset() {
 	*x = TrainReports{}
-	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[8]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -641,7 +785,7 @@ func (x *TrainReports) String() string {
 func (*TrainReports) ProtoMessage() {}
 
 func (x *TrainReports) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[8]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -654,7 +798,7 @@ func (x *TrainReports) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TrainReports.ProtoReflect.Descriptor instead.
 func (*TrainReports) Descriptor() ([]byte, []int) {
-	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{8}
+	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *TrainReports) GetReports() []*BatchReport {
@@ -685,7 +829,7 @@ type BatchReport struct {
 
 func (x *BatchReport) Reset() {
 	*x = BatchReport{}
-	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[9]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -697,7 +841,7 @@ func (x *BatchReport) String() string {
 func (*BatchReport) ProtoMessage() {}
 
 func (x *BatchReport) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[9]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -710,7 +854,7 @@ func (x *BatchReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchReport.ProtoReflect.Descriptor instead.
 func (*BatchReport) Descriptor() ([]byte, []int) {
-	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{9}
+	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *BatchReport) GetBatch() uint64 {
@@ -784,7 +928,7 @@ type PublishRequest struct {
 
 func (x *PublishRequest) Reset() {
 	*x = PublishRequest{}
-	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[10]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -796,7 +940,7 @@ func (x *PublishRequest) String() string {
 func (*PublishRequest) ProtoMessage() {}
 
 func (x *PublishRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[10]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -809,7 +953,7 @@ func (x *PublishRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PublishRequest.ProtoReflect.Descriptor instead.
 func (*PublishRequest) Descriptor() ([]byte, []int) {
-	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{10}
+	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{13}
 }
 
 type PublishResponse struct {
@@ -827,7 +971,7 @@ type PublishResponse struct {
 
 func (x *PublishResponse) Reset() {
 	*x = PublishResponse{}
-	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[11]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -839,7 +983,7 @@ func (x *PublishResponse) String() string {
 func (*PublishResponse) ProtoMessage() {}
 
 func (x *PublishResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[11]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -852,7 +996,7 @@ func (x *PublishResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PublishResponse.ProtoReflect.Descriptor instead.
 func (*PublishResponse) Descriptor() ([]byte, []int) {
-	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{11}
+	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *PublishResponse) GetSteps() uint64 {
@@ -893,7 +1037,7 @@ type AdoptRequest struct {
 
 func (x *AdoptRequest) Reset() {
 	*x = AdoptRequest{}
-	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[12]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -905,7 +1049,7 @@ func (x *AdoptRequest) String() string {
 func (*AdoptRequest) ProtoMessage() {}
 
 func (x *AdoptRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[12]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -918,7 +1062,7 @@ func (x *AdoptRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdoptRequest.ProtoReflect.Descriptor instead.
 func (*AdoptRequest) Descriptor() ([]byte, []int) {
-	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{12}
+	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *AdoptRequest) GetBlendAlpha() float64 {
@@ -937,7 +1081,7 @@ type AdoptResponse struct {
 
 func (x *AdoptResponse) Reset() {
 	*x = AdoptResponse{}
-	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[13]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -949,7 +1093,7 @@ func (x *AdoptResponse) String() string {
 func (*AdoptResponse) ProtoMessage() {}
 
 func (x *AdoptResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[13]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -962,7 +1106,7 @@ func (x *AdoptResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdoptResponse.ProtoReflect.Descriptor instead.
 func (*AdoptResponse) Descriptor() ([]byte, []int) {
-	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{13}
+	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *AdoptResponse) GetParamNorm() float64 {
@@ -980,7 +1124,7 @@ type EvaluateRequest struct {
 
 func (x *EvaluateRequest) Reset() {
 	*x = EvaluateRequest{}
-	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[14]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -992,7 +1136,7 @@ func (x *EvaluateRequest) String() string {
 func (*EvaluateRequest) ProtoMessage() {}
 
 func (x *EvaluateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[14]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1005,7 +1149,7 @@ func (x *EvaluateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EvaluateRequest.ProtoReflect.Descriptor instead.
 func (*EvaluateRequest) Descriptor() ([]byte, []int) {
-	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{14}
+	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{17}
 }
 
 type EvaluateResponse struct {
@@ -1019,7 +1163,7 @@ type EvaluateResponse struct {
 
 func (x *EvaluateResponse) Reset() {
 	*x = EvaluateResponse{}
-	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[15]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1031,7 +1175,7 @@ func (x *EvaluateResponse) String() string {
 func (*EvaluateResponse) ProtoMessage() {}
 
 func (x *EvaluateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[15]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1044,7 +1188,7 @@ func (x *EvaluateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EvaluateResponse.ProtoReflect.Descriptor instead.
 func (*EvaluateResponse) Descriptor() ([]byte, []int) {
-	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{15}
+	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *EvaluateResponse) GetLoss() float64 {
@@ -1077,7 +1221,7 @@ type SaveCheckpointRequest struct {
 
 func (x *SaveCheckpointRequest) Reset() {
 	*x = SaveCheckpointRequest{}
-	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[16]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1089,7 +1233,7 @@ func (x *SaveCheckpointRequest) String() string {
 func (*SaveCheckpointRequest) ProtoMessage() {}
 
 func (x *SaveCheckpointRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[16]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1102,7 +1246,7 @@ func (x *SaveCheckpointRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SaveCheckpointRequest.ProtoReflect.Descriptor instead.
 func (*SaveCheckpointRequest) Descriptor() ([]byte, []int) {
-	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{16}
+	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *SaveCheckpointRequest) GetDir() string {
@@ -1121,7 +1265,7 @@ type SaveCheckpointResponse struct {
 
 func (x *SaveCheckpointResponse) Reset() {
 	*x = SaveCheckpointResponse{}
-	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[17]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1133,7 +1277,7 @@ func (x *SaveCheckpointResponse) String() string {
 func (*SaveCheckpointResponse) ProtoMessage() {}
 
 func (x *SaveCheckpointResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[17]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1146,7 +1290,7 @@ func (x *SaveCheckpointResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SaveCheckpointResponse.ProtoReflect.Descriptor instead.
 func (*SaveCheckpointResponse) Descriptor() ([]byte, []int) {
-	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{17}
+	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *SaveCheckpointResponse) GetFiles() []string {
@@ -1168,7 +1312,7 @@ type LoadCheckpointRequest struct {
 
 func (x *LoadCheckpointRequest) Reset() {
 	*x = LoadCheckpointRequest{}
-	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[18]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1180,7 +1324,7 @@ func (x *LoadCheckpointRequest) String() string {
 func (*LoadCheckpointRequest) ProtoMessage() {}
 
 func (x *LoadCheckpointRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[18]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1193,7 +1337,7 @@ func (x *LoadCheckpointRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadCheckpointRequest.ProtoReflect.Descriptor instead.
 func (*LoadCheckpointRequest) Descriptor() ([]byte, []int) {
-	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{18}
+	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *LoadCheckpointRequest) GetDir() string {
@@ -1223,7 +1367,7 @@ type LoadCheckpointResponse struct {
 
 func (x *LoadCheckpointResponse) Reset() {
 	*x = LoadCheckpointResponse{}
-	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[19]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1235,7 +1379,7 @@ func (x *LoadCheckpointResponse) String() string {
 func (*LoadCheckpointResponse) ProtoMessage() {}
 
 func (x *LoadCheckpointResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[19]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1248,7 +1392,7 @@ func (x *LoadCheckpointResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadCheckpointResponse.ProtoReflect.Descriptor instead.
 func (*LoadCheckpointResponse) Descriptor() ([]byte, []int) {
-	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{19}
+	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *LoadCheckpointResponse) GetStepCount() uint64 {
@@ -1273,7 +1417,7 @@ type ShutdownRequest struct {
 
 func (x *ShutdownRequest) Reset() {
 	*x = ShutdownRequest{}
-	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[20]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1285,7 +1429,7 @@ func (x *ShutdownRequest) String() string {
 func (*ShutdownRequest) ProtoMessage() {}
 
 func (x *ShutdownRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[20]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1298,7 +1442,7 @@ func (x *ShutdownRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShutdownRequest.ProtoReflect.Descriptor instead.
 func (*ShutdownRequest) Descriptor() ([]byte, []int) {
-	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{20}
+	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{23}
 }
 
 type ShutdownResponse struct {
@@ -1309,7 +1453,7 @@ type ShutdownResponse struct {
 
 func (x *ShutdownResponse) Reset() {
 	*x = ShutdownResponse{}
-	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[21]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1321,7 +1465,7 @@ func (x *ShutdownResponse) String() string {
 func (*ShutdownResponse) ProtoMessage() {}
 
 func (x *ShutdownResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[21]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1334,7 +1478,7 @@ func (x *ShutdownResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShutdownResponse.ProtoReflect.Descriptor instead.
 func (*ShutdownResponse) Descriptor() ([]byte, []int) {
-	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{21}
+	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{24}
 }
 
 type ExportDeviceRequest struct {
@@ -1345,7 +1489,7 @@ type ExportDeviceRequest struct {
 
 func (x *ExportDeviceRequest) Reset() {
 	*x = ExportDeviceRequest{}
-	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[22]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1357,7 +1501,7 @@ func (x *ExportDeviceRequest) String() string {
 func (*ExportDeviceRequest) ProtoMessage() {}
 
 func (x *ExportDeviceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[22]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1370,7 +1514,7 @@ func (x *ExportDeviceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportDeviceRequest.ProtoReflect.Descriptor instead.
 func (*ExportDeviceRequest) Descriptor() ([]byte, []int) {
-	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{22}
+	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{25}
 }
 
 type ExportDeviceResponse struct {
@@ -1384,7 +1528,7 @@ type ExportDeviceResponse struct {
 
 func (x *ExportDeviceResponse) Reset() {
 	*x = ExportDeviceResponse{}
-	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[23]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1396,7 +1540,7 @@ func (x *ExportDeviceResponse) String() string {
 func (*ExportDeviceResponse) ProtoMessage() {}
 
 func (x *ExportDeviceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[23]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1409,7 +1553,7 @@ func (x *ExportDeviceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportDeviceResponse.ProtoReflect.Descriptor instead.
 func (*ExportDeviceResponse) Descriptor() ([]byte, []int) {
-	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{23}
+	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ExportDeviceResponse) GetDevice() *DeviceBlock {
@@ -1429,7 +1573,7 @@ type EpochEndRequest struct {
 
 func (x *EpochEndRequest) Reset() {
 	*x = EpochEndRequest{}
-	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[24]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1441,7 +1585,7 @@ func (x *EpochEndRequest) String() string {
 func (*EpochEndRequest) ProtoMessage() {}
 
 func (x *EpochEndRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[24]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1454,7 +1598,7 @@ func (x *EpochEndRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EpochEndRequest.ProtoReflect.Descriptor instead.
 func (*EpochEndRequest) Descriptor() ([]byte, []int) {
-	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{24}
+	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *EpochEndRequest) GetEpoch() uint64 {
@@ -1474,7 +1618,7 @@ type EpochEndResponse struct {
 
 func (x *EpochEndResponse) Reset() {
 	*x = EpochEndResponse{}
-	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[25]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1486,7 +1630,7 @@ func (x *EpochEndResponse) String() string {
 func (*EpochEndResponse) ProtoMessage() {}
 
 func (x *EpochEndResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[25]
+	mi := &file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1499,7 +1643,7 @@ func (x *EpochEndResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EpochEndResponse.ProtoReflect.Descriptor instead.
 func (*EpochEndResponse) Descriptor() ([]byte, []int) {
-	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{25}
+	return file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *EpochEndResponse) GetRan() bool {
@@ -1514,7 +1658,14 @@ var File_shared_plugin_internal_pluginpb_trainer_proto protoreflect.FileDescript
 const file_shared_plugin_internal_pluginpb_trainer_proto_rawDesc = "" +
 	"\n" +
 	"-shared/plugin/internal/pluginpb/trainer.proto\x12\tcohort.v1\x1a+shared/plugin/internal/pluginpb/arena.proto\"\x11\n" +
-	"\x0fDescribeRequest\"\xe0\x01\n" +
+	"\x0fDescribeRequest\";\n" +
+	"\x14CheckSettingsRequest\x12#\n" +
+	"\rsettings_json\x18\x01 \x01(\fR\fsettingsJson\"N\n" +
+	"\x15CheckSettingsResponse\x125\n" +
+	"\bproblems\x18\x01 \x03(\v2\x19.cohort.v1.SettingProblemR\bproblems\"<\n" +
+	"\x0eSettingProblem\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x18\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\"\xe0\x01\n" +
 	"\x11PluginDescription\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x12\"\n" +
@@ -1618,9 +1769,10 @@ const file_shared_plugin_internal_pluginpb_trainer_proto_rawDesc = "" +
 	"LoadReason\x12\x1b\n" +
 	"\x17LOAD_REASON_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12LOAD_REASON_RESUME\x10\x01\x12\x1b\n" +
-	"\x17LOAD_REASON_REPLACEMENT\x10\x022\xed\x06\n" +
+	"\x17LOAD_REASON_REPLACEMENT\x10\x022\xc1\a\n" +
 	"\aTrainer\x12D\n" +
-	"\bDescribe\x12\x1a.cohort.v1.DescribeRequest\x1a\x1c.cohort.v1.PluginDescription\x12T\n" +
+	"\bDescribe\x12\x1a.cohort.v1.DescribeRequest\x1a\x1c.cohort.v1.PluginDescription\x12R\n" +
+	"\rCheckSettings\x12\x1f.cohort.v1.CheckSettingsRequest\x1a .cohort.v1.CheckSettingsResponse\x12T\n" +
 	"\tConfigure\x12\".cohort.v1.TrainerConfigureRequest\x1a#.cohort.v1.TrainerConfigureResponse\x12=\n" +
 	"\x06Attach\x12\x18.cohort.v1.AttachRequest\x1a\x19.cohort.v1.AttachResponse\x12;\n" +
 	"\x05Train\x12\x17.cohort.v1.TrainRequest\x1a\x17.cohort.v1.TrainReports0\x01\x12@\n" +
@@ -1646,77 +1798,83 @@ func file_shared_plugin_internal_pluginpb_trainer_proto_rawDescGZIP() []byte {
 }
 
 var file_shared_plugin_internal_pluginpb_trainer_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
+var file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
 var file_shared_plugin_internal_pluginpb_trainer_proto_goTypes = []any{
 	(LoadReason)(0),                  // 0: cohort.v1.LoadReason
 	(*DescribeRequest)(nil),          // 1: cohort.v1.DescribeRequest
-	(*PluginDescription)(nil),        // 2: cohort.v1.PluginDescription
-	(*SettingSpec)(nil),              // 3: cohort.v1.SettingSpec
-	(*TrainerConfigureRequest)(nil),  // 4: cohort.v1.TrainerConfigureRequest
-	(*TrainerConfigureResponse)(nil), // 5: cohort.v1.TrainerConfigureResponse
-	(*AttachRequest)(nil),            // 6: cohort.v1.AttachRequest
-	(*AttachResponse)(nil),           // 7: cohort.v1.AttachResponse
-	(*TrainRequest)(nil),             // 8: cohort.v1.TrainRequest
-	(*TrainReports)(nil),             // 9: cohort.v1.TrainReports
-	(*BatchReport)(nil),              // 10: cohort.v1.BatchReport
-	(*PublishRequest)(nil),           // 11: cohort.v1.PublishRequest
-	(*PublishResponse)(nil),          // 12: cohort.v1.PublishResponse
-	(*AdoptRequest)(nil),             // 13: cohort.v1.AdoptRequest
-	(*AdoptResponse)(nil),            // 14: cohort.v1.AdoptResponse
-	(*EvaluateRequest)(nil),          // 15: cohort.v1.EvaluateRequest
-	(*EvaluateResponse)(nil),         // 16: cohort.v1.EvaluateResponse
-	(*SaveCheckpointRequest)(nil),    // 17: cohort.v1.SaveCheckpointRequest
-	(*SaveCheckpointResponse)(nil),   // 18: cohort.v1.SaveCheckpointResponse
-	(*LoadCheckpointRequest)(nil),    // 19: cohort.v1.LoadCheckpointRequest
-	(*LoadCheckpointResponse)(nil),   // 20: cohort.v1.LoadCheckpointResponse
-	(*ShutdownRequest)(nil),          // 21: cohort.v1.ShutdownRequest
-	(*ShutdownResponse)(nil),         // 22: cohort.v1.ShutdownResponse
-	(*ExportDeviceRequest)(nil),      // 23: cohort.v1.ExportDeviceRequest
-	(*ExportDeviceResponse)(nil),     // 24: cohort.v1.ExportDeviceResponse
-	(*EpochEndRequest)(nil),          // 25: cohort.v1.EpochEndRequest
-	(*EpochEndResponse)(nil),         // 26: cohort.v1.EpochEndResponse
-	nil,                              // 27: cohort.v1.BatchReport.ScalarsEntry
-	(*Layout)(nil),                   // 28: cohort.v1.Layout
-	(*ArenaDescriptor)(nil),          // 29: cohort.v1.ArenaDescriptor
-	(*DeviceBlock)(nil),              // 30: cohort.v1.DeviceBlock
+	(*CheckSettingsRequest)(nil),     // 2: cohort.v1.CheckSettingsRequest
+	(*CheckSettingsResponse)(nil),    // 3: cohort.v1.CheckSettingsResponse
+	(*SettingProblem)(nil),           // 4: cohort.v1.SettingProblem
+	(*PluginDescription)(nil),        // 5: cohort.v1.PluginDescription
+	(*SettingSpec)(nil),              // 6: cohort.v1.SettingSpec
+	(*TrainerConfigureRequest)(nil),  // 7: cohort.v1.TrainerConfigureRequest
+	(*TrainerConfigureResponse)(nil), // 8: cohort.v1.TrainerConfigureResponse
+	(*AttachRequest)(nil),            // 9: cohort.v1.AttachRequest
+	(*AttachResponse)(nil),           // 10: cohort.v1.AttachResponse
+	(*TrainRequest)(nil),             // 11: cohort.v1.TrainRequest
+	(*TrainReports)(nil),             // 12: cohort.v1.TrainReports
+	(*BatchReport)(nil),              // 13: cohort.v1.BatchReport
+	(*PublishRequest)(nil),           // 14: cohort.v1.PublishRequest
+	(*PublishResponse)(nil),          // 15: cohort.v1.PublishResponse
+	(*AdoptRequest)(nil),             // 16: cohort.v1.AdoptRequest
+	(*AdoptResponse)(nil),            // 17: cohort.v1.AdoptResponse
+	(*EvaluateRequest)(nil),          // 18: cohort.v1.EvaluateRequest
+	(*EvaluateResponse)(nil),         // 19: cohort.v1.EvaluateResponse
+	(*SaveCheckpointRequest)(nil),    // 20: cohort.v1.SaveCheckpointRequest
+	(*SaveCheckpointResponse)(nil),   // 21: cohort.v1.SaveCheckpointResponse
+	(*LoadCheckpointRequest)(nil),    // 22: cohort.v1.LoadCheckpointRequest
+	(*LoadCheckpointResponse)(nil),   // 23: cohort.v1.LoadCheckpointResponse
+	(*ShutdownRequest)(nil),          // 24: cohort.v1.ShutdownRequest
+	(*ShutdownResponse)(nil),         // 25: cohort.v1.ShutdownResponse
+	(*ExportDeviceRequest)(nil),      // 26: cohort.v1.ExportDeviceRequest
+	(*ExportDeviceResponse)(nil),     // 27: cohort.v1.ExportDeviceResponse
+	(*EpochEndRequest)(nil),          // 28: cohort.v1.EpochEndRequest
+	(*EpochEndResponse)(nil),         // 29: cohort.v1.EpochEndResponse
+	nil,                              // 30: cohort.v1.BatchReport.ScalarsEntry
+	(*Layout)(nil),                   // 31: cohort.v1.Layout
+	(*ArenaDescriptor)(nil),          // 32: cohort.v1.ArenaDescriptor
+	(*DeviceBlock)(nil),              // 33: cohort.v1.DeviceBlock
 }
 var file_shared_plugin_internal_pluginpb_trainer_proto_depIdxs = []int32{
-	3,  // 0: cohort.v1.PluginDescription.settings:type_name -> cohort.v1.SettingSpec
-	28, // 1: cohort.v1.TrainerConfigureResponse.layout:type_name -> cohort.v1.Layout
-	29, // 2: cohort.v1.AttachRequest.arena:type_name -> cohort.v1.ArenaDescriptor
-	10, // 3: cohort.v1.TrainReports.reports:type_name -> cohort.v1.BatchReport
-	27, // 4: cohort.v1.BatchReport.scalars:type_name -> cohort.v1.BatchReport.ScalarsEntry
-	0,  // 5: cohort.v1.LoadCheckpointRequest.reason:type_name -> cohort.v1.LoadReason
-	30, // 6: cohort.v1.ExportDeviceResponse.device:type_name -> cohort.v1.DeviceBlock
-	1,  // 7: cohort.v1.Trainer.Describe:input_type -> cohort.v1.DescribeRequest
-	4,  // 8: cohort.v1.Trainer.Configure:input_type -> cohort.v1.TrainerConfigureRequest
-	6,  // 9: cohort.v1.Trainer.Attach:input_type -> cohort.v1.AttachRequest
-	8,  // 10: cohort.v1.Trainer.Train:input_type -> cohort.v1.TrainRequest
-	11, // 11: cohort.v1.Trainer.Publish:input_type -> cohort.v1.PublishRequest
-	13, // 12: cohort.v1.Trainer.Adopt:input_type -> cohort.v1.AdoptRequest
-	15, // 13: cohort.v1.Trainer.Evaluate:input_type -> cohort.v1.EvaluateRequest
-	17, // 14: cohort.v1.Trainer.SaveCheckpoint:input_type -> cohort.v1.SaveCheckpointRequest
-	19, // 15: cohort.v1.Trainer.LoadCheckpoint:input_type -> cohort.v1.LoadCheckpointRequest
-	25, // 16: cohort.v1.Trainer.EpochEnd:input_type -> cohort.v1.EpochEndRequest
-	23, // 17: cohort.v1.Trainer.ExportDevice:input_type -> cohort.v1.ExportDeviceRequest
-	21, // 18: cohort.v1.Trainer.Shutdown:input_type -> cohort.v1.ShutdownRequest
-	2,  // 19: cohort.v1.Trainer.Describe:output_type -> cohort.v1.PluginDescription
-	5,  // 20: cohort.v1.Trainer.Configure:output_type -> cohort.v1.TrainerConfigureResponse
-	7,  // 21: cohort.v1.Trainer.Attach:output_type -> cohort.v1.AttachResponse
-	9,  // 22: cohort.v1.Trainer.Train:output_type -> cohort.v1.TrainReports
-	12, // 23: cohort.v1.Trainer.Publish:output_type -> cohort.v1.PublishResponse
-	14, // 24: cohort.v1.Trainer.Adopt:output_type -> cohort.v1.AdoptResponse
-	16, // 25: cohort.v1.Trainer.Evaluate:output_type -> cohort.v1.EvaluateResponse
-	18, // 26: cohort.v1.Trainer.SaveCheckpoint:output_type -> cohort.v1.SaveCheckpointResponse
-	20, // 27: cohort.v1.Trainer.LoadCheckpoint:output_type -> cohort.v1.LoadCheckpointResponse
-	26, // 28: cohort.v1.Trainer.EpochEnd:output_type -> cohort.v1.EpochEndResponse
-	24, // 29: cohort.v1.Trainer.ExportDevice:output_type -> cohort.v1.ExportDeviceResponse
-	22, // 30: cohort.v1.Trainer.Shutdown:output_type -> cohort.v1.ShutdownResponse
-	19, // [19:31] is the sub-list for method output_type
-	7,  // [7:19] is the sub-list for method input_type
-	7,  // [7:7] is the sub-list for extension type_name
-	7,  // [7:7] is the sub-list for extension extendee
-	0,  // [0:7] is the sub-list for field type_name
+	4,  // 0: cohort.v1.CheckSettingsResponse.problems:type_name -> cohort.v1.SettingProblem
+	6,  // 1: cohort.v1.PluginDescription.settings:type_name -> cohort.v1.SettingSpec
+	31, // 2: cohort.v1.TrainerConfigureResponse.layout:type_name -> cohort.v1.Layout
+	32, // 3: cohort.v1.AttachRequest.arena:type_name -> cohort.v1.ArenaDescriptor
+	13, // 4: cohort.v1.TrainReports.reports:type_name -> cohort.v1.BatchReport
+	30, // 5: cohort.v1.BatchReport.scalars:type_name -> cohort.v1.BatchReport.ScalarsEntry
+	0,  // 6: cohort.v1.LoadCheckpointRequest.reason:type_name -> cohort.v1.LoadReason
+	33, // 7: cohort.v1.ExportDeviceResponse.device:type_name -> cohort.v1.DeviceBlock
+	1,  // 8: cohort.v1.Trainer.Describe:input_type -> cohort.v1.DescribeRequest
+	2,  // 9: cohort.v1.Trainer.CheckSettings:input_type -> cohort.v1.CheckSettingsRequest
+	7,  // 10: cohort.v1.Trainer.Configure:input_type -> cohort.v1.TrainerConfigureRequest
+	9,  // 11: cohort.v1.Trainer.Attach:input_type -> cohort.v1.AttachRequest
+	11, // 12: cohort.v1.Trainer.Train:input_type -> cohort.v1.TrainRequest
+	14, // 13: cohort.v1.Trainer.Publish:input_type -> cohort.v1.PublishRequest
+	16, // 14: cohort.v1.Trainer.Adopt:input_type -> cohort.v1.AdoptRequest
+	18, // 15: cohort.v1.Trainer.Evaluate:input_type -> cohort.v1.EvaluateRequest
+	20, // 16: cohort.v1.Trainer.SaveCheckpoint:input_type -> cohort.v1.SaveCheckpointRequest
+	22, // 17: cohort.v1.Trainer.LoadCheckpoint:input_type -> cohort.v1.LoadCheckpointRequest
+	28, // 18: cohort.v1.Trainer.EpochEnd:input_type -> cohort.v1.EpochEndRequest
+	26, // 19: cohort.v1.Trainer.ExportDevice:input_type -> cohort.v1.ExportDeviceRequest
+	24, // 20: cohort.v1.Trainer.Shutdown:input_type -> cohort.v1.ShutdownRequest
+	5,  // 21: cohort.v1.Trainer.Describe:output_type -> cohort.v1.PluginDescription
+	3,  // 22: cohort.v1.Trainer.CheckSettings:output_type -> cohort.v1.CheckSettingsResponse
+	8,  // 23: cohort.v1.Trainer.Configure:output_type -> cohort.v1.TrainerConfigureResponse
+	10, // 24: cohort.v1.Trainer.Attach:output_type -> cohort.v1.AttachResponse
+	12, // 25: cohort.v1.Trainer.Train:output_type -> cohort.v1.TrainReports
+	15, // 26: cohort.v1.Trainer.Publish:output_type -> cohort.v1.PublishResponse
+	17, // 27: cohort.v1.Trainer.Adopt:output_type -> cohort.v1.AdoptResponse
+	19, // 28: cohort.v1.Trainer.Evaluate:output_type -> cohort.v1.EvaluateResponse
+	21, // 29: cohort.v1.Trainer.SaveCheckpoint:output_type -> cohort.v1.SaveCheckpointResponse
+	23, // 30: cohort.v1.Trainer.LoadCheckpoint:output_type -> cohort.v1.LoadCheckpointResponse
+	29, // 31: cohort.v1.Trainer.EpochEnd:output_type -> cohort.v1.EpochEndResponse
+	27, // 32: cohort.v1.Trainer.ExportDevice:output_type -> cohort.v1.ExportDeviceResponse
+	25, // 33: cohort.v1.Trainer.Shutdown:output_type -> cohort.v1.ShutdownResponse
+	21, // [21:34] is the sub-list for method output_type
+	8,  // [8:21] is the sub-list for method input_type
+	8,  // [8:8] is the sub-list for extension type_name
+	8,  // [8:8] is the sub-list for extension extendee
+	0,  // [0:8] is the sub-list for field type_name
 }
 
 func init() { file_shared_plugin_internal_pluginpb_trainer_proto_init() }
@@ -1725,15 +1883,15 @@ func file_shared_plugin_internal_pluginpb_trainer_proto_init() {
 		return
 	}
 	file_shared_plugin_internal_pluginpb_arena_proto_init()
-	file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[9].OneofWrappers = []any{}
-	file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[15].OneofWrappers = []any{}
+	file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[12].OneofWrappers = []any{}
+	file_shared_plugin_internal_pluginpb_trainer_proto_msgTypes[18].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_shared_plugin_internal_pluginpb_trainer_proto_rawDesc), len(file_shared_plugin_internal_pluginpb_trainer_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   27,
+			NumMessages:   30,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

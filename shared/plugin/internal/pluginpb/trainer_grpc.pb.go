@@ -24,6 +24,7 @@ const _ = grpc.SupportPackageIsVersion9
 
 const (
 	Trainer_Describe_FullMethodName       = "/cohort.v1.Trainer/Describe"
+	Trainer_CheckSettings_FullMethodName  = "/cohort.v1.Trainer/CheckSettings"
 	Trainer_Configure_FullMethodName      = "/cohort.v1.Trainer/Configure"
 	Trainer_Attach_FullMethodName         = "/cohort.v1.Trainer/Attach"
 	Trainer_Train_FullMethodName          = "/cohort.v1.Trainer/Train"
@@ -42,6 +43,12 @@ const (
 // For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
 type TrainerClient interface {
 	Describe(ctx context.Context, in *DescribeRequest, opts ...grpc.CallOption) (*PluginDescription, error)
+	// CheckSettings checks a config block's settings as Configure would read
+	// them, loading and training nothing, so that a run refuses a value the
+	// plugin would refuse before any rank starts. A plugin built before it
+	// answers UNIMPLEMENTED: the host then checks the block against the
+	// declared schema alone.
+	CheckSettings(ctx context.Context, in *CheckSettingsRequest, opts ...grpc.CallOption) (*CheckSettingsResponse, error)
 	// Configure builds the model and loads the data; it answers with the
 	// parameter layout, so the core can size the arena before Attach.
 	Configure(ctx context.Context, in *TrainerConfigureRequest, opts ...grpc.CallOption) (*TrainerConfigureResponse, error)
@@ -84,6 +91,16 @@ func (c *trainerClient) Describe(ctx context.Context, in *DescribeRequest, opts 
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(PluginDescription)
 	err := c.cc.Invoke(ctx, Trainer_Describe_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *trainerClient) CheckSettings(ctx context.Context, in *CheckSettingsRequest, opts ...grpc.CallOption) (*CheckSettingsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CheckSettingsResponse)
+	err := c.cc.Invoke(ctx, Trainer_CheckSettings_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -214,6 +231,12 @@ func (c *trainerClient) Shutdown(ctx context.Context, in *ShutdownRequest, opts 
 // for forward compatibility.
 type TrainerServer interface {
 	Describe(context.Context, *DescribeRequest) (*PluginDescription, error)
+	// CheckSettings checks a config block's settings as Configure would read
+	// them, loading and training nothing, so that a run refuses a value the
+	// plugin would refuse before any rank starts. A plugin built before it
+	// answers UNIMPLEMENTED: the host then checks the block against the
+	// declared schema alone.
+	CheckSettings(context.Context, *CheckSettingsRequest) (*CheckSettingsResponse, error)
 	// Configure builds the model and loads the data; it answers with the
 	// parameter layout, so the core can size the arena before Attach.
 	Configure(context.Context, *TrainerConfigureRequest) (*TrainerConfigureResponse, error)
@@ -254,6 +277,9 @@ type UnimplementedTrainerServer struct{}
 
 func (UnimplementedTrainerServer) Describe(context.Context, *DescribeRequest) (*PluginDescription, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method Describe not implemented")
+}
+func (UnimplementedTrainerServer) CheckSettings(context.Context, *CheckSettingsRequest) (*CheckSettingsResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method CheckSettings not implemented")
 }
 func (UnimplementedTrainerServer) Configure(context.Context, *TrainerConfigureRequest) (*TrainerConfigureResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method Configure not implemented")
@@ -323,6 +349,24 @@ func _Trainer_Describe_Handler(srv interface{}, ctx context.Context, dec func(in
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
 		return srv.(TrainerServer).Describe(ctx, req.(*DescribeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Trainer_CheckSettings_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CheckSettingsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(TrainerServer).CheckSettings(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Trainer_CheckSettings_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(TrainerServer).CheckSettings(ctx, req.(*CheckSettingsRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -528,6 +572,10 @@ var Trainer_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Describe",
 			Handler:    _Trainer_Describe_Handler,
+		},
+		{
+			MethodName: "CheckSettings",
+			Handler:    _Trainer_CheckSettings_Handler,
 		},
 		{
 			MethodName: "Configure",

@@ -19,6 +19,11 @@ class TrainerStub(object):
                 request_serializer=shared_dot_plugin_dot_internal_dot_pluginpb_dot_trainer__pb2.DescribeRequest.SerializeToString,
                 response_deserializer=shared_dot_plugin_dot_internal_dot_pluginpb_dot_trainer__pb2.PluginDescription.FromString,
                 )
+        self.CheckSettings = channel.unary_unary(
+                '/cohort.v1.Trainer/CheckSettings',
+                request_serializer=shared_dot_plugin_dot_internal_dot_pluginpb_dot_trainer__pb2.CheckSettingsRequest.SerializeToString,
+                response_deserializer=shared_dot_plugin_dot_internal_dot_pluginpb_dot_trainer__pb2.CheckSettingsResponse.FromString,
+                )
         self.Configure = channel.unary_unary(
                 '/cohort.v1.Trainer/Configure',
                 request_serializer=shared_dot_plugin_dot_internal_dot_pluginpb_dot_trainer__pb2.TrainerConfigureRequest.SerializeToString,
@@ -81,6 +86,17 @@ class TrainerServicer(object):
 
     def Describe(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CheckSettings(self, request, context):
+        """CheckSettings checks a config block's settings as Configure would read
+        them, loading and training nothing, so that a run refuses a value the
+        plugin would refuse before any rank starts. A plugin built before it
+        answers UNIMPLEMENTED: the host then checks the block against the
+        declared schema alone.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -176,6 +192,11 @@ def add_TrainerServicer_to_server(servicer, server):
                     request_deserializer=shared_dot_plugin_dot_internal_dot_pluginpb_dot_trainer__pb2.DescribeRequest.FromString,
                     response_serializer=shared_dot_plugin_dot_internal_dot_pluginpb_dot_trainer__pb2.PluginDescription.SerializeToString,
             ),
+            'CheckSettings': grpc.unary_unary_rpc_method_handler(
+                    servicer.CheckSettings,
+                    request_deserializer=shared_dot_plugin_dot_internal_dot_pluginpb_dot_trainer__pb2.CheckSettingsRequest.FromString,
+                    response_serializer=shared_dot_plugin_dot_internal_dot_pluginpb_dot_trainer__pb2.CheckSettingsResponse.SerializeToString,
+            ),
             'Configure': grpc.unary_unary_rpc_method_handler(
                     servicer.Configure,
                     request_deserializer=shared_dot_plugin_dot_internal_dot_pluginpb_dot_trainer__pb2.TrainerConfigureRequest.FromString,
@@ -255,6 +276,23 @@ class Trainer(object):
         return grpc.experimental.unary_unary(request, target, '/cohort.v1.Trainer/Describe',
             shared_dot_plugin_dot_internal_dot_pluginpb_dot_trainer__pb2.DescribeRequest.SerializeToString,
             shared_dot_plugin_dot_internal_dot_pluginpb_dot_trainer__pb2.PluginDescription.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def CheckSettings(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/cohort.v1.Trainer/CheckSettings',
+            shared_dot_plugin_dot_internal_dot_pluginpb_dot_trainer__pb2.CheckSettingsRequest.SerializeToString,
+            shared_dot_plugin_dot_internal_dot_pluginpb_dot_trainer__pb2.CheckSettingsResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 
