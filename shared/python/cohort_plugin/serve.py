@@ -93,14 +93,28 @@ def _protect_stdout():
     return private
 
 
+# What the process removes before it exits, however it exits short of a
+# SIGKILL: the socket file.
+_cleanup = []
+
+
+def _remove_files():
+    for path in _cleanup:
+        try:
+            os.remove(path)
+        except OSError:
+            pass
+
+
 def _die_with_parent(log):
-    """Exits when the host does: the kernel's parent-death signal, and a
-    watcher for what it misses (it follows the host's thread, not its
-    process)."""
+    """Exits when the host does: the kernel's parent-death signal (SIGTERM,
+    which serve handles by stopping and removing the socket; the host's
+    SIGKILL would leave it), and a watcher for what the signal misses (it
+    follows the host's thread, not its process)."""
     ppid = os.getppid()
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+        libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
     if os.getppid() != ppid:
@@ -111,6 +125,7 @@ def _die_with_parent(log):
             time.sleep(0.3)
             if os.getppid() != ppid:
                 log.warning("host process is gone; exiting", extra={"kv": {"parent_pid": ppid}})
+                _remove_files()
                 os._exit(1)
 
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
@@ -240,10 +255,13 @@ def serve(trainer_factory, name=None):
                                   ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)])
     trainer_pb2_grpc.add_TrainerServicer_to_server(
         service.TrainerService(impl, log, load_reasons=version >= 3), server)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stopped.set())
     sock_dir = os.environ.get("PLUGIN_UNIX_SOCKET_DIR") or tempfile.gettempdir()
     fd, path = tempfile.mkstemp(prefix="plugin", dir=sock_dir)
     os.close(fd)
     os.remove(path)
+    _cleanup.append(path)
     addr = "unix:" + path
     if client_cert:
         creds = grpc.ssl_server_credentials([(key_pem, cert_pem)], root_certificates=client_cert,
@@ -254,8 +272,6 @@ def serve(trainer_factory, name=None):
         server.add_insecure_port(addr)
         cert_field = ""
     server.start()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stopped.set())
     log.debug("serving", extra={"kv": {"kind": "trainer", "protocol": version}})
     os.write(handshake, ("%d|%d|unix|%s|grpc|%s\n" % (CORE_PROTOCOL_VERSION, version, path, cert_field)).encode())
     os.close(handshake)
@@ -264,8 +280,5 @@ def serve(trainer_factory, name=None):
             pass
     finally:
         server.stop(1).wait(2)
-        try:
-            os.remove(path)
-        except OSError:
-            pass
+        _remove_files()
     os._exit(0)
