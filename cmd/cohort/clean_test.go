@@ -1,8 +1,10 @@
 package main
 
 import (
+	"fmt"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -19,10 +21,47 @@ var alarm = regexp.MustCompile(`\[(ERROR|WARN)\]`)
 // file it writes has one mode, an os.Create'd file's.
 func TestCleanRunRaisesNoAlarm(t *testing.T) {
 	buildPlugin(t, "averaging-cpu")
-	cfg := writeRunConfigAveraging(t, "coordinator {\n  sync_every = 4\n}", map[string]any{"samples": 1024, "batch_size": 16}, `averager "cpu" {}`)
+	t.Run("mock trainer", func(t *testing.T) {
+		cfg := writeRunConfigAveraging(t, "coordinator {\n  sync_every = 4\n}", map[string]any{"samples": 1024, "batch_size": 16}, `averager "cpu" {}`)
+		checkCleanRun(t, "--config", cfg, "--ranks", "4", "--epochs", "3")
+	})
+	// make run: the built-in configuration (libtorch's MLP on
+	// Fashion-MNIST, 4 ranks, 3 epochs, averaging-cpu).
+	t.Run("make run", func(t *testing.T) {
+		buildLibtorch(t)
+		out := checkCleanRun(t)
+		if sum := readSummary(t, out); sum.Trainer != "libtorch" || sum.Averager != "cpu" || len(sum.Epochs) != 3 || sum.Epochs[2].Accuracy == nil {
+			t.Errorf("the built-in configuration ran trainer %q, averager %q, %d epochs", sum.Trainer, sum.Averager, len(sum.Epochs))
+		}
+	})
+}
+
+// buildLibtorch builds the libtorch trainer and its shim (shim.mk) into
+// the plugins directory beside the test's cohort binary, where the plugin
+// looks for the shim first.
+func buildLibtorch(t *testing.T) {
+	t.Helper()
+	buildPlugin(t, "trainer-libtorch")
+	v, _ := pluginBuilds.LoadOrStore("libtorch shim", &pluginBuild{})
+	b := v.(*pluginBuild)
+	b.once.Do(func() {
+		shim := filepath.Join(filepath.Dir(cohortBinary(t)), "plugins", "libcohort_torch_shim.so")
+		out, err := exec.Command("make", "--no-print-directory", "-C", "../..", "-f", "plugins/trainer-libtorch/shim.mk", "SHIM_OUT="+shim, "shim").CombinedOutput()
+		if err != nil {
+			b.err = fmt.Errorf("build the libtorch shim (make deps installs libtorch-dev): %w\n%s", err, out)
+		}
+	})
+	if b.err != nil {
+		t.Fatal(b.err)
+	}
+}
+
+// checkCleanRun runs `cohort run` with args, which must complete, checks
+// its console, logs and files, and returns its out directory.
+func checkCleanRun(t *testing.T, args ...string) string {
 	out := filepath.Join(t.TempDir(), "run")
-	p := startCohort(t, "run", "--config", cfg, "--ranks", "4", "--epochs", "3", "--out", out)
-	if code := p.wait(120 * time.Second); code != 0 {
+	p := startCohort(t, append([]string{"run", "--out", out}, args...)...)
+	if code := p.wait(300 * time.Second); code != 0 {
 		t.Fatalf("exit %d", code)
 	}
 	texts := map[string]string{"stdout": p.output(), "stderr": p.stderrText()}
@@ -67,4 +106,5 @@ func TestCleanRunRaisesNoAlarm(t *testing.T) {
 	if n < 10 {
 		t.Errorf("%d files under %s: the run wrote less than expected", n, out)
 	}
+	return out
 }

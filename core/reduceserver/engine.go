@@ -49,6 +49,11 @@ type engine struct {
 	log     hclog.Logger
 	members map[uint32]*member
 	gone    map[uint32]bool
+	// ending is set by the first goodbye: ranks say it only as they shut
+	// down, and a rank's channel that breaks after it is one leaving with
+	// the rest (its goodbye lost when this side's send to it failed and
+	// closed the socket first), not news.
+	ending bool
 	formed  bool
 	topoGen uint64
 	hosts   [][]uint32
@@ -62,6 +67,9 @@ type engine struct {
 	anyDone    bool
 	sessionGen uint64
 }
+
+// whyLost is the reason of a rank whose data channel broke.
+const whyLost = "lost its data channel"
 
 func newEngine(s *Server) *engine {
 	return &engine{
@@ -113,7 +121,7 @@ func (e *engine) handle(ev event) {
 		if m := e.members[ev.who()]; m != nil && m.rc == ev.rc && errors.Is(ev.err, reduce.ErrByeCut) {
 			e.remove(ev.rc.rank, "said goodbye as its connection closed", errBye, false, false)
 		} else if m != nil && m.rc == ev.rc {
-			why, refused := "lost its data channel", false
+			why, refused := whyLost, false
 			for _, bad := range []error{authframe.ErrBadTag, authframe.ErrTooLarge, authframe.ErrBadMagic, authframe.ErrUnknownKind, authframe.ErrMalformed} {
 				if errors.Is(ev.err, bad) {
 					why, refused = "sent a frame that was refused", true

@@ -43,11 +43,16 @@ func (e *engine) remove(r uint32, why string, err error, lost, absent bool) {
 		// The server is closing: a connection cut mid-goodbye is expected.
 		e.log.Debug("rank's connection closed with the server", "rank", r, "error", err.Error())
 	case err != nil && !errors.Is(err, errBye):
-		e.log.Error("rank leaves the cohort", "rank", r, "why", why, "error", err.Error())
+		if e.ending && lost && why == whyLost {
+			e.log.Info("rank left as the cohort ends, its goodbye lost", "rank", r, "error", err.Error())
+		} else {
+			e.log.Error("rank leaves the cohort", "rank", r, "why", why, "error", err.Error())
+		}
 		if lost && e.s.cfg.OnRankLost != nil {
 			e.s.cfg.OnRankLost(r, err)
 		}
 	case errors.Is(err, errBye):
+		e.ending = true
 		e.log.Info("rank said goodbye", "rank", r)
 	default:
 		e.log.Warn("rank leaves the cohort", "rank", r, "why", why)

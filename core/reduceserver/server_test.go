@@ -454,3 +454,49 @@ func TestCloseJoinsGoroutines(t *testing.T) {
 		t.Fatalf("%d goroutines after Close, %d before:\n%s", n, before, buf[:runtime.Stack(buf, true)])
 	}
 }
+
+// A rank whose channel breaks is news (an ERROR) while the cohort trains,
+// and not once ranks have begun to say goodbye: then it leaves with the
+// rest, its own goodbye lost when this side's send to it failed first.
+func TestLostChannelAsTheCohortEnds(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		goodbye   bool
+		wantError bool
+	}{
+		{"while the cohort trains", false, true},
+		{"after a goodbye", true, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, logs := startServer(t, 3)
+			rs := []*testRank{mustRank(t, s, 0, 3), mustRank(t, s, 1, 3), mustRank(t, s, 2, 3)}
+			roundAll(t, 1, rs...)
+			if tc.goodbye {
+				if err := rs[0].conn.Send(context.Background(), reduce.KindBye); err != nil {
+					t.Fatal(err)
+				}
+				waitLog(t, logs, "rank said goodbye")
+			}
+			rs[1].raw.Conn.Close() // no goodbye
+			waitLog(t, logs, "leaves the cohort: rank=1", "goodbye lost: rank=1")
+			if got := strings.Contains(logs.String(), "[ERROR]"); got != tc.wantError {
+				t.Errorf("an ERROR logged: %v, want %v:\n%s", got, tc.wantError, logs)
+			}
+		})
+	}
+}
+
+// waitLog waits for logs to hold one of subs.
+func waitLog(t *testing.T, logs *plugintest.LogBuffer, subs ...string) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		for _, sub := range subs {
+			if strings.Contains(logs.String(), sub) {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("none of %q logged:\n%s", subs, logs)
+		}
+	}
+}
