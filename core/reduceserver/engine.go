@@ -53,7 +53,7 @@ type engine struct {
 	// down, and a rank's channel that breaks after it is one leaving with
 	// the rest (its goodbye lost when this side's send to it failed and
 	// closed the socket first), not news.
-	ending bool
+	ending  bool
 	formed  bool
 	topoGen uint64
 	hosts   [][]uint32
