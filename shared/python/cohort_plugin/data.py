@@ -2,6 +2,7 @@
 
 import gzip
 import struct
+import zlib
 
 import torch
 
@@ -13,7 +14,15 @@ MAX_IDX_BYTES = 16 << 30
 
 def load_idx(path):
     """The IDX file at path (gzipped or not, told by its magic) as a tensor
-    of its own shape. A header that disagrees with the data is an error."""
+    of its own shape. A header that disagrees with the data, or a gzip
+    stream that breaks off, is a ValueError naming the file."""
+    try:
+        return _load_idx(path)
+    except (EOFError, zlib.error, gzip.BadGzipFile, struct.error) as e:
+        raise ValueError("%s: %s" % (path, e)) from e
+
+
+def _load_idx(path):
     with open(path, "rb") as f:
         gz = f.read(2) == b"\x1f\x8b"
     with (gzip.open(path, "rb") if gz else open(path, "rb")) as f:
