@@ -238,7 +238,7 @@ func (h *harness) quotaRows(rep *heteroReport, base runConfig) error {
 			to = ptr(round3(t))
 		}
 		rep.QuotaCohort = append(rep.QuotaCohort, to)
-		p, err := h.peerRun(seed, quotaHook(q, ddpRankProcs(rep.SlowRank, o.ranks)))
+		p, err := h.peerRun(runConfig{Seed: seed, Batch: o.batch, LR: o.lr}, quotaHook(q, ddpRankProcs(rep.SlowRank, o.ranks)))
 		if err != nil {
 			return fmt.Errorf("DDP, rank %d under a CPU quota, seed %d: %w", rep.SlowRank, seed, err)
 		}

@@ -12,7 +12,7 @@ import (
 type report struct {
 	Bench    string        `json:"bench"`
 	Settings settingsJSON  `json:"settings"`
-	DDP      *ddpReport    `json:"ddp,omitempty"`
+	Matrix   []*ddpReport  `json:"matrix,omitempty"`
 	Single   *singleReport `json:"single,omitempty"`
 	Hetero   *heteroReport `json:"hetero,omitempty"`
 	WallS    float64       `json:"wall_s"`
@@ -23,12 +23,10 @@ type settingsJSON struct {
 	Epochs       int     `json:"epochs"`
 	TargetEpochs int     `json:"target_epochs"`
 	Target       float64 `json:"target"`
-	Seeds        int     `json:"seeds"`
 	LR           float64 `json:"lr"`
 	Momentum     float64 `json:"momentum"`
 	Batch        int     `json:"batch_per_rank"`
 	Threads      int     `json:"threads_per_rank"`
-	Model        string  `json:"model"`
 	Averager     string  `json:"averager"`
 	Policy       string  `json:"policy"`
 	SyncEvery    int     `json:"sync_every"`

@@ -41,6 +41,11 @@ type runConfig struct {
 	SyncEvery int    // 0 leaves the built-in sync_every
 	PluginDir string
 	Data      string
+	// Model is "mlp" (784-256-10, also when empty), "cnn" or a TorchScript
+	// file; Optimizer is "sgd" (momentum 0.9, also when empty) or "adamw"
+	// (the trainer's and the peer's defaults: weight decay 0.01).
+	Model     string
+	Optimizer string
 	Batch     int
 	LR        float64
 	Threads   int
@@ -77,21 +82,49 @@ func (c runConfig) hcl() string {
 		fmt.Fprintf(&b, "worker {\n  plugin_dir = %s\n}\n\n", hclString(c.PluginDir))
 	}
 	fmt.Fprintf(&b, `trainer "libtorch" {
-  model      = "mlp"
-  hidden     = [256]
-  data       = %s
+%s  data       = %s
   batch_size = %d
-  optimizer  = "sgd"
-  lr         = %s
-  momentum   = %s
-  threads    = %d
+%s  threads    = %d
 %s}
 
 averager %s {
 }
-`, hclString(c.Data), c.Batch, strconv.FormatFloat(c.LR, 'g', -1, 64), strconv.FormatFloat(momentum, 'g', -1, 64),
-		c.Threads, c.slowSetting(), hclString(averager))
+`, c.modelSettings(), hclString(c.Data), c.Batch, c.optimizerSettings(), c.Threads, c.slowSetting(), hclString(averager))
 	return b.String()
+}
+
+// modelName is the model as the peer's --model takes it.
+func (c runConfig) modelName() string {
+	if c.Model == "" {
+		return "mlp"
+	}
+	return c.Model
+}
+
+// optimizerName is the optimizer as the peer's --optimizer takes it.
+func (c runConfig) optimizerName() string {
+	if c.Optimizer == "" {
+		return "sgd"
+	}
+	return c.Optimizer
+}
+
+// modelSettings are the trainer block's model lines.
+func (c runConfig) modelSettings() string {
+	if m := c.modelName(); m != "mlp" {
+		return fmt.Sprintf("  model      = %s\n", hclString(m))
+	}
+	return "  model      = \"mlp\"\n  hidden     = [256]\n"
+}
+
+// optimizerSettings are the trainer block's optimizer lines: SGD names its
+// momentum, AdamW keeps the trainer's defaults, which are the peer's.
+func (c runConfig) optimizerSettings() string {
+	lr := strconv.FormatFloat(c.LR, 'g', -1, 64)
+	if o := c.optimizerName(); o != "sgd" {
+		return fmt.Sprintf("  optimizer  = %s\n  lr         = %s\n", hclString(o), lr)
+	}
+	return fmt.Sprintf("  optimizer  = \"sgd\"\n  lr         = %s\n  momentum   = %s\n", lr, strconv.FormatFloat(momentum, 'g', -1, 64))
 }
 
 // slowSetting is the trainer block's sleep_per_batch_by_rank line, if any.
@@ -237,13 +270,15 @@ func parsePeer(out string) (peerResult, error) {
 	return res, nil
 }
 
-// peerRun runs the DDP peer with the comparison's settings; hook as for
-// runLogged.
-func (h *harness) peerRun(seed int, hook func(pid int) func() error) (peerResult, error) {
+// peerRun runs the DDP peer with cfg's seed, model, optimizer, learning
+// rate and batch, and the comparison's ranks, epochs and target (1 thread
+// per rank); hook as for runLogged.
+func (h *harness) peerRun(cfg runConfig, hook func(pid int) func() error) (peerResult, error) {
 	o := h.o
 	cmd := exec.Command(o.python, o.peer, "--ranks", strconv.Itoa(o.ranks), "--epochs", strconv.Itoa(o.targetEpochs),
-		"--lr", strconv.FormatFloat(o.lr, 'g', -1, 64), "--batch", strconv.Itoa(o.batch),
-		"--seed", strconv.Itoa(seed), "--target", strconv.FormatFloat(o.target, 'g', -1, 64))
+		"--model", cfg.modelName(), "--optimizer", cfg.optimizerName(), "--threads", "1",
+		"--lr", strconv.FormatFloat(cfg.LR, 'g', -1, 64), "--batch", strconv.Itoa(cfg.Batch),
+		"--seed", strconv.Itoa(cfg.Seed), "--target", strconv.FormatFloat(o.target, 'g', -1, 64))
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if o.verbose {

@@ -199,6 +199,10 @@ func TestConfigHCL(t *testing.T) {
 			config.PolicyCadence, 25},
 		{"a slow rank", runConfig{Seed: 1, Policy: "async", Data: "/d", Batch: 64, LR: 0.05, Threads: 1, SlowRank: 3, SlowDelay: 8500 * time.Microsecond},
 			config.PolicyAsync, def.Coordinator.SyncEvery},
+		{"cnn", runConfig{Seed: 1, Data: "/d", Model: "cnn", Optimizer: "sgd", Batch: 64, LR: 0.05, Threads: 1},
+			def.Coordinator.Policy, def.Coordinator.SyncEvery},
+		{"a TorchScript file with adamw", runConfig{Seed: 3, Data: "/d", Model: "/tmp/t-3.pt", Optimizer: "adamw", Batch: 64, LR: 0.002, Threads: 1},
+			def.Coordinator.Policy, def.Coordinator.SyncEvery},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			src := tc.cfg.hcl()
@@ -222,6 +226,14 @@ func TestConfigHCL(t *testing.T) {
 			want := map[string]any{
 				"model": "mlp", "hidden": []any{256.0}, "data": tc.cfg.Data, "batch_size": float64(tc.cfg.Batch),
 				"optimizer": "sgd", "lr": tc.cfg.LR, "momentum": momentum, "threads": float64(tc.cfg.Threads),
+			}
+			if tc.cfg.Model != "" && tc.cfg.Model != "mlp" {
+				want["model"] = tc.cfg.Model
+				delete(want, "hidden")
+			}
+			if tc.cfg.Optimizer == "adamw" {
+				want["optimizer"] = "adamw"
+				delete(want, "momentum")
 			}
 			if tc.cfg.SlowDelay > 0 {
 				want["sleep_per_batch_by_rank"] = map[string]any{"3": "8.5ms"}
@@ -262,7 +274,7 @@ func TestMeanFigures(t *testing.T) {
 		{3, 0, 3, nil, true},       // only cohort reached it
 		{0, 0, 3, nil, false},
 	} {
-		if got := ratioPass(tc.cohortReached, tc.peerReached, tc.seeds, tc.ratio); got != tc.want {
+		if got := ratioPass(tc.cohortReached, tc.peerReached, tc.seeds, tc.ratio, 0.6); got != tc.want {
 			t.Errorf("ratioPass(%d, %d, %d, %v) = %v", tc.cohortReached, tc.peerReached, tc.seeds, tc.ratio, got)
 		}
 	}
@@ -358,5 +370,64 @@ func TestSlowRankPickers(t *testing.T) {
 	}
 	if got := ddpRankProcs(3, 4)([]proctab.Proc{tracker, spawn(21), spawn(22), spawn(23), spawn(24)}); !slices.Equal(got, []int{24}) {
 		t.Errorf("rank 3 of four: %v, want [24]", got)
+	}
+}
+
+func TestParseMatrix(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want []matrixModel
+		err  string
+	}{
+		{"mlp=5,cnn=5,transformer=3", []matrixModel{{"mlp", "sgd", 0, 5}, {"cnn", "sgd", 0, 5}, {"transformer", "adamw", 0.002, 3}}, ""},
+		{"transformer=1, mlp=2", []matrixModel{{"mlp", "sgd", 0, 2}, {"transformer", "adamw", 0.002, 1}}, ""},
+		{"cnn=0", nil, "seeds at least 1"},
+		{"cnn", nil, "want model=seeds"},
+		{"mlp=1,mlp=2", nil, "twice"},
+		{"resnet=1", nil, "unknown model"},
+	} {
+		got, err := parseMatrix(tc.in)
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("parseMatrix(%q) = %v, %v; want an error with %q", tc.in, got, err, tc.err)
+			}
+			continue
+		}
+		if err != nil || !reflect.DeepEqual(got, tc.want) {
+			t.Errorf("parseMatrix(%q) = %v, %v; want %v", tc.in, got, err, tc.want)
+		}
+	}
+}
+
+func TestCurveTargetAndToTarget(t *testing.T) {
+	seeds := []ddpSeed{
+		{PeerEpochAcc: []float64{0.84, 0.8712, 0.88}, PeerEpochS: []float64{5, 10, 15}, CohortEpochAcc: []float64{0.86, 0.87, 0.875}, CohortEpochS: []float64{3, 3, 3}},
+		{PeerEpochAcc: []float64{0.85, 0.8698, 0.88}, PeerEpochS: []float64{5, 10, 15}, CohortEpochAcc: []float64{0.85, 0.86, 0.87}, CohortEpochS: []float64{3, 3, 3}},
+	}
+	// Epoch 2's mean is 87.05%: the target is 87.0%.
+	if got := curveTarget(seeds, 3); got != 0.87 {
+		t.Fatalf("curveTarget = %v, want 0.87", got)
+	}
+	seeds[0].toTarget(0.87)
+	if *seeds[0].CohortToTargetS != 6 || *seeds[0].PeerToTargetS != 10 || *seeds[0].Ratio != 0.6 {
+		t.Fatalf("seed 0: %v %v %v", *seeds[0].CohortToTargetS, *seeds[0].PeerToTargetS, *seeds[0].Ratio)
+	}
+	seeds[1].toTarget(0.87)
+	if *seeds[1].CohortToTargetS != 9 || *seeds[1].PeerToTargetS != 15 {
+		t.Fatalf("seed 1: %v %v", *seeds[1].CohortToTargetS, *seeds[1].PeerToTargetS)
+	}
+	seeds[1].toTarget(0.9)
+	if seeds[1].CohortToTargetS != nil || seeds[1].PeerToTargetS != nil || seeds[1].Ratio != nil {
+		t.Fatal("a target neither side reached has times")
+	}
+}
+
+func TestRingBytesPerEpoch(t *testing.T) {
+	// 4 ranks of batch 64: 234 steps each, 1.5 times the 4-byte gradients a step.
+	if got := ringBytesPerEpoch(1000, 4, 64); got != 234*4000*1.5 {
+		t.Fatalf("ringBytesPerEpoch = %v", got)
+	}
+	if got := ringBytesPerEpoch(1000, 1, 64); got != 0 {
+		t.Fatalf("one rank sends %v", got)
 	}
 }

@@ -81,7 +81,7 @@ typedef struct ct_config {
   double weight_decay; /* all */
   double beta1, beta2, eps; /* adam, adamw */
   double max_grad_norm;     /* 0: no clipping */
-  uint64_t seed;            /* initialises the built-in models */
+  uint64_t seed;            /* seeds libtorch: built-in models' weights, any model's dropout */
   int32_t threads;          /* intra-op threads (libtorch and OpenBLAS) */
   /* "cpu", "cuda" or "cuda:N"; "cuda" picks device rank % device count. */
   const char *device;

@@ -369,11 +369,13 @@ ct_model *create(const ct_config *cfg, char *err, size_t errlen) {
       m->features *= d;
     }
     std::string model = cfg->model ? cfg->model : "";
+    // Seeded for every model: the built-in ones draw their initial weights,
+    // and any model's dropout draws its masks, from this generator.
+    torch::manual_seed(cfg->seed);
     if (model == "mlp" || model == "cnn") {
       if (cfg->outputs <= 0) {
         fail(model + ": " + std::to_string(cfg->outputs) + " outputs");
       }
-      torch::manual_seed(cfg->seed);
       if (model == "mlp") {
         std::vector<int64_t> hidden(cfg->hidden, cfg->hidden + std::max(cfg->n_hidden, 0));
         auto mlp = std::make_shared<MLPImpl>(m->features, hidden, cfg->outputs);
