@@ -182,7 +182,7 @@ func (h *harness) ddp(m matrixModel) (*ddpReport, error) {
 	rep.AccuracyPass = mean.AccDiffPoints >= goalAccDiff
 	fmt.Printf("final accuracy: cohort %.2f%%, DDP %.2f%%, difference %+.2f points (goal ≥ %.1f): %s\n",
 		100*mean.CohortAccuracy, 100*mean.PeerAccuracy, mean.AccDiffPoints, goalAccDiff, verdict(rep.AccuracyPass))
-	fmt.Printf("bytes sent per rank per epoch: cohort %.3g, DDP %.3g (a ring all-reduce of every step's gradients)\n",
+	fmt.Printf("bytes sent per rank per epoch: cohort %.3g (its averager's count; on one host the arenas meet in shared memory and only the round's control frames cross a socket), DDP %.3g (a ring all-reduce of every step's gradients)\n",
 		mean.CohortBytes, mean.PeerBytes)
 	return rep, nil
 }
