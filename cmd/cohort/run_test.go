@@ -956,11 +956,11 @@ func TestCoordinatorCommandWithSeparateWorkers(t *testing.T) {
 	}
 }
 
-// A worker that cannot start (here: its trainer refuses a value its schema
-// lets through, so only Configure sees it) fails the run at once, naming
-// the rank, instead of waiting out the formation timeout.
+// A worker that cannot start (here: its trainer cannot open the ledger
+// file its settings name, which only Configure tries) fails the run at
+// once, naming the rank, instead of waiting out the formation timeout.
 func TestRunFailsFastWhenAWorkerCannotStart(t *testing.T) {
-	cfg := writeRunConfig(t, "", map[string]any{"features": 0})
+	cfg := writeRunConfig(t, "", map[string]any{"ledger": filepath.Join(t.TempDir(), "no", "such", "ledger")})
 	p := startCohort(t, "run", "--config", cfg, "--ranks", "2", "--epochs", "1", "--out", filepath.Join(t.TempDir(), "run"))
 	start := time.Now()
 	if code := p.wait(30 * time.Second); code != exitFailed {
