@@ -198,3 +198,39 @@ func TestValidateJSON(t *testing.T) {
 		t.Errorf("a good file: exit %d:\n%s", code, out)
 	}
 }
+
+// The built-in plugins check what only they can judge, each mistake of a
+// file in one pass with the core's: libtorch an unknown model and a
+// negative rate, averaging-cpu a wire encoding it does not speak.
+func TestValidateBuiltinPlugins(t *testing.T) {
+	bin := cohortBinary(t)
+	buildPlugin(t, "averaging-cpu")
+	buildLibtorch(t)
+	src := "run {\n  ranks = \"four\"\n  epoch = 3\n}\ncoordinator {\n  heartbeat_timeout = \"soon\"\n  policy = \"fastest\"\n}\n" +
+		"trainer \"libtorch\" {\n  model = \"resnet999\"\n  lr = -5\n}\naverager \"cpu\" {\n  wire = \"fp8\"\n}\n"
+	dir := t.TempDir()
+	file := filepath.Join(dir, "cohort.hcl")
+	if err := os.WriteFile(file, []byte(src), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, "validate", file)
+	cmd.Dir = dir
+	out, _ := cmd.CombinedOutput()
+	if code := cmd.ProcessState.ExitCode(); code != exitUsage {
+		t.Errorf("exit %d, want %d", code, exitUsage)
+	}
+	for _, w := range []string{
+		"is not valid: 7 mistakes",
+		"cohort.hcl:2,3-8: run.ranks: a number is required",
+		`cohort.hcl:3,3-8: run.epoch: unknown key`,
+		`cohort.hcl:6,3-20: coordinator.heartbeat_timeout: "soon" is not a duration`,
+		`cohort.hcl:7,3-9: coordinator.policy: "fastest" is not one of sync, cadence, async`,
+		`cohort.hcl:10,3-8: trainer.model: model = "resnet999" is not "mlp", "cnn" or a TorchScript file`,
+		"cohort.hcl:11,3-5: trainer.lr: lr = -5, want a finite number above 0",
+		`cohort.hcl:14,3-7: averager.wire: wire = "fp8": want "f32" or "bf16"`,
+	} {
+		if !strings.Contains(string(out), w) {
+			t.Errorf("output lacks %q:\n%s", w, out)
+		}
+	}
+}
