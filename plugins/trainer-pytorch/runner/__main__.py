@@ -19,6 +19,27 @@ FILE_SETTING = SettingSpec("file", "string", "the Python file that defines model
                            required=True)
 
 
+MAX_FILE_BYTES = 16 << 20
+
+
+def check(settings):
+    """The file is there and is Python: compiled, not run."""
+    path = os.path.abspath(settings["file"])
+    if not os.path.isfile(path):
+        return [("file", "%s: no such file (a relative path is from the run's working directory)" % path)]
+    try:
+        with open(path, "rb") as f:
+            source = f.read(MAX_FILE_BYTES + 1)
+        if len(source) > MAX_FILE_BYTES:
+            return [("file", "%s: over %d bytes" % (path, MAX_FILE_BYTES))]
+        compile(source, path, "exec")
+    except SyntaxError as e:
+        return [("file", "%s:%s: %s" % (path, e.lineno, e.msg))]
+    except (OSError, ValueError) as e:
+        return [("file", "%s: %s" % (path, e))]
+    return []
+
+
 def load(settings):
     from cohort_plugin.torch_trainer import Parts, UserError, describe_user_error
 
@@ -42,7 +63,7 @@ def main():
     def build(_log):
         from cohort_plugin.torch_trainer import TorchTrainer
 
-        return TorchTrainer(NAME, VERSION, load, extra_settings=[FILE_SETTING])
+        return TorchTrainer(NAME, VERSION, load, extra_settings=[FILE_SETTING], check=check)
 
     cohort_plugin.serve(build, name=NAME)
 

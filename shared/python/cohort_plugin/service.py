@@ -14,6 +14,10 @@ import grpc
 
 from ._pb import trainer_pb2
 
+# The most problems one CheckSettings answer lists (Go:
+# plugin.MaxSettingProblems).
+MAX_SETTING_PROBLEMS = 1024
+
 # Why LoadCheckpoint is called (Go: plugin.LoadReason).
 LOAD_RESUME = trainer_pb2.LOAD_REASON_RESUME
 LOAD_REPLACEMENT = trainer_pb2.LOAD_REASON_REPLACEMENT
@@ -54,6 +58,7 @@ class Trainer:
     """What TrainerService serves; the methods mirror Go's plugin.Trainer.
 
     describe() -> dict(name, version, capabilities, settings: [SettingSpec])
+    check_settings(settings_json) -> [(key, message)] (optional)
     configure(Config) -> dict(entries, size, samples, eval_samples, batch_size)
     attach(path, layout) -> zero_copy
     train(Plan) -> iterator of BatchReport dicts; closing it stops training
@@ -97,9 +102,13 @@ class TrainerService:
                       for s in d.get("settings") or ()])
 
     def CheckSettings(self, request, context):
-        # A Python trainer checks its settings in configure: the host then
-        # checks the block against the declared schema alone.
-        _fail(context, grpc.StatusCode.UNIMPLEMENTED, "this trainer checks its settings only in configure")
+        check = getattr(self.impl, "check_settings", None)
+        if check is None:
+            # The host then checks the block against the declared schema alone.
+            _fail(context, grpc.StatusCode.UNIMPLEMENTED, "this trainer checks its settings only in Configure")
+        problems = self._call(context, "CheckSettings", lambda: check(bytes(request.settings_json)))
+        return trainer_pb2.CheckSettingsResponse(problems=[
+            trainer_pb2.SettingProblem(key=k, message=m) for k, m in problems[:MAX_SETTING_PROBLEMS]])
 
     def Configure(self, request, context):
         cfg = Config(request.rank, request.world_size, request.local_ranks, request.seed,

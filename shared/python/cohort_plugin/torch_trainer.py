@@ -201,8 +201,11 @@ class TorchTrainer(Trainer):
         SettingSpec("args", "object", "passed to the user's functions as cfg.args"),
     ]
 
-    def __init__(self, name, version, load, extra_settings=(), capabilities=("pytorch",)):
-        self.name, self.version, self.load = name, version, load
+    def __init__(self, name, version, load, extra_settings=(), capabilities=("pytorch",), check=None):
+        """check(settings) -> [(key, message)], when set, refuses what the
+        schema cannot (a file that is not there), without running the
+        user's code."""
+        self.name, self.version, self.load, self.check = name, version, load, check
         self.settings_schema = list(extra_settings) + self.SETTINGS
         self.capabilities = list(capabilities)
         self.model = None
@@ -213,29 +216,48 @@ class TorchTrainer(Trainer):
         return {"name": self.name, "version": self.version, "capabilities": self.capabilities,
                 "settings": self.settings_schema}
 
-    def _settings(self, raw):
-        import json  # noqa: PLC0415
+    def settings_problems(self, raw):
+        """(settings, [(key, message)]): every value of the block the schema
+        or the plugin's own check refuses; key "" is the block as a whole."""
         try:
             s = json.loads(raw.decode() or "{}") if raw else {}
         except ValueError as e:
-            raise ValueError("trainer settings: not JSON: %s" % e) from e
+            return None, [("", "not JSON: %s" % e)]
         if not isinstance(s, dict):
-            raise ValueError("trainer settings: want an object, got %s" % type(s).__name__)
+            return None, [("", "want an object, got %s" % type(s).__name__)]
+        problems = []
         known = {spec.key: spec for spec in self.settings_schema}
         for k, v in s.items():
             if k not in known:
-                raise ValueError("trainer settings: unknown key %r (known: %s)" % (k, ", ".join(sorted(known))))
+                problems.append((k, "unknown key (known: %s)" % ", ".join(sorted(known))))
+                continue
             want = known[k].type
             ok = {"integer": isinstance(v, int) and not isinstance(v, bool) and v >= 0,
                   "string": isinstance(v, str), "object": isinstance(v, dict),
                   "number": isinstance(v, (int, float)) and not isinstance(v, bool),
                   "bool": isinstance(v, bool)}.get(want, True)
             if not ok:
-                raise ValueError("trainer settings: %s must be a%s %s, got %r" % (
-                    k, "" if want == "integer" else "n" if want[0] in "aeiou" else "", want, v))
+                problems.append((k, "must be a%s %s, got %s" % (
+                    " non-negative" if want == "integer" else "n" if want[0] in "aeiou" else "", want, json.dumps(v))))
         for spec in self.settings_schema:
             if spec.required and spec.key not in s:
-                raise ValueError("trainer settings: %s is required (%s)" % (spec.key, spec.doc))
+                problems.append((spec.key, "required (%s)" % spec.doc))
+        # The plugin's own check reads the required keys; it runs when they
+        # are sound, whatever else is wrong, so every mistake shows at once.
+        bad = {k for k, _ in problems}
+        if self.check is not None and not any(spec.required and spec.key in bad for spec in self.settings_schema):
+            problems.extend(self.check(s))
+        return s, problems
+
+    def check_settings(self, raw):
+        """CheckSettings: the block's problems, loading and training nothing."""
+        return self.settings_problems(raw)[1]
+
+    def _settings(self, raw):
+        s, problems = self.settings_problems(raw)
+        if problems:
+            raise ValueError("trainer settings: " + "; ".join(
+                "%s: %s" % (k, m) if k else m for k, m in problems))
         return s
 
     def configure(self, cfg):
