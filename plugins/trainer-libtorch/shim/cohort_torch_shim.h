@@ -34,7 +34,7 @@
 extern "C" {
 #endif
 
-#define COHORT_TORCH_SHIM_ABI 5u
+#define COHORT_TORCH_SHIM_ABI 6u
 
 /* Element types: the values of arena.DType in shared/arena. */
 #define CT_DTYPE_F32 1
@@ -86,6 +86,10 @@ typedef struct ct_config {
   /* "cpu", "cuda" or "cuda:N"; "cuda" picks device rank % device count. */
   const char *device;
   uint32_t rank;
+  /* adam, adamw: 1 adds each trained parameter's first moment (exp_avg) to
+   * the layout, after the buffers, as a buffer named
+   * "optimizer.exp_avg.<parameter>", so rounds average it too. */
+  int32_t average_moments;
 } ct_config;
 
 /* One tensor of the model, in layout order (parameters, then buffers).

@@ -147,7 +147,32 @@ struct Entry {
   bool view = false;     // t's data lives in the arena
   torch::Tensor arena;   // the arena's memory for this tensor (CPU)
   torch::Tensor published; // t as of the last publish (float tensors)
+  torch::Tensor param;     // for an optimizer moment: the parameter it belongs to
 };
+
+// bind_moment makes e.t the first moment (exp_avg) of e.param in an Adam or
+// AdamW state S: the state's values, if it has any, go into e.t, which the
+// optimizer then updates in place; a parameter without a state gets a fresh
+// one (step 0, zero moments), as the optimizer's first step would make.
+template <class S>
+void bind_moment(torch::optim::Optimizer &opt, Entry &e) {
+  auto &state = opt.state();
+  const std::string key = c10::guts::to_string(e.param.unsafeGetTensorImpl());
+  auto it = state.find(key);
+  if (it == state.end()) {
+    auto st = std::make_unique<S>();
+    st->step(0);
+    st->exp_avg(e.t.zero_());
+    st->exp_avg_sq(torch::zeros_like(e.param, torch::MemoryFormat::Preserve));
+    state[key] = std::move(st);
+    return;
+  }
+  auto &st = static_cast<S &>(*it->second);
+  if (st.exp_avg().unsafeGetTensorImpl() != e.t.unsafeGetTensorImpl()) {
+    e.t.copy_(st.exp_avg());
+    st.exp_avg(e.t);
+  }
+}
 
 // An OpenBLAS thread pool: process-wide, and not sized by libtorch. Debian
 // links libtorch to libblas.so.3 and libopenblas.so.0, which may be two
@@ -256,6 +281,23 @@ struct ct_model {
   int64_t features = 0;
   bool training = true;
   bool attached = false;
+  int32_t optimizer = 0; // CT_OPT_*
+
+  // bind_moments ties the layout's moment entries to the optimizer's state
+  // (after create, and after a load replaced the state).
+  void bind_moments() {
+    torch::NoGradGuard ng;
+    for (auto &e : entries) {
+      if (!e.param.defined()) {
+        continue;
+      }
+      if (optimizer == CT_OPT_ADAM) {
+        bind_moment<torch::optim::AdamParamState>(*opt, e);
+      } else {
+        bind_moment<torch::optim::AdamWParamState>(*opt, e);
+      }
+    }
+  }
 
   void set_training(bool on) {
     if (training == on) {
@@ -470,6 +512,29 @@ ct_model *create(const ct_config *cfg, char *err, size_t errlen) {
       break;
     default:
       fail("unknown optimizer code " + std::to_string(cfg->optimizer));
+    }
+    m->optimizer = cfg->optimizer;
+    if (cfg->average_moments) {
+      if (cfg->optimizer != CT_OPT_ADAM && cfg->optimizer != CT_OPT_ADAMW) {
+        fail("average_moments needs adam or adamw");
+      }
+      const size_t n = m->entries.size();
+      for (size_t i = 0; i < n; ++i) {
+        const Entry &p = m->entries[i];
+        if (p.role != CT_ROLE_PARAMETER || !p.t.requires_grad()) {
+          continue;
+        }
+        Entry e;
+        e.name = "optimizer.exp_avg." + p.name;
+        e.t = torch::zeros_like(p.t, torch::MemoryFormat::Contiguous);
+        e.param = p.t;
+        e.role = CT_ROLE_BUFFER;
+        e.dtype = p.dtype;
+        e.shape = p.shape;
+        e.bytes = p.bytes;
+        m->entries.push_back(std::move(e));
+      }
+      m->bind_moments();
     }
     out = m.release();
   });
@@ -759,6 +824,9 @@ int load(ct_model *m, const char *model_path, const char *optim_path, char *err,
       ar.load_from(model_path, m->device);
       for (size_t i = 0; i < m->entries.size(); ++i) {
         const Entry &e = m->entries[i];
+        if (e.param.defined()) {
+          continue; // an optimizer moment: restored with the optimizer
+        }
         try {
           vals[i] = read_nested(ar, e.name, e.role == CT_ROLE_BUFFER);
         } catch (const c10::Error &ex) {
@@ -775,6 +843,9 @@ int load(ct_model *m, const char *model_path, const char *optim_path, char *err,
         byname.emplace(b.name, b.value);
       }
       for (size_t i = 0; i < m->entries.size(); ++i) {
+        if (m->entries[i].param.defined()) {
+          continue;
+        }
         auto it = byname.find(m->entries[i].name);
         if (it == byname.end()) {
           fail(std::string(model_path) + " has no tensor \"" + m->entries[i].name + "\": not a checkpoint of this model");
@@ -784,6 +855,9 @@ int load(ct_model *m, const char *model_path, const char *optim_path, char *err,
     }
     for (size_t i = 0; i < m->entries.size(); ++i) {
       const Entry &e = m->entries[i];
+      if (e.param.defined()) {
+        continue;
+      }
       if (!vals[i].defined() || vals[i].sizes().vec() != e.shape || vals[i].scalar_type() != e.t.scalar_type()) {
         fail(std::string(model_path) + ": tensor \"" + e.name + "\" is " +
              (vals[i].defined() ? std::string(c10::toString(vals[i].scalar_type())) + shape_str(vals[i].sizes()) : "missing") +
@@ -796,10 +870,18 @@ int load(ct_model *m, const char *model_path, const char *optim_path, char *err,
     torch::serialize::InputArchive oa;
     oa.load_from(optim_path, m->device);
     m->opt->state().clear();
-    m->opt->load(oa);
+    try {
+      m->opt->load(oa);
+    } catch (...) {
+      m->bind_moments(); // fresh moments, still the arena's
+      throw;
+    }
+    m->bind_moments();
     torch::NoGradGuard ng;
     for (size_t i = 0; i < m->entries.size(); ++i) {
-      m->entries[i].t.copy_(vals[i]);
+      if (vals[i].defined()) {
+        m->entries[i].t.copy_(vals[i]);
+      }
     }
   });
 }

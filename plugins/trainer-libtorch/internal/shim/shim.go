@@ -250,6 +250,9 @@ func (s *Shim) NewModel(spec ModelSpec) (*Model, error) {
 	cfg.threads = C.int32_t(spec.Threads)
 	cfg.device = cdev
 	cfg.rank = C.uint32_t(spec.Rank)
+	if spec.AverageMoments {
+		cfg.average_moments = 1
+	}
 	buf := make([]byte, ErrBufLen)
 	e, n := errPtr(buf)
 	m := C.go_ct_create(s.api, &cfg, e, n)

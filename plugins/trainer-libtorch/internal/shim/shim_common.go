@@ -56,6 +56,9 @@ type ModelSpec struct {
 	Threads      int32
 	Device       string
 	Rank         uint32
+	// AverageMoments (adam, adamw) adds each trained parameter's first
+	// moment to the layout, as a buffer "optimizer.exp_avg.<parameter>".
+	AverageMoments bool
 }
 
 // TensorInfo is one entry of the model's layout as the shim reports it.

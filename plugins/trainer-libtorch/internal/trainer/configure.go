@@ -116,6 +116,7 @@ func (t *Trainer) Configure(_ context.Context, cfg plugin.TrainerConfig) (plugin
 		spec.Momentum, spec.Nesterov = *s.Momentum, *s.Nesterov
 	} else {
 		spec.Beta1, spec.Beta2, spec.Eps = s.Betas[0], s.Betas[1], *s.Eps
+		spec.AverageMoments = *s.AverageMoments
 	}
 	m, err := t.shim.NewModel(spec)
 	if err != nil {

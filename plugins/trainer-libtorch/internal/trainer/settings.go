@@ -47,7 +47,12 @@ type Settings struct {
 	WeightDecay *float64  `json:"weight_decay"`
 	Betas       []float64 `json:"betas"`
 	Eps         *float64  `json:"eps"`
-	MaxGradNorm float64   `json:"max_grad_norm"`
+	// AverageMoments (adam, adamw; default true) puts each trained
+	// parameter's first moment in the arena, so rounds average it with
+	// the parameters: each rank's Adam then steps from the cohort's
+	// gradient history instead of its own batches' alone.
+	AverageMoments *bool   `json:"average_moments"`
+	MaxGradNorm    float64 `json:"max_grad_norm"`
 
 	LRSchedule    string   `json:"lr_schedule"`
 	LRWarmupSteps uint64   `json:"lr_warmup_steps"`
@@ -195,8 +200,8 @@ func (s *Settings) fill() error {
 	}
 	switch s.Optimizer {
 	case "sgd":
-		if s.Betas != nil || s.Eps != nil {
-			return errors.New("betas and eps apply to optimizer = \"adam\" or \"adamw\"")
+		if s.Betas != nil || s.Eps != nil || s.AverageMoments != nil {
+			return errors.New("betas, eps and average_moments apply to optimizer = \"adam\" or \"adamw\"")
 		}
 		if s.LR == nil {
 			s.LR = f64(0.05)
@@ -237,6 +242,10 @@ func (s *Settings) fill() error {
 		}
 		if s.Eps == nil {
 			s.Eps = f64(1e-8)
+		}
+		if s.AverageMoments == nil {
+			s.AverageMoments = new(bool)
+			*s.AverageMoments = true
 		}
 		if e := *s.Eps; !(e > 0) || !finite(e) {
 			return fmt.Errorf("eps = %v, want a finite number above 0", e)

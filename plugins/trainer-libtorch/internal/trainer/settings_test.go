@@ -32,7 +32,7 @@ func TestSettingsDefaults(t *testing.T) {
 
 func TestSettingsErrors(t *testing.T) {
 	cases := map[string]string{
-		`{"learning_rate": 1}`:            `unknown key "learning_rate" (known keys: batch_size, betas,`,
+		`{"learning_rate": 1}`:            `unknown key "learning_rate" (known keys: average_moments, batch_size, betas,`,
 		`{"lr": 0.1} {}`:                  "trailing data",
 		`{"lr": -1}`:                      "lr = -1",
 		`{"batch_size": -1}`:              `key "batch_size": got a JSON number -1`,
@@ -44,7 +44,7 @@ func TestSettingsErrors(t *testing.T) {
 		`{"data_x": "a", "data_y": "b", "eval_x": "c"}`:                   "eval_x and eval_y go together",
 		`{"optimizer": "lbfgs"}`:                                          "optimizer = \"lbfgs\"",
 		`{"optimizer": "adam", "momentum": 0.9}`:                          "momentum and nesterov apply to optimizer = \"sgd\"",
-		`{"betas": [0.9, 0.99]}`:                                          "betas and eps apply",
+		`{"betas": [0.9, 0.99]}`:                                          "betas, eps and average_moments apply",
 		`{"optimizer": "adam", "betas": [0.9]}`:                           "two values",
 		`{"momentum": 1}`:                                                 "momentum = 1",
 		`{"momentum": 0, "nesterov": true}`:                               "nesterov needs",

@@ -1090,3 +1090,80 @@ func TestEvaluateHoldsNoMemory(t *testing.T) {
 		t.Fatalf("an evaluation allocates %d bytes, want less than %d (a 16th of one chunk of test samples)", got, chunk/16)
 	}
 }
+
+// TestAverageMoments: with adam and adamw the layout holds each trained
+// parameter's first moment as a buffer, and it is the optimizer's own:
+// training fills it in the arena, and what a round leaves there is what
+// the next step continues from.
+func TestAverageMoments(t *testing.T) {
+	data := synthData(t, 256, 8, 3)
+	moments := func(l arena.Layout) []string {
+		var names []string
+		for _, e := range l.Entries {
+			if strings.HasPrefix(e.Name, "optimizer.exp_avg.") {
+				if e.Role != arena.Buffer || e.DType != arena.F32 {
+					t.Fatalf("moment %q is a %v %v, want an f32 buffer", e.Name, e.Role, e.DType)
+				}
+				names = append(names, e.Name)
+			}
+		}
+		return names
+	}
+	for _, tc := range []struct {
+		name string
+		kv   map[string]any
+		want []string
+	}{
+		{"adamw by default", map[string]any{"optimizer": "adamw"}, []string{"optimizer.exp_avg.fc1.weight", "optimizer.exp_avg.fc1.bias", "optimizer.exp_avg.fc2.weight", "optimizer.exp_avg.fc2.bias"}},
+		{"adam by default", map[string]any{"optimizer": "adam"}, []string{"optimizer.exp_avg.fc1.weight", "optimizer.exp_avg.fc1.bias", "optimizer.exp_avg.fc2.weight", "optimizer.exp_avg.fc2.bias"}},
+		{"adamw, off", map[string]any{"optimizer": "adamw", "average_moments": false}, nil},
+		{"sgd", map[string]any{}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tr := newTestTrainer(t)
+			setup := configure(t, tr, merge(data, tc.kv, map[string]any{"hidden": []int{16}, "threads": 1}))
+			got := moments(setup.Layout)
+			if !slices.Equal(got, tc.want) {
+				t.Fatalf("moments in the layout %v, want %v", got, tc.want)
+			}
+			if len(got) == 0 {
+				return
+			}
+			d, _ := attach(t, tr, setup)
+			m := openMapping(t, d)
+			vals := func(name string) []float32 {
+				v, err := m.Float32s(d.Layout.Index(name))
+				if err != nil {
+					t.Fatal(err)
+				}
+				return v
+			}
+			trainPlan(t, tr, fullPlan(0, setup.Samples))
+			mom := vals("optimizer.exp_avg.fc2.bias")
+			if slices.Max(mom) == 0 && slices.Min(mom) == 0 {
+				t.Fatal("training left the arena's first moment at zero: the optimizer keeps another")
+			}
+			// A huge moment in the arena (as a round might leave one) moves
+			// the next step's parameters far more than training alone.
+			before := slices.Clone(vals("fc2.bias"))
+			for i := range mom {
+				mom[i] = 1e3
+			}
+			plan := plugin.Plan{Epoch: 1, PartitionSize: 1, Seed: 1, PickSpace: setup.Samples}
+			trainPlan(t, tr, plan)
+			after := vals("fc2.bias")
+			for i := range after {
+				// Adam's step is about lr·m/√v: with m = 1e3·β1 and √v near
+				// the gradients' size, far over lr (0.001).
+				if !(before[i]-after[i] > 0.002) {
+					t.Fatalf("fc2.bias[%d] went %v -> %v: the step did not use the arena's moment", i, before[i], after[i])
+				}
+			}
+		})
+	}
+	tr := newTestTrainer(t)
+	if _, err := tr.Configure(context.Background(), plugin.TrainerConfig{Rank: 0, WorldSize: 1, LocalRanks: 1, Seed: 7,
+		Settings: settingsJSON(t, merge(data, map[string]any{"average_moments": true}))}); err == nil || !strings.Contains(err.Error(), "average_moments") {
+		t.Fatalf("average_moments with sgd: %v", err)
+	}
+}
