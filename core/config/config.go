@@ -101,7 +101,7 @@ type Coordinator struct {
 	// when they stay well inside it.
 	AdaptiveSync     bool
 	SyncEveryMin     int     // at least 1
-	SyncEveryMax     int     // 0: 4 × SyncEvery
+	SyncEveryMax     int     // 0: SyncEvery (the interval only tightens)
 	DivergenceTarget float64 // the relative distance from the average the interval aims at, > 0
 	// GuardFactor: a round whose divergence exceeds GuardFactor times the
 	// running mean is a spike: the interval drops to SyncEveryMin and the

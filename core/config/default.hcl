@@ -27,7 +27,7 @@ coordinator {
   easgd_alpha       = 0.5           # async: elastic averaging strength
   async_overlap     = true          # async: rounds run beside training where the trainer can
   adaptive_sync     = true          # sync, async: the ranks' divergence moves the interval
-  sync_every_min    = 1             #   between these bounds (max 0: 4 × sync_every),
+  sync_every_min    = 1             #   between these bounds (max 0: sync_every, so it only tightens),
   sync_every_max    = 0
   divergence_target = 0.05          #   aiming at this distance of a rank from the average
   guard_factor      = 3             # a divergence spike (this × its running mean; 0: off) drops

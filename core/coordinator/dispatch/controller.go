@@ -152,8 +152,13 @@ func newController(co config.Coordinator, log func(ControllerDecision)) *control
 		st:              ControllerState{Interval: uint64(max(co.SyncEvery, 1)), PlateauScale: 1},
 		log:             log,
 	}
+	// By default the interval only tightens (and relaxes back to
+	// sync_every): the divergence it watches is relative to the
+	// parameters' norm, which is not the same yardstick on every model,
+	// and a looser interval let adaptive optimizers' ranks drift apart
+	// (averaging-cpu's README, on optimizer state).
 	if c.max == 0 {
-		c.max = 4 * c.st.Interval
+		c.max = c.st.Interval
 	}
 	c.min = min(c.min, c.st.Interval)
 	c.max = max(c.max, c.st.Interval)
