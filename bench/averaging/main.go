@@ -294,7 +294,7 @@ func benchOn(bed *nsBed, n int, elems int64, iters int, pluginPath string, setti
 				cancel()
 			}
 			if clients[i] != nil {
-				clients[i].Kill()
+				plugin.Kill(clients[i])
 			}
 			if arenas[i] != nil {
 				arenas[i].Remove()

@@ -298,7 +298,7 @@ func (h *Host) StartTrainer(ctx context.Context, name string) (plugin.Trainer, *
 		err = h.checkVersion(ctx, p, t.Describe)
 	}
 	if err != nil {
-		p.client.Kill()
+		plugin.Kill(p.client)
 		return nil, nil, fmt.Errorf("trainer plugin %q (%s): %w", name, p.Path, err)
 	}
 	p.stop = t.Shutdown
@@ -317,7 +317,7 @@ func (h *Host) StartAverager(ctx context.Context, name string) (plugin.Averager,
 		err = h.checkVersion(ctx, p, a.Describe)
 	}
 	if err != nil {
-		p.client.Kill()
+		plugin.Kill(p.client)
 		return nil, nil, fmt.Errorf("averaging plugin %q (%s): %w", name, p.Path, err)
 	}
 	p.stop = a.Shutdown
@@ -379,7 +379,7 @@ func (h *Host) start(ctx context.Context, loc Located) (*Process, error) {
 	cfg.Stderr = stderr
 	client := goplugin.NewClient(cfg)
 	if _, err := client.Start(); err != nil {
-		client.Kill()
+		plugin.Kill(client)
 		if errors.Is(err, goplugin.ErrChecksumsDoNotMatch) {
 			return nil, fmt.Errorf("%s plugin %q: %s does not match its SHA256SUMS entry: %w", kind, name, loc.Path, err)
 		}
@@ -462,7 +462,7 @@ func (h *Host) Stop(ctx context.Context, p *Process) error {
 	killed := make(chan struct{})
 	go func() {
 		defer close(killed)
-		p.client.Kill()
+		plugin.Kill(p.client)
 	}()
 	select {
 	case <-killed:

@@ -128,7 +128,7 @@ func StartClient(t testing.TB, bin string, logger hclog.Logger, env ...string) *
 	// value of a key wins: cmd.Env already holds it.
 	cfg.SkipHostEnv = true
 	c := goplugin.NewClient(cfg)
-	t.Cleanup(c.Kill)
+	t.Cleanup(func() { plugin.Kill(c) })
 	return c
 }
 

@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"math"
 	"os"
 	"os/exec"
@@ -591,4 +592,32 @@ func gone(pid int) bool {
 		return stat[i+2] == 'Z'
 	}
 	return false
+}
+
+// TestKillRemovesAKilledPluginsSocket: a plugin killed by a signal cannot
+// unlink its socket; plugin.Kill, its host's end of the client, does.
+func TestKillRemovesAKilledPluginsSocket(t *testing.T) {
+	_, avBin := BuildPlugins(t)
+	_, c := StartAverager(t, avBin)
+	rc := c.ReattachConfig()
+	if rc == nil || rc.Addr.Network() != "unix" || rc.Pid <= 0 {
+		t.Fatalf("reattach config %+v: want a unix socket and a pid", rc)
+	}
+	sock := rc.Addr.String()
+	if err := unix.Kill(rc.Pid, unix.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; !c.Exited(); i++ {
+		if i == 1000 {
+			t.Fatalf("plugin %d still running 10s after SIGKILL", rc.Pid)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if _, err := os.Lstat(sock); err != nil {
+		t.Fatalf("the killed plugin's socket %s is already gone (%v): nothing to test", sock, err)
+	}
+	plugin.Kill(c)
+	if _, err := os.Lstat(sock); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("socket %s after plugin.Kill: %v, want it removed", sock, err)
+	}
 }

@@ -79,7 +79,7 @@ func startClient(t T, path string, env []string) *goplugin.Client {
 	// value of a key wins: cmd.Env already holds it.
 	cfg.SkipHostEnv = true
 	c := goplugin.NewClient(cfg)
-	t.Cleanup(c.Kill)
+	t.Cleanup(func() { plugin.Kill(c) })
 	return c
 }
 
