@@ -34,12 +34,16 @@ func sumLine(t *testing.T, path string) string {
 }
 
 func TestFindOrder(t *testing.T) {
-	first, second, onPath := t.TempDir(), t.TempDir(), t.TempDir()
+	first, second, third, onPath := t.TempDir(), t.TempDir(), t.TempDir(), t.TempDir()
 	writeExe(t, second, "cohort-averaging-fabric", "#!/bin/sh\n")
 	writeExe(t, onPath, "cohort-averaging-fabric", "#!/bin/sh\n")
 	writeExe(t, onPath, "cohort-trainer-mock", "#!/bin/sh\n")
 	// Not executable: skipped.
 	os.WriteFile(filepath.Join(first, "cohort-averaging-fabric"), []byte("x"), 0o644)
+	// Installed once, then broken: a file that lost its mode, and a file
+	// its directory's SHA256SUMS still lists.
+	os.WriteFile(filepath.Join(first, "cohort-trainer-plain"), []byte("x"), 0o644)
+	os.WriteFile(filepath.Join(third, pluginhost.SumsFile), []byte(strings.Repeat("ab", 32)+"  cohort-averaging-gone\n"), 0o644)
 	t.Setenv("PATH", onPath)
 
 	cases := []struct {
@@ -51,12 +55,14 @@ func TestFindOrder(t *testing.T) {
 		{pluginhost.Averager, "fabric", second, ""},
 		{pluginhost.Trainer, "mock", onPath, ""},
 		{pluginhost.Trainer, "nope", "", "no executable cohort-trainer-nope"},
+		{pluginhost.Trainer, "plain", "", "its executable is missing: " + filepath.Join(first, "cohort-trainer-plain") + " is not executable (mode -rw-r--r--)"},
+		{pluginhost.Averager, "gone", "", "its executable is missing: " + filepath.Join(third, pluginhost.SumsFile) + " lists cohort-averaging-gone, but the file is missing"},
 		{pluginhost.Averager, "../x", "", "invalid name"},
 		{pluginhost.Averager, "", "", "invalid name"},
 	}
 	for _, c := range cases {
 		t.Run(string(c.kind)+"/"+c.name, func(t *testing.T) {
-			loc, err := pluginhost.Find([]string{first, second}, c.kind, c.name)
+			loc, err := pluginhost.Find([]string{first, second, third}, c.kind, c.name)
 			if c.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), c.wantErr) {
 					t.Fatalf("Find = %+v, %v; want error containing %q", loc, err, c.wantErr)

@@ -76,19 +76,36 @@ func Find(dirs []string, kind Kind, name string) (Located, error) {
 	}
 	bin := BinaryName(kind, name)
 	var path string
+	// broken says why a directory that should hold the plugin cannot run
+	// it, so a missing or unexecutable file is told from a plugin never
+	// installed.
+	var broken []string
 	for _, d := range dirs {
 		if d == "" {
 			continue
 		}
 		p := filepath.Join(d, bin)
-		if st, err := os.Stat(p); err == nil && st.Mode().IsRegular() && st.Mode().Perm()&0o111 != 0 {
+		st, err := os.Stat(p)
+		switch {
+		case err == nil && st.Mode().IsRegular() && st.Mode().Perm()&0o111 != 0:
 			path = p
+		case err == nil && st.Mode().IsRegular():
+			broken = append(broken, fmt.Sprintf("%s is not executable (mode %v)", p, st.Mode().Perm()))
+		case errors.Is(err, os.ErrNotExist):
+			if sum, _ := listedChecksum(filepath.Join(d, SumsFile), bin); sum != nil {
+				broken = append(broken, fmt.Sprintf("%s lists %s, but the file is missing", filepath.Join(d, SumsFile), bin))
+			}
+		}
+		if path != "" {
 			break
 		}
 	}
 	if path == "" {
 		p, err := exec.LookPath(bin)
-		if err != nil {
+		switch {
+		case err != nil && len(broken) > 0:
+			return Located{}, fmt.Errorf("find %s plugin %q: its executable is missing: %s (rebuild or reinstall it)", kind, name, strings.Join(broken, "; "))
+		case err != nil:
 			return Located{}, fmt.Errorf("find %s plugin %q: no executable %s in %s or on PATH", kind, name, bin, strings.Join(dirs, ", "))
 		}
 		path = p
