@@ -1,11 +1,14 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -206,31 +209,77 @@ func TestValidateBuiltinPlugins(t *testing.T) {
 	bin := cohortBinary(t)
 	buildPlugin(t, "averaging-cpu")
 	buildLibtorch(t)
-	src := "run {\n  ranks = \"four\"\n  epoch = 3\n}\ncoordinator {\n  heartbeat_timeout = \"soon\"\n  policy = \"fastest\"\n}\n" +
-		"trainer \"libtorch\" {\n  model = \"resnet999\"\n  lr = -5\n}\naverager \"cpu\" {\n  wire = \"fp8\"\n}\n"
-	dir := t.TempDir()
-	file := filepath.Join(dir, "cohort.hcl")
-	if err := os.WriteFile(file, []byte(src), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(bin, "validate", file)
-	cmd.Dir = dir
-	out, _ := cmd.CombinedOutput()
-	if code := cmd.ProcessState.ExitCode(); code != exitUsage {
-		t.Errorf("exit %d, want %d", code, exitUsage)
-	}
-	for _, w := range []string{
-		"is not valid: 7 mistakes",
+	// A config names two plugins, so the averager's slot holds either an
+	// unknown plugin or one whose executable is missing; the trainer is
+	// the real libtorch, to judge its own values. Each file holds eight
+	// kinds of mistake, the two files all nine.
+	common := []string{
+		"is not valid: 8 mistakes",
 		"cohort.hcl:2,3-8: run.ranks: a number is required",
 		`cohort.hcl:3,3-8: run.epoch: unknown key`,
 		`cohort.hcl:6,3-20: coordinator.heartbeat_timeout: "soon" is not a duration`,
 		`cohort.hcl:7,3-9: coordinator.policy: "fastest" is not one of sync, cadence, async`,
 		`cohort.hcl:10,3-8: trainer.model: model = "resnet999" is not "mlp", "cnn" or a TorchScript file`,
 		"cohort.hcl:11,3-5: trainer.lr: lr = -5, want a finite number above 0",
-		`cohort.hcl:14,3-7: averager.wire: wire = "fp8": want "f32" or "bf16"`,
+		"cohort.hcl:12,3-13: trainer.batch_size: batch_size = 0: want at least 1",
+	}
+	for _, c := range []struct {
+		averager, want string
+	}{
+		{"nosuch", `cohort.hcl:14,10-18: averager: find averager plugin "nosuch": no executable cohort-averaging-nosuch`},
+		{"gone", `cohort.hcl:14,10-16: averager: find averager plugin "gone": its executable is missing: ` +
+			filepath.Join("bin", "plugins", "SHA256SUMS") + " lists cohort-averaging-gone, but the file is missing"},
 	} {
-		if !strings.Contains(string(out), w) {
-			t.Errorf("output lacks %q:\n%s", w, out)
-		}
+		t.Run(c.averager, func(t *testing.T) {
+			src := "run {\n  ranks = \"four\"\n  epoch = 3\n}\ncoordinator {\n  heartbeat_timeout = \"soon\"\n  policy = \"fastest\"\n}\n" +
+				"trainer \"libtorch\" {\n  model = \"resnet999\"\n  lr = -5\n  batch_size = 0\n}\naverager \"" + c.averager + "\" {}\n"
+			dir := t.TempDir()
+			file := filepath.Join(dir, "cohort.hcl")
+			if err := os.WriteFile(file, []byte(src), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			// An installed averager whose file was deleted since.
+			plugins := filepath.Join(dir, "bin", "plugins")
+			if err := os.MkdirAll(plugins, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(plugins, "SHA256SUMS"), []byte(strings.Repeat("ab", 32)+"  cohort-averaging-gone\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			for _, args := range [][]string{{"validate", file}, {"validate", "-json", file}} {
+				cmd := exec.Command(bin, args...)
+				cmd.Dir = dir
+				var stdout, both bytes.Buffer
+				cmd.Stdout, cmd.Stderr = io.MultiWriter(&stdout, &both), &both
+				cmd.Run()
+				out := both.Bytes()
+				if code := cmd.ProcessState.ExitCode(); code != exitUsage {
+					t.Errorf("%q: exit %d, want %d", args, code, exitUsage)
+				}
+				if args[1] == "-json" {
+					// The same list: its keys, in the text's order.
+					var got struct {
+						Problems []struct{ Key string }
+					}
+					if err := json.Unmarshal(stdout.Bytes(), &got); err != nil {
+						t.Fatalf("-json: %v:\n%s", err, out)
+					}
+					var keys []string
+					for _, p := range got.Problems {
+						keys = append(keys, p.Key)
+					}
+					want := []string{"run.ranks", "run.epoch", "coordinator.heartbeat_timeout", "coordinator.policy", "trainer.model", "trainer.lr", "trainer.batch_size", "averager"}
+					if !slices.Equal(keys, want) {
+						t.Errorf("-json lists the keys %q, want %q", keys, want)
+					}
+					continue
+				}
+				for _, w := range append(slices.Clone(common), c.want) {
+					if !strings.Contains(string(out), w) {
+						t.Errorf("output lacks %q:\n%s", w, out)
+					}
+				}
+			}
+		})
 	}
 }

@@ -41,7 +41,9 @@ func checkModel(model string) error {
 }
 
 // CheckSettings checks the block as Configure would, loading and building
-// nothing: the model, and the other values up to the first refusal.
+// nothing. parseSettings stops at its first refusal, so each refused key is
+// taken out of the block and the rest checked again, until the block passes
+// or a refusal names no key: every mistake is reported in one pass.
 func (t *Trainer) CheckSettings(_ context.Context, settings json.RawMessage) ([]plugin.SettingProblem, error) {
 	schema := plugin.SchemaOf(Settings{})
 	var problems []plugin.SettingProblem
@@ -51,8 +53,31 @@ func (t *Trainer) CheckSettings(_ context.Context, settings json.RawMessage) ([]
 			problems = append(problems, plugin.ProblemOf(err, schema))
 		}
 	}
-	if _, err := parseSettings(settings); err != nil {
-		problems = append(problems, plugin.ProblemOf(err, schema))
+	var block map[string]json.RawMessage
+	if json.Unmarshal(settings, &block) != nil {
+		block = nil
+	}
+	reported := map[string]bool{}
+	for _, p := range problems {
+		reported[p.Key] = true
+	}
+	for range len(schema) + 1 {
+		_, err := parseSettings(settings)
+		if err == nil {
+			break
+		}
+		p := plugin.ProblemOf(err, schema)
+		if !reported[p.Key] || p.Key == "" {
+			problems = append(problems, p)
+		}
+		if _, ok := block[p.Key]; !ok || p.Key == "" {
+			break
+		}
+		reported[p.Key] = true
+		delete(block, p.Key)
+		if settings, err = json.Marshal(block); err != nil {
+			break
+		}
 	}
 	return problems, nil
 }

@@ -7,6 +7,7 @@ import (
 	"math"
 	"regexp"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/cohortdl/cohort/plugins/trainer-libtorch/internal/dataset"
@@ -116,10 +117,29 @@ func parseSettings(raw json.RawMessage) (Settings, error) {
 	if err := plugin.DecodeSettings(raw, &s); err != nil {
 		return Settings{}, fmt.Errorf("libtorch trainer settings: %w", err)
 	}
+	if err := refuseZeroBatches(raw); err != nil {
+		return Settings{}, fmt.Errorf("libtorch trainer settings: %w", err)
+	}
 	if err := s.fill(); err != nil {
 		return Settings{}, fmt.Errorf("libtorch trainer settings: %w", err)
 	}
 	return s, nil
+}
+
+// refuseZeroBatches refuses a batch size written as 0: left out, a size
+// takes its default, but a 0 someone wrote is a mistake that would
+// otherwise train with the default silently.
+func refuseZeroBatches(raw json.RawMessage) error {
+	var keys map[string]json.RawMessage
+	if json.Unmarshal(raw, &keys) != nil {
+		return nil // DecodeSettings has judged the block already
+	}
+	for _, k := range []string{"batch_size", "eval_batch_size"} {
+		if v, ok := keys[k]; ok && strings.TrimSpace(string(v)) == "0" {
+			return fmt.Errorf("%s = 0: want at least 1, or leave it out for the default", k)
+		}
+	}
+	return nil
 }
 
 func f64(v float64) *float64 { return &v }

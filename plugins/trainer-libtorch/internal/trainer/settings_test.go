@@ -1,6 +1,7 @@
 package trainer
 
 import (
+	"context"
 	"math"
 	"os"
 	"path/filepath"
@@ -36,6 +37,8 @@ func TestSettingsErrors(t *testing.T) {
 		`{"lr": 0.1} {}`:                  "trailing data",
 		`{"lr": -1}`:                      "lr = -1",
 		`{"batch_size": -1}`:              `key "batch_size": got a JSON number -1`,
+		`{"batch_size": 0}`:               "batch_size = 0: want at least 1",
+		`{"eval_batch_size": 0}`:          "eval_batch_size = 0: want at least 1",
 		`{"model": "cnn", "hidden": [8]}`: "hidden applies to model = \"mlp\"",
 		`{"hidden": [0]}`:                 "every width",
 		`{"loss": "hinge"}`:               "loss = \"hinge\"",
@@ -118,5 +121,35 @@ func TestDefaultThreads(t *testing.T) {
 	}
 	if n := defaultThreads(1 << 20); n != 1 {
 		t.Fatalf("a million local ranks: %d threads", n)
+	}
+}
+
+// CheckSettings reports every refused key of a block, not only the first
+// parseSettings meets, each under its key.
+func TestCheckSettingsReportsEveryKey(t *testing.T) {
+	raw := []byte(`{"model": "resnet999", "lr": -5, "batch_size": 0, "loss": "hinge", "threads": 2}`)
+	problems, err := (&Trainer{}).CheckSettings(context.Background(), raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	for _, p := range problems {
+		got[p.Key] = p.Message
+	}
+	for key, want := range map[string]string{
+		"model":      `model = "resnet999"`,
+		"lr":         "lr = -5",
+		"batch_size": "batch_size = 0",
+		"loss":       `loss = "hinge"`,
+	} {
+		if !strings.Contains(got[key], want) {
+			t.Errorf("problem of %s: %q, want it to say %q (all: %+v)", key, got[key], want, problems)
+		}
+	}
+	if len(problems) != 4 {
+		t.Errorf("%d problems, want 4: %+v", len(problems), problems)
+	}
+	if problems, _ := (&Trainer{}).CheckSettings(context.Background(), []byte(`{"lr": 0.1}`)); len(problems) != 0 {
+		t.Errorf("a good block: %+v", problems)
 	}
 }
