@@ -21,7 +21,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -285,9 +284,6 @@ func New(o Options) *Host {
 type Process struct {
 	Located
 	client *goplugin.Client
-	// socket is the plugin's unix socket, which the plugin removes when it
-	// exits but cannot when it is killed: Stop removes what is left.
-	socket string
 	stopMu sync.Mutex
 	stop   func(context.Context) error
 	done   bool
@@ -406,11 +402,7 @@ func (h *Host) start(ctx context.Context, loc Located) (*Process, error) {
 		}
 		return nil, fmt.Errorf("start %s plugin %q (%s): %w", kind, name, loc.Path, err)
 	}
-	p := &Process{Located: loc, client: client}
-	if rc := client.ReattachConfig(); rc != nil && rc.Addr != nil && rc.Addr.Network() == "unix" {
-		p.socket = rc.Addr.String()
-	}
-	return p, nil
+	return &Process{Located: loc, client: client}, nil
 }
 
 // pluginLogger is the logger a plugin's lines go to: the host's name and
@@ -479,6 +471,7 @@ func (h *Host) Stop(ctx context.Context, p *Process) error {
 	killed := make(chan struct{})
 	go func() {
 		defer close(killed)
+		// plugin.Kill also removes the socket a killed plugin leaves.
 		plugin.Kill(p.client)
 	}()
 	select {
@@ -490,11 +483,6 @@ func (h *Host) Stop(ctx context.Context, p *Process) error {
 		<-killed
 		if err == nil {
 			err = fmt.Errorf("stop %s plugin %q: it did not exit within %v of Shutdown; killed", p.Kind, p.Name, h.opts.Grace)
-		}
-	}
-	if p.socket != "" {
-		if rerr := os.Remove(p.socket); rerr != nil && !errors.Is(rerr, fs.ErrNotExist) {
-			err = errors.Join(err, fmt.Errorf("remove %s plugin %q's socket: %w", p.Kind, p.Name, rerr))
 		}
 	}
 	return err
