@@ -83,7 +83,12 @@ func TestProtocolNegotiation(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			h := pluginhost.New(pluginhost.Options{Dirs: []string{dir}, Env: []string{"VERSIONED_PROTOCOLS=" + tc.protocols}})
+			// A plugin refused at the handshake is killed before the host
+			// learns its socket's path, so nobody can remove the socket: it
+			// goes in the test's own temporary directory (under cohort
+			// worker, in the worker's, which is removed when it ends).
+			env := []string{"VERSIONED_PROTOCOLS=" + tc.protocols, "TMPDIR=" + t.TempDir()}
+			h := pluginhost.New(pluginhost.Options{Dirs: []string{dir}, Env: env})
 			ctx := context.Background()
 			defer h.StopAll(ctx)
 			a, p, err := h.StartAverager(ctx, "versioned")

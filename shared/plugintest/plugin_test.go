@@ -498,7 +498,9 @@ func TestPluginParentDeath(t *testing.T) {
 		t.Logf("no subreaper (%v); a zombie counts as gone", err)
 	}
 	host := exec.Command(os.Args[0], "-test.run=^$")
-	host.Env = append(os.Environ(), hostEnv+"="+avBin)
+	// The plugin dies with its host by the parent-death signal and cannot
+	// remove its socket: it goes in the test's own temporary directory.
+	host.Env = append(os.Environ(), hostEnv+"="+avBin, "TMPDIR="+t.TempDir())
 	var stderr LogBuffer
 	host.Stderr = &stderr
 	out, err := host.StdoutPipe()
