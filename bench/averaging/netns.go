@@ -16,82 +16,31 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"syscall"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/cohortdl/cohort/bench/internal/netns"
 	"github.com/cohortdl/cohort/core/reduceserver"
 )
 
-// nsBed is hosts namespaces behind one bridge (a namespace of its own);
-// host i has address addr(i) on its eth0, shaped to rate.
+// nsBed is a namespace test bed (bench/internal/netns) whose hosts hold
+// perHost ranks each.
 type nsBed struct {
-	id      string
-	hosts   []string
+	*netns.Bed
 	perHost int
-	net     int
 }
-
-func (b *nsBed) addr(i int) string { return fmt.Sprintf("10.78.%d.%d", b.net, 10+i) }
 
 // host is the host of rank r: ranks fill hosts in order.
 func (b *nsBed) host(r int) int { return r / b.perHost }
 
-func sh(args ...string) error {
-	if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
-		return fmt.Errorf("%s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
-	}
-	return nil
-}
-
 // newNSBed builds hosts namespaces with perHost ranks each, every host's
 // egress shaped by tbf to rate (a tc rate, "1gbit").
 func newNSBed(hosts, perHost int, rate string) (*nsBed, error) {
-	b := &nsBed{id: fmt.Sprintf("cohort-bench-%d", os.Getpid()), perHost: perHost, net: os.Getpid() % 250}
-	sw := b.id + "-sw"
-	if err := sh("ip", "netns", "add", sw); err != nil {
+	b, err := netns.New("cohort-bench-", 78, hosts, rate)
+	if err != nil {
 		return nil, err
 	}
-	steps := [][]string{
-		{"ip", "-n", sw, "link", "add", "br0", "type", "bridge"},
-		{"ip", "-n", sw, "link", "set", "br0", "up"},
-	}
-	for i := range hosts {
-		ns := fmt.Sprintf("%s-h%d", b.id, i)
-		b.hosts = append(b.hosts, ns)
-		steps = append(steps,
-			[]string{"ip", "netns", "add", ns},
-			[]string{"ip", "-n", ns, "link", "set", "lo", "up"},
-			// Both veth ends are made in the host and one moved into the
-			// switch: no interface appears in the machine's own namespace.
-			[]string{"ip", "-n", ns, "link", "add", "eth0", "type", "veth", "peer", "name", fmt.Sprintf("p%d", i), "netns", sw},
-			[]string{"ip", "-n", sw, "link", "set", fmt.Sprintf("p%d", i), "master", "br0", "up"},
-			[]string{"ip", "-n", ns, "addr", "add", b.addr(i) + "/24", "dev", "eth0"},
-			[]string{"ip", "-n", ns, "link", "set", "eth0", "up"},
-			[]string{"ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "eth0", "root", "tbf", "rate", rate, "burst", "256kb", "latency", "50ms"},
-		)
-	}
-	for _, s := range steps {
-		if err := sh(s...); err != nil {
-			b.close()
-			return nil, err
-		}
-	}
-	return b, nil
-}
-
-// close kills what still runs in the bed's namespaces and deletes them.
-func (b *nsBed) close() {
-	for _, ns := range append([]string{b.id + "-sw"}, b.hosts...) {
-		if pids, err := exec.Command("ip", "netns", "pids", ns).Output(); err == nil {
-			for _, p := range strings.Fields(string(pids)) {
-				if n, err := strconv.Atoi(p); err == nil && n != os.Getpid() {
-					syscall.Kill(n, syscall.SIGKILL)
-				}
-			}
-		}
-		exec.Command("ip", "netns", "del", ns).Run()
-	}
+	return &nsBed{Bed: b, perHost: perHost}, nil
 }
 
 // listen starts the reduce server in host 0's namespace: a goroutine locked
@@ -100,7 +49,7 @@ func (b *nsBed) close() {
 // Should the way back fail, the thread stays locked and ends with the
 // goroutine, so no other goroutine ever runs in the namespace.
 func (b *nsBed) listen(ctx context.Context, cfg reduceserver.Config) (*reduceserver.Server, error) {
-	cfg.Addr = b.addr(0) + ":0"
+	cfg.Addr = b.Addr(0) + ":0"
 	type got struct {
 		s   *reduceserver.Server
 		err error
@@ -114,7 +63,7 @@ func (b *nsBed) listen(ctx context.Context, cfg reduceserver.Config) (*reduceser
 			return
 		}
 		defer unix.Close(home)
-		fd, err := unix.Open("/var/run/netns/"+b.hosts[0], unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		fd, err := unix.Open("/var/run/netns/"+b.Hosts[0], unix.O_RDONLY|unix.O_CLOEXEC, 0)
 		if err != nil {
 			c <- got{err: fmt.Errorf("open host 0's namespace: %w", err)}
 			return
@@ -136,17 +85,17 @@ func (b *nsBed) listen(ctx context.Context, cfg reduceserver.Config) (*reduceser
 
 // command runs the plugin for rank r in its host's namespace.
 func (b *nsBed) command(r int, plugin string) *exec.Cmd {
-	return exec.Command("ip", "netns", "exec", b.hosts[b.host(r)], plugin)
+	return exec.Command("ip", "netns", "exec", b.Hosts[b.host(r)], plugin)
 }
 
 // gloo runs gloo_allreduce.py one rank per process, each in its host's
 // namespace, and returns rank 0's median.
 func (b *nsBed) gloo(python, script string, n int, mb float64, iters int) (float64, error) {
-	master := fmt.Sprintf("%s:%d", b.addr(0), 29500+os.Getpid()%1000)
+	master := fmt.Sprintf("%s:%d", b.Addr(0), 29500+os.Getpid()%1000)
 	cmds := make([]*exec.Cmd, n)
 	var out strings.Builder
 	for r := range n {
-		cmds[r] = exec.Command("ip", "netns", "exec", b.hosts[b.host(r)], python, script, "--rank", strconv.Itoa(r), "--world", strconv.Itoa(n),
+		cmds[r] = exec.Command("ip", "netns", "exec", b.Hosts[b.host(r)], python, script, "--rank", strconv.Itoa(r), "--world", strconv.Itoa(n),
 			"--master", master, "--iface", "eth0", "--mb", strconv.FormatFloat(mb, 'f', -1, 64), "--iters", strconv.Itoa(iters))
 		cmds[r].Stderr = os.Stderr
 		if r == 0 {
@@ -175,23 +124,6 @@ func (b *nsBed) gloo(python, script string, n int, mb float64, iters int) (float
 		}
 	}
 	return 0, fmt.Errorf("no JSON result line from gloo rank 0: %q", out.String())
-}
-
-// tcRate is a tc rate ("1gbit", "500mbit", "100kbit") in bits per second.
-func tcRate(s string) (float64, error) {
-	for _, u := range []struct {
-		suffix string
-		mult   float64
-	}{{"gbit", 1e9}, {"mbit", 1e6}, {"kbit", 1e3}, {"bit", 1}} {
-		if v, ok := strings.CutSuffix(s, u.suffix); ok {
-			f, err := strconv.ParseFloat(v, 64)
-			if err != nil || f <= 0 {
-				break
-			}
-			return f * u.mult, nil
-		}
-	}
-	return 0, fmt.Errorf("bad -netns-rate %q: want a tc rate such as 1gbit or 500mbit", s)
 }
 
 type netnsResult struct {
@@ -267,7 +199,7 @@ func netnsRows(mb float64, iters int, rate, pluginPath, settings, python, gloo s
 		fmt.Println("netns rows skipped: they need root (ip netns, tc)")
 		return nil
 	}
-	rateBits, err := tcRate(rate)
+	rateBits, err := netns.TCRate(rate)
 	if err != nil {
 		return err
 	}
@@ -290,15 +222,15 @@ func netnsRows(mb float64, iters int, rate, pluginPath, settings, python, gloo s
 			return err
 		}
 		n := l.hosts * l.perHost
-		over, err := segmentOverhead(bed.hosts[0])
+		over, err := segmentOverhead(bed.Hosts[0])
 		if err != nil {
-			bed.close()
+			bed.Close()
 			return err
 		}
 		var g float64
 		if !noGloo {
 			if g, err = bed.gloo(python, gloo, n, mb, iters); err != nil {
-				bed.close()
+				bed.Close()
 				return fmt.Errorf("gloo, %d hosts × %d: %w", l.hosts, l.perHost, err)
 			}
 		}
@@ -317,7 +249,7 @@ func netnsRows(mb float64, iters int, rate, pluginPath, settings, python, gloo s
 			}
 			times, moved, err := benchOn(bed, n, elems, iters, pluginPath, set)
 			if err != nil {
-				bed.close()
+				bed.Close()
 				return fmt.Errorf("netns %d hosts × %d, %s: %w", l.hosts, l.perHost, wire, err)
 			}
 			sort.Float64s(times)
@@ -341,7 +273,7 @@ func netnsRows(mb float64, iters int, rate, pluginPath, settings, python, gloo s
 				r.CohortS*1e3, glooCol, ratioCol, r.FloorS*1e3, r.XFloor, float64(r.LinkBytes)/1e6, gxCol, r.TCPFloorS*1e3, boundCol)
 			out = append(out, r)
 		}
-		bed.close()
+		bed.Close()
 	}
 	for _, r := range out {
 		b, _ := json.Marshal(r)
