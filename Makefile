@@ -35,7 +35,7 @@ export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 DEB_PACKAGES := protobuf-compiler g++ libtorch-dev libopenblas0-pthread python3-torch dataset-fashion-mnist chromium \
 	python3-grpcio python3-protobuf protobuf-compiler-grpc python3-build python3-setuptools python3-wheel
 
-.PHONY: all build test run proto python-sdk proto-check bench fuzz deps clean tools slurm-check multihost scale soak chaos gpu-prep gpu-check
+.PHONY: all build test run proto python-sdk proto-check bench bench-hosts fuzz deps clean tools slurm-check multihost scale soak chaos gpu-prep gpu-check
 
 all: build
 
@@ -132,6 +132,14 @@ bench: build
 	$(GO) run ./bench/averaging -netns -iters 15 -plugin $(PLUGINS)/cohort-averaging-cpu
 	$(GO) run ./bench/training -cohort $(BIN)/cohort
 	$(GO) run ./bench/pytorch -cohort $(BIN)/cohort
+	$(GO) run ./bench/hosts -cohort $(BIN)/cohort
+
+# bench-hosts is `make bench`'s cross-host training rows alone: cohort
+# against DDP on 4 network namespaces × 1 rank at 1 Gbit/s and 100 Mbit/s
+# (tc tbf), on the MLP, the cnn, the transformer and a 5.8 M-parameter wide
+# MLP; one JSON line per row. Root; about 25 minutes on 2 cores.
+bench-hosts: build
+	$(GO) run ./bench/hosts -cohort $(BIN)/cohort
 
 # scale runs one coordinator (a child process) against 10, 100 and 1000
 # simulated ranks speaking the control protocol, kills 1% of them, and
