@@ -47,18 +47,23 @@ func startServer(t *testing.T, world uint32) (*Server, *plugintest.LogBuffer) {
 	return s, logs
 }
 
-// tamperConn lets a test corrupt what a rank writes after its hello.
+// tamperConn lets a test corrupt what a rank writes after its handshake,
+// and keeps the handshake's bytes (its hello and proof).
 type tamperConn struct {
 	net.Conn
-	mu     sync.Mutex
-	writes int
-	hook   func(n int, b []byte) []byte // n counts writes; 0 is the hello
+	mu        sync.Mutex
+	writes    int
+	handshake []byte
+	hook      func(n int, b []byte) []byte // n counts writes; 0 is the hello, 1 the proof
 }
 
 func (c *tamperConn) Write(b []byte) (int, error) {
 	c.mu.Lock()
 	n := c.writes
 	c.writes++
+	if n < 2 {
+		c.handshake = append(c.handshake, b...)
+	}
 	hook := c.hook
 	c.mu.Unlock()
 	if hook != nil {

@@ -78,7 +78,7 @@ type Conn struct {
 	sentBytes, recvBytes atomic.Uint64
 }
 
-func newConn(nc net.Conn, k Keys, h Hello, hello, ackCore []byte, sendDir Dir, o Options) *Conn {
+func newConn(nc net.Conn, k Keys, h Hello, hello, challengeCore []byte, sendDir Dir, o Options) *Conn {
 	if tc, ok := nc.(*net.TCPConn); ok {
 		tc.SetNoDelay(true)
 	}
@@ -87,12 +87,12 @@ func newConn(nc net.Conn, k Keys, h Hello, hello, ackCore []byte, sendDir Dir, o
 		hello:     h,
 		opts:      o,
 		sendDir:   sendDir,
-		rmac:      authframe.NewMAC(k.connKey(sendDir.other(), hello, ackCore)),
+		rmac:      authframe.NewMAC(k.connKey(sendDir.other(), hello, challengeCore)),
 		sendq:     make(chan *sendReq, 64),
 		quit:      make(chan struct{}),
 		writerEnd: make(chan struct{}),
 	}
-	go c.writeLoop(authframe.NewMAC(k.connKey(sendDir, hello, ackCore)))
+	go c.writeLoop(authframe.NewMAC(k.connKey(sendDir, hello, challengeCore)))
 	return c
 }
 

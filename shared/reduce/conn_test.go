@@ -118,7 +118,7 @@ func TestReplayRefused(t *testing.T) {
 	if _, err := sc.Receive(); err != nil {
 		t.Fatal(err)
 	}
-	frame := rec.buf.Bytes()[HelloSize:]
+	frame := rec.buf.Bytes()[HelloSize+ProofSize:]
 	rec.Conn.Write(frame) // the same bytes again
 	if _, err := sc.Receive(); !errors.Is(err, authframe.ErrBadTag) {
 		t.Fatalf("replayed frame: %v", err)
@@ -169,7 +169,7 @@ func TestSilentPeerTimesOut(t *testing.T) {
 	a, b := net.Pipe()
 	defer b.Close()
 	go io.Copy(io.Discard, b)
-	c := newConn(a, testKeys, hello, make([]byte, HelloSize), make([]byte, 32), ToRank, Options{Timeout: 200 * time.Millisecond})
+	c := newConn(a, testKeys, hello, make([]byte, HelloSize), make([]byte, challengeCore), ToRank, Options{Timeout: 200 * time.Millisecond})
 	defer c.Close()
 	t0 := time.Now()
 	_, err := c.Receive()
@@ -208,7 +208,7 @@ func TestCutGoodbye(t *testing.T) {
 				payload = Announce{Round: 1, Steps: 1, Weight: 1}.Encode()
 			}
 			stream := signedStream([]any{c.kind, payload})
-			conn := newConn(&bytesConn{r: bytes.NewReader(stream[:len(stream)-3])}, fuzzKeys, fuzzHello, fuzzHelloB[:], fuzzAckCore, ToRank, Options{Timeout: time.Second})
+			conn := newConn(&bytesConn{r: bytes.NewReader(stream[:len(stream)-3])}, fuzzKeys, fuzzHello, fuzzHelloB[:], fuzzChallengeCore, ToRank, Options{Timeout: time.Second})
 			defer conn.Close()
 			_, err := conn.Receive()
 			if !errors.Is(err, c.want) {

@@ -108,18 +108,53 @@ func FuzzDecodeHello(f *testing.F) {
 	})
 }
 
+// fuzzHandshake is one handshake's bytes under fuzzKeys, for the
+// decoders of the messages after the hello.
+var (
+	fuzzHSHello     = encodeHello(Hello{Rank: 0, World: 1, Wire: WireF32}, [16]byte{}, fuzzKeys.k.Handshake())
+	fuzzHSChallenge = encodeChallenge(fuzzHSHello[:], [16]byte{5}, fuzzKeys.k.Handshake())
+	fuzzHSProof     = encodeProof(fuzzHSHello[:], fuzzHSChallenge[:], fuzzKeys.k.Handshake())
+)
+
+func FuzzVerifyChallenge(f *testing.F) {
+	f.Add(fuzzHSChallenge[:])
+	f.Add(fuzzHSProof[:])
+	f.Fuzz(func(t *testing.T, b []byte) {
+		if verifyChallenge(b, fuzzHSHello[:], fuzzKeys) != nil {
+			return
+		}
+		var nonce [16]byte
+		copy(nonce[:], b[8:24])
+		if out := encodeChallenge(fuzzHSHello[:], nonce, fuzzKeys.k.Handshake()); !bytes.Equal(out[:], b) {
+			t.Fatalf("accepted challenge %x re-encodes to %x", b, out)
+		}
+	})
+}
+
+func FuzzVerifyProof(f *testing.F) {
+	f.Add(fuzzHSProof[:])
+	f.Add(fuzzHSChallenge[:ProofSize])
+	f.Fuzz(func(t *testing.T, b []byte) {
+		if verifyProof(b, fuzzHSHello[:], fuzzHSChallenge[:], fuzzKeys) != nil {
+			return
+		}
+		// One proof answers a given hello and challenge.
+		if !bytes.Equal(b, fuzzHSProof[:]) {
+			t.Fatalf("accepted proof %x, the only one is %x", b, fuzzHSProof)
+		}
+	})
+}
+
 func FuzzDecodeAck(f *testing.F) {
-	hello := encodeHello(Hello{Rank: 0, World: 1, Wire: WireF32}, [16]byte{}, fuzzKeys.k.Handshake())
-	ack := encodeAck(RefusedDuplicate, [16]byte{3}, hello[:], fuzzKeys.k.Handshake())
+	ack := encodeAck(RefusedDuplicate, fuzzHSHello[:], fuzzHSChallenge[:], fuzzHSProof[:], fuzzKeys.k.Handshake())
 	f.Add(ack[:])
 	f.Fuzz(func(t *testing.T, b []byte) {
-		st, err := decodeAck(b, hello[:], fuzzKeys)
-		if err == nil {
-			var nonce [16]byte
-			copy(nonce[:], b[16:32])
-			if out := encodeAck(st, nonce, hello[:], fuzzKeys.k.Handshake()); !bytes.Equal(out[:], b) {
-				t.Fatalf("accepted ack %x re-encodes to %x", b, out)
-			}
+		st, err := decodeAck(b, fuzzHSHello[:], fuzzHSChallenge[:], fuzzHSProof[:], fuzzKeys)
+		if err != nil {
+			return
+		}
+		if out := encodeAck(st, fuzzHSHello[:], fuzzHSChallenge[:], fuzzHSProof[:], fuzzKeys.k.Handshake()); !bytes.Equal(out[:], b) {
+			t.Fatalf("accepted ack %x re-encodes to %x", b, out)
 		}
 	})
 }
@@ -139,9 +174,9 @@ func (c *bytesConn) SetWriteDeadline(time.Time) error { return nil }
 // fuzzStream is the bytes a rank with fuzzHello would send: frames signed
 // under the connection's up key, in sequence.
 var (
-	fuzzHello   = Hello{Rank: 0, World: 2, Wire: WireBF16, Params: 6, Buffers: 2}
-	fuzzHelloB  = encodeHello(fuzzHello, [16]byte{}, fuzzKeys.k.Handshake())
-	fuzzAckCore = make([]byte, 32)
+	fuzzHello         = Hello{Rank: 0, World: 2, Wire: WireBF16, Params: 6, Buffers: 2}
+	fuzzHelloB        = encodeHello(fuzzHello, [16]byte{}, fuzzKeys.k.Handshake())
+	fuzzChallengeCore = make([]byte, challengeCore)
 )
 
 func signedStream(frames ...[]any) []byte {
@@ -150,7 +185,7 @@ func signedStream(frames ...[]any) []byte {
 	// A long timeout: a quiet connection pings every Timeout/4, and a
 	// ping in the stream would break the byte-exact checks on a busy
 	// machine.
-	c := newConn(pipeA, fuzzKeys, fuzzHello, fuzzHelloB[:], fuzzAckCore, ToServer, Options{Timeout: time.Hour})
+	c := newConn(pipeA, fuzzKeys, fuzzHello, fuzzHelloB[:], fuzzChallengeCore, ToServer, Options{Timeout: time.Hour})
 	done := make(chan struct{})
 	go func() {
 		out, _ = io.ReadAll(pipeB)
@@ -180,7 +215,7 @@ func FuzzReceive(f *testing.F) {
 	))
 	f.Add([]byte("\x03\xd0\x4e\xc0\x02\x00\x00\x00\xff\xff\xff\xff\xff\xff\xff\xff"))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		c := newConn(&bytesConn{r: bytes.NewReader(b)}, fuzzKeys, fuzzHello, fuzzHelloB[:], fuzzAckCore, ToRank, Options{Timeout: time.Second})
+		c := newConn(&bytesConn{r: bytes.NewReader(b)}, fuzzKeys, fuzzHello, fuzzHelloB[:], fuzzChallengeCore, ToRank, Options{Timeout: time.Second})
 		defer c.Close()
 		for i := 0; i < 8; i++ {
 			fr, err := c.Receive()

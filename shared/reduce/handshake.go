@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 
 	"github.com/cohortdl/cohort/shared/authframe"
@@ -113,7 +114,7 @@ func DecodeHello(b []byte, k Keys) (Hello, error) {
 		return Hello{}, fmt.Errorf("%w: hello magic 0x%08x, want 0x%08x", authframe.ErrBadMagic, m, HelloMagic)
 	}
 	if v := le.Uint32(b[4:]); v != Version {
-		return Hello{}, fmt.Errorf("%w: hello version %d, want %d", authframe.ErrBadVersion, v, Version)
+		return Hello{}, fmt.Errorf("%w: hello version %d, this side speaks %d (run one cohort release on every host)", authframe.ErrBadVersion, v, Version)
 	}
 	if !authframe.TagOK(k.k.Handshake(), b[136:144], b[:136]) {
 		return Hello{}, fmt.Errorf("%w: hello tag does not verify (the rank holds another data key)", authframe.ErrBadTag)
@@ -191,30 +192,81 @@ func (r *Refusal) Error() string {
 	return r.Status.String() + ": " + r.Detail
 }
 
-func encodeAck(status Status, nonce [16]byte, hello []byte, hk []byte) [AckSize]byte {
+// encodeChallenge returns the server's challenge answering hello with its
+// nonce: tagged over its own first 24 bytes and the whole hello, so a
+// recorded challenge answers no other hello.
+func encodeChallenge(hello []byte, nonce [16]byte, hk []byte) [ChallengeSize]byte {
+	var b [ChallengeSize]byte
+	le.PutUint32(b[0:], ChallengeMagic)
+	le.PutUint32(b[4:], Version)
+	copy(b[8:24], nonce[:])
+	copy(b[24:32], authframe.Tag(hk, b[:24], hello))
+	return b
+}
+
+// verifyChallenge checks that ch is the server's answer to hello: length,
+// magic, version, tag.
+func verifyChallenge(ch, hello []byte, k Keys) error {
+	if len(ch) != ChallengeSize {
+		return fmt.Errorf("%w: challenge is %d bytes, want %d", authframe.ErrTruncated, len(ch), ChallengeSize)
+	}
+	if err := checkHead(ch, ChallengeMagic, "challenge"); err != nil {
+		return err
+	}
+	if !authframe.TagOK(k.k.Handshake(), ch[24:32], ch[:24], hello) {
+		return fmt.Errorf("%w: challenge tag does not verify (the server holds another data key, or the challenge answers another hello)", authframe.ErrBadTag)
+	}
+	return nil
+}
+
+// encodeProof returns the rank's answer to a challenge: only a holder of
+// the data key can tag the hello and this fresh challenge together.
+func encodeProof(hello, challenge []byte, hk []byte) [ProofSize]byte {
+	var b [ProofSize]byte
+	le.PutUint32(b[0:], ProofMagic)
+	le.PutUint32(b[4:], Version)
+	copy(b[8:16], authframe.Tag(hk, b[:8], hello, challenge))
+	return b
+}
+
+// verifyProof checks a rank's proof against the hello and the challenge
+// of this connection.
+func verifyProof(p, hello, challenge []byte, k Keys) error {
+	if len(p) != ProofSize {
+		return fmt.Errorf("%w: proof is %d bytes, want %d", authframe.ErrTruncated, len(p), ProofSize)
+	}
+	if err := checkHead(p, ProofMagic, "proof"); err != nil {
+		return err
+	}
+	if !authframe.TagOK(k.k.Handshake(), p[8:16], p[:8], hello, challenge) {
+		return fmt.Errorf("%w: proof tag does not verify (another data key, or a proof recorded on another connection: a replayed hello)", authframe.ErrBadTag)
+	}
+	return nil
+}
+
+// encodeAck returns the server's verdict on a proved hello, tagged over
+// its first 16 bytes and the whole handshake before it.
+func encodeAck(status Status, hello, challenge, proof []byte, hk []byte) [AckSize]byte {
 	var b [AckSize]byte
 	le.PutUint32(b[0:], AckMagic)
 	le.PutUint32(b[4:], Version)
 	le.PutUint32(b[8:], uint32(status))
 	le.PutUint32(b[12:], 0)
-	copy(b[16:32], nonce[:])
-	copy(b[32:40], authframe.Tag(hk, b[:32], hello))
+	copy(b[16:24], authframe.Tag(hk, b[:16], hello, challenge, proof))
 	return b
 }
 
-// decodeAck verifies that ack answers hello and returns its status.
-func decodeAck(ack, hello []byte, k Keys) (Status, error) {
+// decodeAck verifies that ack closes this connection's handshake and
+// returns its status.
+func decodeAck(ack, hello, challenge, proof []byte, k Keys) (Status, error) {
 	if len(ack) != AckSize {
 		return 0, fmt.Errorf("%w: ack is %d bytes, want %d", authframe.ErrTruncated, len(ack), AckSize)
 	}
-	if m := le.Uint32(ack[0:]); m != AckMagic {
-		return 0, fmt.Errorf("%w: ack magic 0x%08x, want 0x%08x", authframe.ErrBadMagic, m, AckMagic)
+	if err := checkHead(ack, AckMagic, "ack"); err != nil {
+		return 0, err
 	}
-	if v := le.Uint32(ack[4:]); v != Version {
-		return 0, fmt.Errorf("%w: ack version %d, want %d", authframe.ErrBadVersion, v, Version)
-	}
-	if !authframe.TagOK(k.k.Handshake(), ack[32:40], ack[:32], hello) {
-		return 0, fmt.Errorf("%w: ack tag does not verify (the server holds another data key, or the ack answers another hello)", authframe.ErrBadTag)
+	if !authframe.TagOK(k.k.Handshake(), ack[16:24], ack[:16], hello, challenge, proof) {
+		return 0, fmt.Errorf("%w: ack tag does not verify (the server holds another data key, or the ack closes another handshake)", authframe.ErrBadTag)
 	}
 	if r := le.Uint32(ack[12:]); r != 0 {
 		return 0, fmt.Errorf("%w: ack reserved field 0x%x, want 0", authframe.ErrMalformed, r)
@@ -222,12 +274,41 @@ func decodeAck(ack, hello []byte, k Keys) (Status, error) {
 	return Status(le.Uint32(ack[8:])), nil
 }
 
+// checkHead checks the magic and version that open every handshake
+// message after the hello.
+func checkHead(b []byte, magic uint32, what string) error {
+	if m := le.Uint32(b[0:]); m != magic {
+		return fmt.Errorf("%w: %s magic 0x%08x, want 0x%08x", authframe.ErrBadMagic, what, m, magic)
+	}
+	if v := le.Uint32(b[4:]); v != Version {
+		return fmt.Errorf("%w: %s version %d, want %d", authframe.ErrBadVersion, what, v, Version)
+	}
+	return nil
+}
+
+// exchange writes out and reads exactly len(in) bytes of answer (named
+// what); hangUp says what the peer closing without a full answer means.
+func exchange(ctx context.Context, nc net.Conn, out, in []byte, what, hangUp string) error {
+	if _, err := nc.Write(out); err != nil {
+		return fmt.Errorf("reduce: send to %s before its %s: %w", nc.RemoteAddr(), what, authframe.CtxCause(ctx, err))
+	}
+	if n, err := io.ReadFull(nc, in); err != nil {
+		if authframe.IsEOF(err) {
+			return fmt.Errorf("reduce: %w: %s from %s: got %d of %d bytes; %s: %w",
+				authframe.ErrTruncated, what, nc.RemoteAddr(), n, len(in), hangUp, err)
+		}
+		return fmt.Errorf("reduce: read %s from %s: got %d of %d bytes: %w", what, nc.RemoteAddr(), n, len(in), authframe.CtxCause(ctx, err))
+	}
+	return nil
+}
+
 var errZeroKeys = errors.New("reduce: keys not derived (use DeriveKeys)")
 
-// ClientHandshake runs the rank's side of the handshake on nc and returns
-// the connection. The whole handshake is bounded by opts.Timeout (and ctx).
-// A refusal is an error wrapping authframe.ErrRefused and a *Refusal; on any failure
-// nc is closed.
+// ClientHandshake runs the rank's side of the handshake on nc: it sends
+// the hello, verifies the server's challenge, answers it with its proof and
+// reads the server's verdict. The whole handshake is bounded by
+// opts.Timeout (and ctx). A refusal is an error wrapping
+// authframe.ErrRefused and a *Refusal; on any failure nc is closed.
 func ClientHandshake(ctx context.Context, nc net.Conn, k Keys, h Hello, opts Options) (_ *Conn, err error) {
 	opts = opts.withDefaults()
 	defer func() {
@@ -245,12 +326,31 @@ func ClientHandshake(ctx context.Context, nc net.Conn, k Keys, h Hello, opts Opt
 	if _, err := rand.Read(nonce[:]); err != nil {
 		return nil, fmt.Errorf("reduce: hello nonce: %w", err)
 	}
-	hb := encodeHello(h, nonce, k.k.Handshake())
-	var ab [AckSize]byte
-	var st Status
-	err = authframe.SendHello(ctx, nc, opts.Timeout, hb[:], ab[:], "reduce",
-		"the server closed the connection without answering (a wrong data key is never answered)",
-		func() (err error) { st, err = decodeAck(ab[:], hb[:], k); return err })
+	hk := k.k.Handshake()
+	hb := encodeHello(h, nonce, hk)
+	var (
+		cb [ChallengeSize]byte
+		ab [AckSize]byte
+		st Status
+	)
+	err = authframe.WithDeadline(ctx, nc, opts.Timeout, func() error {
+		if err := exchange(ctx, nc, hb[:], cb[:], "challenge",
+			"the server closed the connection without a challenge: a wrong data key is never answered, nor a hello of another protocol version"); err != nil {
+			return err
+		}
+		if err := verifyChallenge(cb[:], hb[:], k); err != nil {
+			return fmt.Errorf("reduce: handshake with %s: %w", nc.RemoteAddr(), err)
+		}
+		proof := encodeProof(hb[:], cb[:], hk)
+		if err := exchange(ctx, nc, proof[:], ab[:], "ack", "the server closed the connection without its verdict"); err != nil {
+			return err
+		}
+		var err error
+		if st, err = decodeAck(ab[:], hb[:], cb[:], proof[:], k); err != nil {
+			return fmt.Errorf("reduce: handshake with %s: %w", nc.RemoteAddr(), err)
+		}
+		return nil
+	})
 	switch {
 	case err != nil && st != Accepted:
 		// A refusal outranks the failure to clear the deadline that follows
@@ -261,14 +361,19 @@ func ClientHandshake(ctx context.Context, nc net.Conn, k Keys, h Hello, opts Opt
 	if st != Accepted {
 		return nil, fmt.Errorf("reduce: %w: server %s refused rank %d: %w", authframe.ErrRefused, nc.RemoteAddr(), h.Rank, &Refusal{Status: st})
 	}
-	return newConn(nc, k, h, hb[:], ab[:32], ToServer, opts), nil
+	return newConn(nc, k, h, hb[:], cb[:challengeCore], ToServer, opts), nil
 }
 
 // ServerHandshake runs the server's side: it reads and verifies a hello,
-// asks accept, and answers. A hello whose tag fails is not answered. When
-// accept returns a *Refusal (or any error, answered as RefusedClosing), the
-// refusal is answered, nc closed, and the error wraps authframe.ErrRefused; the Hello
-// is returned for the log. Bounded by opts.Timeout and ctx.
+// answers it with a challenge carrying a fresh nonce, reads and verifies
+// the rank's proof, and only then judges the hello (Hello.Check, then
+// accept) and answers with its verdict. A recorded hello replayed here
+// draws a challenge it cannot answer: it never reaches accept, so it holds
+// no rank's slot, and it is never acknowledged. A hello or proof whose tag
+// fails is not answered. When accept returns a *Refusal (or any error,
+// answered as RefusedClosing), the refusal is answered, nc closed, and the
+// error wraps authframe.ErrRefused; the Hello is returned for the log.
+// Bounded by opts.Timeout and ctx.
 func ServerHandshake(ctx context.Context, nc net.Conn, k Keys, accept func(Hello) error, opts Options) (_ *Conn, _ Hello, err error) {
 	opts = opts.withDefaults()
 	defer func() {
@@ -279,11 +384,12 @@ func ServerHandshake(ctx context.Context, nc net.Conn, k Keys, accept func(Hello
 	if !k.k.Valid() {
 		return nil, Hello{}, errZeroKeys
 	}
+	hk := k.k.Handshake()
 	var (
 		hb      [HelloSize]byte
-		ab      [AckSize]byte
+		cb      [ChallengeSize]byte
 		h       Hello
-		refused error // the answer to a hello that checked out but is refused
+		refused error // the answer to a proved hello that is refused
 	)
 	err = authframe.WithDeadline(ctx, nc, opts.Timeout, func() (err error) {
 		if err = authframe.ReadHello(ctx, nc, hb[:], "reduce"); err != nil {
@@ -291,6 +397,18 @@ func ServerHandshake(ctx context.Context, nc net.Conn, k Keys, accept func(Hello
 		}
 		if h, err = DecodeHello(hb[:], k); err != nil {
 			return fmt.Errorf("reduce: hello from %s: %w", nc.RemoteAddr(), err)
+		}
+		var nonce [16]byte
+		if _, err := rand.Read(nonce[:]); err != nil {
+			return fmt.Errorf("reduce: challenge nonce: %w", err)
+		}
+		cb = encodeChallenge(hb[:], nonce, hk)
+		var pb [ProofSize]byte
+		if err := exchange(ctx, nc, cb[:], pb[:], "proof", "the peer sent a hello it cannot prove (a replayed hello)"); err != nil {
+			return err
+		}
+		if err := verifyProof(pb[:], hb[:], cb[:], k); err != nil {
+			return fmt.Errorf("reduce: handshake with %s (hello of rank %d): %w", nc.RemoteAddr(), h.Rank, err)
 		}
 		status := Accepted
 		if err := h.Check(); err != nil {
@@ -304,11 +422,7 @@ func ServerHandshake(ctx context.Context, nc net.Conn, k Keys, accept func(Hello
 				status, refused = r.Status, r
 			}
 		}
-		var nonce [16]byte
-		if _, err := rand.Read(nonce[:]); err != nil {
-			return fmt.Errorf("reduce: ack nonce: %w", err)
-		}
-		ab = encodeAck(status, nonce, hb[:], k.k.Handshake())
+		ab := encodeAck(status, hb[:], cb[:], pb[:], hk)
 		if _, err := nc.Write(ab[:]); err != nil {
 			return fmt.Errorf("reduce: send ack to %s: %w", nc.RemoteAddr(), authframe.CtxCause(ctx, err))
 		}
@@ -320,5 +434,5 @@ func ServerHandshake(ctx context.Context, nc net.Conn, k Keys, accept func(Hello
 	if refused != nil {
 		return nil, h, fmt.Errorf("reduce: %w: hello from %s (rank %d, world %d): %w", authframe.ErrRefused, nc.RemoteAddr(), h.Rank, h.World, refused)
 	}
-	return newConn(nc, k, h, hb[:], ab[:32], ToRank, opts), h, nil
+	return newConn(nc, k, h, hb[:], cb[:challengeCore], ToRank, opts), h, nil
 }

@@ -43,10 +43,11 @@ func (k Keys) Format(f fmt.State, verb rune) {
 	k.k.Format(f, verb)
 }
 
-// connKey binds direction d's key to one handshake: the hello and the ack's
-// first 32 bytes, whose nonces make every connection's keys unique.
-func (k Keys) connKey(d Dir, hello, ackCore []byte) []byte {
-	return k.k.ConnKey(int(d), hello, ackCore)
+// connKey binds direction d's key to one handshake: the hello and the
+// challenge's first 24 bytes, whose nonces make every connection's keys
+// unique.
+func (k Keys) connKey(d Dir, hello, challengeCore []byte) []byte {
+	return k.k.ConnKey(int(d), hello, challengeCore)
 }
 
 // RunDigest names a run on the wire: the first 16 bytes of

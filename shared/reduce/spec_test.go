@@ -19,7 +19,7 @@ func TestWireBytesFollowTheSpec(t *testing.T) {
 	if want := sum(hk, fuzzHelloB[:136])[:8]; !bytes.Equal(fuzzHelloB[136:], want) {
 		t.Fatalf("hello tag % x, want % x", fuzzHelloB[136:], want)
 	}
-	connKey := sum(sum(dataKey, []byte("cohort/reduce/v1/rank-to-server")), fuzzHelloB[:], fuzzAckCore)
+	connKey := sum(sum(dataKey, []byte("cohort/reduce/v1/rank-to-server")), fuzzHelloB[:], fuzzChallengeCore)
 	payloads := [][]byte{Announce{Round: 1, Steps: 2, Weight: 2}.Encode(), RoundRef{Round: 1}.Encode()}
 	stream := signedStream([]any{KindAnnounce, payloads[0]}, []any{KindFolded, payloads[1]})
 	for seq, kind := range []Kind{KindAnnounce, KindFolded} {
