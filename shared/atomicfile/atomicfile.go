@@ -32,7 +32,25 @@ func Perm(perm os.FileMode) Option { return func(o *options) { o.perm = perm } }
 // same directory, fsynced, renamed over path, and the directory fsynced so
 // the rename itself survives a crash. On error nothing is left behind. The
 // file's mode is that of os.Create's files unless Perm says otherwise.
-func Write(path string, fill func(io.Writer) error, opts ...Option) (err error) {
+func Write(path string, fill func(io.Writer) error, opts ...Option) error {
+	return replace(path, opts, func(f *os.File) error {
+		w := bufio.NewWriterSize(f, bufferSize)
+		if err := fill(w); err != nil {
+			return err
+		}
+		return w.Flush()
+	})
+}
+
+// bufferSize is Write's buffer: the largest that is still a small
+// allocation to Go's heap. A larger one (this was 1 MiB) cost each write
+// its own span of the heap, a spike that a small process writing a file
+// every epoch (a summary, an averager's state) carried in its resident
+// memory; a write larger than the buffer goes to the file directly anyway.
+const bufferSize = 32 << 10
+
+// replace runs Write's steps, fill writing the temporary file.
+func replace(path string, opts []Option, fill func(*os.File) error) (err error) {
 	var o options
 	for _, opt := range opts {
 		opt(&o)
@@ -54,11 +72,7 @@ func Write(path string, fill func(io.Writer) error, opts ...Option) (err error) 
 			return fmt.Errorf("write %s: %w", path, err)
 		}
 	}
-	w := bufio.NewWriterSize(f, 1<<20)
-	if err = fill(w); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err = w.Flush(); err != nil {
+	if err = fill(f); err != nil {
 		return fmt.Errorf("write %s: %w", path, err)
 	}
 	if err = f.Sync(); err != nil {
@@ -75,10 +89,10 @@ func Write(path string, fill func(io.Writer) error, opts ...Option) (err error) 
 
 // WriteBytes replaces path with data, as Write does.
 func WriteBytes(path string, data []byte, opts ...Option) error {
-	return Write(path, func(w io.Writer) error {
-		_, err := w.Write(data)
+	return replace(path, opts, func(f *os.File) error {
+		_, err := f.Write(data)
 		return err
-	}, opts...)
+	})
 }
 
 // createTemp is os.CreateTemp with os.Create's mode (0666 less the umask)
