@@ -26,7 +26,7 @@ const PublishEvery = 250 * time.Millisecond
 // liveState is what the Recorder keeps for the snapshot and the live files.
 type liveState struct {
 	journal    *os.File // metrics.jsonl; nil when it could not be opened
-	rounds     []status.RoundPoint
+	rounds     roundHistory
 	epochs     []status.EpochPoint
 	membership []status.Membership
 	hist       status.Histogram
@@ -108,7 +108,7 @@ func (r *Recorder) noteRound(num, epoch uint64, d time.Duration, bytes float64) 
 		p.Loss = &l
 	}
 	r.lv.roundLoss, r.lv.roundLossN = 0, 0
-	r.lv.rounds = append(r.lv.rounds, p)
+	r.lv.rounds.add(p)
 	r.lv.hist.Observe(p.Seconds)
 	r.writeJournal(journalRound{"round", p})
 }
@@ -118,7 +118,7 @@ func (r *Recorder) noteRound(num, epoch uint64, d time.Duration, bytes float64) 
 func (r *Recorder) NoteEpoch(s EpochSummary) {
 	r.writeJournal(journalEpoch{"epoch", epochPoint(s)})
 	sum := r.Summary()
-	if err := WriteJSON(filepath.Join(r.cfg.Out, SummaryFile), sum); err != nil {
+	if err := WriteSummary(filepath.Join(r.cfg.Out, SummaryFile), sum); err != nil {
 		r.log.Warn("rewriting the run summary after the epoch failed", "epoch", s.Epoch, "error", err)
 	}
 	r.Publish(true)
@@ -148,7 +148,7 @@ func epochPoint(s EpochSummary) status.EpochPoint {
 
 // Publish makes a new snapshot when forced or PublishEvery has passed.
 // The curves share their arrays with the Recorder's: it only appends,
-// beyond the length a snapshot sees.
+// beyond the length a snapshot sees, or starts a new array.
 func (r *Recorder) Publish(force bool) {
 	now := time.Now()
 	if !force && now.Sub(r.lv.published) < PublishEvery {
@@ -192,8 +192,7 @@ func (r *Recorder) Publish(force bool) {
 			s.Error = run.Err.Error()
 		}
 	}
-	rounds := r.lv.rounds[max(0, len(r.lv.rounds)-status.MaxRounds):]
-	s.RoundCurve = rounds[:len(rounds):len(rounds)]
+	s.RoundCurve = r.lv.rounds.last()
 	if _, b := r.cfg.Bulk.Bulk(); float64(b) > s.Totals.BytesAveraged {
 		s.Totals.BytesAveraged = float64(b) // the reduce server's count, where it served
 	}
@@ -243,9 +242,10 @@ func resourcesOf(m *wirepb.ResourceSample) *status.Resources {
 	return out
 }
 
-// WriteCurves draws OUT/curves.png from every epoch and round of the run.
+// WriteCurves draws OUT/curves.png from every epoch of the run and its
+// rounds' loss (in buckets of several rounds once they are many).
 func (r *Recorder) WriteCurves() error {
-	if err := status.WriteCurves(filepath.Join(r.cfg.Out, status.CurvesFile), r.lv.epochs, r.lv.rounds); err != nil {
+	if err := status.WriteCurves(filepath.Join(r.cfg.Out, status.CurvesFile), r.lv.epochs, r.lv.rounds.curve()); err != nil {
 		return fmt.Errorf("coordinator: %w", err)
 	}
 	return nil
