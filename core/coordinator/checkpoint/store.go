@@ -79,7 +79,9 @@ func rankDir(ckpt string, rank uint32) string {
 // fsyncs the parent, and returns the checkpoint's path.
 func (s *ckptStore) commit(tmp string, m *Meta) (string, error) {
 	final := filepath.Join(s.dir, fmt.Sprintf("%s%06d", ckptPrefix, m.Version))
-	if err := record.WriteJSON(filepath.Join(tmp, MetaFile), m); err != nil {
+	head := *m
+	head.Finished = m.Finished[:0:0] // null or [], as m has it
+	if err := record.WriteJSONEpochs(filepath.Join(tmp, MetaFile), &head, "finished_epochs", m.Finished); err != nil {
 		return "", fmt.Errorf("checkpoint %d: %w", m.Version, err)
 	}
 	if err := os.Rename(tmp, final); err != nil {

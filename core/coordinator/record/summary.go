@@ -1,11 +1,14 @@
 package record
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
 	"math"
 	"os"
 	"path/filepath"
+	"strconv"
 	"time"
 
 	"github.com/cohortdl/cohort/core/coordinator/dispatch"
@@ -220,6 +223,70 @@ func WriteJSON(path string, v any) error {
 		return fmt.Errorf("encode %s: %w", filepath.Base(path), err)
 	}
 	return atomicfile.WriteBytes(path, append(b, '\n'))
+}
+
+// WriteJSONEpochs writes what WriteJSON writes for v with epochs as the
+// value of its top-level field named field, v holding none there (it
+// encodes as null or []). Each epoch is encoded on its own, straight to
+// the file: a run rewrites its summary and its checkpoint's meta.json every
+// epoch, and encoding every epoch at once took a buffer as large as the
+// file, which the JSON encoder keeps for its next use, so the process
+// held more memory the longer it ran.
+func WriteJSONEpochs(path string, v any, field string, epochs []EpochSummary) error {
+	head, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return fmt.Errorf("encode %s: %w", filepath.Base(path), err)
+	}
+	if len(epochs) == 0 {
+		return atomicfile.WriteBytes(path, append(head, '\n'))
+	}
+	key := []byte("\n  " + strconv.Quote(field) + ": ")
+	at := bytes.Index(head, key)
+	if at < 0 {
+		return fmt.Errorf("encode %s: no top-level field %q", filepath.Base(path), field)
+	}
+	at += len(key)
+	var empty int
+	for _, e := range []string{"null", "[]"} {
+		if bytes.HasPrefix(head[at:], []byte(e)) {
+			empty = len(e)
+		}
+	}
+	if empty == 0 {
+		return fmt.Errorf("encode %s: field %q already holds a value", filepath.Base(path), field)
+	}
+	return atomicfile.Write(path, func(w io.Writer) error {
+		if _, err := w.Write(head[:at]); err != nil {
+			return err
+		}
+		sep := "[\n    "
+		for _, e := range epochs {
+			b, err := json.MarshalIndent(e, "    ", "  ")
+			if err != nil {
+				return fmt.Errorf("encode epoch %d: %w", e.Epoch, err)
+			}
+			if _, err := io.WriteString(w, sep); err != nil {
+				return err
+			}
+			if _, err := w.Write(b); err != nil {
+				return err
+			}
+			sep = ",\n    "
+		}
+		if _, err := io.WriteString(w, "\n  ]"); err != nil {
+			return err
+		}
+		_, err := w.Write(append(head[at+empty:], '\n'))
+		return err
+	})
+}
+
+// WriteSummary writes s to path as WriteJSON does, its epochs one by one
+// (WriteJSONEpochs).
+func WriteSummary(path string, s *Summary) error {
+	head := *s
+	head.Epochs = s.Epochs[:0:0] // null or [], as s has it
+	return WriteJSONEpochs(path, &head, "epochs", s.Epochs)
 }
 
 // Summary builds the run's Summary as it stands now.
