@@ -82,7 +82,7 @@ func (b *bench) ddp(ctx context.Context, bed *netns.Bed, rate string, m model, f
 	if err != nil {
 		return nil, err
 	}
-	epochs, err := b.peer(ctx, bed, m, f, m.Epochs, nil)
+	epochs, _, err := b.peer(ctx, bed, m, f, m.Epochs, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -110,27 +110,42 @@ func (b *bench) ddp(ctx context.Context, bed *netns.Bed, rate string, m model, f
 
 // ddpBounded times -bounded-steps steps of the peer (ddp_steps.py) and
 // takes the accuracy from curve, the same model's full run at another
-// rate: the arithmetic of DDP's steps does not depend on the link.
+// rate: the arithmetic of DDP's steps does not depend on the link. Its
+// bytes are what each host sent from its first step on, by the count each
+// rank prints.
 func (b *bench) ddpBounded(ctx context.Context, bed *netns.Bed, m model, f modelFile, curve *ddpRun) (*ddpRun, error) {
 	steps := b.o.boundedSteps
-	before, err := txBytes(bed)
-	if err != nil {
-		return nil, err
-	}
-	epochs, err := b.peer(ctx, bed, m, f, 1, []string{filepath.Join(b.root, "bench", "hosts", "ddp_steps.py"), "--peer", b.o.peer, "--steps", strconv.Itoa(steps), "--"})
-	if err != nil {
-		return nil, err
-	}
-	after, err := txBytes(bed)
+	epochs, outs, err := b.peer(ctx, bed, m, f, 1, []string{filepath.Join(b.root, "bench", "hosts", "ddp_steps.py"), "--peer", b.o.peer, "--steps", strconv.Itoa(steps), "--"})
 	if err != nil {
 		return nil, err
 	}
 	if len(epochs) != 1 {
 		return nil, fmt.Errorf("the bounded peer printed %d epoch lines, want 1", len(epochs))
 	}
-	perEpoch := float64(steps) / float64(stepsPerEpoch(hosts, batch))
+	var sent float64
+	for r, out := range outs {
+		n, err := stepBytes(out)
+		if err != nil {
+			return nil, fmt.Errorf("bounded peer rank %d: %w", r, err)
+		}
+		sent += float64(n)
+	}
+	perEpoch := float64(stepsPerEpoch(hosts, batch)) / float64(steps)
 	return &ddpRun{Accuracy: curve.Accuracy, Target: curve.Target, CurveFrom: curve.CurveFrom, Bounded: true, Steps: steps,
-		StepS: epochs[0].ElapsedS / float64(steps), Bytes: meanSent(before, after, perEpoch)}, nil
+		StepS: epochs[0].ElapsedS / float64(steps), Bytes: sent / float64(len(outs)) * perEpoch}, nil
+}
+
+// stepBytes reads ddp_steps.py's {"tx_bytes_steps": N} line.
+func stepBytes(out string) (uint64, error) {
+	for _, line := range strings.Split(out, "\n") {
+		var l struct {
+			N *uint64 `json:"tx_bytes_steps"`
+		}
+		if strings.HasPrefix(line, "{") && json.Unmarshal([]byte(line), &l) == nil && l.N != nil {
+			return *l.N, nil
+		}
+	}
+	return 0, errors.New("no tx_bytes_steps line")
 }
 
 // peerEpoch is one of the peer's epoch lines.
@@ -141,9 +156,9 @@ type peerEpoch struct {
 }
 
 // peer runs the peer's ranks for epochs, one in each host, and returns
-// rank 0's epoch lines; wrap, when set, is the script (and its arguments) the
+// rank 0's epoch lines and every rank's output; wrap, when set, is the script (and its arguments) the
 // peer's arguments go to instead of the peer itself.
-func (b *bench) peer(ctx context.Context, bed *netns.Bed, m model, f modelFile, epochs int, wrap []string) ([]peerEpoch, error) {
+func (b *bench) peer(ctx context.Context, bed *netns.Bed, m model, f modelFile, epochs int, wrap []string) ([]peerEpoch, []string, error) {
 	b.n++
 	master := fmt.Sprintf("%s:%d", bed.Addr(0), 29000+b.n)
 	script := wrap
@@ -159,7 +174,7 @@ func (b *bench) peer(ctx context.Context, bed *netns.Bed, m model, f modelFile, 
 		p, err := start(ctx, bed.Command(r, b.o.python, args...), nil, b.o.verbose)
 		if err != nil {
 			killAll(procs)
-			return nil, err
+			return nil, nil, err
 		}
 		procs[r] = p
 	}
@@ -171,16 +186,20 @@ func (b *bench) peer(ctx context.Context, bed *netns.Bed, m model, f modelFile, 
 		}
 	}
 	if len(errs) > 0 {
-		return nil, errs[0]
+		return nil, nil, errs[0]
+	}
+	outs := make([]string, len(procs))
+	for r, p := range procs {
+		outs[r] = p.out.String()
 	}
 	var out []peerEpoch
-	for _, line := range strings.Split(procs[0].out.String(), "\n") {
+	for _, line := range strings.Split(outs[0], "\n") {
 		var e peerEpoch
 		if strings.HasPrefix(line, "{") && json.Unmarshal([]byte(line), &e) == nil && e.Epoch != nil {
 			out = append(out, e)
 		}
 	}
-	return out, nil
+	return out, outs, nil
 }
 
 func killAll(ps []*proc) {

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"strings"
 )
 
 // trainSamples is Fashion-MNIST's training split.
@@ -124,10 +125,35 @@ func (r *row) settle() {
 		r.notes = append(r.notes, fmt.Sprintf("%s wire: to target %s, accuracy %.2f%%, %.1f MB/rank/epoch, %d rounds",
 			c.Wire, secs(t, ok), 100*last(c.Accuracy), c.Bytes/1e6, c.Rounds))
 	}
+	for _, c := range r.cohorts {
+		r.notes = append(r.notes, fmt.Sprintf("cohort %s per epoch: %s", c.Wire, curve(c.Accuracy, cumulative(c.Seconds))))
+	}
+	if !r.ddp.Bounded {
+		r.notes = append(r.notes, "DDP per epoch: "+curve(r.ddp.Accuracy, r.ddp.Elapsed))
+	}
 	if r.ddp.Bounded {
 		r.notes = append(r.notes, fmt.Sprintf("DDP estimated: %d steps measured here at %.3f s each; time to target = that × %d steps per epoch × the epochs its curve at %s needed (evaluation not counted); accuracy from that curve",
 			r.ddp.Steps, r.ddp.StepS, stepsPerEpoch(hosts, batch), r.ddp.CurveFrom))
 	}
+}
+
+// curve is "acc% at t s" per epoch.
+func curve(acc, at []float64) string {
+	var parts []string
+	for i := range acc {
+		parts = append(parts, fmt.Sprintf("%.2f%% at %.1f s", 100*acc[i], at[i]))
+	}
+	return strings.Join(parts, ", ")
+}
+
+func cumulative(xs []float64) []float64 {
+	out := make([]float64, len(xs))
+	t := 0.0
+	for i, x := range xs {
+		t += x
+		out[i] = t
+	}
+	return out
 }
 
 func last(xs []float64) float64 {

@@ -102,7 +102,7 @@ func TestSettleKeepsTheFasterWire(t *testing.T) {
 		if got := r.cohorts[r.kept].Wire; got != c.want {
 			t.Errorf("%s: kept %s, want %s", c.name, got, c.want)
 		}
-		if len(r.notes) != 1 || !strings.Contains(r.notes[0], "wire") {
+		if len(r.notes) != 4 || !strings.Contains(r.notes[0], "wire") {
 			t.Errorf("%s: notes %q, want one naming the other wire", c.name, r.notes)
 		}
 	}
@@ -150,19 +150,38 @@ func TestParseOptions(t *testing.T) {
 	if err := o.parse("wide=2,mlp=3", "1gbit,100mbit", "bf16"); err != nil {
 		t.Fatal(err)
 	}
-	if len(o.models) != 2 || o.models[0].Name != "mlp" || o.models[0].Epochs != 3 || o.models[1].Name != "wide" || o.models[1].Epochs != 2 {
-		t.Errorf("models %+v, want mlp (3 epochs) then wide (2), in the bench's order", o.models)
+	if len(o.models) != 2 || o.models[0].Name != "wide" || o.models[0].Epochs != 2 || o.models[0].Optimizer != "sgd" || o.models[1].Name != "mlp" || o.models[1].Epochs != 3 {
+		t.Errorf("models %+v, want wide (2 epochs) then mlp (3), in the flag's order", o.models)
 	}
 	for _, bad := range [][3]string{
 		{"resnet=1", "1gbit", "f32"},
 		{"mlp=0", "1gbit", "f32"},
 		{"mlp=1", "fast", "f32"},
 		{"mlp=1", "1gbit", "fp8"},
+		{"mlp=1,mlp=2", "1gbit", "f32"},
 	} {
 		var o options
 		o.boundedSteps, o.fullEpochS = 12, 150
 		if err := o.parse(bad[0], bad[1], bad[2]); err == nil {
 			t.Errorf("parse(%q) accepted", bad)
+		}
+	}
+}
+
+func TestStepBytes(t *testing.T) {
+	for _, c := range []struct {
+		out  string
+		want uint64
+		ok   bool
+	}{
+		{"{\"epoch\": 0, \"test_accuracy\": 0.5}\n{\"tx_bytes_steps\": 12345}\n", 12345, true},
+		{"warning: something\n{\"tx_bytes_steps\": 0}", 0, true},
+		{"{\"epoch\": 0}\n", 0, false},
+		{"{\"tx_bytes_steps\": -1}\n", 0, false},
+	} {
+		got, err := stepBytes(c.out)
+		if (err == nil) != c.ok || got != c.want {
+			t.Errorf("stepBytes(%q) = %v, %v; want %v (ok %v)", c.out, got, err, c.want, c.ok)
 		}
 	}
 }

@@ -108,7 +108,7 @@ func main() {
 	flag.StringVar(&o.cohort, "cohort", "bin/cohort", "the cohort binary (its plugins in plugins/ beside it)")
 	flag.StringVar(&o.python, "python", "/usr/bin/python3", "python with torch")
 	flag.StringVar(&o.peer, "peer", "", "the DDP peer (default: ../shared/peers/ddp_fashion_mnist.py from the repository root)")
-	modelList := flag.String("models", "mlp=3,cnn=3,transformer=3,wide=2", "models and their epochs (mlp, cnn, transformer, wide)")
+	modelList := flag.String("models", "mlp=3,cnn=3,transformer=3,wide=3", "models and their epochs, in the order they run (mlp, cnn, transformer, wide)")
 	rateList := flag.String("rates", "1gbit,100mbit", "link rates (tc), in order; the first is where DDP's accuracy curve is read")
 	wireList := flag.String("wires", "f32,bf16", "averaging-cpu wires cohort tries on each row")
 	flag.IntVar(&o.seed, "seed", 1, "the seed of both sides (data order, initial weights)")
@@ -136,24 +136,23 @@ func main() {
 }
 
 func (o *options) parse(modelList, rateList, wireList string) error {
-	epochs := map[string]int{}
+	known := map[string]model{}
+	for _, m := range models {
+		known[m.Name] = m
+	}
 	for _, f := range strings.Split(modelList, ",") {
 		name, n, ok := strings.Cut(strings.TrimSpace(f), "=")
 		e, err := strconv.Atoi(n)
 		if !ok || err != nil || e < 1 {
 			return fmt.Errorf("-models %q: want model=epochs, epochs at least 1", f)
 		}
-		epochs[name] = e
-	}
-	for _, m := range models {
-		if e, ok := epochs[m.Name]; ok {
-			m.Epochs = e
-			o.models = append(o.models, m)
-			delete(epochs, m.Name)
+		m, found := known[name]
+		if !found {
+			return fmt.Errorf("-models: unknown model %q (mlp, cnn, transformer, wide)", name)
 		}
-	}
-	for name := range epochs {
-		return fmt.Errorf("-models: unknown model %q (mlp, cnn, transformer, wide)", name)
+		delete(known, name)
+		m.Epochs = e
+		o.models = append(o.models, m)
 	}
 	for _, r := range strings.Split(rateList, ",") {
 		if _, err := netns.TCRate(r); err != nil {
