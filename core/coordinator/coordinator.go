@@ -185,6 +185,9 @@ type Coordinator struct {
 	meetings *meeting.Table
 	resume   string
 	meta     *checkpoint.Meta
+	// comeback is the consensus file of a run whose coordinator died,
+	// when this one takes its ranks back (comeback.go).
+	comeback *checkpoint.Consensus
 	ckpts    *checkpoint.Writer
 	snapshot atomic.Pointer[status.Snapshot]
 
@@ -245,6 +248,26 @@ func New(opts Options) (_ *Coordinator, err error) {
 			return nil, fmt.Errorf("coordinator: coordinator.tls: %w", err)
 		}
 	}
+	comeback := false
+	if opts.Resume != "" {
+		if comeback, err = c.openComeback(opts.Resume); err != nil {
+			return nil, fmt.Errorf("coordinator: resume: %w", err)
+		}
+	}
+	if opts.Resume != "" && !comeback {
+		if c.resume, err = checkpoint.ResolveCheckpoint(opts.Resume); err != nil {
+			return nil, fmt.Errorf("coordinator: %w", err)
+		}
+		if c.meta, err = checkpoint.ReadMeta(c.resume); err != nil {
+			return nil, fmt.Errorf("coordinator: resume: %w", err)
+		}
+	}
+	if c.meta != nil {
+		if c.meta.Seed != cfg.Run.Seed {
+			return nil, fmt.Errorf("coordinator: resume: checkpoint %s was taken with seed %d, the config has seed %d; the data order would differ",
+				c.resume, c.meta.Seed, cfg.Run.Seed)
+		}
+	}
 	c.meetings = meeting.NewTable(meeting.Env{
 		Listen:     cfg.Coordinator.Listen,
 		ReducePort: cfg.Coordinator.ReducePort,
@@ -255,18 +278,6 @@ func New(opts Options) (_ *Coordinator, err error) {
 		Logger:     c.log,
 	}, opts.Meetings)
 
-	if opts.Resume != "" {
-		if c.resume, err = checkpoint.ResolveCheckpoint(opts.Resume); err != nil {
-			return nil, fmt.Errorf("coordinator: %w", err)
-		}
-		if c.meta, err = checkpoint.ReadMeta(c.resume); err != nil {
-			return nil, fmt.Errorf("coordinator: resume: %w", err)
-		}
-		if c.meta.Seed != cfg.Run.Seed {
-			return nil, fmt.Errorf("coordinator: resume: checkpoint %s was taken with seed %d, the config has seed %d; the data order would differ",
-				c.resume, c.meta.Seed, cfg.Run.Seed)
-		}
-	}
 	var removed []string
 	run := checkpoint.Run{RunID: c.runID, Seed: cfg.Run.Seed, World: uint32(cfg.Run.Ranks), Policy: string(cfg.Coordinator.Policy), Epochs: cfg.Run.Epochs}
 	if c.ckpts, removed, err = checkpoint.Open(filepath.Join(c.out, checkpoint.CheckpointsDir), run, cfg.Coordinator.CheckpointKeep, c.log); err != nil {
@@ -367,6 +378,7 @@ func (c *Coordinator) admit() *wirepb.Admit {
 		RunId:     c.runID,
 		Seed:      uint64(c.cfg.Run.Seed),
 		ResumeDir: c.resume,
+		Comeback:  c.comeback != nil,
 		Epochs:    uint64(c.cfg.Run.Epochs),
 		// Async rounds run beside training where the trainer can.
 		OverlapRounds: c.cfg.Coordinator.Policy == config.PolicyAsync && c.cfg.Coordinator.AsyncOverlap,

@@ -15,6 +15,9 @@ import (
 // startTraining runs when round 0 completes: a fresh run starts epoch 0, a
 // resumed one rebuilds the epoch in progress from its checkpoint.
 func (r *runner) startTraining() {
+	if r.cb != nil && r.cb.state != nil {
+		r.c.meta = r.cb.resumed(r.world)
+	}
 	m := r.c.meta
 	if m == nil {
 		r.startEpoch(0)
@@ -98,6 +101,7 @@ func (r *runner) closeEpoch() {
 		r.disp.EvalLoss(r.roundSeq, r.epoch+1, *s.EvalLoss)
 	}
 	r.snap = checkpoint.Progress{Snapshot: r.disp.FreshSnapshot(r.epoch+1, r.ranks.Live())}
+	r.consensusNow(nil)
 	r.emit(Progress{Kind: ProgressEpoch, Summary: &s})
 	r.rep.NoteEpoch(s)
 	// The trainer's end-of-epoch code runs on the callback rank, after the

@@ -69,6 +69,11 @@ type runner struct {
 	reissue  *reissue
 	roundSeq uint64
 	snap     checkpoint.Progress
+	// consRound is the last completed round's number (the consensus file's
+	// round); cb is a comeback's first round (comeback.go).
+	consRound  uint64
+	consWarned bool
+	cb         *comebackPlan
 
 	ckpt         *checkpoint.Wait
 	save         *checkpoint.Wait
@@ -95,6 +100,9 @@ func newRunner(c *Coordinator) *runner {
 		policy:  cfg.Coordinator.Policy,
 		export:  checkpoint.NewExport(c.out, c.log),
 		started: time.Now(),
+	}
+	if c.comeback != nil {
+		r.roundSeq = c.comeback.NextRound
 	}
 	r.disp = dispatch.New(cfg, r.log)
 	r.rep = record.New(record.Config{
@@ -226,6 +234,9 @@ func (r *runner) finish(status string, err error) {
 		r.err = nil
 	}
 	r.phase = phDone
+	if err := r.c.ckpts.RemoveConsensus(); err != nil {
+		r.log.Warn("the run ended", "error", err)
+	}
 	if r.save != nil && !r.save.Resolved() {
 		r.resolveCkpt(r.save)
 	}

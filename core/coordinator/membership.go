@@ -23,12 +23,22 @@ func (r *runner) tryForm() bool {
 	ref := r.ranks.ReadyOf(0)
 	r.pickSpace = ref.GetSamples()
 	r.batch = uint64(ref.GetBatchSize())
+	r.ranks.Form()
+	mode, root := wirepb.SyncMode_SYNC_MODE_BROADCAST, uint32(0)
+	if r.c.comeback != nil {
+		r.cb = r.planComeback()
+		if r.cb.state != nil {
+			// The consensus stands in for the checkpoint from here on;
+			// startTraining adds what the first round brings.
+			r.c.meta = r.cb.state
+		}
+		mode, root = r.cb.firstRound()
+	}
 	if m := r.c.meta; m != nil && m.PickSpace != r.pickSpace {
 		r.finish(record.StatusFailed, fmt.Errorf("coordinator: resume: checkpoint %s was taken with %d samples, the trainer now has %d",
 			r.c.resume, m.PickSpace, r.pickSpace))
 		return true
 	}
-	r.ranks.Form()
 	r.phase = phTraining
 	r.log.Info("cohort formed", "ranks", r.world, "samples", r.pickSpace, "batch_size", r.batch,
 		"trainer", ref.GetTrainer(), "averager", ref.GetAverager(), "seconds", time.Since(r.started).Seconds())
@@ -42,8 +52,8 @@ func (r *runner) tryForm() bool {
 	r.emit(Progress{Kind: ProgressFormed})
 	r.role.Form(epoch)
 	// Every rank starts from rank 0's parameters (after a resume: from
-	// what rank 0 loaded).
-	r.issueRound(wirepb.SyncMode_SYNC_MODE_BROADCAST, 0, true)
+	// what rank 0 loaded; after a comeback: from the kept models).
+	r.issueRound(mode, root, true)
 	return true
 }
 
@@ -53,6 +63,8 @@ func (r *runner) tryForm() bool {
 // survivors, and re-form the averaging group; below min_ranks survivors,
 // save and stop instead.
 func (r *runner) depart(id uint32, event, reason string, status membership.Status) {
+	// A coordinator restarted from here on must not wait for this rank.
+	defer r.consensusNow(nil)
 	r.ranks.Leave(id, status)
 	r.rep.Left(id, reason)
 	ev := record.MembershipEvent{Rank: id, Event: event, Epoch: r.epoch + 1, Reason: reason, Time: time.Now()}

@@ -49,6 +49,11 @@ func (r *runner) issueRound(mode wirepb.SyncMode, root uint32, initial bool) {
 	}
 	r.roundSeq++
 	r.round = rd
+	if !initial {
+		if p := r.pendingConsensus(rd.num); p != nil {
+			r.consensusNow(p)
+		}
+	}
 	live := r.ranks.Live()
 	var plans map[uint32]*dispatch.Plan
 	var step *uint64
@@ -92,6 +97,9 @@ func (r *runner) onSyncAck(id uint32, m *wirepb.SyncAck) {
 		r.log.Warn("round failed on a rank", "rank", id, "round", rd.num, "error", m.GetError())
 	default:
 		r.disp.Averaged(id)
+		if rd.initial && rd.mode == wirepb.SyncMode_SYNC_MODE_AVERAGE && r.cb != nil {
+			r.cb.averaged = true
+		}
 	}
 	r.checkRound()
 }
@@ -128,6 +136,10 @@ func (r *runner) checkRound() {
 			// broadcast does that.
 			ri.mode = wirepb.SyncMode_SYNC_MODE_BROADCAST
 			ri.root = r.ranks.Live()[0]
+			if r.cb != nil && r.ranks.Status(r.cb.root) == membership.Live {
+				// After a comeback only the holders' models may start it.
+				ri.root = r.cb.root
+			}
 		}
 		if len(completed) > 0 {
 			ri.mode, ri.root = wirepb.SyncMode_SYNC_MODE_BROADCAST, completed[0]
@@ -155,8 +167,10 @@ func (r *runner) completeRound(rd *round) {
 	}
 	r.rep.Round(rd.num, r.epoch+1, took, acks, rd.initial, r.disp.Windowed())
 	if rd.initial {
-		r.log.Info("round 0 complete: every rank holds rank 0's parameters", "ms", ms)
+		r.log.Info("round 0 complete: every rank holds the same parameters", "round", rd.num, "mode", rd.mode.String(), "ms", ms)
 		r.startTraining()
+		r.consRound = rd.num
+		r.consensusNow(nil)
 		if r.phase != phTraining {
 			return
 		}
@@ -171,6 +185,8 @@ func (r *runner) completeRound(rd *round) {
 		} else {
 			r.snap = r.progressNow()
 		}
+		r.consRound = rd.num
+		r.consensusNow(nil)
 	}
 	version := rd.num
 	switch {

@@ -108,12 +108,13 @@ func (r *runner) resolveCkpt(w *checkpoint.Wait) {
 	if root, ok := w.Root(); ok && w == r.save {
 		w.Holds(root, r.disp.Held(root))
 	}
-	path := r.c.ckpts.Resolve(w, checkpoint.Totals{
-		PickSpace: r.pickSpace, BatchSize: r.batch, Rounds: r.rep.RoundsTotal(), GlobalStep: r.disp.GlobalStep(),
-		Finished: r.rep.Finished(), Cadence: r.disp.CadenceState(),
-	})
+	path := r.c.ckpts.Resolve(w, r.totals())
 	if path != "" {
 		r.emit(Progress{Kind: ProgressCheckpoint, Checkpoint: path})
+		if w == r.ckpt {
+			// A rank that starts fresh in a comeback loads this one.
+			r.consensusNow(nil)
+		}
 	}
 }
 

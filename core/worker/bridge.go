@@ -82,14 +82,20 @@ func (b bridge) Command(msg proto.Message) {
 	}
 }
 
-// Lost ends the worker on a lost coordinator: every peer is marked dead so
-// the watchdog aborts a round in flight, and an error stop is queued for
-// the main loop.
+// Lost handles a lost coordinator: every peer is marked dead so the
+// watchdog aborts a round in flight, and an error is queued for the main
+// loop. While the rank serves, only the link's context ends (the plan
+// under way stops) and the main loop waits for a coordinator to come
+// back (comeback.go); before, the worker stops.
 func (b bridge) Lost(cause error) {
 	w := b.w
-	w.log.Error("lost the coordinator", "error", cause)
 	w.ledger.markAllExcept(w.o.Rank)
 	w.queue.push(command{err: cause})
+	if w.serving.Load() {
+		w.connLost(cause)
+		return
+	}
+	w.log.Error("lost the coordinator", "error", cause)
 	w.stop(cause)
 }
 

@@ -38,6 +38,9 @@ type loopState struct {
 	ovl      *overlapRound
 	ovlWG    sync.WaitGroup
 	training bool
+	// held is what the rank trained since its last successful round: what
+	// a coordinator that comes back learns of this model.
+	held heldWork
 	// roundHeld is how long rounds held training since the last Metrics:
 	// whole rounds and round steps taken between plans, and, while Train
 	// runs beside a round, what its batches say they waited for the
@@ -176,8 +179,10 @@ func (w *worker) runNextPlan(ctx context.Context) error {
 	reports := newBatchMerger(w, p, qp.reportEvery)
 	start := time.Now()
 	w.training = true
-	err := w.sup.Trainer().Train(w.stopCtx, p, func(b plugin.BatchReport) error {
+	err := w.sup.Trainer().Train(w.connCtx, p, func(b plugin.BatchReport) error {
+		from := st.samples
 		w.roundHeld += st.add(b)
+		w.held.note(p, from, uint64(b.Samples))
 		if err := reports.add(b); err != nil {
 			return err
 		}
@@ -191,8 +196,8 @@ func (w *worker) runNextPlan(ctx context.Context) error {
 	w.prof.planDone(elapsed, st)
 	st.warnDropped(w.log, p)
 	if err != nil {
-		if w.stopCtx.Err() != nil {
-			w.log.Info("plan interrupted", "epoch", p.Epoch+1, "batches_done", st.batches, "reason", context.Cause(w.stopCtx))
+		if w.connCtx.Err() != nil {
+			w.log.Info("plan interrupted", "epoch", p.Epoch+1, "batches_done", st.batches, "reason", context.Cause(w.connCtx))
 			return nil
 		}
 		if lost, rerr := w.sup.Recover(ctx, pluginhost.Trainer, err, &p); lost {

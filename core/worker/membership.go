@@ -71,6 +71,14 @@ func (l *ledger) markAllExcept(self uint32) {
 	}
 }
 
+// reset marks every rank alive again, for a coordinator that came back. It
+// is no news for the watchdog: nobody died.
+func (l *ledger) reset() {
+	l.mu.Lock()
+	clear(l.dead)
+	l.mu.Unlock()
+}
+
 func (l *ledger) wake() {
 	select {
 	case l.changed <- struct{}{}:

@@ -47,7 +47,7 @@ func (w *worker) startOverlap(ctx context.Context, m *wirepb.Sync) error {
 	if rr == nil || err != nil {
 		return err
 	}
-	rctx, cancel := context.WithCancelCause(w.stopCtx)
+	rctx, cancel := context.WithCancelCause(w.connCtx)
 	o := &overlapRound{rr: rr, done: make(chan roundOutcome, 1), cancel: cancel}
 	w.ovl = o
 	w.ovlWG.Add(1)

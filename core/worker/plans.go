@@ -96,6 +96,13 @@ func (q *planQueue) extend(m *wirepb.ExtendPartition, fallback planShape) {
 	}})
 }
 
+// drop forgets every plan and the throttle: the coordinator that handed
+// them out is lost, and one that comes back hands out its own. The
+// epochs' shapes stay.
+func (q *planQueue) drop() {
+	q.plans, q.held, q.throttled = nil, nil, false
+}
+
 // hold keeps a plan a Sync brought until its round succeeds.
 func (q *planQueue) hold(p *wirepb.EpochPlan) { q.held = append(q.held, p) }
 

@@ -47,7 +47,7 @@ func (m *batchMerger) add(b plugin.BatchReport) error {
 	if m.reportEvery > 0 && time.Since(m.lastSent) < m.reportEvery {
 		return nil
 	}
-	return m.flush(m.w.stopCtx)
+	return m.flush(m.w.connCtx)
 }
 
 // flush sends the frame being built, if any. A frame ctx stopped is kept

@@ -23,7 +23,7 @@ func (w *worker) round(ctx context.Context, m *wirepb.Sync) error {
 	if rr == nil || err != nil {
 		return err
 	}
-	return w.endRound(ctx, rr, w.average(w.stopCtx, rr))
+	return w.endRound(ctx, rr, w.average(w.connCtx, rr))
 }
 
 // roundRun is a round between its Publish and its Adopt.
@@ -84,6 +84,7 @@ func (w *worker) beginRound(ctx context.Context, m *wirepb.Sync) (*roundRun, err
 		return nil, fmt.Errorf("round %d: publish parameters: %w", n, err)
 	}
 	w.pendingSteps += pub.Steps
+	w.held.publish()
 	if err := w.send(ctx, &wirepb.SnapshotReady{Rank: w.o.Rank, Round: n}); err != nil {
 		return nil, err
 	}
@@ -137,7 +138,7 @@ func (w *worker) endRound(ctx context.Context, rr *roundRun, o roundOutcome) err
 		return w.abortedAck(ctx, ack, start, err)
 	}
 	if err != nil {
-		if o.abortedBy == nil && !errors.Is(err, errPeerDied) && !errors.Is(err, plugin.ErrRoundAborted) && w.guard.aborts() == w.sessionAborts && w.stopCtx.Err() == nil {
+		if o.abortedBy == nil && !errors.Is(err, errPeerDied) && !errors.Is(err, plugin.ErrRoundAborted) && w.guard.aborts() == w.sessionAborts && w.connCtx.Err() == nil {
 			return fmt.Errorf("averaging round %d: %w", n, err)
 		}
 		return w.abortedAck(ctx, ack, start, err)
@@ -170,6 +171,7 @@ func (w *worker) endRound(ctx context.Context, rr *roundRun, o roundOutcome) err
 		return fmt.Errorf("round %d: adopt averaged parameters: %w", n, err)
 	}
 	w.pendingSteps = 0
+	w.held.consensus(n)
 	w.plans.roundDone(rr.m.GlobalStep)
 	w.prof.rounds++
 	w.prof.lastAdopt = time.Now()

@@ -51,6 +51,15 @@ type worker struct {
 	// interrupts setup and training. Commands already queued still run.
 	stopCtx context.Context
 	stop    context.CancelCauseFunc
+	// connCtx ends with stopCtx or when the current control link is lost
+	// (connLost) while the rank serves: it interrupts the plan and the
+	// round under way, and a coordinator that comes back gets a new one
+	// (comeback.go). serving says the rank may wait for such a comeback.
+	connCtx  context.Context
+	connLost context.CancelCauseFunc
+	serving  atomic.Bool
+	// meetKind is the averager's meeting kind (its Describe).
+	meetKind string
 
 	inboundTask, heartbeatTask, samplerTask, watchdogTask *task
 
@@ -110,6 +119,7 @@ func Run(ctx context.Context, o Options) error {
 	SweepArenas(o.ArenaDir, w.log)
 	w.stopCtx, w.stop = context.WithCancelCause(ctx)
 	defer w.stop(nil)
+	w.newConn()
 	clean, runErr := w.run(ctx)
 	return w.teardown(ctx, clean, runErr)
 }
@@ -152,17 +162,7 @@ func SweepArenas(dir string, log hclog.Logger) {
 // run joins the cohort and serves commands; clean reports whether the
 // coordinator ended the worker by protocol (Exiting is due).
 func (w *worker) run(ctx context.Context) (clean bool, err error) {
-	w.link, err = link.Dial(w.stopCtx, link.Config{
-		Coordinator:     w.o.Coordinator,
-		Rank:            w.o.Rank,
-		World:           w.o.World,
-		Keys:            w.keys,
-		TLS:             w.o.TLS,
-		LivenessTimeout: w.o.LivenessTimeout,
-		ConnectTimeout:  w.o.ConnectTimeout,
-		Stopping:        w.stopCtx.Done(),
-		Logger:          w.log,
-	})
+	w.link, err = link.Dial(w.stopCtx, w.linkConfig(w.o.ConnectTimeout, 0))
 	if err != nil {
 		return false, err
 	}
@@ -192,14 +192,52 @@ func (w *worker) run(ctx context.Context) (clean bool, err error) {
 		return false, err
 	}
 	w.watchdogTask = goTask(ctx, w.watchdog)
-	if err := w.sendReady(ctx); err != nil {
+	if err := w.sendReady(ctx, nil); err != nil {
 		return false, err
 	}
 	if w.o.ResourceInterval > 0 {
 		w.sampler = resources.New(w.log.Named("resources"))
 		w.samplerTask = goTask(ctx, func(ctx context.Context) { w.sampleResources(ctx, w.sampler) })
 	}
-	return w.mainLoop(ctx)
+	return w.serve(ctx)
+}
+
+// linkConfig is how this rank reaches its coordinator, retrying the
+// connection for connect (pausing at most retryMax between attempts, 0
+// for the link's default).
+func (w *worker) linkConfig(connect, retryMax time.Duration) link.Config {
+	return link.Config{
+		Coordinator:     w.o.Coordinator,
+		Rank:            w.o.Rank,
+		World:           w.o.World,
+		Keys:            w.keys,
+		TLS:             w.o.TLS,
+		LivenessTimeout: w.o.LivenessTimeout,
+		ConnectTimeout:  connect,
+		RetryMax:        retryMax,
+		Stopping:        w.stopCtx.Done(),
+		Logger:          w.log,
+	}
+}
+
+// newConn starts the context of a new control link.
+func (w *worker) newConn() { w.connCtx, w.connLost = context.WithCancelCause(w.stopCtx) }
+
+// serve runs the main loop until the worker ends. A lost coordinator does
+// not end it at once: the rank waits for one to come back (comeback) and
+// serves it.
+func (w *worker) serve(ctx context.Context) (clean bool, err error) {
+	w.serving.Store(true)
+	for {
+		clean, err = w.mainLoop(ctx)
+		lost := w.lostLink()
+		if lost == nil || clean {
+			return clean, err
+		}
+		if err := w.comeback(ctx, lost); err != nil {
+			return false, err
+		}
+	}
 }
 
 // finishInterrupted handles the queue after an interrupted setup: the stop
@@ -240,7 +278,8 @@ func (w *worker) setUp(ctx context.Context) error {
 	}
 	// Asked before the trainer's Configure, which may load for long: a
 	// coordinator that serves no such meeting point fails the rank at once.
-	endpoint, err := w.link.Relay().Meet(ctx, ad.MeetingKind(), w.o.Averager.Name)
+	w.meetKind = ad.MeetingKind()
+	endpoint, err := w.link.Relay().Meet(ctx, w.meetKind, w.o.Averager.Name)
 	if err != nil {
 		return err
 	}
@@ -330,8 +369,9 @@ func resumeDir(dir string, rank uint32) (string, error) {
 	return filepath.Join(dir, "rank-"+strconv.FormatUint(slices.Min(ranks), 10)), nil
 }
 
-// sendReady tells the coordinator what this rank's trainer holds.
-func (w *worker) sendReady(ctx context.Context) error {
+// sendReady tells the coordinator what this rank's trainer holds; kept,
+// for a coordinator that came back, what its model holds.
+func (w *worker) sendReady(ctx context.Context, kept *wirepb.Kept) error {
 	setup := w.sup.Setup()
 	l := setup.Layout
 	var params uint64
@@ -357,6 +397,7 @@ func (w *worker) sendReady(ctx context.Context) error {
 		Averager:       w.o.Averager.Name,
 		BatchSize:      setup.BatchSize,
 		SoloIdentity:   w.sup.AveragerTraits().SoloIdentity,
+		Kept:           kept,
 	})
 	if err != nil {
 		return err

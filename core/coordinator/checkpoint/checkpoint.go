@@ -49,6 +49,8 @@ const (
 	ReasonInterrupted = "interrupted"
 	ReasonTooFewRanks = "too_few_ranks"
 	ReasonStall       = "session_stall"
+	// ReasonConsensus marks the states of the consensus file.
+	ReasonConsensus = "consensus"
 )
 
 // Meta is a checkpoint's meta.json: what only the coordinator knows, and

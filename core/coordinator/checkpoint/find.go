@@ -43,6 +43,19 @@ func LastCheckpoint(dir string) (string, error) {
 	return found, nil
 }
 
+// CheckpointsDirOf is the checkpoints directory of what --resume names: a
+// checkpoint's parent, a run's out directory's checkpoints directory, or
+// the directory itself.
+func CheckpointsDirOf(path string) string {
+	if _, err := os.Stat(filepath.Join(path, MetaFile)); err == nil {
+		return filepath.Dir(path)
+	}
+	if st, err := os.Stat(filepath.Join(path, CheckpointsDir)); err == nil && st.IsDir() {
+		return filepath.Join(path, CheckpointsDir)
+	}
+	return path
+}
+
 // ResolveCheckpoint turns what a user passes to --resume into a complete
 // checkpoint directory: a checkpoint itself, a run's out directory, or its
 // checkpoints directory (the last complete one in either).

@@ -276,8 +276,11 @@ func (wt *Wait) Root() (rank uint32, ok bool) {
 // what root trained since: a ShutdownWithSave taken between rounds. Those
 // samples leave the remaining work and count in the epoch's figures, so
 // a resumed run trains each sample once.
-func (wt *Wait) Holds(root uint32, spans []dispatch.Span) {
-	p := &wt.progress
+func (wt *Wait) Holds(root uint32, spans []dispatch.Span) { wt.progress.holds(root, spans) }
+
+// holds takes rank's spans of p's epoch out of its remaining work and
+// counts them in its figures, as rank's share.
+func (p *Progress) holds(rank uint32, spans []dispatch.Span) {
 	spans = slices.DeleteFunc(slices.Clone(spans), func(s dispatch.Span) bool { return s.Epoch != p.Epoch })
 	if len(spans) == 0 {
 		return
@@ -287,14 +290,14 @@ func (wt *Wait) Holds(root uint32, spans []dispatch.Span) {
 	if ranks == nil {
 		ranks = map[uint32]record.RankShare{}
 	}
-	sh := ranks[root]
+	sh := ranks[rank]
 	for _, s := range spans {
 		p.Partial.Samples += s.Size
 		p.Partial.Batches += s.Batches
 		sh.Samples += s.Size
 		sh.Batches += s.Batches
 	}
-	ranks[root] = sh
+	ranks[rank] = sh
 	p.Partial.Ranks = ranks
 }
 

@@ -1279,6 +1279,11 @@ type Admit struct {
 	// The policy runs rounds while ranks train (async): a rank whose trainer
 	// can (plugin.CapTrainsDuringRounds) configures it for that.
 	OverlapRounds bool `protobuf:"varint,6,opt,name=overlap_rounds,json=overlapRounds,proto3" json:"overlap_rounds,omitempty"`
+	// Set by a coordinator that came back (--resume with the ranks still
+	// running): a rank whose plugins outlived the coordinator it lost keeps
+	// its model and answers with Ready.kept; a rank that starts fresh loads
+	// resume_dir as for any resume.
+	Comeback      bool `protobuf:"varint,7,opt,name=comeback,proto3" json:"comeback,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1344,6 +1349,13 @@ func (x *Admit) GetEpochs() uint64 {
 func (x *Admit) GetOverlapRounds() bool {
 	if x != nil {
 		return x.OverlapRounds
+	}
+	return false
+}
+
+func (x *Admit) GetComeback() bool {
+	if x != nil {
+		return x.Comeback
 	}
 	return false
 }
@@ -1547,7 +1559,10 @@ type Ready struct {
 	BatchSize    uint32 `protobuf:"varint,9,opt,name=batch_size,json=batchSize,proto3" json:"batch_size,omitempty"`
 	// The averager's round alone is the identity (its Configure said so): the
 	// coordinator skips the rounds of a cohort down to this one rank.
-	SoloIdentity  bool `protobuf:"varint,10,opt,name=solo_identity,json=soloIdentity,proto3" json:"solo_identity,omitempty"`
+	SoloIdentity bool `protobuf:"varint,10,opt,name=solo_identity,json=soloIdentity,proto3" json:"solo_identity,omitempty"`
+	// Set when the rank's plugins outlived the coordinator it lost and it
+	// keeps its model (Admit.comeback): what that model holds.
+	Kept          *Kept `protobuf:"bytes,11,opt,name=kept,proto3" json:"kept,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1652,6 +1667,149 @@ func (x *Ready) GetSoloIdentity() bool {
 	return false
 }
 
+func (x *Ready) GetKept() *Kept {
+	if x != nil {
+		return x.Kept
+	}
+	return nil
+}
+
+// Kept is what a rank's model holds after it lost its coordinator: the
+// consensus of its last successful round plus what it trained since it
+// published into that round.
+type Kept struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The run whose rounds these are, and the last round that succeeded on
+	// this rank, numbered by the coordinator that issued it.
+	RunId     string `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	LastRound uint64 `protobuf:"varint,2,opt,name=last_round,json=lastRound,proto3" json:"last_round,omitempty"`
+	// What the rank trained after it published into last_round, in
+	// training order: its model alone holds these samples.
+	Held          []*Span `protobuf:"bytes,3,rep,name=held,proto3" json:"held,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Kept) Reset() {
+	*x = Kept{}
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Kept) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Kept) ProtoMessage() {}
+
+func (x *Kept) ProtoReflect() protoreflect.Message {
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Kept.ProtoReflect.Descriptor instead.
+func (*Kept) Descriptor() ([]byte, []int) {
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *Kept) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *Kept) GetLastRound() uint64 {
+	if x != nil {
+		return x.LastRound
+	}
+	return 0
+}
+
+func (x *Kept) GetHeld() []*Span {
+	if x != nil {
+		return x.Held
+	}
+	return nil
+}
+
+// Span is a slice of an epoch's permutation a rank trained, in batches.
+type Span struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Epoch         uint64                 `protobuf:"varint,1,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Offset        uint64                 `protobuf:"varint,2,opt,name=offset,proto3" json:"offset,omitempty"`
+	Size          uint64                 `protobuf:"varint,3,opt,name=size,proto3" json:"size,omitempty"`
+	Batches       uint64                 `protobuf:"varint,4,opt,name=batches,proto3" json:"batches,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Span) Reset() {
+	*x = Span{}
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Span) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Span) ProtoMessage() {}
+
+func (x *Span) ProtoReflect() protoreflect.Message {
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Span.ProtoReflect.Descriptor instead.
+func (*Span) Descriptor() ([]byte, []int) {
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *Span) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *Span) GetOffset() uint64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+func (x *Span) GetSize() uint64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+func (x *Span) GetBatches() uint64 {
+	if x != nil {
+		return x.Batches
+	}
+	return 0
+}
+
 type Batch struct {
 	state          protoimpl.MessageState `protogen:"open.v1"`
 	Rank           uint32                 `protobuf:"varint,1,opt,name=rank,proto3" json:"rank,omitempty"`
@@ -1678,7 +1836,7 @@ type Batch struct {
 
 func (x *Batch) Reset() {
 	*x = Batch{}
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[22]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1690,7 +1848,7 @@ func (x *Batch) String() string {
 func (*Batch) ProtoMessage() {}
 
 func (x *Batch) ProtoReflect() protoreflect.Message {
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[22]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1703,7 +1861,7 @@ func (x *Batch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Batch.ProtoReflect.Descriptor instead.
 func (*Batch) Descriptor() ([]byte, []int) {
-	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{22}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *Batch) GetRank() uint32 {
@@ -1816,7 +1974,7 @@ type SyncAck struct {
 
 func (x *SyncAck) Reset() {
 	*x = SyncAck{}
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[23]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1828,7 +1986,7 @@ func (x *SyncAck) String() string {
 func (*SyncAck) ProtoMessage() {}
 
 func (x *SyncAck) ProtoReflect() protoreflect.Message {
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[23]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1841,7 +1999,7 @@ func (x *SyncAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncAck.ProtoReflect.Descriptor instead.
 func (*SyncAck) Descriptor() ([]byte, []int) {
-	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{23}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *SyncAck) GetRank() uint32 {
@@ -1945,7 +2103,7 @@ type Heartbeat struct {
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[24]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1957,7 +2115,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[24]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1970,7 +2128,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{24}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *Heartbeat) GetRank() uint32 {
@@ -1997,7 +2155,7 @@ type SnapshotReady struct {
 
 func (x *SnapshotReady) Reset() {
 	*x = SnapshotReady{}
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[25]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2009,7 +2167,7 @@ func (x *SnapshotReady) String() string {
 func (*SnapshotReady) ProtoMessage() {}
 
 func (x *SnapshotReady) ProtoReflect() protoreflect.Message {
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[25]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2022,7 +2180,7 @@ func (x *SnapshotReady) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotReady.ProtoReflect.Descriptor instead.
 func (*SnapshotReady) Descriptor() ([]byte, []int) {
-	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{25}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *SnapshotReady) GetRank() uint32 {
@@ -2055,7 +2213,7 @@ type EvalResult struct {
 
 func (x *EvalResult) Reset() {
 	*x = EvalResult{}
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[26]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2067,7 +2225,7 @@ func (x *EvalResult) String() string {
 func (*EvalResult) ProtoMessage() {}
 
 func (x *EvalResult) ProtoReflect() protoreflect.Message {
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[26]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2080,7 +2238,7 @@ func (x *EvalResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EvalResult.ProtoReflect.Descriptor instead.
 func (*EvalResult) Descriptor() ([]byte, []int) {
-	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{26}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *EvalResult) GetRank() uint32 {
@@ -2152,7 +2310,7 @@ type CheckpointResult struct {
 
 func (x *CheckpointResult) Reset() {
 	*x = CheckpointResult{}
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[27]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2164,7 +2322,7 @@ func (x *CheckpointResult) String() string {
 func (*CheckpointResult) ProtoMessage() {}
 
 func (x *CheckpointResult) ProtoReflect() protoreflect.Message {
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[27]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2177,7 +2335,7 @@ func (x *CheckpointResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointResult.ProtoReflect.Descriptor instead.
 func (*CheckpointResult) Descriptor() ([]byte, []int) {
-	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{27}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *CheckpointResult) GetRank() uint32 {
@@ -2226,7 +2384,7 @@ type SessionIdGenerated struct {
 
 func (x *SessionIdGenerated) Reset() {
 	*x = SessionIdGenerated{}
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[28]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2238,7 +2396,7 @@ func (x *SessionIdGenerated) String() string {
 func (*SessionIdGenerated) ProtoMessage() {}
 
 func (x *SessionIdGenerated) ProtoReflect() protoreflect.Message {
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[28]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2251,7 +2409,7 @@ func (x *SessionIdGenerated) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionIdGenerated.ProtoReflect.Descriptor instead.
 func (*SessionIdGenerated) Descriptor() ([]byte, []int) {
-	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{28}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *SessionIdGenerated) GetRank() uint32 {
@@ -2286,7 +2444,7 @@ type EpochFnElapsed struct {
 
 func (x *EpochFnElapsed) Reset() {
 	*x = EpochFnElapsed{}
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[29]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2298,7 +2456,7 @@ func (x *EpochFnElapsed) String() string {
 func (*EpochFnElapsed) ProtoMessage() {}
 
 func (x *EpochFnElapsed) ProtoReflect() protoreflect.Message {
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[29]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2311,7 +2469,7 @@ func (x *EpochFnElapsed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EpochFnElapsed.ProtoReflect.Descriptor instead.
 func (*EpochFnElapsed) Descriptor() ([]byte, []int) {
-	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{29}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *EpochFnElapsed) GetRank() uint32 {
@@ -2348,7 +2506,7 @@ type GpuSample struct {
 
 func (x *GpuSample) Reset() {
 	*x = GpuSample{}
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[30]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2360,7 +2518,7 @@ func (x *GpuSample) String() string {
 func (*GpuSample) ProtoMessage() {}
 
 func (x *GpuSample) ProtoReflect() protoreflect.Message {
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[30]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2373,7 +2531,7 @@ func (x *GpuSample) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GpuSample.ProtoReflect.Descriptor instead.
 func (*GpuSample) Descriptor() ([]byte, []int) {
-	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{30}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *GpuSample) GetIndex() uint32 {
@@ -2427,7 +2585,7 @@ type ProcessSample struct {
 
 func (x *ProcessSample) Reset() {
 	*x = ProcessSample{}
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[31]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2439,7 +2597,7 @@ func (x *ProcessSample) String() string {
 func (*ProcessSample) ProtoMessage() {}
 
 func (x *ProcessSample) ProtoReflect() protoreflect.Message {
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[31]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2452,7 +2610,7 @@ func (x *ProcessSample) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProcessSample.ProtoReflect.Descriptor instead.
 func (*ProcessSample) Descriptor() ([]byte, []int) {
-	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{31}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ProcessSample) GetRole() string {
@@ -2508,7 +2666,7 @@ type ResourceSample struct {
 
 func (x *ResourceSample) Reset() {
 	*x = ResourceSample{}
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[32]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2520,7 +2678,7 @@ func (x *ResourceSample) String() string {
 func (*ResourceSample) ProtoMessage() {}
 
 func (x *ResourceSample) ProtoReflect() protoreflect.Message {
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[32]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2533,7 +2691,7 @@ func (x *ResourceSample) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResourceSample.ProtoReflect.Descriptor instead.
 func (*ResourceSample) Descriptor() ([]byte, []int) {
-	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{32}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ResourceSample) GetRank() uint32 {
@@ -2601,7 +2759,7 @@ type Exiting struct {
 
 func (x *Exiting) Reset() {
 	*x = Exiting{}
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[33]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2613,7 +2771,7 @@ func (x *Exiting) String() string {
 func (*Exiting) ProtoMessage() {}
 
 func (x *Exiting) ProtoReflect() protoreflect.Message {
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[33]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2626,7 +2784,7 @@ func (x *Exiting) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Exiting.ProtoReflect.Descriptor instead.
 func (*Exiting) Descriptor() ([]byte, []int) {
-	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{33}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *Exiting) GetRank() uint32 {
@@ -2659,7 +2817,7 @@ type PluginRestarted struct {
 
 func (x *PluginRestarted) Reset() {
 	*x = PluginRestarted{}
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[34]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2671,7 +2829,7 @@ func (x *PluginRestarted) String() string {
 func (*PluginRestarted) ProtoMessage() {}
 
 func (x *PluginRestarted) ProtoReflect() protoreflect.Message {
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[34]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2684,7 +2842,7 @@ func (x *PluginRestarted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PluginRestarted.ProtoReflect.Descriptor instead.
 func (*PluginRestarted) Descriptor() ([]byte, []int) {
-	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{34}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *PluginRestarted) GetRank() uint32 {
@@ -2753,7 +2911,7 @@ type ScalarSum struct {
 
 func (x *ScalarSum) Reset() {
 	*x = ScalarSum{}
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[35]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2765,7 +2923,7 @@ func (x *ScalarSum) String() string {
 func (*ScalarSum) ProtoMessage() {}
 
 func (x *ScalarSum) ProtoReflect() protoreflect.Message {
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[35]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2778,7 +2936,7 @@ func (x *ScalarSum) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScalarSum.ProtoReflect.Descriptor instead.
 func (*ScalarSum) Descriptor() ([]byte, []int) {
-	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{35}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ScalarSum) GetSum() float64 {
@@ -2822,7 +2980,7 @@ type Metrics struct {
 
 func (x *Metrics) Reset() {
 	*x = Metrics{}
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[36]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2834,7 +2992,7 @@ func (x *Metrics) String() string {
 func (*Metrics) ProtoMessage() {}
 
 func (x *Metrics) ProtoReflect() protoreflect.Message {
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[36]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2847,7 +3005,7 @@ func (x *Metrics) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Metrics.ProtoReflect.Descriptor instead.
 func (*Metrics) Descriptor() ([]byte, []int) {
-	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{36}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *Metrics) GetRank() uint32 {
@@ -2955,7 +3113,7 @@ type MeetRequest struct {
 
 func (x *MeetRequest) Reset() {
 	*x = MeetRequest{}
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[37]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2967,7 +3125,7 @@ func (x *MeetRequest) String() string {
 func (*MeetRequest) ProtoMessage() {}
 
 func (x *MeetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[37]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2980,7 +3138,7 @@ func (x *MeetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MeetRequest.ProtoReflect.Descriptor instead.
 func (*MeetRequest) Descriptor() ([]byte, []int) {
-	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{37}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *MeetRequest) GetKind() string {
@@ -3012,7 +3170,7 @@ type RelayPost struct {
 
 func (x *RelayPost) Reset() {
 	*x = RelayPost{}
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[38]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3024,7 +3182,7 @@ func (x *RelayPost) String() string {
 func (*RelayPost) ProtoMessage() {}
 
 func (x *RelayPost) ProtoReflect() protoreflect.Message {
-	mi := &file_core_wire_wirepb_wire_proto_msgTypes[38]
+	mi := &file_core_wire_wirepb_wire_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3037,7 +3195,7 @@ func (x *RelayPost) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelayPost.ProtoReflect.Descriptor instead.
 func (*RelayPost) Descriptor() ([]byte, []int) {
-	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{38}
+	return file_core_wire_wirepb_wire_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *RelayPost) GetKey() string {
@@ -3138,14 +3296,15 @@ const file_core_wire_wirepb_wire_proto_rawDesc = "" +
 	"\x03dir\x18\x02 \x01(\tR\x03dir\x12\x18\n" +
 	"\aversion\x18\x03 \x01(\x04R\aversion\"2\n" +
 	"\x14CoordinatorHeartbeat\x12\x1a\n" +
-	"\bsequence\x18\x01 \x01(\x04R\bsequence\"\x96\x01\n" +
+	"\bsequence\x18\x01 \x01(\x04R\bsequence\"\xb2\x01\n" +
 	"\x05Admit\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x12\n" +
 	"\x04seed\x18\x02 \x01(\x04R\x04seed\x12\x1d\n" +
 	"\n" +
 	"resume_dir\x18\x04 \x01(\tR\tresumeDir\x12\x16\n" +
 	"\x06epochs\x18\x05 \x01(\x04R\x06epochs\x12%\n" +
-	"\x0eoverlap_rounds\x18\x06 \x01(\bR\roverlapRoundsJ\x04\b\x03\x10\x04\"O\n" +
+	"\x0eoverlap_rounds\x18\x06 \x01(\bR\roverlapRounds\x12\x1a\n" +
+	"\bcomeback\x18\a \x01(\bR\bcomebackJ\x04\b\x03\x10\x04\"O\n" +
 	"\aMeeting\x12\x12\n" +
 	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x1a\n" +
 	"\bendpoint\x18\x02 \x01(\tR\bendpoint\x12\x14\n" +
@@ -3156,7 +3315,7 @@ const file_core_wire_wirepb_wire_proto_rawDesc = "" +
 	"\x05error\x18\x03 \x01(\tR\x05error\"3\n" +
 	"\tRelayBlob\x12\x12\n" +
 	"\x04rank\x18\x01 \x01(\rR\x04rank\x12\x12\n" +
-	"\x04blob\x18\x02 \x01(\fR\x04blob\"\xc9\x02\n" +
+	"\x04blob\x18\x02 \x01(\fR\x04blob\"\xf3\x02\n" +
 	"\x05Ready\x12\x12\n" +
 	"\x04rank\x18\x01 \x01(\rR\x04rank\x12\x18\n" +
 	"\asamples\x18\x02 \x01(\x04R\asamples\x12!\n" +
@@ -3169,7 +3328,18 @@ const file_core_wire_wirepb_wire_proto_rawDesc = "" +
 	"\n" +
 	"batch_size\x18\t \x01(\rR\tbatchSize\x12#\n" +
 	"\rsolo_identity\x18\n" +
-	" \x01(\bR\fsoloIdentity\"\x9e\x03\n" +
+	" \x01(\bR\fsoloIdentity\x12(\n" +
+	"\x04kept\x18\v \x01(\v2\x14.cohort.wire.v1.KeptR\x04kept\"f\n" +
+	"\x04Kept\x12\x15\n" +
+	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x1d\n" +
+	"\n" +
+	"last_round\x18\x02 \x01(\x04R\tlastRound\x12(\n" +
+	"\x04held\x18\x03 \x03(\v2\x14.cohort.wire.v1.SpanR\x04held\"b\n" +
+	"\x04Span\x12\x14\n" +
+	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12\x16\n" +
+	"\x06offset\x18\x02 \x01(\x04R\x06offset\x12\x12\n" +
+	"\x04size\x18\x03 \x01(\x04R\x04size\x12\x18\n" +
+	"\abatches\x18\x04 \x01(\x04R\abatches\"\x9e\x03\n" +
 	"\x05Batch\x12\x12\n" +
 	"\x04rank\x18\x01 \x01(\rR\x04rank\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x19\n" +
@@ -3388,7 +3558,7 @@ func file_core_wire_wirepb_wire_proto_rawDescGZIP() []byte {
 }
 
 var file_core_wire_wirepb_wire_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_core_wire_wirepb_wire_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
+var file_core_wire_wirepb_wire_proto_msgTypes = make([]protoimpl.MessageInfo, 42)
 var file_core_wire_wirepb_wire_proto_goTypes = []any{
 	(FrameKind)(0),               // 0: cohort.wire.v1.FrameKind
 	(SyncMode)(0),                // 1: cohort.wire.v1.SyncMode
@@ -3415,24 +3585,26 @@ var file_core_wire_wirepb_wire_proto_goTypes = []any{
 	(*RelayResult)(nil),          // 22: cohort.wire.v1.RelayResult
 	(*RelayBlob)(nil),            // 23: cohort.wire.v1.RelayBlob
 	(*Ready)(nil),                // 24: cohort.wire.v1.Ready
-	(*Batch)(nil),                // 25: cohort.wire.v1.Batch
-	(*SyncAck)(nil),              // 26: cohort.wire.v1.SyncAck
-	(*Heartbeat)(nil),            // 27: cohort.wire.v1.Heartbeat
-	(*SnapshotReady)(nil),        // 28: cohort.wire.v1.SnapshotReady
-	(*EvalResult)(nil),           // 29: cohort.wire.v1.EvalResult
-	(*CheckpointResult)(nil),     // 30: cohort.wire.v1.CheckpointResult
-	(*SessionIdGenerated)(nil),   // 31: cohort.wire.v1.SessionIdGenerated
-	(*EpochFnElapsed)(nil),       // 32: cohort.wire.v1.EpochFnElapsed
-	(*GpuSample)(nil),            // 33: cohort.wire.v1.GpuSample
-	(*ProcessSample)(nil),        // 34: cohort.wire.v1.ProcessSample
-	(*ResourceSample)(nil),       // 35: cohort.wire.v1.ResourceSample
-	(*Exiting)(nil),              // 36: cohort.wire.v1.Exiting
-	(*PluginRestarted)(nil),      // 37: cohort.wire.v1.PluginRestarted
-	(*ScalarSum)(nil),            // 38: cohort.wire.v1.ScalarSum
-	(*Metrics)(nil),              // 39: cohort.wire.v1.Metrics
-	(*MeetRequest)(nil),          // 40: cohort.wire.v1.MeetRequest
-	(*RelayPost)(nil),            // 41: cohort.wire.v1.RelayPost
-	nil,                          // 42: cohort.wire.v1.Metrics.ScalarsEntry
+	(*Kept)(nil),                 // 25: cohort.wire.v1.Kept
+	(*Span)(nil),                 // 26: cohort.wire.v1.Span
+	(*Batch)(nil),                // 27: cohort.wire.v1.Batch
+	(*SyncAck)(nil),              // 28: cohort.wire.v1.SyncAck
+	(*Heartbeat)(nil),            // 29: cohort.wire.v1.Heartbeat
+	(*SnapshotReady)(nil),        // 30: cohort.wire.v1.SnapshotReady
+	(*EvalResult)(nil),           // 31: cohort.wire.v1.EvalResult
+	(*CheckpointResult)(nil),     // 32: cohort.wire.v1.CheckpointResult
+	(*SessionIdGenerated)(nil),   // 33: cohort.wire.v1.SessionIdGenerated
+	(*EpochFnElapsed)(nil),       // 34: cohort.wire.v1.EpochFnElapsed
+	(*GpuSample)(nil),            // 35: cohort.wire.v1.GpuSample
+	(*ProcessSample)(nil),        // 36: cohort.wire.v1.ProcessSample
+	(*ResourceSample)(nil),       // 37: cohort.wire.v1.ResourceSample
+	(*Exiting)(nil),              // 38: cohort.wire.v1.Exiting
+	(*PluginRestarted)(nil),      // 39: cohort.wire.v1.PluginRestarted
+	(*ScalarSum)(nil),            // 40: cohort.wire.v1.ScalarSum
+	(*Metrics)(nil),              // 41: cohort.wire.v1.Metrics
+	(*MeetRequest)(nil),          // 42: cohort.wire.v1.MeetRequest
+	(*RelayPost)(nil),            // 43: cohort.wire.v1.RelayPost
+	nil,                          // 44: cohort.wire.v1.Metrics.ScalarsEntry
 }
 var file_core_wire_wirepb_wire_proto_depIdxs = []int32{
 	3,  // 0: cohort.wire.v1.StartEpoch.plan:type_name -> cohort.wire.v1.EpochPlan
@@ -3441,16 +3613,18 @@ var file_core_wire_wirepb_wire_proto_depIdxs = []int32{
 	3,  // 3: cohort.wire.v1.Update.next_plan:type_name -> cohort.wire.v1.EpochPlan
 	2,  // 4: cohort.wire.v1.ShutdownWithSave.reason:type_name -> cohort.wire.v1.ShutdownReason
 	23, // 5: cohort.wire.v1.RelayResult.blobs:type_name -> cohort.wire.v1.RelayBlob
-	33, // 6: cohort.wire.v1.ResourceSample.gpus:type_name -> cohort.wire.v1.GpuSample
-	34, // 7: cohort.wire.v1.ResourceSample.processes:type_name -> cohort.wire.v1.ProcessSample
-	42, // 8: cohort.wire.v1.Metrics.scalars:type_name -> cohort.wire.v1.Metrics.ScalarsEntry
-	35, // 9: cohort.wire.v1.Metrics.resources:type_name -> cohort.wire.v1.ResourceSample
-	38, // 10: cohort.wire.v1.Metrics.ScalarsEntry.value:type_name -> cohort.wire.v1.ScalarSum
-	11, // [11:11] is the sub-list for method output_type
-	11, // [11:11] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	25, // 6: cohort.wire.v1.Ready.kept:type_name -> cohort.wire.v1.Kept
+	26, // 7: cohort.wire.v1.Kept.held:type_name -> cohort.wire.v1.Span
+	35, // 8: cohort.wire.v1.ResourceSample.gpus:type_name -> cohort.wire.v1.GpuSample
+	36, // 9: cohort.wire.v1.ResourceSample.processes:type_name -> cohort.wire.v1.ProcessSample
+	44, // 10: cohort.wire.v1.Metrics.scalars:type_name -> cohort.wire.v1.Metrics.ScalarsEntry
+	37, // 11: cohort.wire.v1.Metrics.resources:type_name -> cohort.wire.v1.ResourceSample
+	40, // 12: cohort.wire.v1.Metrics.ScalarsEntry.value:type_name -> cohort.wire.v1.ScalarSum
+	13, // [13:13] is the sub-list for method output_type
+	13, // [13:13] is the sub-list for method input_type
+	13, // [13:13] is the sub-list for extension type_name
+	13, // [13:13] is the sub-list for extension extendee
+	0,  // [0:13] is the sub-list for field type_name
 }
 
 func init() { file_core_wire_wirepb_wire_proto_init() }
@@ -3460,20 +3634,20 @@ func file_core_wire_wirepb_wire_proto_init() {
 	}
 	file_core_wire_wirepb_wire_proto_msgTypes[2].OneofWrappers = []any{}
 	file_core_wire_wirepb_wire_proto_msgTypes[3].OneofWrappers = []any{}
-	file_core_wire_wirepb_wire_proto_msgTypes[22].OneofWrappers = []any{}
-	file_core_wire_wirepb_wire_proto_msgTypes[23].OneofWrappers = []any{}
-	file_core_wire_wirepb_wire_proto_msgTypes[26].OneofWrappers = []any{}
-	file_core_wire_wirepb_wire_proto_msgTypes[30].OneofWrappers = []any{}
-	file_core_wire_wirepb_wire_proto_msgTypes[31].OneofWrappers = []any{}
+	file_core_wire_wirepb_wire_proto_msgTypes[24].OneofWrappers = []any{}
+	file_core_wire_wirepb_wire_proto_msgTypes[25].OneofWrappers = []any{}
+	file_core_wire_wirepb_wire_proto_msgTypes[28].OneofWrappers = []any{}
 	file_core_wire_wirepb_wire_proto_msgTypes[32].OneofWrappers = []any{}
-	file_core_wire_wirepb_wire_proto_msgTypes[36].OneofWrappers = []any{}
+	file_core_wire_wirepb_wire_proto_msgTypes[33].OneofWrappers = []any{}
+	file_core_wire_wirepb_wire_proto_msgTypes[34].OneofWrappers = []any{}
+	file_core_wire_wirepb_wire_proto_msgTypes[38].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_core_wire_wirepb_wire_proto_rawDesc), len(file_core_wire_wirepb_wire_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   40,
+			NumMessages:   42,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -60,6 +60,10 @@ type Config struct {
 	LivenessTimeout time.Duration
 	// ConnectTimeout is how long dialling is retried.
 	ConnectTimeout time.Duration
+	// RetryMax, when set, caps the pause between attempts below
+	// dialRetryMax: a rank waiting for its coordinator to come back
+	// retries often.
+	RetryMax time.Duration
 	// Stopping ends every relay and meeting wait when the rank stops.
 	Stopping <-chan struct{}
 	Logger   hclog.Logger
@@ -118,6 +122,9 @@ func Dial(ctx context.Context, c Config) (*Link, error) {
 			return nil, giveUp(attempt)
 		}
 		pause := retryPause(attempt, rand.Float64())
+		if c.RetryMax > 0 {
+			pause = min(pause, c.RetryMax)
+		}
 		if time.Since(lastSaid) >= 10*time.Second {
 			lastSaid = time.Now()
 			c.Logger.Info("waiting for the coordinator", "address", c.Coordinator, "attempt", attempt,
@@ -173,6 +180,13 @@ func (l *Link) Send(ctx context.Context, msg proto.Message) error {
 		return fmt.Errorf("send %s: %w", msg.ProtoReflect().Descriptor().Name(), err)
 	}
 	return nil
+}
+
+// KeepRelay moves r, the relay of this rank's lost link, which its
+// averager holds, onto this link.
+func (l *Link) KeepRelay(r *Relay) {
+	r.rebind(l.conn)
+	l.relay = r
 }
 
 // Close closes the connection.

@@ -14,11 +14,13 @@ import (
 // handed to the averager) and of its meeting-point request (Meet).
 // Requests go out on the control link; Read delivers the answers here.
 type Relay struct {
-	conn *wire.Conn
 	// stopped ends every wait when the worker stops.
 	stopped <-chan struct{}
 
-	mu      sync.Mutex
+	mu sync.Mutex
+	// conn is the link's connection: a rank that takes a coordinator back
+	// keeps its Relay (its averager holds it) on the new connection.
+	conn    *wire.Conn
 	waiting map[string]chan *wirepb.RelayResult
 	meeting chan *wirepb.Meeting
 }
@@ -41,6 +43,7 @@ func (r *Relay) Exchange(ctx context.Context, key string, blob []byte) (map[uint
 		return nil, fmt.Errorf("relay key %q: this rank already waits on it", key)
 	}
 	r.waiting[key] = ch
+	conn := r.conn
 	r.mu.Unlock()
 	defer func() {
 		r.mu.Lock()
@@ -48,7 +51,7 @@ func (r *Relay) Exchange(ctx context.Context, key string, blob []byte) (map[uint
 		r.mu.Unlock()
 	}()
 
-	if err := r.conn.Send(ctx, &wirepb.RelayPost{Key: key, Blob: blob}); err != nil {
+	if err := conn.Send(ctx, &wirepb.RelayPost{Key: key, Blob: blob}); err != nil {
 		return nil, fmt.Errorf("relay key %q: post: %w", key, err)
 	}
 	var m *wirepb.RelayResult
@@ -87,6 +90,24 @@ func (r *Relay) deliver(m *wirepb.RelayResult) bool {
 	return ok
 }
 
+// rebind moves the relay onto conn, a new connection to a coordinator that
+// came back; an exchange still waiting on the old one fails at once.
+func (r *Relay) rebind(conn *wire.Conn) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.conn = conn
+	for key, ch := range r.waiting {
+		select {
+		case ch <- &wirepb.RelayResult{Key: key, Error: "the coordinator was lost"}:
+		default:
+		}
+	}
+	select {
+	case <-r.meeting:
+	default:
+	}
+}
+
 // deliverMeeting hands the coordinator's Meeting to Meet.
 func (r *Relay) deliverMeeting(m *wirepb.Meeting) {
 	select {
@@ -98,7 +119,10 @@ func (r *Relay) deliverMeeting(m *wirepb.Meeting) {
 // Meet asks the coordinator for the meeting point of kind and returns its
 // endpoint as the coordinator gave it.
 func (r *Relay) Meet(ctx context.Context, kind, averager string) (string, error) {
-	if err := r.conn.Send(ctx, &wirepb.MeetRequest{Kind: kind, Averager: averager}); err != nil {
+	r.mu.Lock()
+	conn := r.conn
+	r.mu.Unlock()
+	if err := conn.Send(ctx, &wirepb.MeetRequest{Kind: kind, Averager: averager}); err != nil {
 		return "", fmt.Errorf("ask for a %q meeting point: %w", kind, err)
 	}
 	select {

@@ -20,6 +20,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"sync/atomic"
 	"time"
 
@@ -185,6 +186,41 @@ func (s *Supervisor) ConfigureAverager(ctx context.Context, cfg plugin.AveragerC
 	}
 	a := s.averager
 	s.avg.Store(&a)
+	return nil
+}
+
+// Reconfigure points the configured averager at a new meeting point, for
+// a coordinator that came back: the same averager process, configured
+// again (a second Configure replaces the first) with its state carried
+// over through a save into scratch, a directory of the rank's own, or,
+// when from is set, restored from the checkpoint there instead.
+func (s *Supervisor) Reconfigure(ctx context.Context, endpoint, from, scratch string) (err error) {
+	if from == "" {
+		dir, err := os.MkdirTemp(scratch, "averager-state-")
+		if err != nil {
+			return fmt.Errorf("reconfigure averager: %w", err)
+		}
+		defer os.RemoveAll(dir)
+		if _, err := s.averager.SaveState(ctx, dir); err != nil {
+			return fmt.Errorf("reconfigure averager: keep its state: %w", err)
+		}
+		defer func() {
+			if err == nil {
+				err = s.averager.LoadState(ctx, dir)
+			}
+		}()
+	}
+	cfg := s.avgCfg
+	cfg.Endpoint = endpoint
+	s.avgCfg = cfg
+	if s.avgTraits, err = s.averager.Configure(ctx, cfg); err != nil {
+		return fmt.Errorf("configure averager at %s: %w", endpoint, err)
+	}
+	if from != "" {
+		if err := s.loadAverager(ctx, from); err != nil {
+			return fmt.Errorf("reconfigure averager: restore its state from %s: %w", from, err)
+		}
+	}
 	return nil
 }
 
