@@ -134,7 +134,7 @@ func TestCoordinatorComebackAccuracy(t *testing.T) {
 		c := startComeback(t, r, nil)
 		if kill {
 			c.coord.waitLine("checkpoint", 120*time.Second) // after epoch 1
-			time.Sleep(1500 * time.Millisecond) // into epoch 2
+			time.Sleep(1500 * time.Millisecond)             // into epoch 2
 			c.comeback(t)
 		} else {
 			if code := c.coord.exit(300 * time.Second); code != 0 {

@@ -21,6 +21,17 @@ import (
 // run ends, so only a coordinator that died leaves it behind.
 const ConsensusFile = "consensus.json"
 
+// consensusEpochsFile holds the finished epochs' figures for the
+// consensus file, written only when an epoch finishes: the consensus file
+// itself, rewritten every round, stays the same size however long the
+// run.
+const consensusEpochsFile = "consensus-epochs.json"
+
+// consensusEpochs is consensusEpochsFile's content.
+type consensusEpochs struct {
+	Finished []record.EpochSummary `json:"finished_epochs"`
+}
+
 // Consensus is ConsensusFile's content.
 type Consensus struct {
 	// Base is the last complete checkpoint when the file was written, ""
@@ -31,6 +42,9 @@ type Consensus struct {
 	// NextRound is the number the next round would have had: a coordinator
 	// that comes back numbers on from it, so no round number repeats.
 	NextRound uint64 `json:"next_round"`
+	// Finished is how many finished epochs the state has: the epochs file
+	// (written first) holds them, and may hold one more.
+	Finished int `json:"finished"`
 	// Last is the epoch's state as of the last round that completed,
 	// Round that round's number.
 	Round uint64 `json:"round"`
@@ -75,11 +89,20 @@ type ConsensusAt struct {
 // not synced: it serves a coordinator that died, on a machine that did
 // not, and is rewritten every round.
 func (w *Writer) WriteConsensus(last ConsensusAt, pending *ConsensusAt, live []uint32, nextRound uint64) error {
-	c := Consensus{Base: w.last, Live: slices.Clone(live), NextRound: nextRound, Round: last.Round,
+	if n := len(last.Totals.Finished); n != w.consEpochs {
+		path := filepath.Join(w.store.dir, consensusEpochsFile)
+		if err := record.WriteJSONEpochs(path, &consensusEpochs{}, "finished_epochs", last.Totals.Finished); err != nil {
+			return fmt.Errorf("write the consensus state's epochs: %w", err)
+		}
+		w.consEpochs = n
+	}
+	c := Consensus{Base: w.last, Live: slices.Clone(live), NextRound: nextRound, Round: last.Round, Finished: len(last.Totals.Finished),
 		Last: *w.meta(&Wait{progress: last.Progress, reason: ReasonConsensus}, last.Totals)}
+	c.Last.Finished = nil
 	if pending != nil {
 		c.Pending = &PendingConsensus{Round: pending.Round,
 			State: *w.meta(&Wait{progress: pending.Progress, reason: ReasonConsensus}, pending.Totals)}
+		c.Pending.State.Finished = nil
 	}
 	data, err := json.Marshal(&c)
 	if err != nil {
@@ -104,7 +127,7 @@ const consensusTmp = "." + ConsensusFile + ".tmp"
 // RemoveConsensus removes the run's consensus file: the run ended.
 func (w *Writer) RemoveConsensus() error {
 	var errs []error
-	for _, name := range []string{ConsensusFile, consensusTmp} {
+	for _, name := range []string{ConsensusFile, consensusTmp, consensusEpochsFile} {
 		if err := os.Remove(filepath.Join(w.store.dir, name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			errs = append(errs, fmt.Errorf("remove the consensus state: %w", err))
 		}
@@ -122,6 +145,17 @@ func ReadConsensus(dir string) (*Consensus, error) {
 	var c Consensus
 	if err := record.ReadJSON(path, "consensus state", &c); err != nil {
 		return nil, err
+	}
+	var eps consensusEpochs
+	if err := record.ReadJSON(filepath.Join(dir, consensusEpochsFile), "consensus state's epochs", &eps); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil, err
+	}
+	if len(eps.Finished) < c.Finished {
+		return nil, fmt.Errorf("consensus state %s: %d finished epochs, its epochs file holds %d", path, c.Finished, len(eps.Finished))
+	}
+	c.Last.Finished = eps.Finished[:c.Finished]
+	if c.Pending != nil {
+		c.Pending.State.Finished = eps.Finished[:c.Finished]
 	}
 	if err := c.Last.validate(); err != nil {
 		return nil, fmt.Errorf("consensus state %s: %w", path, err)

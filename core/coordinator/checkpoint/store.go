@@ -182,6 +182,9 @@ type Writer struct {
 	keep  int
 	log   hclog.Logger
 	last  string
+	// consEpochs is how many finished epochs the consensus file's epochs
+	// file holds (WriteConsensus).
+	consEpochs int
 }
 
 // Open opens a run's checkpoints directory dir (OUT/checkpoints): it
