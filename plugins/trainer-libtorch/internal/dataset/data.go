@@ -32,6 +32,9 @@ type Set struct {
 	targets  []float32 // mse
 	width    int       // targets per sample
 	maxLabel int64
+	// keep, for a set read from an image, owns the memory u8 or f32
+	// alias (see ReadImage).
+	keep any
 }
 
 // u8Scale maps a byte to the float32 value torch's x.float().div(255) gives.
@@ -132,6 +135,7 @@ func (d *Set) Gather(idx []uint64, x []float32, y []int64, t []float32) {
 			copy(t[r*d.width:(r+1)*d.width], d.targets[i*d.width:(i+1)*d.width])
 		}
 	}
+	d.keepMapped()
 }
 
 // widenWithin turns byte features into u8Scale's floats when they take at

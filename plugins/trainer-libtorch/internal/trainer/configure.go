@@ -85,7 +85,7 @@ func (t *Trainer) CheckSettings(_ context.Context, settings json.RawMessage) ([]
 // Configure parses the settings, loads the data, builds the model and its
 // optimizer and returns the layout. A trainer configured before drops its
 // model, arena and counters.
-func (t *Trainer) Configure(_ context.Context, cfg plugin.TrainerConfig) (plugin.TrainerSetup, error) {
+func (t *Trainer) Configure(ctx context.Context, cfg plugin.TrainerConfig) (plugin.TrainerSetup, error) {
 	if cfg.WorldSize == 0 || cfg.Rank >= cfg.WorldSize {
 		return plugin.TrainerSetup{}, fmt.Errorf("libtorch trainer: rank %d of a world of %d", cfg.Rank, cfg.WorldSize)
 	}
@@ -94,7 +94,7 @@ func (t *Trainer) Configure(_ context.Context, cfg plugin.TrainerConfig) (plugin
 		return plugin.TrainerSetup{}, err
 	}
 	start := time.Now()
-	train, eval, err := dataset.Load(dataset.Source{
+	train, eval, img, err := t.loadData(ctx, dataset.Source{
 		Dir: s.Data, TrainX: s.DataX, TrainY: s.DataY, EvalX: s.EvalX, EvalY: s.EvalY,
 		Loss: s.Loss, WidenMB: *s.WidenMB,
 	})
@@ -102,6 +102,12 @@ func (t *Trainer) Configure(_ context.Context, cfg plugin.TrainerConfig) (plugin
 		return plugin.TrainerSetup{}, fmt.Errorf("libtorch trainer: %w", err)
 	}
 	loadTime := time.Since(start)
+	configured := false
+	defer func() {
+		if !configured && img != nil {
+			img.Close()
+		}
+	}()
 
 	inShape, err := inputShape(&s, train)
 	if err != nil {
@@ -163,6 +169,8 @@ func (t *Trainer) Configure(_ context.Context, cfg plugin.TrainerConfig) (plugin
 		return plugin.TrainerSetup{}, errors.New("libtorch trainer: Configure after Shutdown")
 	}
 	t.releaseLocked()
+	t.releaseImage()
+	t.image, configured = img, true
 	t.gen++
 	t.cfg = cfg
 	t.cfg.Settings = append([]byte(nil), cfg.Settings...)

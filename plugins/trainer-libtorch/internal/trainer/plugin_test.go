@@ -3,6 +3,7 @@ package trainer
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -131,5 +132,62 @@ func TestPluginMissingShim(t *testing.T) {
 	}
 	if stdout.Len() != 0 {
 		t.Fatalf("the plugin wrote to stdout: %q", stdout.String())
+	}
+}
+
+// TestRanksShareOneCopy: the trainers of a host's ranks, each in its own
+// process, map one read-only copy of the data (one memfd), and each
+// trains and evaluates from it.
+func TestRanksShareOneCopy(t *testing.T) {
+	needTorch(t)
+	bin := buildPlugin(t)
+	data := settingsJSON(t, merge(synthData(t, 256, 8, 3), map[string]any{"hidden": []int{16}}))
+	const ranks = 3
+	ctx := context.Background()
+	files := map[string][]int{} // the memfd each process maps -> pids
+	for rank := range ranks {
+		cmd := exec.Command(bin)
+		var logs plugintest.LogBuffer
+		logger := hclog.New(&hclog.LoggerOptions{Name: "host", Output: &logs, Level: hclog.Debug})
+		client := goplugin.NewClient(plugin.ClientConfig(plugin.ClientOptions{Cmd: cmd, Logger: logger, StartTimeout: time.Minute}))
+		defer client.Kill()
+		tr, err := plugin.DispenseTrainer(client)
+		if err != nil {
+			t.Fatalf("%v\nplugin log:\n%s", err, logs.String())
+		}
+		setup, err := tr.Configure(ctx, plugin.TrainerConfig{WorldSize: ranks, Rank: uint32(rank), LocalRanks: ranks, Seed: 3, Settings: data})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tr.Attach(ctx, newArena(t, setup.Layout)); err != nil {
+			t.Fatal(err)
+		}
+		if err := tr.Train(ctx, plugin.Plan{Seed: 1, PickSpace: 256, PartitionOffset: uint64(rank) * 64, PartitionSize: 64}, func(plugin.BatchReport) error { return nil }); err != nil {
+			t.Fatal(err)
+		}
+		if ev, err := tr.Evaluate(ctx); err != nil || ev.Samples != 128 {
+			t.Fatalf("rank %d: Evaluate %+v %v", rank, ev, err)
+		}
+		pid := client.ReattachConfig().Pid
+		maps, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var mine []string
+		for _, line := range strings.Split(string(maps), "\n") {
+			if f := strings.Fields(line); len(f) >= 6 && strings.Contains(f[5], "memfd:cohort-hostshare") {
+				if !strings.HasPrefix(f[1], "r--s") {
+					t.Errorf("rank %d maps the data as %q", rank, line)
+				}
+				mine = append(mine, f[3]+" "+f[4])
+			}
+		}
+		if len(mine) != 1 {
+			t.Fatalf("rank %d maps %d copies of the data: %v", rank, len(mine), mine)
+		}
+		files[mine[0]] = append(files[mine[0]], pid)
+	}
+	if len(files) != 1 {
+		t.Fatalf("the ranks map %d copies of the data, want one: %v", len(files), files)
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/cohortdl/cohort/plugins/trainer-libtorch/internal/dataset"
+	"github.com/cohortdl/cohort/plugins/trainer-libtorch/internal/hostshare"
 	"github.com/cohortdl/cohort/plugins/trainer-libtorch/internal/shim"
 	"github.com/cohortdl/cohort/shared/arena"
 	"github.com/cohortdl/cohort/shared/plugin"
@@ -63,6 +64,10 @@ type Trainer struct {
 	model    *shim.Model // nil before Configure and after Shutdown
 	train    *dataset.Set
 	eval     *dataset.Set
+	// image is the host's shared copy of train and eval (nil for a copy
+	// of their own); this trainer serves it to the host's other ranks
+	// when it built it.
+	image    *hostshare.Image
 	layout   arena.Layout
 	mapping  *arena.Mapping
 	retired  []*arena.Mapping // mappings a failed Attach may still point into
@@ -153,8 +158,19 @@ func (t *Trainer) Shutdown(context.Context) error {
 	// A running Train stops at its next batch (gen changed) and the thread
 	// exits after it.
 	t.thread.Stop()
-	if err := t.releaseLocked(); err != nil {
+	if err := errors.Join(t.releaseLocked(), t.releaseImage()); err != nil {
 		return fmt.Errorf("libtorch trainer: shutdown: %w", err)
 	}
 	return nil
+}
+
+// releaseImage stops serving the shared copy of the data, if this trainer
+// does. Its mapping goes when the sets that read it do (hostshare.Mapping).
+func (t *Trainer) releaseImage() error {
+	if t.image == nil {
+		return nil
+	}
+	err := t.image.Close()
+	t.image = nil
+	return err
 }
