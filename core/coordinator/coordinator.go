@@ -38,6 +38,8 @@
 //     shutdown
 //   - membership.go: formation, a rank's departure, a replaced plugin
 //   - saves.go: when the run checkpoints, saves and exports its model
+//   - comeback.go: the consensus file, and taking back the ranks of a
+//     coordinator that died
 //   - deadlines.go: the timeouts the loop sleeps until
 //
 // The life of a SyncAck, from the link to its effect:

@@ -7,7 +7,10 @@
 // The conversation it holds is docs/protocol.md. Run is the whole life of a
 // rank: connect, handshake, Admit, plugin setup, Ready, then commands until
 // Shutdown (a clean exit, announced with Exiting) or an error (no Exiting,
-// so the coordinator sees a death).
+// so the coordinator sees a death). A coordinator lost after Ready is
+// given the liveness timeout to come back: the rank stops training, keeps
+// its plugins, arena and model, redials, and on a comeback Admit sends
+// Ready again with what its model holds (comeback.go).
 //
 // The pieces:
 //
@@ -31,6 +34,9 @@
 //   - bridge.go: the inbound bridge (what the link reads, handed to the
 //     rank) and the resource sampler; membership.go: the dead-rank ledger,
 //     the session mailbox and the watchdog.
+//   - comeback.go: a lost coordinator's comeback: what the rank keeps
+//     (heldWork, what it trained since its last successful round), the
+//     redial, and rejoining the coordinator that came back.
 //   - queue.go (the command queue and owned goroutines), options.go,
 //     prof.go.
 //
@@ -62,7 +68,10 @@
 //     frame; membership frames (DeclareDead, NewSession, RequestSessionId)
 //     are handled there because the main loop may be blocked inside a
 //     round; the rest queue for the main loop. A broken or silent link
-//     poisons the dead-rank ledger and injects an error stop.
+//     poisons the dead-rank ledger and queues an error; after Ready it ends
+//     only the link's context, and the main loop waits for a comeback.
+//     Each new link gets a reader and heartbeat of its own; the old ones
+//     are joined first.
 //   - heartbeat (link.Heartbeat) and resource sampler: periodic frames from
 //     their own goroutines, so a rank blocked in a round is not taken for
 //     dead.

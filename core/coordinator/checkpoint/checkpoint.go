@@ -14,6 +14,8 @@
 //     ResolveCheckpoint)
 //   - store.go: the Writer, its Waits, and how a checkpoint is committed
 //   - export.go: the trained model's export
+//   - consensus.go: the consensus file, the state of the cohort's last
+//     consensus for a coordinator that comes back
 //
 // Neighbours: core/coordinator/dispatch (the work and the controller's and
 // cadence's states a Meta holds) and core/coordinator/record (the epoch
