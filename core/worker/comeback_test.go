@@ -84,4 +84,3 @@ func TestComeback(t *testing.T) {
 		})
 	}
 }
-
