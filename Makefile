@@ -127,11 +127,13 @@ fuzz:
 # namespaces on 1 Gbit/s shaped links) need root and say so when skipped;
 # their rounds take a few hundred milliseconds, so they take the median of
 # 15, where a core that comes late to one host moves a median of 5.
+# bench/memory sums the PSS of the default run's processes.
 bench: build
 	$(GO) run ./bench/averaging -plugin $(PLUGINS)/cohort-averaging-cpu
 	$(GO) run ./bench/averaging -netns -iters 15 -plugin $(PLUGINS)/cohort-averaging-cpu
 	$(GO) run ./bench/training -cohort $(BIN)/cohort
 	$(GO) run ./bench/pytorch -cohort $(BIN)/cohort
+	$(GO) run ./bench/memory -cohort $(BIN)/cohort
 	$(GO) run ./bench/hosts -cohort $(BIN)/cohort
 
 # bench-hosts is `make bench`'s cross-host training rows alone: cohort
