@@ -200,7 +200,7 @@ func (l *launcher) run() error {
 	kids := newChildren(l.cfg.Run.Ranks)
 	// Whatever happens below, no worker outlives the launcher.
 	defer kids.killAll()
-	coord, err := coordinator.New(coordinator.Options{
+	opts := coordinator.Options{
 		Config:   l.cfg,
 		Keys:     keys,
 		Listener: ln,
@@ -218,10 +218,13 @@ func (l *launcher) run() error {
 			}
 			prog.report(p)
 		},
-	})
+	}
+	coord, err := coordinator.New(opts)
 	if err != nil {
 		return failed(err)
 	}
+	cur := &liveCoordinator{}
+	cur.p.Store(coord)
 	cfgFile := filepath.Join(coord.Out(), effectiveConfigFile)
 	if err := writeConfig(cfgFile, l.cfg); err != nil {
 		coord.Close()
@@ -230,7 +233,7 @@ func (l *launcher) run() error {
 	prog.line(fmt.Sprintf("run %s: %s, %s, policy %s, trainer %s, averager %s; out %s (logs in %s)",
 		coord.RunID(), count(l.cfg.Run.Ranks, "rank"), count(l.cfg.Run.Epochs, "epoch"), l.cfg.Coordinator.Policy, l.cfg.Trainer.Name, l.cfg.Averager.Name, coord.Out(),
 		filepath.Join(coord.Out(), LogsDir)))
-	stopStatus, err := startStatus(l.cfg.Coordinator.HTTP, coord, logger, prog)
+	stopStatus, err := startStatus(l.cfg.Coordinator.HTTP, cur, logger, prog)
 	if err != nil {
 		return err
 	}
@@ -238,7 +241,7 @@ func (l *launcher) run() error {
 
 	// From here on Ctrl-C belongs to the run: the first stops it cleanly,
 	// the second abandons it.
-	abandon, releaseSignals := onSignals(context.Background(), stopRun(prog, coord.Stop, "kill"))
+	abandon, releaseSignals := onSignals(context.Background(), stopRun(prog, cur.Stop, "kill"))
 	defer releaseSignals()
 	ctx, cancel := context.WithCancelCause(abandon)
 	defer cancel(nil)
@@ -254,10 +257,12 @@ func (l *launcher) run() error {
 		err error
 	}
 	done := make(chan runResult, 1)
-	go func() {
-		sum, err := coord.Run(ctx)
+	runCoord := func(c *coordinator.Coordinator) {
+		sum, err := c.Run(ctx)
 		done <- runResult{sum, err}
-	}()
+	}
+	go runCoord(coord)
+	restarts := 0
 
 	for r := range l.cfg.Run.Ranks {
 		args := append([]string{"worker", "--coordinator", coord.Addr().String(), "--rank", strconv.Itoa(r),
@@ -279,6 +284,11 @@ wait:
 	for {
 		select {
 		case res = <-done:
+			if next := comeBack(opts, cur.p.Load(), res.err, &restarts, prog); next != nil {
+				cur.p.Store(next)
+				go runCoord(next)
+				continue
+			}
 			break wait
 		case <-abandoned:
 			abandoned = nil

@@ -9,7 +9,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/cohortdl/cohort/core/config"
-	"github.com/cohortdl/cohort/core/coordinator"
 	"github.com/cohortdl/cohort/core/status"
 )
 
@@ -32,8 +31,15 @@ func applyHTTPFlag(cmd *cobra.Command, cfg *config.Config, addr string) error {
 
 // startStatus serves coord's status on addr until stop is called and says
 // where on prog; with addr "" it serves nothing. On error coord is closed
+// statusSource is the coordinator a status server shows (Status) and
+// closes when it cannot start.
+type statusSource interface {
+	Status() *status.Snapshot
+	Close() error
+}
+
 // (it will not run). stop ends the server and waits for it.
-func startStatus(addr string, coord *coordinator.Coordinator, log hclog.Logger, prog *progressPrinter) (stop func(), err error) {
+func startStatus(addr string, coord statusSource, log hclog.Logger, prog *progressPrinter) (stop func(), err error) {
 	if addr == "" {
 		return func() {}, nil
 	}

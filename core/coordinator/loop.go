@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime/debug"
 	"sync"
 	"time"
 
@@ -163,7 +164,6 @@ func (r *runner) run(parent context.Context) (*record.Summary, error) {
 	// idle coordinator (a long epoch) then sleeps instead of polling.
 	deadline := time.NewTimer(time.Hour)
 	defer deadline.Stop()
-	stopCh := r.c.stopCh
 	r.rep.OpenJournal()
 	defer r.rep.CloseJournal()
 	pub := time.NewTicker(record.PublishEvery)
@@ -171,6 +171,42 @@ func (r *runner) run(parent context.Context) (*record.Summary, error) {
 	r.rep.Publish(true)
 	timer := r.c.opts.LoopTimer
 
+	crash := func() (crash error) {
+		// A panic on the loop is a coordinator that failed, not a run
+		// that did: the ranks are told nothing, its links close below,
+		// and the consensus file stays for a coordinator that comes back.
+		defer func() {
+			if p := recover(); p != nil {
+				crash = fmt.Errorf("%w: %v\n%s", ErrCrashed, p, debug.Stack())
+			}
+		}()
+		r.loop(parent, hb, deadline, pub, timer)
+		return nil
+	}()
+
+	// Teardown: close every link (which ends readers and senders), stop
+	// accepting, and wait for every goroutine.
+	r.c.ln.Close()
+	r.ranks.Close()
+	cancel()
+	r.wg.Wait()
+	if crash != nil {
+		r.log.Error("the coordinator failed; its ranks wait for one to come back", "error", crash)
+		return r.rep.Summary(), crash
+	}
+	r.rep.Publish(true)
+	return r.rep.Summary(), r.err
+}
+
+// ErrCrashed is wrapped by Run's error when the coordinator itself failed
+// (a panic on its loop) rather than the run: the ranks keep their models
+// for a coordinator that comes back (Options.Resume on the run's out
+// directory, on the same address).
+var ErrCrashed = errors.New("coordinator: crashed")
+
+// loop is the run's event loop, until the run is done.
+func (r *runner) loop(parent context.Context, hb *time.Ticker, deadline *time.Timer, pub *time.Ticker, timer func(string, time.Duration)) {
+	stopCh := r.c.stopCh
 	for r.phase != phDone {
 		if next, ok := r.nextDeadline(); ok {
 			deadline.Reset(time.Until(next))
@@ -207,15 +243,6 @@ func (r *runner) run(parent context.Context) (*record.Summary, error) {
 			timer(what, time.Since(start))
 		}
 	}
-
-	// Teardown: close every link (which ends readers and senders), stop
-	// accepting, and wait for every goroutine.
-	r.c.ln.Close()
-	r.ranks.Close()
-	cancel()
-	r.wg.Wait()
-	r.rep.Publish(true)
-	return r.rep.Summary(), r.err
 }
 
 // finish ends the run with status; a failure keeps the first error.

@@ -1,0 +1,125 @@
+package coordinator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/cohortdl/cohort/core/config"
+	"github.com/cohortdl/cohort/core/coordinator/checkpoint"
+	"github.com/cohortdl/cohort/core/coordinator/record"
+	"github.com/cohortdl/cohort/core/wire"
+	"github.com/cohortdl/cohort/core/worker"
+	"github.com/cohortdl/cohort/shared/plugintest"
+)
+
+// A coordinator that fails (a panic on its loop) mid-epoch ends Run with
+// ErrCrashed, closes its links and leaves the consensus file; another
+// started on the same address with Resume on the run takes the same rank
+// workers back (the same worker.Run calls, which never return meanwhile)
+// and the run completes with every sample of every epoch trained exactly
+// once. This is what `cohort run` does with its coordinator.
+func TestCrashedCoordinatorComesBack(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.Run.Ranks, cfg.Run.Epochs = 2, 3
+	cfg.Coordinator.CheckpointEvery = 1
+	keys, err := wire.DeriveKeys(testSecret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := &plugintest.LogBuffer{}
+	var batches atomic.Int64
+	opts := Options{Config: cfg, Keys: keys, Logger: hclog.New(&hclog.LoggerOptions{Output: logs, Level: hclog.Debug}),
+		LoopTimer: func(what string, _ time.Duration) {
+			// 32 batches an epoch: the 48th Batch is mid-epoch 2.
+			if what == "Batch" && batches.Add(1) == 48 {
+				panic("a bug in the coordinator")
+			}
+		}}
+	first, err := New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("coordinators' log:\n%s", logs.String())
+		}
+	})
+	addr := first.Addr().String()
+
+	ledger := filepath.Join(t.TempDir(), "ledger")
+	ts := plugintest.TrainerSettings{Samples: 512, EvalSamples: 64, Features: 8, BatchSize: 16, LR: 0.1, SleepPerBatch: "2ms", Ledger: ledger}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	errs := make(chan error, cfg.Run.Ranks)
+	for r := range uint32(cfg.Run.Ranks) {
+		o := worker.Options{Coordinator: addr, Rank: r, World: uint32(cfg.Run.Ranks), Secret: testSecret,
+			Trainer:         config.Plugin{Name: "mock", Settings: ts.JSON()},
+			Averager:        config.Plugin{Name: "mock", Settings: []byte(`{}`)},
+			LivenessTimeout: 10 * time.Second, ConnectTimeout: 5 * time.Second, ShutdownGrace: 2 * time.Second,
+			ArenaDir: t.TempDir(), Logger: hclog.New(&hclog.LoggerOptions{Output: logs, Level: hclog.Info}),
+			Plugins: worker.InProcess(plugintest.NewTrainer(nil), plugintest.NewAverager(nil))}
+		go func() { errs <- worker.Run(ctx, o) }()
+	}
+
+	if _, err := first.Run(ctx); !errors.Is(err, ErrCrashed) {
+		t.Fatalf("the failing coordinator's Run = %v, want ErrCrashed", err)
+	}
+	dir := filepath.Join(first.Out(), checkpoint.CheckpointsDir)
+	if c, err := checkpoint.ReadConsensus(dir); err != nil || c == nil || c.Last.Epoch != 1 {
+		t.Fatalf("consensus file after the crash: %+v, %v; want one in epoch 2", c, err)
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts.Listener, opts.Resume, opts.LoopTimer = ln, first.Out(), nil
+	second, err := New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum, err := second.Run(ctx)
+	if err != nil || sum.Status != record.StatusCompleted || len(sum.Epochs) != 3 || sum.RunID != first.RunID() {
+		t.Fatalf("the coordinator that came back: %v, status %s, %d epochs, run %s (first %s)", err, sum.Status, len(sum.Epochs), sum.RunID, first.RunID())
+	}
+	for range cfg.Run.Ranks {
+		if err := <-errs; err != nil {
+			t.Errorf("a rank worker: %v", err)
+		}
+	}
+	for _, e := range sum.Epochs {
+		if e.Samples != 512 {
+			t.Errorf("epoch %d counts %d samples, want 512", e.Epoch, e.Samples)
+		}
+	}
+	b, err := os.ReadFile(ledger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]int{}
+	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		var r, e, i int
+		if _, err := fmt.Sscan(line, &r, &e, &i); err == nil {
+			seen[fmt.Sprint(e, i)]++
+		}
+	}
+	for e := range 3 {
+		for i := range 512 {
+			if n := seen[fmt.Sprint(e, i)]; n != 1 {
+				t.Fatalf("epoch %d: sample %d trained %d times, want once", e+1, i, n)
+			}
+		}
+	}
+	if c, _ := checkpoint.ReadConsensus(dir); c != nil {
+		t.Error("the consensus file outlived the completed run")
+	}
+}
