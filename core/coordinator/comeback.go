@@ -7,7 +7,10 @@ import (
 	"slices"
 
 	"github.com/cohortdl/cohort/core/coordinator/checkpoint"
+	"github.com/hashicorp/go-hclog"
+
 	"github.com/cohortdl/cohort/core/coordinator/dispatch"
+	"github.com/cohortdl/cohort/core/coordinator/record"
 	"github.com/cohortdl/cohort/core/wire/wirepb"
 )
 
@@ -64,6 +67,8 @@ func (c *Coordinator) openComeback(resume string) (bool, error) {
 // starts the cohort: from the models of the ranks that kept the
 // consensus (holders), each holding it plus its own held work.
 type comebackPlan struct {
+	// round is the consensus the holders kept.
+	round uint64
 	// state is what the holders' consensus holds; nil: no rank kept it,
 	// and the run resumes from the checkpoint (c.meta).
 	state *checkpoint.Meta
@@ -114,7 +119,7 @@ func (r *runner) planComeback() *comebackPlan {
 		return &comebackPlan{root: root}
 	}
 	state, _ := cons.State(round)
-	p := &comebackPlan{state: state, held: map[uint32][]dispatch.Span{}, root: slices.Min(holders),
+	p := &comebackPlan{round: round, state: state, held: map[uint32][]dispatch.Span{}, root: slices.Min(holders),
 		all: len(holders) == len(r.ranks.Live())}
 	for _, id := range holders {
 		for _, s := range r.ranks.ReadyOf(id).GetKept().GetHeld() {
@@ -156,6 +161,34 @@ func (p *comebackPlan) resumed(world uint32) *checkpoint.Meta {
 	}
 	m.GlobalStep += batches / uint64(world)
 	return &m
+}
+
+// keep writes the comeback's record into the run's out directory: which
+// kept work the first round (num) took into the model, and which it
+// replaced and is trained again.
+func (p *comebackPlan) keep(out string, num uint64, log hclog.Logger) {
+	rec := record.ComebackRecord{Consensus: p.round, Round: num, Mode: "broadcast", Root: p.root,
+		Reached: map[uint32][]dispatch.Span{}, Retrained: map[uint32][]dispatch.Span{}}
+	if p.averaged {
+		rec.Mode = "average"
+	}
+	for id, spans := range p.held {
+		rec.Holders = append(rec.Holders, id)
+		if p.averaged || id == p.root {
+			rec.Reached[id] = spans
+		} else {
+			rec.Retrained[id] = spans
+		}
+	}
+	slices.Sort(rec.Holders)
+	path := filepath.Join(out, record.ComebacksDir, fmt.Sprintf("comeback-%06d.json", num))
+	err := os.MkdirAll(filepath.Dir(path), 0o755)
+	if err == nil {
+		err = record.WriteJSON(path, &rec)
+	}
+	if err != nil {
+		log.Warn("the comeback's record could not be written", "error", err)
+	}
 }
 
 // consensusNow writes the consensus file: the state as of the last

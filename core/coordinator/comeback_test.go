@@ -119,6 +119,16 @@ func TestCrashedCoordinatorComesBack(t *testing.T) {
 			}
 		}
 	}
+	// Every rank kept the consensus: the first round averaged them, and
+	// the record says what of their work it took.
+	recs, _ := filepath.Glob(filepath.Join(first.Out(), record.ComebacksDir, "*.json"))
+	var rec record.ComebackRecord
+	if len(recs) != 1 {
+		t.Fatalf("comeback records %v, want one", recs)
+	}
+	if err := record.ReadJSON(recs[0], "comeback record", &rec); err != nil || rec.Mode != "average" || len(rec.Holders) != 2 || len(rec.Retrained) != 0 {
+		t.Errorf("comeback record %+v (%v), want both ranks averaged, nothing retrained", rec, err)
+	}
 	if c, _ := checkpoint.ReadConsensus(dir); c != nil {
 		t.Error("the consensus file outlived the completed run")
 	}

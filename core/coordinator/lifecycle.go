@@ -17,6 +17,7 @@ import (
 func (r *runner) startTraining() {
 	if r.cb != nil && r.cb.state != nil {
 		r.c.meta = r.cb.resumed(r.world)
+		r.cb.keep(r.c.out, r.roundSeq-1, r.log)
 	}
 	m := r.c.meta
 	if m == nil {
