@@ -28,6 +28,12 @@ $COHORT_SECRET_FILE or $COHORT_SECRET, never the command line. SIGINT or
 SIGTERM saves a checkpoint and stops (exit status 130); a second one
 abandons the run. Exit status 0 means the run completed.
 
+A coordinator that died (SIGKILL, a crash) can come back: started again
+with --resume OUT on the same --listen address within the workers'
+worker.liveness_timeout, it takes back the workers still running, their
+plugins and models included, and the run goes on from its last averaging
+round.
+
 It starts no plugins, so it cannot see the workers' plugins and does not
 check the trainer and averager blocks against their settings schemas: each
 worker does, right after starting its plugins and before configuring them,
