@@ -90,6 +90,12 @@ typedef struct ct_config {
    * the layout, after the buffers, as a buffer named
    * "optimizer.exp_avg.<parameter>", so rounds average it too. */
   int32_t average_moments;
+  /* With average_moments, n > 1: after each round (adopt without credit),
+   * the part of each second moment (exp_avg_sq) added since the previous
+   * round is resized to what n ranks' batches in one would have given
+   * (its noise divided by n, its signal, the mean first moment squared,
+   * kept). 0: off. */
+  uint32_t cohort_ranks;
 } ct_config;
 
 /* One tensor of the model, in layout order (parameters, then buffers).

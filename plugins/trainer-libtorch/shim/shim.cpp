@@ -148,6 +148,10 @@ struct Entry {
   torch::Tensor arena;   // the arena's memory for this tensor (CPU)
   torch::Tensor published; // t as of the last publish (float tensors)
   torch::Tensor param;     // for an optimizer moment: the parameter it belongs to
+  // For a first moment under cohort_second_moment: the parameter's second
+  // moment and Adam step as the last round left them.
+  torch::Tensor v_round;
+  int64_t step_round = 0;
 };
 
 // bind_moment makes e.t the first moment (exp_avg) of e.param in an Adam or
@@ -164,6 +168,8 @@ void bind_moment(torch::optim::Optimizer &opt, Entry &e) {
     st->step(0);
     st->exp_avg(e.t.zero_());
     st->exp_avg_sq(torch::zeros_like(e.param, torch::MemoryFormat::Preserve));
+    e.v_round = st->exp_avg_sq().clone();
+    e.step_round = 0;
     state[key] = std::move(st);
     return;
   }
@@ -172,6 +178,43 @@ void bind_moment(torch::optim::Optimizer &opt, Entry &e) {
     e.t.copy_(st.exp_avg());
     st.exp_avg(e.t);
   }
+  e.v_round = st.exp_avg_sq().clone();
+  e.step_round = st.step();
+}
+
+// cohort_second_moment gives e.param's second moment, after a round left
+// the cohort's mean first moment in e.t, the size it would have had on the
+// cohort's batch (n ranks' batches in one). The part of v added since the
+// last round, fresh = sum of w_j g_j^2 over this rank's steps (w_j the EMA
+// weights, summing to w), estimates w(mu^2 + s^2) with s^2 the noise of one
+// rank's batch; the cohort's batch has the noise s^2/n. mu^2 is estimated
+// by the mean first moment squared (bias-corrected: an average over the
+// last ~1/(1-beta1) steps of n ranks, whose own noise is small), clamped to
+// [0, fresh/w] so that the result stays between fresh/n and fresh.
+// Only the fresh part is corrected: what the last round left was already,
+// and correcting it again would shrink it at every round.
+template <class S>
+void cohort_second_moment(torch::optim::Optimizer &opt, Entry &e, double n, double beta1, double beta2) {
+  auto it = opt.state().find(c10::guts::to_string(e.param.unsafeGetTensorImpl()));
+  if (it == opt.state().end()) {
+    return;
+  }
+  auto &st = static_cast<S &>(*it->second);
+  const int64_t step = st.step();
+  const int64_t k = step - e.step_round;
+  auto v = st.exp_avg_sq();
+  if (k > 0 && step > 0) {
+    const double decay = std::pow(beta2, static_cast<double>(k));
+    const double w = 1 - decay;
+    const double bc1 = 1 - std::pow(beta1, static_cast<double>(step));
+    auto old = e.v_round.mul(decay);
+    auto fresh = v.sub(old).clamp_min_(0);
+    auto mu2 = e.t.div(bc1).square_().mul_(w);
+    mu2 = torch::minimum(mu2, fresh);
+    v.copy_(old.add_(fresh, 1 / n).add_(mu2, 1 - 1 / n));
+  }
+  e.v_round.copy_(v);
+  e.step_round = step;
 }
 
 // An OpenBLAS thread pool: process-wide, and not sized by libtorch. Debian
@@ -282,6 +325,8 @@ struct ct_model {
   bool training = true;
   bool attached = false;
   int32_t optimizer = 0; // CT_OPT_*
+  double cohort_ranks = 0; // cohort_second_moment's n; 0: off
+  double beta1 = 0, beta2 = 0;
 
   // bind_moments ties the layout's moment entries to the optimizer's state
   // (after create, and after a load replaced the state).
@@ -295,6 +340,25 @@ struct ct_model {
         bind_moment<torch::optim::AdamParamState>(*opt, e);
       } else {
         bind_moment<torch::optim::AdamWParamState>(*opt, e);
+      }
+    }
+  }
+
+  // after_round runs cohort_second_moment on every first moment in the
+  // layout, once a round has left the cohort's mean in them.
+  void after_round() {
+    if (cohort_ranks <= 1) {
+      return;
+    }
+    torch::NoGradGuard ng;
+    for (auto &e : entries) {
+      if (!e.param.defined()) {
+        continue;
+      }
+      if (optimizer == CT_OPT_ADAM) {
+        cohort_second_moment<torch::optim::AdamParamState>(*opt, e, cohort_ranks, beta1, beta2);
+      } else {
+        cohort_second_moment<torch::optim::AdamWParamState>(*opt, e, cohort_ranks, beta1, beta2);
       }
     }
   }
@@ -536,6 +600,14 @@ ct_model *create(const ct_config *cfg, char *err, size_t errlen) {
       }
       m->bind_moments();
     }
+    if (cfg->cohort_ranks > 0) {
+      if (!cfg->average_moments) {
+        fail("cohort_second_moment needs average_moments");
+      }
+      m->cohort_ranks = static_cast<double>(cfg->cohort_ranks);
+      m->beta1 = cfg->beta1;
+      m->beta2 = cfg->beta2;
+    }
     out = m.release();
   });
   return out;
@@ -716,6 +788,9 @@ int adopt(ct_model *m, double alpha, int32_t credit, double *norm, char *err, si
       } else if (!blend) {
         e.t.copy_(e.arena);
       }
+    }
+    if (!credit) {
+      m->after_round();
     }
     *norm = m->norm();
   });

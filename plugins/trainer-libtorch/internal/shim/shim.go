@@ -253,6 +253,7 @@ func (s *Shim) NewModel(spec ModelSpec) (*Model, error) {
 	if spec.AverageMoments {
 		cfg.average_moments = 1
 	}
+	cfg.cohort_ranks = C.uint32_t(spec.CohortRanks)
 	buf := make([]byte, ErrBufLen)
 	e, n := errPtr(buf)
 	m := C.go_ct_create(s.api, &cfg, e, n)

@@ -59,6 +59,10 @@ type ModelSpec struct {
 	// AverageMoments (adam, adamw) adds each trained parameter's first
 	// moment to the layout, as a buffer "optimizer.exp_avg.<parameter>".
 	AverageMoments bool
+	// CohortRanks > 1 (with AverageMoments) resizes, after each round, each
+	// second moment's part since the previous round to a batch this many
+	// times larger; 0 is off.
+	CohortRanks uint32
 }
 
 // TensorInfo is one entry of the model's layout as the shim reports it.

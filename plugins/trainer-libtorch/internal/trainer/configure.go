@@ -148,6 +148,9 @@ func (t *Trainer) Configure(ctx context.Context, cfg plugin.TrainerConfig) (plug
 	} else {
 		spec.Beta1, spec.Beta2, spec.Eps = s.Betas[0], s.Betas[1], *s.Eps
 		spec.AverageMoments = *s.AverageMoments
+		if *s.CohortSecondMoment {
+			spec.CohortRanks = cfg.WorldSize
+		}
 	}
 	m, err := t.shim.NewModel(spec)
 	if err != nil {

@@ -52,8 +52,13 @@ type Settings struct {
 	// parameter's first moment in the arena, so rounds average it with
 	// the parameters: each rank's Adam then steps from the cohort's
 	// gradient history instead of its own batches' alone.
-	AverageMoments *bool   `json:"average_moments"`
-	MaxGradNorm    float64 `json:"max_grad_norm"`
+	AverageMoments *bool `json:"average_moments"`
+	// CohortSecondMoment (adam, adamw; default true with average_moments)
+	// resizes, after each round, what each second moment gained since the
+	// previous one to what the ranks' batches in one would have given, so
+	// a rank's Adam steps as far as one on the cohort's batch would.
+	CohortSecondMoment *bool   `json:"cohort_second_moment"`
+	MaxGradNorm        float64 `json:"max_grad_norm"`
 
 	LRSchedule    string   `json:"lr_schedule"`
 	LRWarmupSteps uint64   `json:"lr_warmup_steps"`
@@ -220,8 +225,8 @@ func (s *Settings) fill() error {
 	}
 	switch s.Optimizer {
 	case "sgd":
-		if s.Betas != nil || s.Eps != nil || s.AverageMoments != nil {
-			return errors.New("betas, eps and average_moments apply to optimizer = \"adam\" or \"adamw\"")
+		if s.Betas != nil || s.Eps != nil || s.AverageMoments != nil || s.CohortSecondMoment != nil {
+			return errors.New("betas, eps, average_moments and cohort_second_moment apply to optimizer = \"adam\" or \"adamw\"")
 		}
 		if s.LR == nil {
 			s.LR = f64(0.05)
@@ -266,6 +271,13 @@ func (s *Settings) fill() error {
 		if s.AverageMoments == nil {
 			s.AverageMoments = new(bool)
 			*s.AverageMoments = true
+		}
+		if s.CohortSecondMoment == nil {
+			s.CohortSecondMoment = new(bool)
+			*s.CohortSecondMoment = *s.AverageMoments
+		}
+		if *s.CohortSecondMoment && !*s.AverageMoments {
+			return errors.New("cohort_second_moment needs average_moments: it estimates the cohort's gradient from the averaged first moment")
 		}
 		if e := *s.Eps; !(e > 0) || !finite(e) {
 			return fmt.Errorf("eps = %v, want a finite number above 0", e)

@@ -47,7 +47,7 @@ func TestSettingsErrors(t *testing.T) {
 		`{"data_x": "a", "data_y": "b", "eval_x": "c"}`:                   "eval_x and eval_y go together",
 		`{"optimizer": "lbfgs"}`:                                          "optimizer = \"lbfgs\"",
 		`{"optimizer": "adam", "momentum": 0.9}`:                          "momentum and nesterov apply to optimizer = \"sgd\"",
-		`{"betas": [0.9, 0.99]}`:                                          "betas, eps and average_moments apply",
+		`{"betas": [0.9, 0.99]}`:                                          "betas, eps, average_moments and cohort_second_moment apply",
 		`{"optimizer": "adam", "betas": [0.9]}`:                           "two values",
 		`{"momentum": 1}`:                                                 "momentum = 1",
 		`{"momentum": 0, "nesterov": true}`:                               "nesterov needs",

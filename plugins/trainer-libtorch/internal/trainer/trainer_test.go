@@ -1167,3 +1167,81 @@ func TestAverageMoments(t *testing.T) {
 		t.Fatalf("average_moments with sgd: %v", err)
 	}
 }
+
+// TestCohortSecondMoment: after a round, what a rank's second moment
+// gained since the previous round is resized to a batch as many times
+// larger as the world has ranks, where the averaged first moment says the
+// gradient is noise, and kept where it says it is signal. The next step
+// shows it: Adam's step is lr·m/√v.
+func TestCohortSecondMoment(t *testing.T) {
+	data := synthData(t, 256, 8, 3)
+	// step trains a rank of world ranks for 100 steps, runs a round that
+	// leaves moment in every first moment, trains one more step (the same
+	// batch size, whose square adds a hundredth of what the 100 put in v) and
+	// returns how far that step moved fc2.bias.
+	step := func(t *testing.T, world uint32, on bool, moment float32) []float64 {
+		tr := newTestTrainer(t)
+		setup, err := tr.Configure(context.Background(), plugin.TrainerConfig{Rank: 0, WorldSize: world, LocalRanks: 1, Seed: 7,
+			Settings: settingsJSON(t, merge(data, map[string]any{"hidden": []int{16}, "threads": 1, "optimizer": "adam", "lr": 0.01, "cohort_second_moment": on}))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		d, _ := attach(t, tr, setup)
+		m := openMapping(t, d)
+		vals := func(name string) []float32 {
+			v, err := m.Float32s(d.Layout.Index(name))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return v
+		}
+		for epoch := range uint64(25) {
+			trainPlan(t, tr, fullPlan(epoch, setup.Samples))
+		}
+		if _, err := tr.Publish(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range d.Layout.Entries {
+			if strings.HasPrefix(e.Name, "optimizer.exp_avg.") {
+				mom := vals(e.Name)
+				for i := range mom {
+					mom[i] = moment
+				}
+			}
+		}
+		if _, err := tr.Adopt(context.Background(), 1); err != nil {
+			t.Fatal(err)
+		}
+		before := slices.Clone(vals("fc2.bias"))
+		trainPlan(t, tr, plugin.Plan{Epoch: 25, PartitionSize: 64, Seed: 1, PickSpace: setup.Samples})
+		after := vals("fc2.bias")
+		moved := make([]float64, len(after))
+		for i := range after {
+			moved[i] = math.Abs(float64(after[i] - before[i]))
+		}
+		return moved
+	}
+	for _, tc := range []struct {
+		name     string
+		world    uint32
+		moment   float32 // the round's mean first moment: 0 is all noise, 1e3 all signal
+		min, max float64 // the step's length against the same rank's without the setting
+	}{
+		{"one rank", 1, 0, 1, 1},
+		// √((1+0.01)/(1/4+0.01)) = 1.97; √((1+0.01)/(1/9+0.01)) = 2.89
+		{"4 ranks, noise", 4, 0, 1.9, 2.001},
+		{"9 ranks, noise", 9, 0, 2.75, 3.001},
+		{"4 ranks, signal", 4, 1e3, 0.999, 1.001},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			off := step(t, tc.world, false, tc.moment)
+			on := step(t, tc.world, true, tc.moment)
+			for i := range on {
+				if r := on[i] / off[i]; !(r >= tc.min && r <= tc.max) {
+					t.Fatalf("fc2.bias[%d] moved %v, without cohort_second_moment %v: %.4f times as far, want %v to %v",
+						i, on[i], off[i], r, tc.min, tc.max)
+				}
+			}
+		})
+	}
+}
