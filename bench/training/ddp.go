@@ -139,7 +139,7 @@ func (h *harness) ddp(m matrixModel) (*ddpReport, error) {
 	}
 	fmt.Printf("cohort vs torch DDP (gloo), Fashion-MNIST, %s: %d ranks, %d epochs, batch %d per rank, %s, %s, %d seed(s)\n",
 		describeModel(m.Name), o.ranks, o.targetEpochs, o.batch, opt, threads, m.Seeds)
-	fmt.Printf("cohort: averager %s with its own defaults (smoothing included), policy %s; time to target = epoch seconds summed up to the first epoch at the target.\n", averager, describePolicy(o.policy, o.syncEvery))
+	fmt.Printf("cohort: averager %s with its own defaults (smoothing included), policy %s; time to target = when the accuracy curve, linear between the per-epoch evaluations (from chance at 0 s), reaches the target, on both sides.\n", averager, describePolicy(o.policy, o.syncEvery))
 	fmt.Printf("Final accuracy is read after epoch %d of %d (constant lr: the final accuracy of a %d-epoch run).\n", o.epochs, o.targetEpochs, o.epochs)
 	fmt.Println("Both sides' times include their per-epoch evaluation (cohort's summary epoch seconds end after the evaluation on rank 0; the peer's elapsed_s is read after its own).")
 	for seed := 1; seed <= m.Seeds; seed++ {
@@ -213,14 +213,17 @@ func curveTarget(seeds []ddpSeed, epochs int) float64 {
 // toTarget fills the seed's times to target and their ratio.
 func (s *ddpSeed) toTarget(target float64) {
 	s.CohortToTargetS, s.PeerToTargetS, s.Ratio = nil, nil, nil
-	if t, ok := timeToTarget(s.CohortEpochS, s.CohortEpochAcc, target); ok {
+	var elapsed []float64
+	t := 0.0
+	for _, e := range s.CohortEpochS {
+		t += e
+		elapsed = append(elapsed, t)
+	}
+	if t, ok := crossingTime(elapsed, s.CohortEpochAcc, target); ok {
 		s.CohortToTargetS = ptr(round3(t))
 	}
-	for i, a := range s.PeerEpochAcc {
-		if a >= target {
-			s.PeerToTargetS = ptr(round3(s.PeerEpochS[i]))
-			break
-		}
+	if t, ok := crossingTime(s.PeerEpochS, s.PeerEpochAcc, target); ok {
+		s.PeerToTargetS = ptr(round3(t))
 	}
 	if s.CohortToTargetS != nil && s.PeerToTargetS != nil && *s.PeerToTargetS > 0 {
 		s.Ratio = ptr(round4(*s.CohortToTargetS / *s.PeerToTargetS))

@@ -529,6 +529,7 @@ func epochFigures(es []record.EpochSummary) (epochStats, error) {
 
 // timeToTarget is the cumulative seconds up to and including the first
 // epoch whose accuracy is at least target; false when none is.
+// crossingTime is the matrix's finer reading of the same curve.
 func timeToTarget(seconds, accuracy []float64, target float64) (float64, bool) {
 	t := 0.0
 	for i, s := range seconds {
@@ -559,3 +560,33 @@ func round3(x float64) float64 { return math.Round(x*1e3) / 1e3 }
 func round4(x float64) float64 { return math.Round(x*1e4) / 1e4 }
 
 func ptr[T any](v T) *T { return &v }
+
+// chance is a Fashion-MNIST model's accuracy before training (10 classes):
+// where crossingTime's curve starts, at 0 s.
+const chance = 0.1
+
+// crossingTime reads when the accuracy curve first reaches target, taking
+// the curve as linear between evaluations (elapsed: seconds since training
+// began, cumulative, at each evaluation; it starts at chance at 0 s).
+// Evaluated once an epoch, the first epoch at the target alone would count
+// a curve that reaches it just after an evaluation a whole epoch late, on
+// one side and not the other; a learning curve is concave, so the line
+// between two evaluations lies below it and the reading is late, not
+// early, for both sides alike. False when the curve never reaches target.
+func crossingTime(elapsed, accuracy []float64, target float64) (float64, bool) {
+	prevT, prevA := 0.0, chance
+	for i, t := range elapsed {
+		if i >= len(accuracy) {
+			break
+		}
+		a := accuracy[i]
+		if a >= target {
+			if prevA >= target || a == prevA {
+				return t, true
+			}
+			return prevT + (target-prevA)/(a-prevA)*(t-prevT), true
+		}
+		prevT, prevA = t, a
+	}
+	return 0, false
+}

@@ -42,6 +42,32 @@ func TestTimeToTarget(t *testing.T) {
 	}
 }
 
+func TestCrossingTime(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		elapsed  []float64
+		accuracy []float64
+		target   float64
+		want     float64
+		ok       bool
+	}{
+		{"between two evaluations", []float64{10, 20, 30}, []float64{0.8, 0.84, 0.88}, 0.85, 22.5, true},
+		{"in the first epoch, from chance at 0 s", []float64{10, 20}, []float64{0.9, 0.95}, 0.5, 5, true},
+		{"exactly at an evaluation", []float64{10, 20}, []float64{0.8, 0.85}, 0.85, 20, true},
+		{"first crossing, not the last", []float64{1, 2, 3}, []float64{0.86, 0.84, 0.87}, 0.85, 0.9868, true},
+		{"after a dip", []float64{1, 2, 3}, []float64{0.84, 0.8, 0.9}, 0.85, 2.5, true},
+		{"never reached", []float64{1, 2, 3}, []float64{0.8, 0.84, 0.849}, 0.85, 0, false},
+		{"no epochs", nil, nil, 0.85, 0, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, ok := crossingTime(tc.elapsed, tc.accuracy, tc.target)
+			if ok != tc.ok || round4(got) != tc.want {
+				t.Fatalf("crossingTime = %v, %v; want %v, %v", got, ok, tc.want, tc.ok)
+			}
+		})
+	}
+}
+
 func TestEpochFigures(t *testing.T) {
 	acc := func(v float64) *float64 { return &v }
 	e, err := epochFigures([]record.EpochSummary{
@@ -408,12 +434,13 @@ func TestCurveTargetAndToTarget(t *testing.T) {
 	if got := curveTarget(seeds, 3); got != 0.87 {
 		t.Fatalf("curveTarget = %v, want 0.87", got)
 	}
+	// The peer's 84% at 5 s and 87.12% at 10 s cross 87% at 9.808 s.
 	seeds[0].toTarget(0.87)
-	if *seeds[0].CohortToTargetS != 6 || *seeds[0].PeerToTargetS != 10 || *seeds[0].Ratio != 0.6 {
+	if *seeds[0].CohortToTargetS != 6 || *seeds[0].PeerToTargetS != 9.808 || *seeds[0].Ratio != 0.6117 {
 		t.Fatalf("seed 0: %v %v %v", *seeds[0].CohortToTargetS, *seeds[0].PeerToTargetS, *seeds[0].Ratio)
 	}
 	seeds[1].toTarget(0.87)
-	if *seeds[1].CohortToTargetS != 9 || *seeds[1].PeerToTargetS != 15 {
+	if *seeds[1].CohortToTargetS != 9 || *seeds[1].PeerToTargetS != 10.098 {
 		t.Fatalf("seed 1: %v %v", *seeds[1].CohortToTargetS, *seeds[1].PeerToTargetS)
 	}
 	seeds[1].toTarget(0.9)
