@@ -96,6 +96,7 @@ func newClient(ctx context.Context, log hclog.Logger, cfg plugin.AveragerConfig)
 	if cfg.Endpoint == "" {
 		return nil, errors.New("averager: no reduce server endpoint")
 	}
+	set = set.forLayout(cfg.Arena.Layout)
 	spans, np, nb, err := buildSpans(cfg.Arena.Layout)
 	if err != nil {
 		return nil, err

@@ -1,6 +1,7 @@
 package averager
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -122,5 +123,43 @@ func TestSpans(t *testing.T) {
 	l, _ = arena.Pack([]arena.Entry{{Name: "half", DType: arena.BF16, Shape: []int64{4}, Role: arena.Parameter}})
 	if _, _, _, err := buildSpans(l); err == nil || !strings.Contains(err.Error(), "f32 parameters only") {
 		t.Fatalf("bf16 parameter: %v", err)
+	}
+}
+
+// TestSmoothingForLayout: the default filter is off for an arena that
+// carries the optimizer's momentum, and only the default: a filter or outer
+// optimizer named in the settings stays.
+func TestSmoothingForLayout(t *testing.T) {
+	model := []arena.Entry{{Name: "fc.weight", DType: arena.F32, Role: arena.Parameter, Shape: []int64{4}}}
+	withMoment := append(slices.Clone(model), arena.Entry{Name: "optimizer.exp_avg.fc.weight", DType: arena.F32, Role: arena.Buffer, Shape: []int64{4}})
+	withBuffer := append(slices.Clone(model), arena.Entry{Name: "bn.running_mean", DType: arena.F32, Role: arena.Buffer, Shape: []int64{4}})
+	for _, tc := range []struct {
+		name     string
+		settings string
+		entries  []arena.Entry
+		kind     numeric.OuterKind
+		smooth   bool
+	}{
+		{"default, model only", `{}`, model, numeric.OuterSlowMo, true},
+		{"default, a model buffer", `{}`, withBuffer, numeric.OuterSlowMo, true},
+		{"default, the optimizer's momentum", `{}`, withMoment, numeric.OuterNone, false},
+		{"smoothing named, the optimizer's momentum", `{"smoothing": 0.5}`, withMoment, numeric.OuterSlowMo, true},
+		{"outer named, the optimizer's momentum", `{"outer": "diloco"}`, withMoment, numeric.OuterDiLoCo, false},
+		{"smoothing 0, model only", `{"smoothing": 0}`, model, numeric.OuterNone, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l, err := arena.Pack(tc.entries)
+			if err != nil {
+				t.Fatal(err)
+			}
+			c, err := parseSettings([]byte(tc.settings))
+			if err != nil {
+				t.Fatal(err)
+			}
+			c = c.forLayout(l)
+			if c.outer.Kind != tc.kind || c.smoothing != tc.smooth {
+				t.Fatalf("outer %v, smoothing %v; want %v, %v", c.outer.Kind, c.smoothing, tc.kind, tc.smooth)
+			}
+		})
 	}
 }
