@@ -43,8 +43,9 @@ type Settings struct {
 	// g = prev − consensus), so the cohort keeps its pace while one
 	// round's noise is spread over the next 1/(1−s). Rounds with one
 	// member are left as they are, so a lone rank trains as its trainer
-	// alone. Default DefaultSmoothing; 0 turns it off, as does naming an
-	// outer optimizer.
+	// alone. Default DefaultSmoothing, or 0 for an arena that carries the
+	// optimizer's momentum (see forLayout); 0 turns it off, as does naming
+	// an outer optimizer.
 	Smoothing *float64 `json:"smoothing"`
 	// Host names the shared-memory domain: "" (default) detects it (same
 	// kernel and same /dev/shm mount = same host); "rank" makes every rank
