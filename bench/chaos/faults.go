@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"syscall"
@@ -155,24 +156,30 @@ func hostileBurst(h *harness, r *run, _ procs) bool {
 	return true
 }
 
-// killCoordinator SIGKILLs `cohort run`, which holds the coordinator, once
-// a checkpoint exists, and starts `cohort run --resume` on the same out
-// directory when its workers and plugins are gone.
+// killCoordinator SIGKILLs the coordinator, once a checkpoint exists, and
+// at once starts another with --resume on its address: the workers wait
+// their liveness timeout for it and come back with their plugins and
+// models. When the cohort had lost a rank by its last consensus, the new
+// coordinator resumes from the checkpoint instead (the workers load it
+// into their plugins) and the harness starts the missing rank's worker,
+// as an operator would.
 func killCoordinator(h *harness, r *run, _ procs) bool {
-	if _, err := checkpoint.LastCheckpoint(fmt.Sprintf("%s/%s", r.out, checkpoint.CheckpointsDir)); err != nil {
+	dir := filepath.Join(r.out, checkpoint.CheckpointsDir)
+	last, err := checkpoint.LastCheckpoint(dir)
+	if err != nil {
 		return false
 	}
 	if r.cmd.Process.Signal(syscall.SIGKILL) != nil {
 		return false
 	}
 	<-r.exited
-	// Its workers end by Pdeathsig, and their plugins with them.
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-		if len(r.leftProcesses()) == 0 {
-			break
-		}
+	cons, err := checkpoint.ReadConsensus(dir)
+	if err != nil {
+		h.problem("after killing the coordinator in %s: %v", r.dir, err)
 	}
-	if err := r.killed(); err != nil {
+	if cons != nil && cons.Base == last && len(cons.Live) == ranks {
+		r.comebacks = append(r.comebacks, fileSize(r.ledger))
+	} else if err := r.killed(); err != nil {
 		h.problem("after killing the coordinator in %s: %v", r.dir, err)
 		return true
 	}

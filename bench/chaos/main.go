@@ -1,29 +1,36 @@
 // Command chaos is cohort's seeded fault soak: for -duration (and until at
 // least -min-faults faults), it trains run after run of the mock plugins
-// (4 ranks, `cohort run`, a checkpoint every epoch) to completion, and every
-// 15-30 s injects one fault into the run at hand, the kinds taken in a
-// seeded shuffled cycle:
+// (4 ranks: `cohort coordinator` and a `cohort worker` per rank, which the
+// harness starts and reaps as a launcher would; a checkpoint every epoch)
+// to completion, and every 15-30 s injects one fault into the run at hand,
+// the kinds taken in a seeded shuffled cycle:
 //
 //   - kill_worker: SIGKILL of a rank's worker (its rank dies; the run goes
-//     on with the others, and the next run starts all four again, as an
-//     operator or Slurm would);
+//     on with the others; the harness starts its worker again when the
+//     run's coordinator is restarted, and the next run starts all four, as
+//     an operator or Slurm would);
 //   - kill_trainer, kill_averager: SIGKILL of a rank's plugin (the worker
 //     replaces it);
 //   - stop_worker: SIGSTOP of a worker past the heartbeat timeout, then
-//     SIGCONT (the rank is declared dead; the launcher ends it);
+//     SIGCONT (the rank is declared dead; its worker, refused by the
+//     coordinator, ends within its liveness timeout);
 //   - hostile: bursts of garbage, 4 GiB lengths, stalled handshakes and
 //     silent connections at the coordinator's control port, each of which
 //     must be dropped;
-//   - kill_coordinator: SIGKILL of `cohort run`, which holds the
-//     coordinator (its workers and plugins die with it), then `cohort run
-//     --resume` on the same out directory.
+//   - kill_coordinator: SIGKILL of the coordinator, then at once `cohort
+//     coordinator --resume` on the same address and out directory: the
+//     workers come back to it with their plugins and models and the run
+//     goes on from its last consensus (from its checkpoint when the cohort
+//     had lost a rank).
 //
 // After each run it reads the mock trainer's ledger (a line per sample
 // trained) against what the coordinator recorded a fault took: the work a
 // dead rank's record lists as taken back (deaths/*.json, Unfinished: what
 // it trained since the last round that averaged its work, and the rest of
-// its plans), and what a killed `cohort run` trained of the work the
-// checkpoint its resume continues from lists as remaining (and of every
+// its plans), the kept work a coordinator that came back replaced
+// (comebacks/*.json, Retrained: only when some rank started fresh), and,
+// for a coordinator that resumed from its checkpoint instead, what was
+// trained of the work that checkpoint lists as remaining (and of every
 // later epoch). Such work is in no surviving model. Every sample of every
 // epoch must have a training outside it (samples_missing), and each sample
 // trained more than once in an epoch must be such work trained again, or
@@ -222,6 +229,7 @@ func (h *harness) drive(r *run, nextFault time.Time) time.Time {
 			h.problem("run in %s: still running after %v; killed. Its output, tail:\n%s", r.dir, runTimeout, r.tail())
 			r.cmd.Process.Kill()
 			<-r.exited
+			r.killWorkers()
 			return nextFault
 		case <-time.After(time.Until(nextFault)):
 			p := r.procs()
@@ -241,9 +249,13 @@ func (h *harness) drive(r *run, nextFault time.Time) time.Time {
 // finish checks a run that ended: its exit and summary, what is left of
 // it, and its ledger against what its faults took.
 func (h *harness) finish(i int, r *run) {
+	if !r.waitWorkers(30 * time.Second) {
+		h.problem("run %d (%s): workers still running 30 s after the coordinator exited", i, r.dir)
+		r.killWorkers()
+	}
 	if code := r.cmd.ProcessState.ExitCode(); code != 0 {
 		h.res.RunsFailed++
-		h.problem("run %d (%s): cohort run exited %d; output, tail:\n%s", i, r.dir, code, r.tail())
+		h.problem("run %d (%s): cohort coordinator exited %d; output, tail:\n%s", i, r.dir, code, r.tail())
 	} else if err := r.completed(); err != nil {
 		h.res.RunsFailed++
 		h.problem("run %d (%s): %v", i, r.dir, err)
@@ -259,6 +271,11 @@ func (h *harness) finish(i int, r *run) {
 	if err != nil {
 		h.problem("run %d: death records: %v", i, err)
 	}
+	back, err := r.cameBack()
+	if err != nil {
+		h.problem("run %d: comeback records: %v", i, err)
+	}
+	deaths = append(deaths, back...)
 	ts, bad, err := readLedger(r.ledger)
 	if err != nil {
 		h.problem("run %d: %v", i, err)

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -22,8 +23,10 @@ import (
 )
 
 // run is one logical run of cohort: an out directory, a config and a
-// ledger, trained by one `cohort run` and, after each kill of it, one
-// `cohort run --resume`.
+// ledger, trained by one `cohort coordinator` and a `cohort worker` per
+// rank, which the harness starts as a launcher would; after each kill of
+// the coordinator, one `cohort coordinator --resume` on the same address,
+// which the workers that are still there come back to.
 type run struct {
 	h                *harness
 	dir, out, cfg    string
@@ -31,15 +34,17 @@ type run struct {
 	control          string // the coordinator's control address
 	epochs, samples  uint64
 	seed             uint64
-	cmd              *exec.Cmd
+	cmd              *exec.Cmd // the coordinator
 	exited           chan struct{}
+	workers          map[uint32]*workerProc // the rank workers started and not yet reaped
 	mu               sync.Mutex
 	runIDs           []string
 	losts            []lost
 	pluginKills      map[uint32]int // per rank, this run
-	incarnationStart int64          // ledger offset where the current `cohort run` began
+	incarnationStart int64          // ledger offset where the current coordinator began
+	comebacks        []int64        // the ledger's size at each kill a coordinator came back from
 	peakRSSKB        int64
-	output           strings.Builder // the last incarnation's stdout and stderr
+	output           strings.Builder // the last coordinator's stdout and stderr
 }
 
 // Settings of every run: 4 ranks of the mock plugins, checkpoints every
@@ -53,7 +58,7 @@ func (h *harness) newRun(i int) (*run, error) {
 	dir := filepath.Join(h.dir, fmt.Sprintf("run-%03d", i))
 	r := &run{h: h, dir: dir, out: filepath.Join(dir, "out"), cfg: filepath.Join(dir, "cohort.hcl"),
 		ledger: filepath.Join(dir, "ledger"), tmp: filepath.Join(dir, "tmp"),
-		epochs: uint64(h.epochs), samples: 2048, seed: h.rng.Uint64N(1 << 30), pluginKills: map[uint32]int{}}
+		epochs: uint64(h.epochs), samples: 2048, seed: h.rng.Uint64N(1 << 30), pluginKills: map[uint32]int{}, workers: map[uint32]*workerProc{}}
 	if err := os.MkdirAll(r.tmp, 0o755); err != nil {
 		return nil, err
 	}
@@ -104,19 +109,18 @@ func freePort() (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
-// start runs `cohort run` on r, resuming its last checkpoint when resume is
-// set. Its processes put their temporary files (the plugins' sockets) in
-// r.tmp, where the end of the run looks for any left.
+// start runs `cohort coordinator` on r, resuming it when resume is set,
+// and a worker for each rank that has none. Its processes put their
+// temporary files (the plugins' sockets) in r.tmp, where the end of the
+// run looks for any left.
 func (r *run) start(resume bool) error {
-	args := []string{"run", "--config", r.cfg, "--out", r.out}
+	args := []string{"coordinator", "--config", r.cfg, "--listen", r.control, "--out", r.out}
 	if resume {
 		args = append(args, "--resume", r.out)
-	} else {
-		args = append(args, "--force")
 	}
 	r.incarnationStart = fileSize(r.ledger)
 	cmd := exec.Command(r.h.bin, args...)
-	cmd.Env = append(os.Environ(), "TMPDIR="+r.tmp)
+	cmd.Env = r.env()
 	pr, pw, err := os.Pipe()
 	if err != nil {
 		return err
@@ -125,7 +129,7 @@ func (r *run) start(resume bool) error {
 	if err := cmd.Start(); err != nil {
 		pw.Close()
 		pr.Close()
-		return fmt.Errorf("starting cohort run: %w", err)
+		return fmt.Errorf("starting cohort coordinator: %w", err)
 	}
 	pw.Close()
 	r.cmd, r.exited = cmd, make(chan struct{})
@@ -139,8 +143,8 @@ func (r *run) start(resume bool) error {
 			line := sc.Text()
 			r.mu.Lock()
 			r.output.WriteString(line + "\n")
-			if id, ok := strings.CutPrefix(line, "run "); ok && strings.Contains(line, " ranks, ") {
-				r.runIDs = append(r.runIDs, strings.TrimSuffix(strings.Fields(id)[0], ":"))
+			if _, id, ok := strings.Cut(line, " (run "); ok && strings.HasPrefix(line, "coordinator listening on ") {
+				r.runIDs = append(r.runIDs, strings.TrimSuffix(strings.Fields(id)[0], ","))
 			}
 			r.mu.Unlock()
 		}
@@ -152,7 +156,7 @@ func (r *run) start(resume bool) error {
 			r.mu.Unlock()
 		}
 	}()
-	return nil
+	return r.startWorkers()
 }
 
 func (r *run) tail() string {
@@ -179,22 +183,14 @@ type procs struct {
 
 func (r *run) procs() procs {
 	p := procs{workers: map[uint32]int{}, trainers: map[uint32]int{}, averagers: map[uint32]int{}}
-	if r.cmd == nil {
-		return p
-	}
 	ps := proctab.List()
-	below := proctab.Descendants(ps, r.cmd.Process.Pid)
-	for _, w := range below {
-		if w.Zombie() || w.PPID != r.cmd.Process.Pid {
+	for rank, w := range r.workers {
+		if w.gone() {
 			continue
 		}
-		rank, ok := rankArg(w.Args)
-		if !ok {
-			continue
-		}
-		p.workers[rank] = w.PID
-		for _, c := range below {
-			if c.PPID != w.PID || c.Zombie() || len(c.Args) == 0 {
+		p.workers[rank] = w.cmd.Process.Pid
+		for _, c := range ps {
+			if c.PPID != w.cmd.Process.Pid || c.Zombie() || len(c.Args) == 0 {
 				continue
 			}
 			switch base := filepath.Base(c.Args[0]); {
@@ -206,16 +202,6 @@ func (r *run) procs() procs {
 		}
 	}
 	return p
-}
-
-func rankArg(args []string) (uint32, bool) {
-	for i, a := range args {
-		if a == "--rank" && i+1 < len(args) {
-			r, err := strconv.ParseUint(args[i+1], 10, 32)
-			return uint32(r), err == nil
-		}
-	}
-	return 0, false
 }
 
 // formed reports whether every live rank runs both plugins, so a fault
@@ -246,9 +232,9 @@ func lastEpochOf(ledger string, rank uint32, off int64) (uint64, bool) {
 	return 0, false
 }
 
-// killed notes a coordinator kill: the checkpoint the next `cohort run
-// --resume` continues from says what it trains again. Call it once the
-// killed run's processes are gone.
+// killed notes a coordinator kill the next coordinator cannot come back
+// from: the checkpoint it resumes from says what it trains again, whoever
+// trained it before the kill (the workers load that checkpoint).
 func (r *run) killed() error {
 	dir, err := checkpoint.LastCheckpoint(filepath.Join(r.out, checkpoint.CheckpointsDir))
 	if err != nil {
@@ -265,11 +251,40 @@ func (r *run) killed() error {
 		addRanges(again, perm, rr.Ranges, r.samples)
 	}
 	addRanges(again, perm, m.Pool, r.samples)
-	r.losts = append(r.losts, lost{cause: "coordinator_restart", epoch: m.Epoch, anyRank: true, gone: true, samples: again, from: r.incarnationStart, to: to})
+	r.losts = append(r.losts, lost{cause: "coordinator_restart", epoch: m.Epoch, anyRank: true, gone: true, samples: again, from: 0, to: to})
 	for e := m.Epoch + 1; e < r.epochs; e++ {
-		r.losts = append(r.losts, lost{cause: "coordinator_restart", epoch: e, anyRank: true, gone: true, from: r.incarnationStart, to: to})
+		r.losts = append(r.losts, lost{cause: "coordinator_restart", epoch: e, anyRank: true, gone: true, from: 0, to: to})
 	}
 	return nil
+}
+
+// cameBack reads the records of the coordinators that came back: the kept
+// work a first round replaced (a broadcast, when some rank started fresh)
+// is in no surviving model and is trained again. The k-th record, by
+// round, answers the k-th kill noted in r.comebacks; the rank's trainings
+// written before that kill are the ones replaced.
+func (r *run) cameBack() ([]lost, error) {
+	files, _ := filepath.Glob(filepath.Join(r.out, record.ComebacksDir, "*.json"))
+	sort.Strings(files)
+	var out []lost
+	for k, f := range files {
+		var c record.ComebackRecord
+		if err := record.ReadJSON(f, "comeback record", &c); err != nil {
+			return nil, err
+		}
+		to := int64(1 << 62)
+		if k < len(r.comebacks) {
+			to = r.comebacks[k]
+		}
+		for rank, spans := range c.Retrained {
+			for _, s := range spans {
+				again := map[uint64]bool{}
+				addRanges(again, plugin.Permutation(r.seed, s.Epoch, r.samples), []dispatch.Range{s.Range}, r.samples)
+				out = append(out, lost{cause: "coordinator_restart", epoch: s.Epoch, rank: rank, gone: true, samples: again, from: 0, to: to})
+			}
+		}
+	}
+	return out, nil
 }
 
 func addRanges(set map[uint64]bool, perm []uint64, rs []dispatch.Range, samples uint64) {
