@@ -10,7 +10,10 @@
 // Image; the socket, too, goes with its process. A rank that finds the name
 // taken connects, checks that the server runs as the same user, receives
 // the descriptor and maps it read-only after checking its seals, so no one
-// can change or shrink it under its readers. Abstract sockets belong to a
+// can change or shrink it under its readers. It keeps the connection open:
+// when the server goes (closed, or killed), the processes it served see
+// the connection end and one of them serves the block from then on, so a
+// rank that starts later (a replaced trainer) still finds the one copy. Abstract sockets belong to a
 // network namespace: ranks in separate namespaces (hosts simulated on one
 // machine) each build their own, as separate hosts do.
 //

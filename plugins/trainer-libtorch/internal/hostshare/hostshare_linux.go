@@ -28,23 +28,41 @@ const waitBuild = 30 * time.Minute
 // before it handed the block on.
 const attempts = 5
 
-// Image is a block this process holds: built here and served to the
-// host's other processes until Close, or received from the process that
-// built it.
+// Image is a block this process holds. Whoever holds one serves it to the
+// host's other processes in turn: the builder first, and when the process
+// serving it goes (it closed, or died), one of those that received it from
+// there takes the name over, so the one copy lives on as long as any
+// process holds it.
 type Image struct {
 	// Map is the block, read-only.
 	Map *Mapping
-	// Built says this process built the block (and serves it).
+	// Built says this process built the block.
 	Built bool
 
-	ln   *net.UnixListener
-	fd   int
-	done chan struct{}
-	once sync.Once
+	addr *net.UnixAddr
+	fd   int // the memfd, to hand on
+	// ctx ends with Close: it stops a takeover, and the wait for a
+	// descriptor in one.
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu      sync.Mutex
+	stopped bool
+	ln      *net.UnixListener // while this process serves the block
+	watch   *net.UnixConn     // while another process does
+	// peers are the connections of the processes this one handed the
+	// block to: each watches its end to learn when this one goes.
+	peers map[*net.UnixConn]struct{}
+}
+
+func newImage(addr *net.UnixAddr, m *Mapping, fd int, built bool) *Image {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Image{Map: m, Built: built, addr: addr, fd: fd, ctx: ctx, cancel: cancel, peers: map[*net.UnixConn]struct{}{}}
 }
 
 // Acquire returns the block that key names for this user on this host:
-// mapped from the process that built it, or built with build and served
+// mapped from the process that serves it, or built with build and served
 // from here on. key is part of the socket's name: letters, digits, '-'.
 func Acquire(ctx context.Context, key string, build Builder) (*Image, error) {
 	addr := &net.UnixAddr{Name: fmt.Sprintf("@cohort-hostshare-%d-%s", os.Getuid(), key), Net: "unix"}
@@ -52,14 +70,14 @@ func Acquire(ctx context.Context, key string, build Builder) (*Image, error) {
 	for range attempts {
 		ln, err := net.ListenUnix("unix", addr)
 		if err == nil {
-			return serve(ln, build)
+			return serve(addr, ln, build)
 		}
 		if !errors.Is(err, syscall.EADDRINUSE) {
 			return nil, fmt.Errorf("hostshare: listen on %s: %w", addr.Name, err)
 		}
-		img, err := fetch(ctx, addr)
+		c, fd, err := fetch(ctx, addr)
 		if err == nil {
-			return img, nil
+			return follow(addr, c, fd)
 		}
 		if !errors.Is(err, errGone) {
 			return nil, err
@@ -77,7 +95,7 @@ func Acquire(ctx context.Context, key string, build Builder) (*Image, error) {
 // serve builds the block into a sealed memfd, maps it read-only and
 // hands its descriptor to every process that connects to ln, until Close.
 // Processes that connected while it built wait in ln's backlog.
-func serve(ln *net.UnixListener, build Builder) (*Image, error) {
+func serve(addr *net.UnixAddr, ln *net.UnixListener, build Builder) (*Image, error) {
 	size, fill, err := build()
 	if err != nil {
 		ln.Close()
@@ -94,9 +112,83 @@ func serve(ln *net.UnixListener, build Builder) (*Image, error) {
 		ln.Close()
 		return nil, err
 	}
-	img := &Image{Map: m, Built: true, ln: ln, fd: fd, done: make(chan struct{})}
-	go img.accept()
+	img := newImage(addr, m, fd, true)
+	img.ln = ln
+	img.wg.Go(func() { img.accept(ln) })
 	return img, nil
+}
+
+// follow maps the block fetch received on c and watches c: when the
+// serving process goes, this one takes over.
+func follow(addr *net.UnixAddr, c *net.UnixConn, fd int) (*Image, error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		c.Close()
+		unix.Close(fd)
+		return nil, fmt.Errorf("hostshare: the block from %s: %w", addr.Name, err)
+	}
+	m, err := mapBlock(fd, int(st.Size))
+	if err != nil {
+		c.Close()
+		unix.Close(fd)
+		return nil, err
+	}
+	img := newImage(addr, m, fd, false)
+	img.watch = c
+	img.wg.Go(func() { img.takeOver(c) })
+	return img, nil
+}
+
+// takeOver waits for the process serving the block on c to go, then
+// serves it from here, or, where another process was quicker, watches
+// that one. It returns when the image is closed.
+func (img *Image) takeOver(c *net.UnixConn) {
+	for {
+		io.Copy(io.Discard, c) // until the server's end closes
+		c.Close()
+		for c = nil; c == nil; {
+			if img.ctx.Err() != nil {
+				return
+			}
+			if ln, err := net.ListenUnix("unix", img.addr); err == nil {
+				if img.adopt(ln, nil) {
+					img.accept(ln)
+				}
+				return
+			}
+			if next, fd, err := fetch(img.ctx, img.addr); err == nil {
+				unix.Close(fd) // this process has the block already
+				if !img.adopt(nil, next) {
+					return
+				}
+				c = next
+				break
+			}
+			select {
+			case <-img.ctx.Done():
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	}
+}
+
+// adopt records the listener or watched connection takeOver got; false,
+// with it closed, once the image is closed.
+func (img *Image) adopt(ln *net.UnixListener, c *net.UnixConn) bool {
+	img.mu.Lock()
+	defer img.mu.Unlock()
+	if img.stopped {
+		if ln != nil {
+			ln.Close()
+		}
+		if c != nil {
+			c.Close()
+		}
+		return false
+	}
+	img.ln, img.watch = ln, c
+	return true
 }
 
 // makeBlock creates a memfd of size bytes, reserves its memory (so that a
@@ -146,12 +238,11 @@ func mapBlock(fd, size int) (*Mapping, error) {
 	return m, nil
 }
 
-// accept hands the descriptor to each process of this user that connects,
-// until Close closes the listener.
-func (img *Image) accept() {
-	defer close(img.done)
+// accept hands the descriptor to each process of this user that connects
+// to ln, until Close closes it.
+func (img *Image) accept(ln *net.UnixListener) {
 	for {
-		c, err := img.ln.AcceptUnix()
+		c, err := ln.AcceptUnix()
 		if err != nil {
 			return
 		}
@@ -159,52 +250,92 @@ func (img *Image) accept() {
 	}
 }
 
-// handOver sends the descriptor on c when its peer runs as this user.
+// handOver sends the descriptor on c when its peer runs as this user, and
+// keeps c open: its peer learns from its close that this process went.
 func (img *Image) handOver(c *net.UnixConn) {
-	defer c.Close()
 	if uid, err := peerUID(c); err != nil || uid != os.Getuid() {
+		c.Close()
 		return
 	}
 	c.SetWriteDeadline(time.Now().Add(5 * time.Second))
-	c.WriteMsgUnix([]byte{1}, unix.UnixRights(img.fd), nil)
+	if _, _, err := c.WriteMsgUnix([]byte{1}, unix.UnixRights(img.fd), nil); err != nil {
+		c.Close()
+		return
+	}
+	img.mu.Lock()
+	defer img.mu.Unlock()
+	if img.stopped {
+		c.Close()
+		return
+	}
+	img.peers[c] = struct{}{}
+	img.wg.Go(func() {
+		io.Copy(io.Discard, c) // until the peer goes or Close closes c
+		img.mu.Lock()
+		delete(img.peers, c)
+		img.mu.Unlock()
+		c.Close()
+	})
 }
 
-// Close stops serving the block (a process that connects later builds its
-// own) and waits for the server to stop. The mapping stays until nothing
-// refers to Map any more.
+// Close stops serving or watching the block and waits for that to stop;
+// another process that holds the block takes over serving it. The mapping
+// stays until nothing refers to Map any more.
 func (img *Image) Close() error {
-	if !img.Built {
+	img.mu.Lock()
+	if img.stopped {
+		img.mu.Unlock()
 		return nil
 	}
-	var err error
-	img.once.Do(func() {
-		err = img.ln.Close()
-		<-img.done
-		err = errors.Join(err, unix.Close(img.fd))
-	})
-	return err
+	img.stopped = true
+	img.cancel()
+	var errs []error
+	if img.ln != nil {
+		errs = append(errs, img.ln.Close())
+	}
+	if img.watch != nil {
+		img.watch.Close()
+	}
+	for c := range img.peers {
+		c.Close()
+	}
+	img.mu.Unlock()
+	img.wg.Wait()
+	return errors.Join(append(errs, unix.Close(img.fd))...)
 }
 
 // errGone says the builder went away before it handed the block on (it
 // failed, or it closed): the caller starts over.
 var errGone = errors.New("the process serving the block went away")
 
-// fetch receives the block from the process serving addr and maps it.
-func fetch(ctx context.Context, addr *net.UnixAddr) (*Image, error) {
+// fetch receives the block's descriptor from the process serving addr,
+// checked to be sealed and of a size this process maps, and returns it
+// with the connection, which stays open.
+func fetch(ctx context.Context, addr *net.UnixAddr) (*net.UnixConn, int, error) {
 	var d net.Dialer
 	conn, err := d.DialContext(ctx, "unix", addr.String())
 	if err != nil {
 		if errors.Is(err, syscall.ECONNREFUSED) {
-			return nil, fmt.Errorf("%w: %w", errGone, err)
+			return nil, -1, fmt.Errorf("%w: %w", errGone, err)
 		}
-		return nil, fmt.Errorf("hostshare: connect to %s: %w", addr.Name, err)
+		return nil, -1, fmt.Errorf("hostshare: connect to %s: %w", addr.Name, err)
 	}
 	c := conn.(*net.UnixConn)
-	defer c.Close()
+	fd, err := receive(ctx, c, addr)
+	if err != nil {
+		c.Close()
+		return nil, -1, err
+	}
+	c.SetReadDeadline(time.Time{})
+	return c, fd, nil
+}
+
+// receive reads the descriptor from c and checks it.
+func receive(ctx context.Context, c *net.UnixConn, addr *net.UnixAddr) (int, error) {
 	if uid, err := peerUID(c); err != nil {
-		return nil, fmt.Errorf("hostshare: %s: %w", addr.Name, err)
+		return -1, fmt.Errorf("hostshare: %s: %w", addr.Name, err)
 	} else if uid != os.Getuid() {
-		return nil, fmt.Errorf("hostshare: %s is served by user %d, not this user (%d)", addr.Name, uid, os.Getuid())
+		return -1, fmt.Errorf("hostshare: %s is served by user %d, not this user (%d)", addr.Name, uid, os.Getuid())
 	}
 	deadline, ok := ctx.Deadline()
 	if !ok {
@@ -218,38 +349,38 @@ func fetch(ctx context.Context, addr *net.UnixAddr) (*Image, error) {
 	oob := make([]byte, unix.CmsgSpace(4))
 	n, oobn, flags, _, err := c.ReadMsgUnix(buf[:], oob)
 	fds := receivedFDs(oob[:oobn])
+	keep := -1
 	defer func() {
 		for _, fd := range fds {
-			unix.Close(fd)
+			if fd != keep {
+				unix.Close(fd)
+			}
 		}
 	}()
 	switch {
 	case ctx.Err() != nil:
-		return nil, fmt.Errorf("hostshare: wait for %s: %w", addr.Name, ctx.Err())
+		return -1, fmt.Errorf("hostshare: wait for %s: %w", addr.Name, ctx.Err())
 	case errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET) || (err == nil && n == 0):
-		return nil, errGone
+		return -1, errGone
 	case err != nil:
-		return nil, fmt.Errorf("hostshare: receive from %s: %w", addr.Name, err)
+		return -1, fmt.Errorf("hostshare: receive from %s: %w", addr.Name, err)
 	case flags&unix.MSG_CTRUNC != 0 || len(fds) != 1:
-		return nil, fmt.Errorf("hostshare: %s sent %d descriptors, want 1", addr.Name, len(fds))
+		return -1, fmt.Errorf("hostshare: %s sent %d descriptors, want 1", addr.Name, len(fds))
 	}
 	fd := fds[0]
 	got, err := unix.FcntlInt(uintptr(fd), unix.F_GET_SEALS, 0)
 	if err != nil || got&seals != seals {
-		return nil, fmt.Errorf("hostshare: the block from %s is not sealed (seals %#x, %v)", addr.Name, got, err)
+		return -1, fmt.Errorf("hostshare: the block from %s is not sealed (seals %#x, %v)", addr.Name, got, err)
 	}
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
-		return nil, fmt.Errorf("hostshare: the block from %s: %w", addr.Name, err)
+		return -1, fmt.Errorf("hostshare: the block from %s: %w", addr.Name, err)
 	}
 	if st.Size <= 0 || st.Size > MaxSize {
-		return nil, fmt.Errorf("hostshare: the block from %s holds %d bytes", addr.Name, st.Size)
+		return -1, fmt.Errorf("hostshare: the block from %s holds %d bytes", addr.Name, st.Size)
 	}
-	m, err := mapBlock(fd, int(st.Size))
-	if err != nil {
-		return nil, err
-	}
-	return &Image{Map: m}, nil
+	keep = fd
+	return fd, nil
 }
 
 // receivedFDs are the descriptors in a message's control data.

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"strconv"
@@ -15,6 +16,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 	"unsafe"
 )
 
@@ -110,72 +112,113 @@ func mappedFile(b []byte) (string, error) {
 	return "", fmt.Errorf("no mapping holds %#x", addr)
 }
 
+// holder is a child process that holds the block.
+type holder struct {
+	cmd   *exec.Cmd
+	in    io.WriteCloser
+	built bool
+	file  string // the mapped memfd's "device inode"
+}
+
+// startHolder starts a child that acquires key and waits until it holds
+// the block; it is stopped at the test's end.
+func startHolder(t *testing.T, key string) *holder {
+	t.Helper()
+	c := exec.Command(os.Args[0], "-test.run=^$")
+	c.Env = append(os.Environ(), childEnv+"="+key)
+	c.Stderr = os.Stderr
+	in, err := c.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := c.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(); err != nil {
+		t.Fatal(err)
+	}
+	h := &holder{cmd: c, in: in}
+	t.Cleanup(func() {
+		in.Close()
+		c.Wait()
+	})
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil {
+		t.Fatalf("holder: %v", err)
+	}
+	if _, err := fmt.Sscanf(line, "%t %s", &h.built, &h.file); err != nil {
+		t.Fatalf("holder printed %q: %v", line, err)
+	}
+	return h
+}
+
+// waitServed waits until a process serves key's block again, after its
+// server went: the others take over as soon as they see it go.
+func waitServed(t *testing.T, key string) {
+	t.Helper()
+	addr := fmt.Sprintf("@cohort-hostshare-%d-%s", os.Getuid(), key)
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		if c, err := net.Dial("unix", addr); err == nil {
+			c.Close()
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no process took over serving the block")
+		}
+	}
+}
+
 // TestOneCopyAcrossProcesses: processes that acquire one key map one
-// memfd, built by exactly one of them.
+// memfd, built by exactly one of them; when the builder is killed, one of
+// the others serves it, and a process that comes later maps it too.
 func TestOneCopyAcrossProcesses(t *testing.T) {
 	key := uniqueKey(t)
 	const procs = 4
-	type result struct {
-		built bool
-		file  string
+	var hs []*holder
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	for range procs {
+		wg.Go(func() {
+			h := startHolder(t, key)
+			mu.Lock()
+			hs = append(hs, h)
+			mu.Unlock()
+		})
 	}
-	results := make([]result, procs)
-	var stdins []io.WriteCloser
-	var cmds []*exec.Cmd
-	defer func() {
-		for _, in := range stdins {
-			in.Close()
-		}
-		for _, c := range cmds {
-			c.Wait()
-		}
-	}()
-	outs := make([]*bufio.Reader, procs)
-	for i := range procs {
-		c := exec.Command(os.Args[0], "-test.run=^$")
-		c.Env = append(os.Environ(), childEnv+"="+key)
-		c.Stderr = os.Stderr
-		in, err := c.StdinPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		out, err := c.StdoutPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := c.Start(); err != nil {
-			t.Fatal(err)
-		}
-		stdins, cmds, outs[i] = append(stdins, in), append(cmds, c), bufio.NewReader(out)
+	wg.Wait()
+	if len(hs) != procs {
+		t.FailNow()
 	}
-	for i := range procs {
-		line, err := outs[i].ReadString('\n')
-		if err != nil {
-			t.Fatalf("process %d: %v", i, err)
+	var builder *holder
+	for _, h := range hs {
+		if h.built {
+			if builder != nil {
+				t.Fatalf("two processes built the block: %+v %+v", builder, h)
+			}
+			builder = h
 		}
-		var r result
-		if _, err := fmt.Sscanf(line, "%t %s", &r.built, &r.file); err != nil {
-			t.Fatalf("process %d printed %q: %v", i, line, err)
-		}
-		results[i] = r
-	}
-	builders := 0
-	for i, r := range results {
-		if r.built {
-			builders++
-		}
-		if r.file != results[0].file {
-			t.Errorf("process %d maps %s, process 0 %s", i, r.file, results[0].file)
+		if h.file != hs[0].file {
+			t.Errorf("one process maps %s, another %s", h.file, hs[0].file)
 		}
 	}
-	if builders != 1 {
-		t.Errorf("%d processes built the block, want 1: %+v", builders, results)
+	if builder == nil {
+		t.Fatal("no process built the block")
+	}
+
+	builder.cmd.Process.Kill()
+	builder.cmd.Wait()
+	waitServed(t, key)
+	late := startHolder(t, key)
+	if late.built || late.file != hs[0].file {
+		t.Errorf("after the builder died a new process built %v and maps %s, want the others' %s", late.built, late.file, hs[0].file)
 	}
 }
 
 // TestOneBuildInProcess: concurrent acquirers get one build and the same
-// contents; after the builder closes, the next acquirer builds anew while
-// the old mappings stay readable.
+// contents; after the builder closes another holder serves the block, and
+// only once every holder has closed does the next acquirer build anew,
+// while the old mappings stay readable.
 func TestOneBuildInProcess(t *testing.T) {
 	key := uniqueKey(t)
 	var builds atomic.Int32
@@ -202,17 +245,30 @@ func TestOneBuildInProcess(t *testing.T) {
 	if builds.Load() != 1 || builder == nil {
 		t.Fatalf("%d builds for %d acquirers", builds.Load(), n)
 	}
+	// The builder closes: another holder serves the block.
 	if err := builder.Close(); err != nil {
 		t.Fatal(err)
 	}
+	waitServed(t, key)
 	again, err := Acquire(context.Background(), key, pattern(100, &builds))
-	if err != nil || !again.Built || len(again.Map.Bytes()) != 100 {
-		t.Fatalf("after the builder closed: %+v %v", again, err)
+	if err != nil || again.Built || checkPattern(again.Map.Bytes()) != nil {
+		t.Fatalf("after the builder closed: %v (built %v)", err, again != nil && again.Built)
 	}
-	defer again.Close()
+	// Every holder closes: the next one to ask builds anew, while the old
+	// mappings stay readable.
+	for _, img := range append(imgs, again) {
+		if err := img.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fresh, err := Acquire(context.Background(), key, pattern(100, &builds))
+	if err != nil || !fresh.Built || len(fresh.Map.Bytes()) != 100 || builds.Load() != 2 {
+		t.Fatalf("after every holder closed: %v, %d builds", err, builds.Load())
+	}
+	fresh.Close()
 	for _, img := range imgs {
 		if err := checkPattern(img.Map.Bytes()); err != nil {
-			t.Fatalf("an old mapping after its builder closed: %v", err)
+			t.Fatalf("an old mapping after its image closed: %v", err)
 		}
 	}
 }
@@ -243,7 +299,7 @@ func TestFailedBuild(t *testing.T) {
 		t.Fatalf("the failed build returned %v, want a BuildError of %v", firstErr, bad)
 	}
 	if secondErr != nil || !second.Built || checkPattern(second.Map.Bytes()) != nil {
-		t.Fatalf("the waiting acquirer: %+v %v", second, secondErr)
+		t.Fatalf("the waiting acquirer: %v", secondErr)
 	}
 	second.Close()
 }
@@ -260,7 +316,7 @@ func TestRefusedSizes(t *testing.T) {
 	}
 	img, err := Acquire(context.Background(), key, pattern(10, nil))
 	if err != nil || !img.Built {
-		t.Fatalf("%+v %v", img, err)
+		t.Fatalf("a block of 10 bytes after refused ones: %v", err)
 	}
 	img.Close()
 }

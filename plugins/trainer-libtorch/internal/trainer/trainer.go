@@ -65,8 +65,8 @@ type Trainer struct {
 	train    *dataset.Set
 	eval     *dataset.Set
 	// image is the host's shared copy of train and eval (nil for a copy
-	// of their own); this trainer serves it to the host's other ranks
-	// when it built it.
+	// of their own); while held, this trainer may be the one that serves
+	// it to the host's other ranks.
 	image    *hostshare.Image
 	layout   arena.Layout
 	mapping  *arena.Mapping
