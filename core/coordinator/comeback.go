@@ -122,6 +122,7 @@ func (r *runner) planComeback() *comebackPlan {
 	p := &comebackPlan{round: round, state: state, held: map[uint32][]dispatch.Span{}, root: slices.Min(holders),
 		all: len(holders) == len(r.ranks.Live())}
 	for _, id := range holders {
+		p.held[id] = nil // a holder, whatever it trained since
 		for _, s := range r.ranks.ReadyOf(id).GetKept().GetHeld() {
 			p.held[id] = append(p.held[id], dispatch.Span{Epoch: s.GetEpoch(),
 				Range: dispatch.Range{Offset: s.GetOffset(), Size: s.GetSize()}, Batches: s.GetBatches()})
