@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -24,11 +25,23 @@ import (
 
 // A coordinator that fails (a panic on its loop) mid-epoch ends Run with
 // ErrCrashed, closes its links and leaves the consensus file; another
-// started on the same address with Resume on the run takes the same rank
-// workers back (the same worker.Run calls, which never return meanwhile)
-// and the run completes with every sample of every epoch trained exactly
-// once. This is what `cohort run` does with its coordinator.
+// started on the same address with Resume on the run takes the rank
+// workers back and the run completes. This is what `cohort run` does with
+// its coordinator. When the same worker.Run calls come back (they never
+// return meanwhile), the first round averages their models and every
+// sample of every epoch is trained exactly once. When rank 1's worker was
+// replaced by a fresh one (which loads the checkpoint), the first round
+// broadcasts rank 0's kept model: rank 1's work since the consensus is
+// trained again, nothing is missing, and the other epochs are trained once.
 func TestCrashedCoordinatorComesBack(t *testing.T) {
+	for _, fresh := range []bool{false, true} {
+		t.Run(map[bool]string{false: "every rank kept its model", true: "rank 1 started fresh"}[fresh], func(t *testing.T) {
+			crashAndComeBack(t, fresh)
+		})
+	}
+}
+
+func crashAndComeBack(t *testing.T, fresh bool) {
 	cfg := testConfig(t)
 	cfg.Run.Ranks, cfg.Run.Epochs = 2, 3
 	cfg.Coordinator.CheckpointEvery = 1
@@ -60,15 +73,21 @@ func TestCrashedCoordinatorComesBack(t *testing.T) {
 	ts := plugintest.TrainerSettings{Samples: 512, EvalSamples: 64, Features: 8, BatchSize: 16, LR: 0.1, SleepPerBatch: "2ms", Ledger: ledger}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	errs := make(chan error, cfg.Run.Ranks)
-	for r := range uint32(cfg.Run.Ranks) {
+	errs := make(chan error, cfg.Run.Ranks+1)
+	cancels := make([]context.CancelFunc, cfg.Run.Ranks)
+	startRank := func(r uint32) {
 		o := worker.Options{Coordinator: addr, Rank: r, World: uint32(cfg.Run.Ranks), Secret: testSecret,
 			Trainer:         config.Plugin{Name: "mock", Settings: ts.JSON()},
 			Averager:        config.Plugin{Name: "mock", Settings: []byte(`{}`)},
 			LivenessTimeout: 10 * time.Second, ConnectTimeout: 5 * time.Second, ShutdownGrace: 2 * time.Second,
 			ArenaDir: t.TempDir(), Logger: hclog.New(&hclog.LoggerOptions{Output: logs, Level: hclog.Info}),
 			Plugins: worker.InProcess(plugintest.NewTrainer(nil), plugintest.NewAverager(nil))}
-		go func() { errs <- worker.Run(ctx, o) }()
+		wctx, wcancel := context.WithCancel(ctx)
+		cancels[r] = wcancel
+		go func() { errs <- worker.Run(wctx, o) }()
+	}
+	for r := range uint32(cfg.Run.Ranks) {
+		startRank(r)
 	}
 
 	if _, err := first.Run(ctx); !errors.Is(err, ErrCrashed) {
@@ -77,6 +96,15 @@ func TestCrashedCoordinatorComesBack(t *testing.T) {
 	dir := filepath.Join(first.Out(), checkpoint.CheckpointsDir)
 	if c, err := checkpoint.ReadConsensus(dir); err != nil || c == nil || c.Last.Epoch != 1 {
 		t.Fatalf("consensus file after the crash: %+v, %v; want one in epoch 2", c, err)
+	}
+	if fresh {
+		// Rank 1's worker goes (as if its process were killed too) and a
+		// fresh one takes its place.
+		cancels[1]()
+		if err := <-errs; err == nil {
+			t.Fatal("the cancelled worker of rank 1 ended cleanly")
+		}
+		startRank(1)
 	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
@@ -114,20 +142,25 @@ func TestCrashedCoordinatorComesBack(t *testing.T) {
 	}
 	for e := range 3 {
 		for i := range 512 {
-			if n := seen[fmt.Sprint(e, i)]; n != 1 {
-				t.Fatalf("epoch %d: sample %d trained %d times, want once", e+1, i, n)
+			n := seen[fmt.Sprint(e, i)]
+			if n == 1 || fresh && e == 1 && n == 2 {
+				continue
 			}
+			t.Fatalf("epoch %d: sample %d trained %d times, want once (or twice, in the epoch of the crash, with a fresh rank)", e+1, i, n)
 		}
 	}
-	// Every rank kept the consensus: the first round averaged them, and
-	// the record says what of their work it took.
+	// The record says how the first round started the cohort.
 	recs, _ := filepath.Glob(filepath.Join(first.Out(), record.ComebacksDir, "*.json"))
 	var rec record.ComebackRecord
 	if len(recs) != 1 {
 		t.Fatalf("comeback records %v, want one", recs)
 	}
-	if err := record.ReadJSON(recs[0], "comeback record", &rec); err != nil || rec.Mode != "average" || len(rec.Holders) != 2 || len(rec.Retrained) != 0 {
-		t.Errorf("comeback record %+v (%v), want both ranks averaged, nothing retrained", rec, err)
+	want := record.ComebackRecord{Mode: "average", Holders: []uint32{0, 1}}
+	if fresh {
+		want = record.ComebackRecord{Mode: "broadcast", Holders: []uint32{0}}
+	}
+	if err := record.ReadJSON(recs[0], "comeback record", &rec); err != nil || rec.Mode != want.Mode || !slices.Equal(rec.Holders, want.Holders) || rec.Root != 0 || len(rec.Retrained) != 0 {
+		t.Errorf("comeback record %+v (%v), want mode %s, holders %v, nothing of theirs retrained", rec, err, want.Mode, want.Holders)
 	}
 	if c, _ := checkpoint.ReadConsensus(dir); c != nil {
 		t.Error("the consensus file outlived the completed run")
