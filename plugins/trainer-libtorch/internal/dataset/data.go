@@ -153,6 +153,10 @@ func (d *Set) widenWithin(limit int64) {
 	d.f32, d.u8 = f, nil
 }
 
+// Widen widens the byte features of a training split loaded with WidenMB
+// 0 as Load with widenMB would have.
+func (d *Set) Widen(widenMB int64) { d.widenWithin(widenMB << 20) }
+
 // scaleRow writes src's bytes into row as u8Scale's floats. Eight at a time
 // with the bounds checked once per eight: the batch gather runs on the
 // training thread, and this halves its time.

@@ -23,11 +23,12 @@ func (t *Trainer) loadData(ctx context.Context, src dataset.Source) (train, eval
 		train, eval, err = dataset.Load(src)
 		return train, eval, nil, err
 	}
+	var tr, ev *dataset.Set // loaded here, when this trainer builds the image
 	img, err = hostshare.Acquire(ctx, hex.EncodeToString(id[:16]), func() (int, func([]byte), error) {
 		raw := src
 		raw.WidenMB = 0 // the image widens, straight into shared memory
-		tr, ev, err := dataset.Load(raw)
-		if err != nil {
+		var err error
+		if tr, ev, err = dataset.Load(raw); err != nil {
 			return 0, nil, err
 		}
 		return dataset.ImageSize(tr, ev, src.WidenMB), func(dst []byte) {
@@ -38,6 +39,12 @@ func (t *Trainer) loadData(ctx context.Context, src dataset.Source) (train, eval
 	switch {
 	case errors.As(err, &buildErr):
 		return nil, nil, nil, buildErr.Err
+	case err != nil && tr != nil:
+		// Loaded, but the host had no shared memory for it: keep it here
+		// rather than load it again beside itself.
+		t.logger.Warn("no shared copy of the data on this host: this rank keeps its own", "error", err)
+		tr.Widen(src.WidenMB)
+		return tr, ev, nil, nil
 	case err != nil:
 		t.logger.Warn("no shared copy of the data on this host: loading this rank's own", "error", err)
 		train, eval, err = dataset.Load(src)
@@ -46,6 +53,7 @@ func (t *Trainer) loadData(ctx context.Context, src dataset.Source) (train, eval
 	if img.Built {
 		// The files' bytes, decoded on the Go heap, are garbage now: give
 		// them back rather than keep a second copy of the data set.
+		tr, ev = nil, nil
 		debug.FreeOSMemory()
 	}
 	train, eval, err = dataset.ReadImage(img.Map.Bytes(), id, img.Map)
