@@ -48,6 +48,59 @@ func TestCoordinatorComesBack(t *testing.T) {
 	checkNothingLeft(t, sum.RunID, 10*time.Second)
 }
 
+// A rank died before the coordinator did: the cohort had lost it by its
+// last consensus, so the coordinator started again with --resume resumes
+// from the checkpoint. The surviving workers come back and load that
+// checkpoint into their running plugins (the same processes), the dead
+// rank's worker, started again as an operator would, joins them, and the
+// run completes with every sample of every epoch trained.
+func TestCoordinatorComesBackAfterADeath(t *testing.T) {
+	r := newRun(t, 3, 4, 3072, "  checkpoint_every = 1\n  sync_every = 2\n  heartbeat_timeout = \"2s\"", "  liveness_timeout = \"20s\"",
+		map[string]any{"sleep_per_batch": "10ms"}, nil)
+	c := startComeback(t, r, nil)
+	c.coord.waitLine("checkpoint", 60*time.Second) // after epoch 1
+	time.Sleep(300 * time.Millisecond)
+	if err := c.workers[2].cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	c.workers[2].exit(10 * time.Second)
+	c.coord.waitOutput("rank removed from the cohort", 0, 10*time.Second)
+	time.Sleep(200 * time.Millisecond)
+	survivors := &comebackRun{r: r, addr: c.addr, coord: c.coord, workers: c.workers[:2]}
+	before := survivors.processes(t)
+	if err := c.coord.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	c.coord.exit(10 * time.Second)
+	c.coord = start(t, "cohort coordinator (back)", "coordinator", "-v", "--config", r.cfg, "--listen", c.addr, "--out", r.out, "--resume", r.out)
+	c.workers[2] = start(t, "worker 2 (again)", "worker", "--coordinator", c.addr, "--rank", "2", "--world", "3", "--config", r.cfg)
+	c.coord.waitOutput("cohort formed", 0, 60*time.Second)
+	if after := survivors.processes(t); !maps.Equal(before, after) {
+		t.Errorf("the survivors' processes after the comeback %v, before %v: want the same workers and plugins", after, before)
+	}
+	if code := c.coord.exit(300 * time.Second); code != 0 {
+		t.Fatalf("the coordinator that came back: exit %d", code)
+	}
+	for rank, w := range c.workers {
+		if code := w.exit(30 * time.Second); code != 0 {
+			t.Errorf("worker %d: exit %d", rank, code)
+		}
+	}
+	for rank, w := range c.workers[:2] {
+		if !strings.Contains(w.output(), "the coordinator came back") || !strings.Contains(w.output(), "resumed: rank=") {
+			t.Errorf("worker %d does not say it rejoined, its trainer resumed from the checkpoint", rank)
+		}
+	}
+	if strings.Contains(c.coord.output(), "coming back") {
+		t.Error("the coordinator took the kept models of a cohort that had lost a rank")
+	}
+	sum := r.checkCompleted()
+	if sum.ResumedFrom == "" {
+		t.Error("summary: resumed from nothing; want the checkpoint of epoch 1")
+	}
+	checkNothingLeft(t, sum.RunID, 10*time.Second)
+}
+
 // comebackRun is a run of `cohort coordinator` and one `cohort worker` a
 // rank, started apart.
 type comebackRun struct {
