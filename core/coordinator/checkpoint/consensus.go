@@ -150,7 +150,7 @@ func ReadConsensus(dir string) (*Consensus, error) {
 	if err := record.ReadJSON(filepath.Join(dir, consensusEpochsFile), "consensus state's epochs", &eps); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return nil, err
 	}
-	if len(eps.Finished) < c.Finished {
+	if c.Finished < 0 || len(eps.Finished) < c.Finished {
 		return nil, fmt.Errorf("consensus state %s: %d finished epochs, its epochs file holds %d", path, c.Finished, len(eps.Finished))
 	}
 	c.Last.Finished = eps.Finished[:c.Finished]

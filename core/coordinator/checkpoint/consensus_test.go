@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/cohortdl/cohort/core/coordinator/dispatch"
@@ -63,6 +64,17 @@ func TestConsensusFileRoundTrip(t *testing.T) {
 	}
 	if c, err := ReadConsensus(dir); err != nil || len(c.Last.Finished) != 1 || c.Round != 7 {
 		t.Errorf("a state of 1 epoch beside an epochs file of 2: %+v, %v", c, err)
+	}
+	// A file that says more epochs than its epochs file holds, or fewer
+	// than none, is refused, not read.
+	for _, n := range []string{"-1", "3"} {
+		bad := []byte(strings.Replace(string(before), `"finished":1`, `"finished":`+n, 1))
+		if err := os.WriteFile(filepath.Join(dir, ConsensusFile), bad, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if c, err := ReadConsensus(dir); err == nil {
+			t.Errorf("a consensus file of %s finished epochs beside 2 read as %+v", n, c)
+		}
 	}
 	if err := w.RemoveConsensus(); err != nil {
 		t.Fatal(err)
