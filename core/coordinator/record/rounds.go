@@ -14,9 +14,8 @@ const maxCurveBuckets = 1024
 // its own point until then).
 type roundHistory struct {
 	// recent ends with the latest rounds. Published snapshots share its
-	// array, so it only appends, and once it holds MaxRounds it moves its
-	// last MaxRounds to a new array of twice that where append would grow
-	// it.
+	// array, of twice MaxRounds, so it only appends, and moves its last
+	// MaxRounds to a new array when it is full.
 	recent []status.RoundPoint
 	// buckets cover every round so far, in order; each but the last holds
 	// width rounds.
@@ -34,14 +33,18 @@ type lossBucket struct {
 }
 
 func (h *roundHistory) add(p status.RoundPoint) {
-	if len(h.recent) >= status.MaxRounds && len(h.recent) == cap(h.recent) {
+	if h.width == 0 {
+		// Both take their full size at the first round, so the record's
+		// memory is what it will stay from the run's start (about 100 KB).
+		h.recent = make([]status.RoundPoint, 0, 2*status.MaxRounds)
+		h.buckets = make([]lossBucket, 0, maxCurveBuckets)
+		h.width = 1
+	}
+	if len(h.recent) == cap(h.recent) {
 		h.recent = append(make([]status.RoundPoint, 0, 2*status.MaxRounds), h.recent[len(h.recent)-status.MaxRounds:]...)
 	}
 	h.recent = append(h.recent, p)
 
-	if h.width == 0 {
-		h.width = 1
-	}
 	if n := len(h.buckets); n == 0 || h.buckets[n-1].n == h.width {
 		if n == maxCurveBuckets {
 			h.halve()
