@@ -214,32 +214,45 @@ func run(ctx context.Context, o options) error {
 	fmt.Println("time to target: cohort's summary epoch seconds, DDP's epoch elapsed_s, both with their evaluations; bytes: each host's eth0 tx_bytes per epoch (all frames), mean over hosts")
 	var rows []row
 	for _, rate := range o.rates {
-		bed, err := netns.New(nsPrefix, site, hosts, rate)
+		var rs []row
+		rs, err = b.rate(ctx, rate)
+		rows = append(rows, rs...)
 		if err != nil {
-			return err
+			break
 		}
-		fmt.Printf("\n%s\n%s\n", rate, header())
-		for _, m := range o.models {
-			r, err := b.row(ctx, bed, rate, m)
-			if err != nil {
-				bed.Close()
-				return fmt.Errorf("%s at %s: %w", m.Name, rate, err)
-			}
-			rows = append(rows, r)
-			fmt.Println(r.text())
-			for _, n := range r.notes {
-				fmt.Println("      " + n)
-			}
-		}
-		bed.Close()
 	}
 	fmt.Printf("\ntotal %.0f s\n", time.Since(start).Seconds())
+	// The rows' JSON lines together, those done before a failure too.
 	for _, r := range rows {
-		if err := printJSON(r.line()); err != nil {
-			return err
+		if perr := printJSON(r.line()); perr != nil {
+			return errors.Join(err, perr)
 		}
 	}
-	return nil
+	return err
+}
+
+// rate runs every model at one rate, on a bed of its own that it removes
+// however the rows end, and prints each row as it is done.
+func (b *bench) rate(ctx context.Context, rate string) ([]row, error) {
+	bed, err := netns.New(nsPrefix, site, hosts, rate)
+	if err != nil {
+		return nil, err
+	}
+	defer bed.Close()
+	fmt.Printf("\n%s\n%s\n", rate, header())
+	var rows []row
+	for _, m := range b.o.models {
+		r, err := b.row(ctx, bed, rate, m)
+		if err != nil {
+			return rows, fmt.Errorf("%s at %s: %w", m.Name, rate, err)
+		}
+		rows = append(rows, r)
+		fmt.Println(r.text())
+		for _, n := range r.notes {
+			fmt.Println("      " + n)
+		}
+	}
+	return rows, nil
 }
 
 // row runs one model at one rate: DDP (in full or bounded), then cohort on
