@@ -122,8 +122,12 @@ func (r *row) settle() {
 			continue
 		}
 		t, ok := toTarget(c.Seconds, c.Accuracy, r.ddp.Target)
-		r.notes = append(r.notes, fmt.Sprintf("%s wire: to target %s, accuracy %.2f%%, %.1f MB/rank/epoch, %d rounds",
-			c.Wire, secs(t, ok), 100*last(c.Accuracy), c.Bytes/1e6, c.Rounds))
+		ratio := "-"
+		if dt, dOK := r.ddp.toTarget(); ok && dOK && dt > 0 {
+			ratio = fmt.Sprintf("%.3f", t/dt)
+		}
+		r.notes = append(r.notes, fmt.Sprintf("%s wire: to target %s (ratio %s), accuracy %.2f%% (%+.2f points), %.1f MB/rank/epoch, %d rounds",
+			c.Wire, secs(t, ok), ratio, 100*last(c.Accuracy), 100*(last(c.Accuracy)-last(r.ddp.Accuracy)), c.Bytes/1e6, c.Rounds))
 	}
 	for _, c := range r.cohorts {
 		r.notes = append(r.notes, fmt.Sprintf("cohort %s per epoch: %s", c.Wire, curve(c.Accuracy, cumulative(c.Seconds))))
