@@ -208,15 +208,18 @@ func (t *Trainer) Train(ctx context.Context, plan plugin.Plan, report func(plugi
 			return err
 		}
 		rep.Batch = b
-		if sleep > 0 {
-			if err := sleepCtx(ctx, sleep-time.Since(start)); err != nil {
-				return fmt.Errorf("mock trainer: stopped in batch %d: %w", b, err)
-			}
-		}
-		rep.BatchMS = plugin.Milliseconds(time.Since(start))
+		// The step is in the model, so the ledger has it at once, stopped
+		// or not: a real trainer's finished step is in its parameters
+		// whether or not its report goes out.
 		if line, err = t.writeLedger(line, plan.Epoch, idx); err != nil {
 			return err
 		}
+		if sleep > 0 {
+			if err := sleepCtx(ctx, sleep-time.Since(start)); err != nil {
+				return fmt.Errorf("mock trainer: stopped in batch %d, trained but not reported: %w", b, err)
+			}
+		}
+		rep.BatchMS = plugin.Milliseconds(time.Since(start))
 		if report == nil {
 			continue
 		}
