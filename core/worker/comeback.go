@@ -35,6 +35,45 @@ type heldWork struct {
 	spans     []*wirepb.Span
 	published int
 	lastRound uint64
+	// steps is the trainer's step count as last heard (a batch report or
+	// a Publish), when heard; cut is the plan the lost link interrupted.
+	steps uint64
+	heard bool
+	cut   *cutPlan
+}
+
+// cutPlan is a plan the lost link interrupted and the samples its
+// reports covered.
+type cutPlan struct {
+	plan     plugin.Plan
+	reported uint64
+}
+
+// stepped records the trainer's step count from a report or a Publish.
+func (h *heldWork) stepped(count uint64) { h.steps, h.heard = count, true }
+
+// unreported adds the batches of the cut plan that the trainer finished
+// beyond its reports: stepCount is the trainer's count now, batch its
+// batch size. A plugin's report in flight when the link's loss cancels
+// Train is lost; its step is in the model.
+func (h *heldWork) unreported(stepCount, batch uint64) (added uint64) {
+	c := h.cut
+	h.cut = nil
+	missed := uint64(0)
+	if h.heard && stepCount > h.steps {
+		missed = stepCount - h.steps
+	}
+	h.stepped(stepCount)
+	if c == nil || batch == 0 {
+		return 0
+	}
+	for from := c.reported; missed > 0 && from < c.plan.PartitionSize; missed-- {
+		n := min(batch, c.plan.PartitionSize-from)
+		h.note(c.plan, from, n)
+		from += n
+		added += n
+	}
+	return added
 }
 
 // note records that a batch report covered n more samples of p, from its
@@ -55,8 +94,11 @@ func (h *heldWork) note(p plugin.Plan, from, n uint64) {
 }
 
 // publish marks everything trained so far as published into the round
-// that just took the model (Publish).
-func (h *heldWork) publish() { h.published = len(h.spans) }
+// that just took the model (Publish), the trainer at stepCount.
+func (h *heldWork) publish(stepCount uint64) {
+	h.published = len(h.spans)
+	h.stepped(stepCount)
+}
 
 // consensus notes that round succeeded here: what the rank published into
 // it is the cohort's now.
@@ -178,6 +220,9 @@ func (w *worker) rejoin(ctx context.Context, l *link.Link, admit *wirepb.Admit) 
 	var from string
 	switch {
 	case admit.GetComeback() && admit.GetRunId() == old.GetRunId():
+		if err := w.keepUnreported(ctx); err != nil {
+			return err
+		}
 		kept = w.held.kept(old.GetRunId())
 	case admit.GetResumeDir() != "":
 		var err error
@@ -209,6 +254,29 @@ func (w *worker) rejoin(ctx context.Context, l *link.Link, admit *wirepb.Admit) 
 	}
 	if w.o.ResourceInterval > 0 {
 		w.samplerTask = goTask(ctx, func(ctx context.Context) { w.sampleResources(ctx, w.sampler) })
+	}
+	return nil
+}
+
+// keepUnreported counts into the held work the batches of the interrupted
+// plan whose reports the lost link dropped. The trainer's step count,
+// which Publish returns, says how many it finished; the next round
+// publishes again and weighs the steps this Publish took in.
+func (w *worker) keepUnreported(ctx context.Context) error {
+	if w.held.cut == nil {
+		return nil
+	}
+	var pub plugin.PublishResult
+	err := w.sup.WithTrainer(ctx, func(t plugin.Trainer) (err error) {
+		pub, err = t.Publish(ctx)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("publish to count the steps the lost link's reports missed: %w", err)
+	}
+	w.pendingSteps += pub.Steps
+	if n := w.held.unreported(pub.StepCount, uint64(w.sup.Setup().BatchSize)); n > 0 {
+		w.log.Info("the lost link dropped reports of trained batches; they are held", "samples", n, "step_count", pub.StepCount)
 	}
 	return nil
 }

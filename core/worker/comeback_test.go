@@ -11,9 +11,10 @@ import (
 // A rank that loses its coordinator mid-plan keeps its plugins and model
 // and redials: a coordinator that comes back for the same run gets Ready
 // with what the model holds beyond the last round (the batches of the
-// interrupted plan, as one span from the plan's start) and that round's
-// number, and the rank serves it; one that starts another run is refused,
-// and the rank exits with an error.
+// interrupted plan, as one span from the plan's start, the one the loss
+// cut before its report included) and that round's number, and the rank
+// serves it; one that starts another run is refused, and the rank exits
+// with an error.
 func TestComeback(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
@@ -30,7 +31,7 @@ func TestComeback(t *testing.T) {
 			o := c.options(0, 1, ts)
 			o.LivenessTimeout = 5 * time.Second
 			o.HeartbeatInterval = 100 * time.Millisecond
-			inProcess(&o)
+			tr := inProcess(&o)
 			run := start(t, o)
 			l := c.accept(&wirepb.Admit{RunId: "cb", Seed: 1, Epochs: 1})
 			expect[*wirepb.Ready](l)
@@ -63,6 +64,11 @@ func TestComeback(t *testing.T) {
 			}
 			if s := k.GetHeld()[0]; s.GetEpoch() != 0 || s.GetOffset() != 32 || s.GetBatches() < 3 || s.GetSize() != 16*s.GetBatches() {
 				t.Errorf("held span %v, want epoch 0 from offset 32, at least 3 batches of 16", s)
+			}
+			// The loss cut a batch's sleep, after its step: the model holds
+			// it though no report said so, and so must Ready.kept.
+			if _, _, steps, trained := tr.Snapshot(); k.GetHeld()[0].GetSize() != trained {
+				t.Errorf("held span %v, but the trainer trained %d samples in %d steps since round 4", k.GetHeld()[0], trained, steps)
 			}
 			// The rank serves the coordinator that came back: a round (its
 			// held work published into it), a plan, then Shutdown.

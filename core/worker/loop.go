@@ -183,6 +183,7 @@ func (w *worker) runNextPlan(ctx context.Context) error {
 		from := st.samples
 		w.roundHeld += st.add(b)
 		w.held.note(p, from, uint64(b.Samples))
+		w.held.stepped(b.StepCount)
 		if err := reports.add(b); err != nil {
 			return err
 		}
@@ -198,9 +199,11 @@ func (w *worker) runNextPlan(ctx context.Context) error {
 	if err != nil {
 		if w.connCtx.Err() != nil {
 			w.log.Info("plan interrupted", "epoch", p.Epoch+1, "batches_done", st.batches, "reason", context.Cause(w.connCtx))
+			w.held.cut = &cutPlan{plan: p, reported: st.samples}
 			return nil
 		}
 		if lost, rerr := w.sup.Recover(ctx, pluginhost.Trainer, err, &p); lost {
+			w.held.heard = false // a new trainer counts from its checkpoint
 			w.log.Warn("plan lost with the trainer", "epoch", p.Epoch+1, "offset", p.PartitionOffset, "size", p.PartitionSize, "batches_done", st.batches)
 			return rerr
 		}

@@ -84,7 +84,7 @@ func (w *worker) beginRound(ctx context.Context, m *wirepb.Sync) (*roundRun, err
 		return nil, fmt.Errorf("round %d: publish parameters: %w", n, err)
 	}
 	w.pendingSteps += pub.Steps
-	w.held.publish()
+	w.held.publish(pub.StepCount)
 	if err := w.send(ctx, &wirepb.SnapshotReady{Rank: w.o.Rank, Round: n}); err != nil {
 		return nil, err
 	}
