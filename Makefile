@@ -35,7 +35,7 @@ export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 DEB_PACKAGES := protobuf-compiler g++ libtorch-dev libopenblas0-pthread python3-torch dataset-fashion-mnist chromium \
 	python3-grpcio python3-protobuf protobuf-compiler-grpc python3-build python3-setuptools python3-wheel
 
-.PHONY: all build test run proto python-sdk proto-check bench bench-hosts fuzz deps clean tools slurm-check multihost scale soak chaos gpu-prep gpu-check
+.PHONY: all build test run proto python-sdk proto-check bench bench-hosts fuzz deps clean tools slurm-check multihost scale soak chaos comeback-accuracy gpu-prep gpu-check
 
 all: build
 
@@ -103,6 +103,11 @@ test: deps proto-check
 	GOEXPERIMENT=simd $(GO) vet ./shared/authframe ./shared/reduce/... ./plugins/averaging-cpu/...
 	GOEXPERIMENT=simd $(GO) test -count=1 ./shared/authframe ./shared/reduce/... ./plugins/averaging-cpu/...
 	$(GO) test -count=1 ./cmd/... ./bench/... ./test/faults/...
+
+# comeback-accuracy compares a libtorch run whose coordinator is killed
+# mid-epoch and brought back with the same run left alone
+comeback-accuracy: build
+	COHORT_COMEBACK_ACCURACY=1 $(GO) test -count=1 -v -run TestCoordinatorComebackAccuracy ./test/faults/
 
 run: deps build
 	$(BIN)/cohort run
