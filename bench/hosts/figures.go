@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"math"
 	"strings"
+
+	"github.com/cohortdl/cohort/bench/internal/matrix"
 )
 
 // trainSamples is Fashion-MNIST's training split.
@@ -222,35 +224,22 @@ func (r *row) verdict() string {
 	return "  FAIL"
 }
 
-// matrixLine is a row's JSON line.
+// matrixLine is a row's JSON line: the matrix's, and what a row across
+// hosts adds to it.
 type matrixLine struct {
-	Bench          string   `json:"bench"`
-	Model          string   `json:"model"`
-	Optimizer      string   `json:"optimizer"`
-	Where          string   `json:"where"`
-	Params         int      `json:"params"`
-	Seeds          int      `json:"seeds"`
-	Epochs         int      `json:"epochs"`
-	Target         float64  `json:"target"`
-	CohortAccuracy float64  `json:"cohort_accuracy"`
-	DDPAccuracy    float64  `json:"ddp_accuracy"`
-	AccDiffPoints  float64  `json:"accuracy_diff_points"`
-	TimeRatio      *float64 `json:"time_ratio"`
-	RatioGoal      *float64 `json:"time_ratio_goal,omitempty"`
-	CohortToTarget *float64 `json:"cohort_seconds_to_target"`
-	DDPToTarget    *float64 `json:"ddp_seconds_to_target"`
-	DDPEstimated   bool     `json:"ddp_estimated"`
-	Bytes          float64  `json:"bytes_per_rank_epoch"`
-	DDPBytes       float64  `json:"ddp_bytes_per_rank_epoch"`
-	Wire           string   `json:"wire"`
+	matrix.Line
+	Epochs       int      `json:"epochs"`
+	RatioGoal    *float64 `json:"time_ratio_goal,omitempty"`
+	DDPEstimated bool     `json:"ddp_estimated"`
+	Wire         string   `json:"wire"`
 }
 
 func (r *row) line() matrixLine {
 	c, ct, dt, cOK, dOK, ratio := r.figures()
-	l := matrixLine{Bench: "matrix", Model: r.model.Name, Optimizer: r.model.Optimizer, Where: "netns-" + r.rate, Params: r.params,
-		Seeds: 1, Epochs: r.model.Epochs, Target: r.ddp.Target, CohortAccuracy: last(c.Accuracy), DDPAccuracy: last(r.ddp.Accuracy),
-		AccDiffPoints: r.diff(), TimeRatio: ratio, DDPEstimated: r.ddp.Bounded, Bytes: math.Round(c.Bytes),
-		DDPBytes: math.Round(r.ddp.Bytes), Wire: c.Wire}
+	l := matrixLine{Line: matrix.Line{Bench: "matrix", Model: r.model.Name, Optimizer: r.model.Optimizer, Where: "netns-" + r.rate,
+		Params: r.params, Seeds: 1, Target: r.ddp.Target, CohortAccuracy: last(c.Accuracy), DDPAccuracy: last(r.ddp.Accuracy),
+		AccDiffPoints: r.diff(), TimeRatio: ratio, Bytes: math.Round(c.Bytes), DDPBytes: math.Round(r.ddp.Bytes)},
+		Epochs: r.model.Epochs, DDPEstimated: r.ddp.Bounded, Wire: c.Wire}
 	if g, ok := r.goal(); ok {
 		l.RatioGoal = &g
 	}

@@ -54,7 +54,6 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -189,14 +188,11 @@ func run(ctx context.Context, o options) error {
 	if err != nil {
 		return err
 	}
-	if o.cohort, err = filepath.Abs(o.cohort); err != nil {
+	if o.cohort, err = repo.Cohort(o.cohort); err != nil {
 		return err
 	}
-	if _, err := os.Stat(o.cohort); err != nil {
-		return fmt.Errorf("no cohort binary: %w (run make build, or name it with -cohort)", err)
-	}
 	if o.peer == "" {
-		o.peer = filepath.Join(root, "..", "shared", "peers", "ddp_fashion_mnist.py")
+		o.peer = repo.DDPPeer(root)
 	}
 	tmp, err := os.MkdirTemp("", "cohort-bench-hosts-")
 	if err != nil {

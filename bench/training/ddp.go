@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+
+	"github.com/cohortdl/cohort/bench/internal/matrix"
 )
 
 // matrixModel is one row of the matrix: a model, its optimizer and
@@ -87,27 +89,8 @@ type ddpSeed struct {
 	CohortRounds   uint64    `json:"cohort_rounds"`
 }
 
-// matrixLine is a row's one JSON line, means over its seeds.
-type matrixLine struct {
-	Bench          string   `json:"bench"`
-	Model          string   `json:"model"`
-	Optimizer      string   `json:"optimizer"`
-	Where          string   `json:"where"`
-	Params         int      `json:"params"`
-	Seeds          int      `json:"seeds"`
-	Target         float64  `json:"target"`
-	CohortAccuracy float64  `json:"cohort_accuracy"`
-	DDPAccuracy    float64  `json:"ddp_accuracy"`
-	AccDiffPoints  float64  `json:"accuracy_diff_points"`
-	TimeRatio      *float64 `json:"time_ratio"`
-	CohortToTarget *float64 `json:"cohort_seconds_to_target"`
-	DDPToTarget    *float64 `json:"ddp_seconds_to_target"`
-	Bytes          float64  `json:"bytes_per_rank_epoch"`
-	DDPBytes       float64  `json:"ddp_bytes_per_rank_epoch"`
-}
-
-func (r *ddpReport) line() matrixLine {
-	return matrixLine{Bench: "matrix", Model: r.Model, Optimizer: r.Optimizer, Where: "one-host", Params: r.Params,
+func (r *ddpReport) line() matrix.Line {
+	return matrix.Line{Bench: "matrix", Model: r.Model, Optimizer: r.Optimizer, Where: "one-host", Params: r.Params,
 		Seeds: len(r.Seeds), Target: r.Target, CohortAccuracy: r.Mean.CohortAccuracy, DDPAccuracy: r.Mean.PeerAccuracy,
 		AccDiffPoints: r.Mean.AccDiffPoints, TimeRatio: r.Mean.Ratio, CohortToTarget: r.Mean.CohortToTargetS,
 		DDPToTarget: r.Mean.PeerToTargetS, Bytes: r.Mean.CohortBytes, DDPBytes: r.Mean.PeerBytes}

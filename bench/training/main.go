@@ -81,6 +81,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cohortdl/cohort/bench/internal/matrix"
 	"github.com/cohortdl/cohort/bench/internal/repo"
 )
 
@@ -248,14 +249,11 @@ func run(o options) error {
 	if err != nil {
 		return err
 	}
-	if o.cohort, err = filepath.Abs(o.cohort); err != nil {
+	if o.cohort, err = repo.Cohort(o.cohort); err != nil {
 		return err
 	}
-	if _, err := os.Stat(o.cohort); err != nil {
-		return fmt.Errorf("no cohort binary: %w (run make build, or name it with -cohort)", err)
-	}
 	if o.peer == "" {
-		o.peer = filepath.Join(root, "..", "shared", "peers", "ddp_fashion_mnist.py")
+		o.peer = repo.DDPPeer(root)
 	}
 	if o.ref == "" {
 		o.ref = filepath.Join(filepath.Dir(o.cohort), "bench", "cohort-torch-ref-epoch")
@@ -280,7 +278,7 @@ func run(o options) error {
 		Policy: policyName(o.policy), SyncEvery: syncEveryValue(o.syncEvery), BuiltInPolicy: o.policy == "" && o.syncEvery == 0,
 		Data: dataDir,
 	}}
-	var lines []matrixLine
+	var lines []matrix.Line
 	if !o.skipDDP {
 		for i, m := range o.matrix {
 			if i > 0 {

@@ -5,6 +5,7 @@ package repo
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 )
@@ -25,4 +26,22 @@ func Root() (string, error) {
 		}
 		dir = parent
 	}
+}
+
+// Cohort is the cohort binary at path, made absolute, or an error saying
+// how to get one.
+func Cohort(path string) (string, error) {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return "", err
+	}
+	if _, err := os.Stat(abs); err != nil {
+		return "", fmt.Errorf("no cohort binary: %w (run make build, or name it with -cohort)", err)
+	}
+	return abs, nil
+}
+
+// DDPPeer is the kit's DDP peer script beside the repository at root.
+func DDPPeer(root string) string {
+	return filepath.Join(root, "..", "shared", "peers", "ddp_fashion_mnist.py")
 }
