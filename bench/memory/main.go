@@ -19,7 +19,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"flag"
@@ -118,11 +117,11 @@ func sampleTree(root int) (total, trainers float64, n int) {
 		if p.Zombie() || len(p.Args) == 0 {
 			continue
 		}
-		kb, err := pss(p.PID)
+		m, err := proctab.Rollup(p.PID, "Pss")
 		if err != nil {
 			continue // it exited while read
 		}
-		mb := float64(kb) / 1024
+		mb := float64(m["Pss"]) / 1024
 		total += mb
 		n++
 		if strings.HasPrefix(filepath.Base(p.Args[0]), "cohort-trainer-") {
@@ -130,24 +129,4 @@ func sampleTree(root int) (total, trainers float64, n int) {
 		}
 	}
 	return total, trainers, n
-}
-
-// pss is the Pss line of /proc/PID/smaps_rollup, in kB.
-func pss(pid int) (int64, error) {
-	f, err := os.Open(fmt.Sprintf("/proc/%d/smaps_rollup", pid))
-	if err != nil {
-		return 0, err
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		var kb int64
-		if n, _ := fmt.Sscanf(sc.Text(), "Pss: %d kB", &kb); n == 1 {
-			return kb, nil
-		}
-	}
-	if err := sc.Err(); err != nil {
-		return 0, err
-	}
-	return 0, fmt.Errorf("no Pss line in /proc/%d/smaps_rollup", pid)
 }

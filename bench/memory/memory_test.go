@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/cohortdl/cohort/internal/testutil/proctab"
 )
 
 // TestSampleTree: the sum takes in the processes below the root and
@@ -25,9 +27,9 @@ func TestSampleTree(t *testing.T) {
 	if err := os.WriteFile(trainer, b, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	self, err := pss(os.Getpid())
-	if err != nil || self <= 0 {
-		t.Fatalf("this process's PSS: %d kB, %v", self, err)
+	self, err := proctab.Rollup(os.Getpid(), "Pss")
+	if err != nil || self["Pss"] <= 0 {
+		t.Fatalf("this process's PSS: %v, %v", self, err)
 	}
 	cmd := exec.Command(trainer, "60")
 	if err := cmd.Start(); err != nil {

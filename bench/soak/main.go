@@ -212,7 +212,7 @@ func sampleTree(root int) map[string]sample {
 		if p.Zombie() || len(p.Args) == 0 {
 			continue
 		}
-		m, err := readRollup(p.PID)
+		m, err := proctab.Rollup(p.PID, "Pss", "Pss_Anon", "Pss_Shmem")
 		if err != nil {
 			continue // it exited while read
 		}
@@ -260,31 +260,4 @@ func sameProcesses(a, b map[string]sample) bool {
 		}
 	}
 	return true
-}
-
-// readRollup reads /proc/PID/smaps_rollup's kB figures by name.
-func readRollup(pid int) (map[string]int64, error) {
-	f, err := os.Open(fmt.Sprintf("/proc/%d/smaps_rollup", pid))
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	out := map[string]int64{}
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		var name string
-		var kb int64
-		if n, _ := fmt.Sscanf(sc.Text(), "%s %d kB", &name, &kb); n == 2 {
-			out[strings.TrimSuffix(name, ":")] = kb
-		}
-	}
-	if err := sc.Err(); err != nil {
-		return nil, err
-	}
-	for _, need := range []string{"Pss", "Pss_Anon", "Pss_Shmem"} {
-		if _, ok := out[need]; !ok {
-			return nil, fmt.Errorf("no %s line in /proc/%d/smaps_rollup", need, pid)
-		}
-	}
-	return out, nil
 }

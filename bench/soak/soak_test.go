@@ -1,7 +1,6 @@
 package main
 
 import (
-	"os"
 	"testing"
 
 	"github.com/cohortdl/cohort/internal/testutil/proctab"
@@ -42,16 +41,5 @@ func TestName(t *testing.T) {
 		if got := name(ps, ps[i], 10); got != want {
 			t.Errorf("process %d: %q, want %q", ps[i].PID, got, want)
 		}
-	}
-}
-
-// readRollup reads a live process's figures and refuses one that is gone.
-func TestReadRollup(t *testing.T) {
-	m, err := readRollup(os.Getpid())
-	if err != nil || m["Pss"] <= 0 || m["Pss_Anon"] <= 0 || m["Pss_Anon"] > m["Pss"] {
-		t.Fatalf("this process: %v, %v", m, err)
-	}
-	if _, err := readRollup(1 << 30); err == nil {
-		t.Fatal("a pid that does not exist reads without an error")
 	}
 }

@@ -1,11 +1,14 @@
 // Package proctab reads the process table from /proc (Linux): each
-// process's pid, parent, state and command line, for the benchmarks and
-// tests that look for cohort's processes (a rank's worker, its plugins, a
-// peer's ranks). It owns nothing else.
+// process's pid, parent, state and command line, and its memory figures
+// (smaps_rollup), for the benchmarks and tests that look for cohort's
+// processes (a rank's worker, its plugins, a peer's ranks). It owns
+// nothing else.
 package proctab
 
 import (
+	"bufio"
 	"bytes"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -73,4 +76,32 @@ func Descendants(ps []Proc, root int) []Proc {
 	}
 	slices.SortFunc(out, func(a, b Proc) int { return a.PID - b.PID })
 	return out
+}
+
+// Rollup reads /proc/PID/smaps_rollup's kB figures by name ("Pss",
+// "Pss_Anon", "Pss_Shmem", ...), and fails if one of need is missing.
+func Rollup(pid int, need ...string) (map[string]int64, error) {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/smaps_rollup", pid))
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	out := map[string]int64{}
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		var name string
+		var kb int64
+		if n, _ := fmt.Sscanf(sc.Text(), "%s %d kB", &name, &kb); n == 2 {
+			out[strings.TrimSuffix(name, ":")] = kb
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return nil, err
+	}
+	for _, n := range need {
+		if _, ok := out[n]; !ok {
+			return nil, fmt.Errorf("no %s line in /proc/%d/smaps_rollup", n, pid)
+		}
+	}
+	return out, nil
 }

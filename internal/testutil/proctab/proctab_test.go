@@ -5,6 +5,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -34,5 +35,20 @@ func TestListAndDescendants(t *testing.T) {
 	}
 	if len(below) != 2 || below[0].PID != child.Process.Pid || below[1].PPID != child.Process.Pid || filepath.Base(below[1].Args[0]) != "sleep" {
 		t.Fatalf("descendants %+v: want the shell (pid %d) and its sleep", below, child.Process.Pid)
+	}
+}
+
+// Rollup reads a live process's figures, refuses one that is gone, and
+// names a figure asked for that the file lacks.
+func TestRollup(t *testing.T) {
+	m, err := Rollup(os.Getpid(), "Pss", "Pss_Anon")
+	if err != nil || m["Pss"] <= 0 || m["Pss_Anon"] <= 0 || m["Pss_Anon"] > m["Pss"] {
+		t.Fatalf("this process: %v, %v", m, err)
+	}
+	if _, err := Rollup(1 << 30); err == nil {
+		t.Fatal("a pid that does not exist reads without an error")
+	}
+	if _, err := Rollup(os.Getpid(), "No_Such_Figure"); err == nil || !strings.Contains(err.Error(), "No_Such_Figure") {
+		t.Fatalf("a missing figure: %v, want an error naming it", err)
 	}
 }
