@@ -127,6 +127,19 @@ func RemoveStale(prefix string) {
 	}
 }
 
+// SetLink cuts host i's link (up false) or restores it, at the bridge's
+// end, as a pulled and replugged cable would: the host keeps its address
+// and routes, its eth0 loses carrier, and every frame either way is
+// dropped until the link is up again. Its TCP connections stay open and
+// retransmit; whether one outlives the cut is up to its peers' timeouts.
+func (b *Bed) SetLink(i int, up bool) error {
+	state := "down"
+	if up {
+		state = "up"
+	}
+	return sh("ip", "-n", b.ID+"-sw", "link", "set", fmt.Sprintf("p%d", i), state)
+}
+
 // Command runs name in host i's network namespace.
 func (b *Bed) Command(i int, name string, args ...string) *exec.Cmd {
 	return exec.Command("ip", append([]string{"netns", "exec", b.Hosts[i], name}, args...)...)
