@@ -167,7 +167,9 @@ soak: build
 
 # chaos is the seeded fault soak (docs/reliability.md): 10 minutes of mock
 # runs under a fault every 15-30 s, checked against the trainers' ledger and
-# for anything left behind; one JSON line. Not part of `make test` or CI.
+# for anything left behind; one JSON line. Root: its coordinator and ranks
+# run in network namespaces, whose links it cuts. Not part of `make test`
+# or CI.
 chaos: build
 	$(GO) run ./bench/chaos -bin $(BIN)
 

@@ -1,8 +1,12 @@
 package main
 
 import (
+	"bufio"
+	"context"
+	"encoding/hex"
 	"fmt"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -10,6 +14,7 @@ import (
 	"time"
 
 	"github.com/cohortdl/cohort/core/coordinator/checkpoint"
+	"github.com/cohortdl/cohort/core/coordinator/record"
 	"github.com/cohortdl/cohort/internal/testutil/hostile"
 )
 
@@ -25,6 +30,8 @@ var kinds = []kind{
 	{"kill_trainer", func(h *harness, r *run, p procs) bool { return killPlugin(h, r, p.trainers, true) }},
 	{"kill_averager", func(h *harness, r *run, p procs) bool { return killPlugin(h, r, p.averagers, false) }},
 	{"stop_worker", stopWorker},
+	{"cut_link_short", func(h *harness, r *run, p procs) bool { return cutLink(h, r, p, shortCut) }},
+	{"cut_link_long", func(h *harness, r *run, p procs) bool { return cutLink(h, r, p, longCut) }},
 	{"hostile", hostileBurst},
 	{"kill_coordinator", killCoordinator},
 }
@@ -132,28 +139,131 @@ func waitGone(pid int, within time.Duration) {
 }
 
 // hostileBurst throws hostile connections at the coordinator's control
-// port, in the background (a silent one waits out the handshake timeout):
-// each must be dropped. Connections the server refused because the run
-// had ended are not counted against it.
+// port from inside the coordinator's host (this program again, with
+// -hostile-at), in the background (a silent one waits out the handshake
+// timeout): each must be dropped. Connections the server refused because
+// the run had ended are not counted against it.
 func hostileBurst(h *harness, r *run, _ procs) bool {
 	garbage := make([]byte, 96)
 	for i := range garbage {
 		garbage[i] = byte(h.rng.Uint32())
 	}
+	cmd := h.bed.Command(0, h.self, "-hostile-at", r.control, "-garbage", hex.EncodeToString(garbage))
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		h.problem("hostile burst: %v", err)
+		return false
+	}
+	if err := cmd.Start(); err != nil {
+		h.problem("hostile burst: %v", err)
+		return false
+	}
 	h.wg.Add(1)
 	go func() {
 		defer h.wg.Done()
-		for _, c := range hostile.Cases(garbage) {
-			err := hostile.Burst(h.ctx, r.control, c, 20, 20*time.Second)
-			if err != nil && strings.Contains(err.Error(), "kept the connection open") {
-				h.mu.Lock()
-				h.res.HostileKept++
-				h.mu.Unlock()
-				h.problem("hostile %s at %s: %v", c.Name, r.control, err)
-			}
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			h.mu.Lock()
+			h.res.HostileKept++
+			h.mu.Unlock()
+			h.problem("hostile at %s: %s", r.control, sc.Text())
+		}
+		if err := cmd.Wait(); err != nil {
+			h.problem("hostile burst at %s: %v", r.control, err)
 		}
 	}()
 	return true
+}
+
+// hostileMain is -hostile-at: each hostile case, 20 connections at once,
+// each of which addr must drop within 20 s. It prints a line for each
+// case that kept a connection open, and exits 0 unless it could not run.
+func hostileMain(addr, garbageHex string) int {
+	garbage, err := hex.DecodeString(garbageHex)
+	if err != nil || len(garbage) == 0 {
+		fmt.Fprintf(os.Stderr, "chaos: -garbage %q: want hex bytes\n", garbageHex)
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	for _, c := range hostile.Cases(garbage) {
+		err := hostile.Burst(ctx, addr, c, 20, 20*time.Second)
+		if err != nil && strings.Contains(err.Error(), "kept the connection open") {
+			fmt.Printf("%s: %v\n", c.Name, err)
+		}
+	}
+	return 0
+}
+
+// The link cuts: one TCP rides out (its retransmissions at 0.2 and 0.6 s
+// after the cut land within the heartbeat timeout), and one past the
+// heartbeat timeout and the workers' liveness timeout (3 s), as long as
+// stop_worker's pause.
+const (
+	shortCut = 500 * time.Millisecond
+	longCut  = heartbeatTimeout + 1500*time.Millisecond
+)
+
+// cutLink cuts a rank's link at the bridge for d, while another rank
+// lives on, then restores it, and checks the outcome in the background: a
+// cut shorter than the heartbeat timeout leaves the rank in the run (no
+// death recorded for it); a longer one is its death (a death record for
+// it, its worker gone within its liveness timeout), whose work the death
+// record accounts for as for any other death.
+func cutLink(h *harness, r *run, p procs, d time.Duration) bool {
+	if len(p.workers) < 2 {
+		return false
+	}
+	rank, _ := h.pick(p.workers)
+	w, coordExited := r.workers[rank], r.exited
+	start := time.Now()
+	if err := h.bed.SetLink(int(rank)+1, false); err != nil {
+		h.problem("cutting rank %d's link: %v", rank, err)
+		return false
+	}
+	time.Sleep(d)
+	if err := h.bed.SetLink(int(rank)+1, true); err != nil {
+		// A link left cut is the death of the rank, and of every later
+		// run's rank on that host: stop here.
+		h.problem("restoring rank %d's link: %v", rank, err)
+	}
+	h.wg.Add(1)
+	go func() {
+		defer h.wg.Done()
+		if d < heartbeatTimeout {
+			time.Sleep(heartbeatTimeout + time.Second)
+			if died(r, rank, start) {
+				h.problem("run in %s: rank %d declared dead after a %v link cut, which its heartbeat timeout (%v) should have outlasted", r.dir, rank, d, heartbeatTimeout)
+			}
+			return
+		}
+		select {
+		case <-w.exited:
+		case <-time.After(livenessTimeout + 10*time.Second):
+			h.problem("run in %s: rank %d's worker still running %v after a %v link cut", r.dir, rank, livenessTimeout+10*time.Second, d)
+			return
+		}
+		select {
+		case <-coordExited:
+			return // the run ended (or its coordinator was killed) first
+		default:
+		}
+		if !died(r, rank, start) {
+			h.problem("run in %s: rank %d's worker ended after a %v link cut, and the coordinator recorded no death", r.dir, rank, d)
+		}
+	}()
+	return true
+}
+
+// died reports whether the run's coordinator recorded a death of rank
+// since.
+func died(r *run, rank uint32, since time.Time) bool {
+	var d record.DeathRecord
+	if err := record.ReadJSON(filepath.Join(r.out, record.DeathsDir, fmt.Sprintf("rank-%d.json", rank)), "death record", &d); err != nil {
+		return false
+	}
+	return !d.Time.Before(since)
 }
 
 // killCoordinator SIGKILLs the coordinator, once a checkpoint exists, and

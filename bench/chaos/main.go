@@ -3,7 +3,10 @@
 // (4 ranks: `cohort coordinator` and a `cohort worker` per rank, which the
 // harness starts and reaps as a launcher would; a checkpoint every epoch)
 // to completion, and every 15-30 s injects one fault into the run at hand,
-// the kinds taken in a seeded shuffled cycle:
+// the kinds taken in a seeded shuffled cycle. The coordinator and each
+// rank run on hosts of their own, network namespaces on one bridge
+// (bench/internal/netns, which needs root), so a rank's link can be cut.
+// The kinds:
 //
 //   - kill_worker: SIGKILL of a rank's worker (its rank dies; the run goes
 //     on with the others; the harness starts its worker again when the
@@ -14,6 +17,14 @@
 //   - stop_worker: SIGSTOP of a worker past the heartbeat timeout, then
 //     SIGCONT (the rank is declared dead; its worker, refused by the
 //     coordinator, ends within its liveness timeout);
+//   - cut_link_short, cut_link_long: a rank's link cut at the bridge (no
+//     frame either way), then restored: for 0.5 s, which TCP's
+//     retransmissions ride out within the heartbeat timeout, so the rank
+//     must live on and lose nothing; and for the heartbeat timeout plus
+//     1.5 s, which is a death: the coordinator declares the rank dead and
+//     hands its unfinished work to the others, and its worker, hearing
+//     nothing past its liveness timeout, ends (started again as after
+//     kill_worker). Each outcome is checked;
 //   - hostile: bursts of garbage, 4 GiB lengths, stalled handshakes and
 //     silent connections at the coordinator's control port, each of which
 //     must be dropped;
@@ -36,9 +47,11 @@
 // trained more than once in an epoch must be such work trained again, or
 // the epoch's plan of a killed trainer (twice_allowed, by cause). Whatever
 // else is trained twice is twice_unexplained. Nothing may be
-// left behind: processes of its binaries, the runs' arenas in /dev/shm,
-// files (the plugins' sockets) in the runs' TMPDIR. It prints one JSON line
-// and exits non-zero when a check fails.
+// left behind: processes of its binaries or in its namespaces, the runs'
+// arenas in /dev/shm, files (the plugins' sockets) in the runs' TMPDIR,
+// and, at the end, its namespaces and veths. It prints one JSON line and
+// exits non-zero when a check fails. Killed outright, it leaves its
+// namespaces (and what runs in them) to its next start, which deletes them.
 //
 //	go run ./bench/chaos -bin bin               # 10 minutes, seed 1
 //	go run ./bench/chaos -bin bin -duration 2m -min-faults 5 -seed 7
@@ -54,6 +67,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"os"
+	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"sort"
@@ -61,10 +75,14 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/cohortdl/cohort/bench/internal/netns"
 )
 
 type harness struct {
 	bin, binDir, pluginDir string
+	self                   string // this program, which runs the hostile bursts inside the coordinator's host
+	bed                    *netns.Bed
 	dir                    string
 	rng                    *rand.Rand
 	epochs                 int
@@ -101,7 +119,12 @@ func main() {
 	minFaults := flag.Int("min-faults", 25, "fewest faults to inject, however long it takes")
 	epochs := flag.Int("epochs", 40, "epochs per run")
 	keep := flag.Bool("keep", false, "keep the work directory (runs' out directories, ledgers)")
+	hostileAt := flag.String("hostile-at", "", "(the harness's own use) throw the hostile cases at this address, one line per connection kept, and exit")
+	garbage := flag.String("garbage", "", "(with -hostile-at) the wrong-secret bytes, in hex")
 	flag.Parse()
+	if *hostileAt != "" {
+		os.Exit(hostileMain(*hostileAt, *garbage))
+	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -115,7 +138,23 @@ func main() {
 	} else {
 		fmt.Fprintf(os.Stderr, "chaos: work directory %s\n", h.dir)
 	}
-	h.soak(*duration, *minFaults)
+	veths := rootVeths()
+	bed, err := netns.New(nsPrefix, nsSite, ranks+1, "")
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "chaos: the hosts' namespaces: %v\n", err)
+		os.Exit(2)
+	}
+	h.bed = bed
+	func() {
+		// However the soak ends, the namespaces go before the line is
+		// printed and the left-behind count is taken.
+		defer bed.Close()
+		h.soak(*duration, *minFaults)
+	}()
+	if left := bedLeft(bed, veths); len(left) > 0 {
+		h.res.LeftBehind += len(left)
+		h.problem("left behind at the end: %s", strings.Join(left, "; "))
+	}
 	res := h.res
 	sort.Strings(res.Problems)
 	line, err := json.Marshal(res)
@@ -128,6 +167,37 @@ func main() {
 	}
 }
 
+// The hosts' namespaces: cohort-chaos-<pid>-h0 runs the coordinator and
+// cohort-chaos-<pid>-h<r+1> rank r, on 10.76.x.0/24 (a subnet no other bench
+// uses).
+const (
+	nsPrefix = "cohort-chaos-"
+	nsSite   = 76
+)
+
+// rootVeths counts the veths in this machine's own namespace; the bed
+// makes none there, and must leave none.
+func rootVeths() int {
+	out, _ := exec.Command("ip", "-o", "link", "show", "type", "veth").Output()
+	return strings.Count(string(out), "\n")
+}
+
+// bedLeft says what of bed is left once it was closed: its namespaces, and
+// veths in the machine's namespace beyond the veths there before it.
+func bedLeft(bed *netns.Bed, veths int) []string {
+	var left []string
+	out, _ := exec.Command("ip", "netns", "list").Output()
+	for _, line := range strings.Split(string(out), "\n") {
+		if strings.HasPrefix(line, bed.ID+"-") {
+			left = append(left, "namespace "+strings.Fields(line)[0])
+		}
+	}
+	if n := rootVeths(); n > veths {
+		left = append(left, fmt.Sprintf("%d veths in the machine's namespace", n-veths))
+	}
+	return left
+}
+
 // newHarness copies the build into a directory of its own, so that the
 // left-behind check knows the harness's processes by their binary's path.
 func newHarness(ctx context.Context, binDir string, seed uint64, epochs int) (*harness, error) {
@@ -137,6 +207,9 @@ func newHarness(ctx context.Context, binDir string, seed uint64, epochs int) (*h
 	}
 	h := &harness{ctx: ctx, dir: dir, binDir: filepath.Join(dir, "bin"), rng: rand.New(rand.NewPCG(seed, 0x6368616f73)), epochs: epochs,
 		res: result{Seed: seed, Faults: map[string]int{}, TwiceAllowed: map[string]uint64{}, Problems: []string{}}}
+	if h.self, err = os.Executable(); err != nil {
+		return nil, err
+	}
 	h.bin = filepath.Join(h.binDir, "cohort")
 	h.pluginDir = filepath.Join(h.binDir, "plugins")
 	if err := os.MkdirAll(h.pluginDir, 0o755); err != nil {

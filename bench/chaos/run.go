@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"encoding/json"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -48,11 +47,18 @@ type run struct {
 }
 
 // Settings of every run: 4 ranks of the mock plugins, checkpoints every
-// epoch, deaths noticed within 2 s, a replaced plugin up to 3 times a rank.
+// epoch, deaths noticed within 2 s, a worker that waits 3 s for a silent
+// coordinator, a replaced plugin up to 3 times a rank.
 const (
 	ranks            = 4
 	heartbeatTimeout = 2 * time.Second
+	livenessTimeout  = 3 * time.Second
 )
+
+// basePort is run 0's control port on the coordinator's host; run i
+// listens on basePort+i, so no run meets a port an earlier one left in
+// TIME_WAIT. The host is the harness's own: no other program binds there.
+const basePort = 21000
 
 func (h *harness) newRun(i int) (*run, error) {
 	dir := filepath.Join(h.dir, fmt.Sprintf("run-%03d", i))
@@ -62,11 +68,7 @@ func (h *harness) newRun(i int) (*run, error) {
 	if err := os.MkdirAll(r.tmp, 0o755); err != nil {
 		return nil, err
 	}
-	port, err := freePort()
-	if err != nil {
-		return nil, err
-	}
-	r.control = "127.0.0.1:" + strconv.Itoa(port)
+	r.control = h.bed.Addr(0) + ":" + strconv.Itoa(basePort+i)
 	cfg := fmt.Sprintf(`run {
   ranks  = %d
   epochs = %d
@@ -81,7 +83,7 @@ coordinator {
   sync_every        = 4
 }
 worker {
-  liveness_timeout = "3s"
+  liveness_timeout = %q
   plugin_dir       = %q
   plugin_lock      = ""
   plugin_restarts  = 3
@@ -95,22 +97,12 @@ trainer "mock" {
 }
 averager "mock" {
 }
-`, ranks, r.epochs, r.seed, r.control, heartbeatTimeout.String(), h.pluginDir, r.samples, r.ledger)
+`, ranks, r.epochs, r.seed, r.control, heartbeatTimeout.String(), livenessTimeout.String(), h.pluginDir, r.samples, r.ledger)
 	return r, os.WriteFile(r.cfg, []byte(cfg), 0o644)
 }
 
-// freePort is a loopback port free a moment ago.
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
-
-// start runs `cohort coordinator` on r, resuming it when resume is set,
-// and a worker for each rank that has none. Its processes put their
+// start runs `cohort coordinator` on r in the coordinator's host, resuming
+// it when resume is set, and a worker for each rank that has none. Its processes put their
 // temporary files (the plugins' sockets) in r.tmp, where the end of the
 // run looks for any left.
 func (r *run) start(resume bool) error {
@@ -119,7 +111,7 @@ func (r *run) start(resume bool) error {
 		args = append(args, "--resume", r.out)
 	}
 	r.incarnationStart = fileSize(r.ledger)
-	cmd := exec.Command(r.h.bin, args...)
+	cmd := r.h.bed.Command(0, r.h.bin, args...) // ip netns exec: the process becomes the coordinator
 	cmd.Env = r.env()
 	pr, pw, err := os.Pipe()
 	if err != nil {
@@ -323,8 +315,9 @@ func (r *run) deaths() ([]lost, error) {
 }
 
 // settle waits up to within for the run's processes to be gone and then
-// says what is left: processes of the harness's binaries, arenas of the
-// run's ids in /dev/shm, files in the run's TMPDIR (the plugins' sockets).
+// says what is left: processes of the harness's binaries, processes in
+// its hosts' namespaces, arenas of the run's ids in /dev/shm, files in the
+// run's TMPDIR (the plugins' sockets).
 func (r *run) settle(within time.Duration) (left []string) {
 	deadline := time.Now().Add(within)
 	for {
@@ -348,8 +341,28 @@ func (r *run) leftProcesses() []string {
 	return left
 }
 
+// leftInHosts lists the processes still in the hosts' namespaces, but for
+// the harness's own hostile bursts, which may outlast a run.
+func (r *run) leftInHosts() []string {
+	var left []string
+	for _, ns := range r.h.bed.Hosts {
+		out, err := exec.Command("ip", "netns", "pids", ns).Output()
+		if err != nil {
+			left = append(left, fmt.Sprintf("namespace %s unreadable: %v", ns, err))
+			continue
+		}
+		for _, pid := range strings.Fields(string(out)) {
+			if exe, _ := os.Readlink("/proc/" + pid + "/exe"); exe == r.h.self {
+				continue
+			}
+			left = append(left, fmt.Sprintf("process %s in namespace %s", pid, ns))
+		}
+	}
+	return left
+}
+
 func (r *run) leftBehind() []string {
-	left := r.leftProcesses()
+	left := append(r.leftProcesses(), r.leftInHosts()...)
 	r.mu.Lock()
 	ids := append([]string(nil), r.runIDs...)
 	r.mu.Unlock()

@@ -46,7 +46,8 @@ func (w *workerProc) gone() bool {
 
 // startWorkers starts a worker for each rank that has none running: all
 // of them for a new run, a killed one's rank when its coordinator comes
-// back. Each writes its output to rank-<r>.log in the run's directory.
+// back. Each runs in its rank's host and writes its output to rank-<r>.log
+// in the run's directory.
 func (r *run) startWorkers() error {
 	for rank := range uint32(ranks) {
 		if w := r.workers[rank]; w != nil && !w.gone() {
@@ -56,7 +57,7 @@ func (r *run) startWorkers() error {
 		if err != nil {
 			return err
 		}
-		cmd := exec.Command(r.h.bin, "worker", "--coordinator", r.control, "--rank", strconv.Itoa(int(rank)),
+		cmd := r.h.bed.Command(int(rank)+1, r.h.bin, "worker", "--coordinator", r.control, "--rank", strconv.Itoa(int(rank)),
 			"--world", strconv.Itoa(ranks), "--config", r.cfg)
 		cmd.Env, cmd.Stdout, cmd.Stderr = r.env(), log, log
 		if err := cmd.Start(); err != nil {
