@@ -259,17 +259,20 @@ func WriteJSONEpochs(path string, v any, field string, epochs []EpochSummary) er
 		if _, err := w.Write(head[:at]); err != nil {
 			return err
 		}
+		// One encoder for every epoch: it reuses its buffers, where
+		// MarshalIndent made two new ones an epoch, so a rewrite's garbage
+		// grew with the run and each epoch's end raised the process's
+		// peak heap, which its resident memory kept.
+		lw := &lineWriter{w: w}
+		enc := json.NewEncoder(lw)
+		enc.SetIndent("    ", "  ")
 		sep := "[\n    "
 		for _, e := range epochs {
-			b, err := json.MarshalIndent(e, "    ", "  ")
-			if err != nil {
-				return fmt.Errorf("encode epoch %d: %w", e.Epoch, err)
-			}
 			if _, err := io.WriteString(w, sep); err != nil {
 				return err
 			}
-			if _, err := w.Write(b); err != nil {
-				return err
+			if err := enc.Encode(e); err != nil {
+				return fmt.Errorf("encode epoch %d: %w", e.Epoch, err)
 			}
 			sep = ",\n    "
 		}
@@ -279,6 +282,19 @@ func WriteJSONEpochs(path string, v any, field string, epochs []EpochSummary) er
 		_, err := w.Write(append(head[at+empty:], '\n'))
 		return err
 	})
+}
+
+// lineWriter passes each of a json.Encoder's writes on without the
+// newline it ends the value with, so an encoded epoch is MarshalIndent's
+// bytes.
+type lineWriter struct{ w io.Writer }
+
+func (l *lineWriter) Write(b []byte) (int, error) {
+	n, err := l.w.Write(bytes.TrimSuffix(b, []byte("\n")))
+	if err == nil {
+		n = len(b)
+	}
+	return n, err
 }
 
 // WriteSummary writes s to path as WriteJSON does, its epochs one by one
