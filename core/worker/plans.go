@@ -19,8 +19,10 @@ type planQueue struct {
 	// held are plans that came with a Sync whose round has not succeeded
 	// yet: they run after the next successful round, in order.
 	held []*wirepb.EpochPlan
-	// shapes remembers each epoch's permutation (seed, pick space) and
-	// rate scale; last is the latest plan's.
+	// shapes remembers the permutation (seed, pick space) and rate scale
+	// of the latest plan's epoch and the one before it, the epochs an
+	// ExtendPartition can still name; last is the latest plan's. Older
+	// epochs are forgotten, so a long run's queue does not grow.
 	shapes map[uint64]planShape
 	last   *planShape
 	// step is the coordinator's last global step; fresh says the next
@@ -57,6 +59,11 @@ func (q *planQueue) ready() bool { return len(q.plans) > 0 && !q.throttled }
 func (q *planQueue) add(p *wirepb.EpochPlan) {
 	shape := planShape{seed: p.GetSeed(), pickSpace: p.GetPickSpace(), lrScale: p.GetLrScale()}
 	q.shapes[p.GetEpoch()] = shape
+	for e := range q.shapes {
+		if e+1 < p.GetEpoch() {
+			delete(q.shapes, e)
+		}
+	}
 	q.last = &shape
 	q.plans = append(q.plans, queuedPlan{plan: plugin.Plan{
 		Epoch:           p.GetEpoch(),
