@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"fmt"
 	"os"
-	"os/signal"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -159,9 +158,21 @@ func hostileBurst(h *harness, r *run, _ procs) bool {
 		h.problem("hostile burst: %v", err)
 		return false
 	}
-	h.wg.Add(1)
+	done := make(chan struct{})
+	h.wg.Add(2)
+	go func() {
+		// A soak told to stop ends its bursts too: they hold nothing
+		// but their connections.
+		defer h.wg.Done()
+		select {
+		case <-h.ctx.Done():
+			cmd.Process.Kill()
+		case <-done:
+		}
+	}()
 	go func() {
 		defer h.wg.Done()
+		defer close(done)
 		sc := bufio.NewScanner(out)
 		for sc.Scan() {
 			h.mu.Lock()
@@ -169,7 +180,7 @@ func hostileBurst(h *harness, r *run, _ procs) bool {
 			h.mu.Unlock()
 			h.problem("hostile at %s: %s", r.control, sc.Text())
 		}
-		if err := cmd.Wait(); err != nil {
+		if err := cmd.Wait(); err != nil && h.ctx.Err() == nil {
 			h.problem("hostile burst at %s: %v", r.control, err)
 		}
 	}()
@@ -185,10 +196,8 @@ func hostileMain(addr, garbageHex string) int {
 		fmt.Fprintf(os.Stderr, "chaos: -garbage %q: want hex bytes\n", garbageHex)
 		return 2
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
 	for _, c := range hostile.Cases(garbage) {
-		err := hostile.Burst(ctx, addr, c, 20, 20*time.Second)
+		err := hostile.Burst(context.Background(), addr, c, 20, 20*time.Second)
 		if err != nil && strings.Contains(err.Error(), "kept the connection open") {
 			fmt.Printf("%s: %v\n", c.Name, err)
 		}

@@ -125,15 +125,20 @@ func main() {
 	if *hostileAt != "" {
 		os.Exit(hostileMain(*hostileAt, *garbage))
 	}
+	os.Exit(soakMain(*binDir, *seed, *duration, *minFaults, *epochs, *keep))
+}
 
+// soakMain is the soak; it returns the exit status once its deferred cleanup
+// (the namespaces, the work directory) is done.
+func soakMain(binDir string, seed uint64, duration time.Duration, minFaults, epochs int, keep bool) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	h, err := newHarness(ctx, *binDir, *seed, *epochs)
+	h, err := newHarness(ctx, binDir, seed, epochs)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "chaos: %v\n", err)
-		os.Exit(2)
+		return 2
 	}
-	if !*keep {
+	if !keep {
 		defer os.RemoveAll(h.dir)
 	} else {
 		fmt.Fprintf(os.Stderr, "chaos: work directory %s\n", h.dir)
@@ -142,14 +147,14 @@ func main() {
 	bed, err := netns.New(nsPrefix, nsSite, ranks+1, "")
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "chaos: the hosts' namespaces: %v\n", err)
-		os.Exit(2)
+		return 2
 	}
 	h.bed = bed
 	func() {
 		// However the soak ends, the namespaces go before the line is
 		// printed and the left-behind count is taken.
 		defer bed.Close()
-		h.soak(*duration, *minFaults)
+		h.soak(duration, minFaults)
 	}()
 	if left := bedLeft(bed, veths); len(left) > 0 {
 		h.res.LeftBehind += len(left)
@@ -163,8 +168,9 @@ func main() {
 	}
 	fmt.Println(string(line))
 	if len(res.Problems) > 0 {
-		os.Exit(1)
+		return 1
 	}
+	return 0
 }
 
 // The hosts' namespaces: cohort-chaos-<pid>-h0 runs the coordinator and
