@@ -70,6 +70,9 @@ type Apply struct {
 
 	ConsF32  []float32
 	ConsBF16 []uint16
+	// Base, when set, makes ConsBF16 a difference from it: the value is
+	// Base + ConsBF16 (the bf16 wire's parameters, numeric/delta.go).
+	Base []float32
 	Weights  []float64
 	Scale    float64
 	Root     int
@@ -127,6 +130,13 @@ func (a *Apply) Run(st *Stats) {
 			copy(v, a.ConsF32[b:e])
 		case a.ConsBF16 != nil:
 			DecodeBF16(v, a.ConsBF16[b:e])
+			if a.Base != nil {
+				base := a.Base[b:e]
+				base = base[:len(v)]
+				for i := range v {
+					v[i] += base[i]
+				}
+			}
 		case mean:
 			ws.sum(v, b, e)
 		default:

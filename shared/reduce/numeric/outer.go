@@ -15,6 +15,10 @@ const (
 	// new = prev - lr*(mu*v + g). Each rank's inner optimizer (the
 	// trainer's) keeps its state across rounds, as in DiLoCo's algorithm.
 	OuterDiLoCo
+	// OuterTrack keeps the consensus, as OuterNone does, and records it as
+	// prev: the base a bf16 wire's differences need when no other outer
+	// optimizer keeps one. No setting names it.
+	OuterTrack
 )
 
 func (k OuterKind) String() string {
@@ -25,6 +29,8 @@ func (k OuterKind) String() string {
 		return "slowmo"
 	case OuterDiLoCo:
 		return "diloco"
+	case OuterTrack:
+		return "track"
 	}
 	return fmt.Sprintf("outer(%d)", int(k))
 }
@@ -65,7 +71,7 @@ func (o Outer) Step(c, prev, v []float32, seed bool) {
 	}
 	prev = prev[:len(c)]
 	v = v[:len(c)]
-	if seed {
+	if seed || o.Kind == OuterTrack {
 		copy(prev, c)
 		clear(v)
 		return
