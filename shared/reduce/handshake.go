@@ -21,9 +21,14 @@ type Wire uint32
 const (
 	// WireF32 sends IEEE float32 values.
 	WireF32 Wire = 1
-	// WireBF16 sends bfloat16 values (rounded to nearest even); sums stay
-	// f32.
-	WireBF16 Wire = 2
+	// WireBF16 sends bfloat16 values (rounded to nearest even): the
+	// parameters as their change since the previous round's global
+	// parameters, with what rounding drops carried to the next round
+	// (reduce/numeric/delta.go), buffers as they are. Its code
+	// is 3: code 2 was bf16 of the parameters themselves, which the two
+	// ends cannot mix, so a rank of either encoding is refused by a
+	// server of the other (an unknown wire), and code 2 is not reused.
+	WireBF16 Wire = 3
 )
 
 // Size is the bytes of one element, 0 for an unknown encoding.

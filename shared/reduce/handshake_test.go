@@ -226,3 +226,24 @@ func TestHandshakeBytesFollowTheSpec(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// Hello.Check takes only the wires this release speaks: code 2, the bf16
+// of whole parameters, must not meet the bf16 of differences (code 3).
+func TestHelloCheckWires(t *testing.T) {
+	cases := []struct {
+		wire Wire
+		ok   bool
+	}{
+		{WireF32, true},
+		{WireBF16, true},
+		{0, false},
+		{2, false},
+		{4, false},
+	}
+	for _, tc := range cases {
+		h := Hello{Rank: 0, World: 2, Wire: tc.wire, Params: 4}
+		if err := h.Check(); (err == nil) != tc.ok {
+			t.Errorf("wire %d: Check() = %v, want ok %v", uint32(tc.wire), err, tc.ok)
+		}
+	}
+}

@@ -65,6 +65,16 @@ type client struct {
 
 	outerSteps uint64
 	outerID    [8]byte
+	resid      residual // a host leader's, on a bf16 wire
+}
+
+// residual is what a host leader's bf16 roundings dropped (the
+// parameters' only), valid for the round after the one of outer step
+// steps under topology gen when ok.
+type residual struct {
+	v          []float32
+	ok         bool
+	gen, steps uint64
 }
 
 type topology struct {

@@ -132,10 +132,16 @@ func (r *rnd) allReduce(j *job, applied *numeric.Stats) (uint64, time.Duration, 
 					scale = bs
 				}
 			}
-			if j.wire == reduce.WireBF16 {
+			switch {
+			case j.delta && a < c.np && scale != 0:
+				// This hop's rounding joins the host's residual: any
+				// host may send the cohort's dropped change back.
+				d, o := numeric.Uint16s(dst), numeric.Uint16s(own)
+				numeric.CombineBF16Residual(d[a:b], d[a:b], o[a:b], scale, j.resid[a:b])
+			case j.wire == reduce.WireBF16:
 				d, o := numeric.Uint16s(dst), numeric.Uint16s(own)
 				numeric.CombineBF16(d[a:b], [][]uint16{d[a:b], o[a:b]}, scale)
-			} else {
+			default:
 				d, o := numeric.Float32s(dst), numeric.Float32s(own)
 				numeric.Combine(d[a:b], [][]float32{d[a:b], o[a:b]}, scale)
 			}

@@ -184,6 +184,7 @@ func (c *client) round(ctx context.Context, rq plugin.Round, root uint32, sess u
 		}
 		st = numeric.NewStats(len(j.ranks))
 		if j.p == 0 {
+			j.resid = c.residual(j)
 			// The leader's Send (all the host's ranks folded, which here
 			// means they are in the round) may come during the ring, and
 			// its Apply brings nothing.
@@ -225,6 +226,9 @@ func (c *client) round(ctx context.Context, rq plugin.Round, root uint32, sess u
 			c.outerSteps++
 		}
 	}
+	if j.resid != nil {
+		c.resid = residual{v: c.resid.v, ok: true, gen: c.topo.gen, steps: c.outerSteps}
+	}
 	res.Realized = true
 	res.PreNorm, res.PostNorm = math.Sqrt(m.res.Pre2), math.Sqrt(m.res.Post2)
 	if res.PostNorm > 1e-10 {
@@ -233,6 +237,27 @@ func (c *client) round(ctx context.Context, rq plugin.Round, root uint32, sess u
 	res.ReduceMS, res.WaitMS, res.TotalMS = plugin.Milliseconds(reduceTime), plugin.Milliseconds(r.wait), plugin.Milliseconds(time.Since(start))
 	res.BytesMoved = c.conn.BytesSent() + c.conn.BytesReceived() - bytes0 + ringBytes
 	return res, nil
+}
+
+// residual is what the leader's roundings dropped, to send in this
+// round: carried on from the previous round when this rank led its host
+// in it under the same topology, else zeros (the residual of a round that
+// failed, or of another topology, is not known to be this cohort's).
+// nil when the round sends no differences. The round marks it current
+// once it succeeds.
+func (c *client) residual(j *job) []float32 {
+	r := &c.resid
+	carried := r.ok && r.gen == c.topo.gen && r.steps == c.outerSteps
+	r.ok = false
+	if !j.delta {
+		return nil
+	}
+	if len(r.v) != c.np {
+		r.v = make([]float32, c.np)
+	} else if !carried {
+		clear(r.v)
+	}
+	return r.v
 }
 
 // loneRound reports a smoothing round whose one member keeps its values:
@@ -340,13 +365,22 @@ type job struct {
 	hostWeight float64
 	seed       bool
 	wire       reduce.Wire // of this round's folds and consensus
+	// delta: the parameters cross as differences from the outer state's
+	// prev, the previous global parameters (a bf16 wire's, numeric/delta.go),
+	// with the host's rounding residual resid.
+	delta bool
+	resid []float32
 }
 
 func (c *client) job(p reduce.Plan, seed bool) *job {
 	j := &job{c: c, plan: p, rootIdx: -1, seed: seed, wire: c.cfg.wire}
-	if p.Broadcast {
+	// A broadcast must be exact, and a seeding round has no previous
+	// global parameters every host agrees on to send differences from:
+	// both cross in f32. Every host sees the same plan and the same seed.
+	if p.Broadcast || (seed && j.wire == reduce.WireBF16) {
 		j.wire = reduce.WireF32
 	}
+	j.delta = j.wire == reduce.WireBF16 && c.outer != nil
 	for i, q := range p.Parts {
 		j.ranks = append(j.ranks, q.Rank)
 		j.arenas = append(j.arenas, c.floats(q.Rank))
@@ -401,7 +435,7 @@ func (j *job) span(ph phase, lo, hi int, st *numeric.Stats) {
 		default:
 			ap := numeric.Apply{Dst: dst}
 			if ph == phaseApplyConsensus {
-				j.consensus(&ap, x0, x1)
+				j.consensus(&ap, sp, x0, x1)
 			} else if j.plan.Broadcast {
 				ap.Root = j.rootIdx
 			} else if sp.param {
@@ -463,7 +497,8 @@ func (j *job) parallel(ph phase, lo, hi, threads int, st *numeric.Stats) {
 }
 
 // fold writes the host's weighted sum of reduce elements [x0, x1) into the
-// fold segment (and its bf16 encoding when the wire is bf16).
+// fold segment, or its bf16 encoding when the wire is bf16 (for the
+// parameters, their sum of changes since the previous round).
 func (j *job) fold(src [][]float32, sp span, x0, x1 int) {
 	n := j.c.np + j.c.nb
 	seg := j.c.fold.Bytes()
@@ -482,19 +517,28 @@ func (j *job) fold(src [][]float32, sp span, x0, x1 int) {
 		if !sp.param {
 			w = j.m
 		}
-		if b16 != nil {
+		switch {
+		case b16 != nil && j.delta && sp.param:
+			ob := numeric.Float32s(j.c.outer.Bytes())
+			numeric.FoldDeltaBF16(b16, src, w, ob[x0:x1], j.resid[x0:x1])
+		case b16 != nil:
 			numeric.FoldBF16(b16, src, w, nil)
-		} else {
+		default:
 			numeric.Fold(f32, src, w, nil)
 		}
 	}
 }
 
-// consensus points ap at the received consensus for elements [x0, x1).
-func (j *job) consensus(ap *numeric.Apply, x0, x1 int) {
+// consensus points ap at the received consensus for elements [x0, x1) of
+// span sp.
+func (j *job) consensus(ap *numeric.Apply, sp span, x0, x1 int) {
 	cons := j.c.consArea(j.wire)
 	if j.wire == reduce.WireBF16 {
 		ap.ConsBF16 = numeric.Uint16s(cons)[x0:x1]
+		if j.delta && sp.param {
+			// prev is read before the outer step overwrites it.
+			ap.Base = numeric.Float32s(j.c.outer.Bytes())[x0:x1]
+		}
 	} else {
 		ap.ConsF32 = numeric.Float32s(cons)[x0:x1]
 	}

@@ -20,7 +20,9 @@ type Settings struct {
 	// Gamma weighs a rank's parameters by steps^gamma (default 1).
 	Gamma *float64 `json:"gamma"`
 	// Wire is the element encoding between hosts: "f32" (default) or
-	// "bf16" (half the bytes, rounded to nearest even; sums stay f32).
+	// "bf16": half the bytes, the parameters sent as their change since
+	// the previous round, rounded to nearest even, with what rounding
+	// drops carried to the next round (buffers are sent as they are).
 	// Ranks of one host never encode: they reduce through shared memory.
 	Wire string `json:"wire"`
 	// EASGDAlpha, in (0, 1], makes the averager leave
@@ -208,15 +210,21 @@ const momentPrefix = "optimizer."
 // filter would add a second momentum over the first, which slowed the
 // transformer of `make bench` (AdamW) from 80.34% to 71.80% after one
 // epoch averaging every batch, against DDP's 79.17%.
+//
+// A bf16 wire sends the parameters as differences from the previous global
+// parameters (numeric/delta.go), which the outer optimizer's state holds;
+// with none, the averager keeps them itself (numeric.OuterTrack).
 func (c config) forLayout(l arena.Layout) config {
-	if c.smoothingSet || !c.smoothing {
-		return c
-	}
-	for _, e := range l.Entries {
-		if e.Role == arena.Buffer && strings.HasPrefix(e.Name, momentPrefix) {
-			c.outer, c.smoothing = numeric.Outer{}, false
-			return c
+	if !c.smoothingSet && c.smoothing {
+		for _, e := range l.Entries {
+			if e.Role == arena.Buffer && strings.HasPrefix(e.Name, momentPrefix) {
+				c.outer, c.smoothing = numeric.Outer{}, false
+				break
+			}
 		}
+	}
+	if c.wire == reduce.WireBF16 && c.outer.Kind == numeric.OuterNone {
+		c.outer = numeric.Outer{Kind: numeric.OuterTrack}
 	}
 	return c
 }
@@ -225,9 +233,10 @@ func (c config) forLayout(l arena.Layout) config {
 // it is: the weighted mean of one contributor is its own values exactly
 // (numeric.Apply copies them), an EASGD blend towards them moves nothing, and
 // a lone member is a host of its own, so no wire format touches its values.
-// An outer optimizer still steps; smoothing does not (see loneRound).
+// An outer optimizer still steps; smoothing does not (see loneRound), and
+// tracking the base of a bf16 wire keeps the values as they are.
 func (c config) soloIdentity() bool {
-	return c.outer.Kind == numeric.OuterNone || c.smoothing
+	return c.outer.Kind == numeric.OuterNone || c.outer.Kind == numeric.OuterTrack || c.smoothing
 }
 
 // digest fingerprints the settings that must be equal across the cohort.
