@@ -72,10 +72,10 @@ type Apply struct {
 	ConsBF16 []uint16
 	// Base, when set, makes ConsBF16 a difference from it: the value is
 	// Base + ConsBF16 (the bf16 wire's parameters, numeric/delta.go).
-	Base []float32
-	Weights  []float64
-	Scale    float64
-	Root     int
+	Base    []float32
+	Weights []float64
+	Scale   float64
+	Root    int
 
 	// Outer, when its Kind is not OuterNone, steps the value with the state
 	// Prev and Vel (same length as the destinations) before it is applied.
