@@ -34,7 +34,7 @@
 extern "C" {
 #endif
 
-#define COHORT_TORCH_SHIM_ABI 6u
+#define COHORT_TORCH_SHIM_ABI 7u
 
 /* Element types: the values of arena.DType in shared/arena. */
 #define CT_DTYPE_F32 1
@@ -90,11 +90,15 @@ typedef struct ct_config {
    * the layout, after the buffers, as a buffer named
    * "optimizer.exp_avg.<parameter>", so rounds average it too. */
   int32_t average_moments;
-  /* With average_moments, n > 1: after each round (adopt without credit),
-   * the part of each second moment (exp_avg_sq) added since the previous
-   * round is resized to what n ranks' batches in one would have given
-   * (its noise divided by n, its signal, the mean first moment squared,
-   * kept). 0: off. */
+  /* With average_moments, the cohort's world size n > 0 turns on the
+   * second moments' resize: after each round (adopt without credit), the
+   * part of each second moment (exp_avg_sq) added since the previous round
+   * is resized to what the round's ranks' batches in one would have given
+   * (its noise divided by their count, its signal, the mean first moment
+   * squared, kept). With n > 1 the layout ends with a buffer
+   * "optimizer.cohort_members" of n f32, 1 at element rank (< n), 0
+   * elsewhere; a round's mean of it is nonzero at the ranks it averaged,
+   * which is how the shim counts them. 0: off. */
   uint32_t cohort_ranks;
 } ct_config;
 

@@ -203,7 +203,7 @@ void cohort_second_moment(torch::optim::Optimizer &opt, Entry &e, double n, doub
   const int64_t step = st.step();
   const int64_t k = step - e.step_round;
   auto v = st.exp_avg_sq();
-  if (k > 0 && step > 0) {
+  if (k > 0 && step > 0 && n > 1) {
     const double decay = std::pow(beta2, static_cast<double>(k));
     const double w = 1 - decay;
     const double bc1 = 1 - std::pow(beta1, static_cast<double>(step));
@@ -325,7 +325,8 @@ struct ct_model {
   bool training = true;
   bool attached = false;
   int32_t optimizer = 0; // CT_OPT_*
-  double cohort_ranks = 0; // cohort_second_moment's n; 0: off
+  int64_t members = -1; // index of the "optimizer.cohort_members" entry; -1: none
+  int64_t rank = 0;      // this rank's element of it
   double beta1 = 0, beta2 = 0;
 
   // bind_moments ties the layout's moment entries to the optimizer's state
@@ -344,21 +345,41 @@ struct ct_model {
     }
   }
 
+  // in_files reports whether entry i is saved in the model's file: an
+  // optimizer moment is restored with the optimizer, and the members entry
+  // is set anew at every round.
+  bool in_files(size_t i) const { return !entries[i].param.defined() && static_cast<int64_t>(i) != members; }
+
+  // round_members reads how many ranks the last round averaged from the
+  // members entry: every rank puts 1 at its own element and 0 elsewhere, so
+  // a round leaves the mean over the ranks it averaged, nonzero at theirs
+  // (a blend or a credited adopt keeps it so). The world size would
+  // overstate it while ranks are dead, and a broadcast averages nobody's
+  // batches (1: the root's values). The entry is set back for the next
+  // round.
+  double round_members() {
+    torch::NoGradGuard ng;
+    Entry &e = entries[members];
+    double n = static_cast<double>(e.t.count_nonzero().item<int64_t>());
+    e.t.zero_();
+    e.t[rank].fill_(1);
+    return n;
+  }
+
   // after_round runs cohort_second_moment on every first moment in the
-  // layout, once a round has left the cohort's mean in them.
-  void after_round() {
-    if (cohort_ranks <= 1) {
-      return;
-    }
+  // layout, once a round of n ranks has left their mean in them. With n <= 1
+  // nothing is resized, but the second moments are taken as they stand, so
+  // the next round resizes only what its own steps added.
+  void after_round(double n) {
     torch::NoGradGuard ng;
     for (auto &e : entries) {
       if (!e.param.defined()) {
         continue;
       }
       if (optimizer == CT_OPT_ADAM) {
-        cohort_second_moment<torch::optim::AdamParamState>(*opt, e, cohort_ranks, beta1, beta2);
+        cohort_second_moment<torch::optim::AdamParamState>(*opt, e, n, beta1, beta2);
       } else {
-        cohort_second_moment<torch::optim::AdamWParamState>(*opt, e, cohort_ranks, beta1, beta2);
+        cohort_second_moment<torch::optim::AdamWParamState>(*opt, e, n, beta1, beta2);
       }
     }
   }
@@ -604,7 +625,24 @@ ct_model *create(const ct_config *cfg, char *err, size_t errlen) {
       if (!cfg->average_moments) {
         fail("cohort_second_moment needs average_moments");
       }
-      m->cohort_ranks = static_cast<double>(cfg->cohort_ranks);
+      if (cfg->rank >= cfg->cohort_ranks) {
+        fail("rank " + std::to_string(cfg->rank) + " is outside a cohort of " + std::to_string(cfg->cohort_ranks) +
+             " ranks");
+      }
+      if (cfg->cohort_ranks > 1) {
+        const int64_t n = cfg->cohort_ranks;
+        Entry e;
+        e.name = "optimizer.cohort_members";
+        e.t = torch::zeros({n}, torch::TensorOptions().dtype(torch::kFloat).device(m->device));
+        e.role = CT_ROLE_BUFFER;
+        e.dtype = CT_DTYPE_F32;
+        e.shape = {n};
+        e.bytes = static_cast<uint64_t>(n) * sizeof(float);
+        m->members = static_cast<int64_t>(m->entries.size());
+        m->rank = cfg->rank;
+        m->entries.push_back(std::move(e));
+        m->round_members();
+      }
       m->beta1 = cfg->beta1;
       m->beta2 = cfg->beta2;
     }
@@ -789,8 +827,11 @@ int adopt(ct_model *m, double alpha, int32_t credit, double *norm, char *err, si
         e.t.copy_(e.arena);
       }
     }
-    if (!credit) {
-      m->after_round();
+    if (m->members >= 0) {
+      double n = m->round_members();
+      if (!credit) {
+        m->after_round(n);
+      }
     }
     *norm = m->norm();
   });
@@ -899,8 +940,8 @@ int load(ct_model *m, const char *model_path, const char *optim_path, char *err,
       ar.load_from(model_path, m->device);
       for (size_t i = 0; i < m->entries.size(); ++i) {
         const Entry &e = m->entries[i];
-        if (e.param.defined()) {
-          continue; // an optimizer moment: restored with the optimizer
+        if (!m->in_files(i)) {
+          continue;
         }
         try {
           vals[i] = read_nested(ar, e.name, e.role == CT_ROLE_BUFFER);
@@ -918,7 +959,7 @@ int load(ct_model *m, const char *model_path, const char *optim_path, char *err,
         byname.emplace(b.name, b.value);
       }
       for (size_t i = 0; i < m->entries.size(); ++i) {
-        if (m->entries[i].param.defined()) {
+        if (!m->in_files(i)) {
           continue;
         }
         auto it = byname.find(m->entries[i].name);
@@ -930,7 +971,7 @@ int load(ct_model *m, const char *model_path, const char *optim_path, char *err,
     }
     for (size_t i = 0; i < m->entries.size(); ++i) {
       const Entry &e = m->entries[i];
-      if (e.param.defined()) {
+      if (!m->in_files(i)) {
         continue;
       }
       if (!vals[i].defined() || vals[i].sizes().vec() != e.shape || vals[i].scalar_type() != e.t.scalar_type()) {

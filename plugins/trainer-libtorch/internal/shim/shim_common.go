@@ -59,9 +59,11 @@ type ModelSpec struct {
 	// AverageMoments (adam, adamw) adds each trained parameter's first
 	// moment to the layout, as a buffer "optimizer.exp_avg.<parameter>".
 	AverageMoments bool
-	// CohortRanks > 1 (with AverageMoments) resizes, after each round, each
-	// second moment's part since the previous round to a batch this many
-	// times larger; 0 is off.
+	// CohortRanks, the world size (with AverageMoments), resizes after each
+	// round each second moment's part since the previous round to a batch
+	// as many times larger as the round averaged ranks; 0 is off. Above 1
+	// it adds the buffer "optimizer.cohort_members" (CohortRanks f32) to
+	// the layout, by which the shim counts them.
 	CohortRanks uint32
 }
 

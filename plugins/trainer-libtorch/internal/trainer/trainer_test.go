@@ -1170,16 +1170,18 @@ func TestAverageMoments(t *testing.T) {
 
 // TestCohortSecondMoment: after a round, what a rank's second moment
 // gained since the previous round is resized to a batch as many times
-// larger as the world has ranks, where the averaged first moment says the
-// gradient is noise, and kept where it says it is signal. The next step
-// shows it: Adam's step is lr·m/√v.
+// larger as the round averaged ranks (not the world's: some may be dead),
+// where the averaged first moment says the gradient is noise, and kept
+// where it says it is signal. The next step shows it: Adam's step is
+// lr·m/√v.
 func TestCohortSecondMoment(t *testing.T) {
 	data := synthData(t, 256, 8, 3)
-	// step trains a rank of world ranks for 100 steps, runs a round that
-	// leaves moment in every first moment, trains one more step (the same
-	// batch size, whose square adds a hundredth of what the 100 put in v) and
-	// returns how far that step moved fc2.bias.
-	step := func(t *testing.T, world uint32, on bool, moment float32) []float64 {
+	// step trains a rank of world ranks for 100 steps, runs a round of
+	// members ranks (this one among them) that leaves moment in every first
+	// moment, trains one more step (the same batch size, whose square adds a
+	// hundredth of what the 100 put in v) and returns how far that step
+	// moved fc2.bias.
+	step := func(t *testing.T, world, members uint32, on bool, moment float32) []float64 {
 		tr := newTestTrainer(t)
 		setup, err := tr.Configure(context.Background(), plugin.TrainerConfig{Rank: 0, WorldSize: world, LocalRanks: 1, Seed: 7,
 			Settings: settingsJSON(t, merge(data, map[string]any{"hidden": []int{16}, "threads": 1, "optimizer": "adam", "lr": 0.01, "cohort_second_moment": on}))})
@@ -1209,6 +1211,19 @@ func TestCohortSecondMoment(t *testing.T) {
 				}
 			}
 		}
+		if on && world > 1 {
+			// The round's mean of every rank's one-hot members entry.
+			mem := vals("optimizer.cohort_members")
+			if len(mem) != int(world) || mem[0] != 1 || slices.Max(mem[1:]) != 0 {
+				t.Fatalf("rank 0's optimizer.cohort_members before the round = %v, want 1 and %d zeros", mem, world-1)
+			}
+			for i := range mem {
+				mem[i] = 0
+				if i < int(members) {
+					mem[i] = 1 / float32(members)
+				}
+			}
+		}
 		if _, err := tr.Adopt(context.Background(), 1); err != nil {
 			t.Fatal(err)
 		}
@@ -1222,20 +1237,25 @@ func TestCohortSecondMoment(t *testing.T) {
 		return moved
 	}
 	for _, tc := range []struct {
-		name     string
-		world    uint32
-		moment   float32 // the round's mean first moment: 0 is all noise, 1e3 all signal
-		min, max float64 // the step's length against the same rank's without the setting
+		name           string
+		world, members uint32
+		moment         float32 // the round's mean first moment: 0 is all noise, 1e3 all signal
+		min, max       float64 // the step's length against the same rank's without the setting
 	}{
-		{"one rank", 1, 0, 1, 1},
+		{"one rank", 1, 1, 0, 1, 1},
 		// √((1+0.01)/(1/4+0.01)) = 1.97; √((1+0.01)/(1/9+0.01)) = 2.89
-		{"4 ranks, noise", 4, 0, 1.9, 2.001},
-		{"9 ranks, noise", 9, 0, 2.75, 3.001},
-		{"4 ranks, signal", 4, 1e3, 0.999, 1.001},
+		{"4 ranks, noise", 4, 4, 0, 1.9, 2.001},
+		{"9 ranks, noise", 9, 9, 0, 2.75, 3.001},
+		{"4 ranks, signal", 4, 4, 1e3, 0.999, 1.001},
+		// Two of 4 dead: √((1+0.01)/(1/2+0.01)) = 1.41, where the world's
+		// count would give 1.97.
+		{"2 of 4 ranks, noise", 4, 2, 0, 1.38, 1.42},
+		// A broadcast, or a round only this rank trained in.
+		{"1 of 4 ranks", 4, 1, 0, 0.999, 1.001},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			off := step(t, tc.world, false, tc.moment)
-			on := step(t, tc.world, true, tc.moment)
+			off := step(t, tc.world, tc.members, false, tc.moment)
+			on := step(t, tc.world, tc.members, true, tc.moment)
 			for i := range on {
 				if r := on[i] / off[i]; !(r >= tc.min && r <= tc.max) {
 					t.Fatalf("fc2.bias[%d] moved %v, without cohort_second_moment %v: %.4f times as far, want %v to %v",
