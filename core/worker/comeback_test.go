@@ -1,11 +1,17 @@
 package worker_test
 
 import (
+	"context"
+	"errors"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/cohortdl/cohort/core/wire/wirepb"
+	"github.com/cohortdl/cohort/core/worker"
+	"github.com/cohortdl/cohort/shared/plugin"
+	"github.com/cohortdl/cohort/shared/plugintest"
 )
 
 // A rank that loses its coordinator mid-plan keeps its plugins and model
@@ -89,4 +95,59 @@ func TestComeback(t *testing.T) {
 			expectNoWorkerGoroutines(t)
 		})
 	}
+}
+
+// A killed coordinator takes its reduce server with it: the averager's
+// round can fail on that socket before the rank reads the control link's
+// end. The round is then the coordinator's loss, not the averager's: the
+// rank waits for the coordinator to come back, with the round's work
+// still held, instead of exiting with an averaging error.
+func TestComebackAfterTheAveragersServerWentFirst(t *testing.T) {
+	c := newCoordinator(t)
+	o := c.options(0, 1, trainerSettings())
+	o.LivenessTimeout = 5 * time.Second
+	o.HeartbeatInterval = 100 * time.Millisecond
+	avg := &serverLostAverager{Averager: plugintest.NewAverager(nil), failed: make(chan struct{})}
+	o.Plugins = worker.InProcess(plugintest.NewTrainer(nil), avg)
+	run := start(t, o)
+	l := c.accept(&wirepb.Admit{RunId: "cb", Seed: 1, Epochs: 1})
+	expect[*wirepb.Ready](l)
+	l.send(&wirepb.Sync{Round: 4, Mode: wirepb.SyncMode_SYNC_MODE_BROADCAST})
+	expect[*wirepb.SnapshotReady](l)
+	expect[*wirepb.SyncAck](l)
+	l.send(&wirepb.StartEpoch{Plan: plan(0, 0, 64, 1, 256)})
+	expectPlan(l, 4)
+	avg.fail.Store(true)
+	l.send(&wirepb.Sync{Round: 5, Mode: wirepb.SyncMode_SYNC_MODE_AVERAGE})
+	expect[*wirepb.SnapshotReady](l)
+	<-avg.failed
+	time.Sleep(50 * time.Millisecond)
+	l.raw.Close()
+
+	back := c.accept(&wirepb.Admit{RunId: "cb", Seed: 1, Epochs: 1, Comeback: true})
+	k := expect[*wirepb.Ready](back).GetKept()
+	if k.GetLastRound() != 4 || len(k.GetHeld()) != 1 || k.GetHeld()[0].GetSize() != 64 {
+		t.Fatalf("Ready.kept = %v, want last round 4 and the plan's 64 samples held", k)
+	}
+	back.send(&wirepb.Shutdown{})
+	if err := run.wait(10 * time.Second); err != nil {
+		t.Fatalf("Run = %v, want nil after the comeback's Shutdown", err)
+	}
+	expectNoWorkerGoroutines(t)
+}
+
+// serverLostAverager fails a round once fail is set, as averaging-cpu
+// does when its reduce server's socket closes.
+type serverLostAverager struct {
+	*plugintest.Averager
+	fail   atomic.Bool
+	failed chan struct{}
+}
+
+func (a *serverLostAverager) Average(ctx context.Context, r plugin.Round) (plugin.RoundResult, error) {
+	if a.fail.CompareAndSwap(true, false) {
+		close(a.failed)
+		return plugin.RoundResult{}, errors.New("averager: data channel to the reduce server lost: connection reset by peer")
+	}
+	return a.Averager.Average(ctx, r)
 }

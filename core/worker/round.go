@@ -138,7 +138,7 @@ func (w *worker) endRound(ctx context.Context, rr *roundRun, o roundOutcome) err
 		return w.abortedAck(ctx, ack, start, err)
 	}
 	if err != nil {
-		if o.abortedBy == nil && !errors.Is(err, errPeerDied) && !errors.Is(err, plugin.ErrRoundAborted) && w.guard.aborts() == w.sessionAborts && w.connCtx.Err() == nil {
+		if o.abortedBy == nil && !errors.Is(err, errPeerDied) && !errors.Is(err, plugin.ErrRoundAborted) && w.guard.aborts() == w.sessionAborts && !w.linkLostSoon() {
 			return fmt.Errorf("averaging round %d: %w", n, err)
 		}
 		return w.abortedAck(ctx, ack, start, err)
@@ -187,6 +187,29 @@ func (w *worker) endRound(ctx context.Context, rr *roundRun, o roundOutcome) err
 	w.log.Debug("round done", "round", n, "weight", res.Weight, "total_weight", res.TotalWeight, "divergence", div, "ms", ack.RoundMs)
 	return w.send(ctx, ack)
 }
+
+// linkLostSoon reports whether the control link is lost now or within
+// linkLossGrace. An averager that failed may have lost a meeting point
+// that lives in the coordinator (averaging-cpu's reduce server): a killed
+// coordinator's sockets all close at once, and the averager's can be read
+// before the control link's. Such a round is aborted, and the rank waits
+// for the coordinator to come back, rather than dying of it.
+func (w *worker) linkLostSoon() bool {
+	t := time.NewTimer(linkLossGrace)
+	defer t.Stop()
+	select {
+	case <-w.connCtx.Done():
+		return true
+	case <-t.C:
+		return false
+	}
+}
+
+// linkLossGrace is how long a failed round waits to learn that the
+// control link went with it: a killed coordinator's sockets close within
+// microseconds of each other, a loaded machine's reader may take longer
+// to be scheduled.
+const linkLossGrace = time.Second
 
 func (w *worker) abortedAck(ctx context.Context, ack *wirepb.SyncAck, start time.Time, why error) error {
 	w.log.Warn("averaging round aborted", "round", ack.GetRound(), "reason", why)
