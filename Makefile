@@ -105,7 +105,7 @@ test: deps proto-check
 	$(GO) test -count=1 ./cmd/... ./bench/... ./test/faults/...
 
 # comeback-accuracy compares a libtorch run whose coordinator is killed
-# mid-epoch and brought back with the same run left alone
+# in epochs 2 and 3 and brought back with the same run left alone
 comeback-accuracy: build
 	COHORT_COMEBACK_ACCURACY=1 $(GO) test -count=1 -v -run TestCoordinatorComebackAccuracy ./test/faults/
 

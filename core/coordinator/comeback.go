@@ -6,9 +6,10 @@ import (
 	"path/filepath"
 	"slices"
 
-	"github.com/cohortdl/cohort/core/coordinator/checkpoint"
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/cohortdl/cohort/core/config"
+	"github.com/cohortdl/cohort/core/coordinator/checkpoint"
 	"github.com/cohortdl/cohort/core/coordinator/dispatch"
 	"github.com/cohortdl/cohort/core/coordinator/record"
 	"github.com/cohortdl/cohort/core/wire/wirepb"
@@ -19,8 +20,9 @@ import (
 // ranks that outlived it. The consensus file says what the cohort's last
 // consensus holds; each rank that kept its model says, in Ready.kept, the
 // last round that succeeded on it and what it trained since it published
-// into that round. The first round then starts every rank from those
-// models, and the epoch goes on from that consensus, each sample trained
+// into that round. The ranks then finish the window they were training
+// (continueWindow), or a first round starts every rank from those models;
+// either way the epoch goes on from that consensus, each sample trained
 // once (docs/protocol.md, "A coordinator that comes back").
 
 // openComeback reads the consensus file of the run resume names, and
@@ -81,6 +83,9 @@ type comebackPlan struct {
 	all bool
 	// averaged: the first round averaged on some rank.
 	averaged bool
+	// continued: there is no first round; the ranks finish the window
+	// they were training (continueWindow).
+	continued bool
 }
 
 // planComeback decides, once every rank is Ready, which models the first
@@ -132,6 +137,53 @@ func (r *runner) planComeback() *comebackPlan {
 	return p
 }
 
+// continueWindow starts the cohort again without a round, when every
+// rank kept the same consensus and its work since is the start of the
+// plan the window after that consensus gives it (the sync policy hands
+// windows out the same way again): each rank is handed the rest of that
+// plan, and the window's round averages it all, as it would have without
+// the comeback. The run then follows the path it was on: the same rounds
+// at the same batches, the same plans. false: no rank was handed anything
+// and the first round must bring the kept work in (firstRound).
+func (r *runner) continueWindow() bool {
+	p, m, live := r.cb, r.cb.state, r.ranks.Live()
+	if !p.all || m == nil || m.Epoch >= uint64(r.cfg.Run.Epochs) || r.policy != config.PolicySync {
+		return false
+	}
+	if !r.disp.Resume(dispatch.Resumed{Epoch: m.Epoch, Remaining: m.Remaining, Pool: m.Pool, GlobalStep: m.GlobalStep}, live) {
+		// Nothing is dispatched before the first round: it resumes the
+		// epoch again once it completed.
+		r.disp.EndEpoch()
+		return false
+	}
+	r.disp.RestoreController(m.Controller, m.ControllerWindow)
+	// The consensus's state: what a save before the window's round
+	// resumes from, the kept work still to train.
+	snap := checkpoint.Progress{Snapshot: r.disp.Snapshot(live), Partial: m.Partial}
+	plans, ok := r.disp.ContinueWindow(live, p.held)
+	if !ok {
+		r.disp.EndEpoch()
+		return false
+	}
+	p.continued = true
+	r.rep.Resumed(m.Rounds, slices.Clone(m.Finished))
+	r.epoch = m.Epoch
+	// The kept work counts in the epoch's figures as its ranks'.
+	counted := *m
+	counted.Remaining = slices.Clone(m.Remaining)
+	for id, spans := range p.held {
+		counted.Holds(id, spans)
+	}
+	r.rep.StartEpoch(m.Epoch, counted.Partial)
+	r.snap = snap
+	r.consRound = p.round
+	p.keep(r.c.out, r.roundSeq, r.log)
+	r.deliver(live, plans, nil)
+	r.log.Info("the ranks finish the window they were training", "consensus", p.round, "epoch", m.Epoch+1,
+		"plans", len(plans), "samples_left", r.disp.Remaining())
+	return true
+}
+
 // firstRound is the first round's mode and root: an average of the
 // holders when every rank is one, else a broadcast from the root.
 func (p *comebackPlan) firstRound() (wirepb.SyncMode, uint32) {
@@ -166,16 +218,20 @@ func (p *comebackPlan) resumed(world uint32) *checkpoint.Meta {
 
 // keep writes the comeback's record into the run's out directory: which
 // kept work the first round (num) took into the model, and which it
-// replaced and is trained again.
+// replaced and is trained again; after continueWindow, num is the
+// window's round, which takes it all.
 func (p *comebackPlan) keep(out string, num uint64, log hclog.Logger) {
 	rec := record.ComebackRecord{Consensus: p.round, Round: num, Mode: "broadcast", Root: p.root,
 		Reached: map[uint32][]dispatch.Span{}, Retrained: map[uint32][]dispatch.Span{}}
-	if p.averaged {
+	switch {
+	case p.continued:
+		rec.Mode = "continue"
+	case p.averaged:
 		rec.Mode = "average"
 	}
 	for id, spans := range p.held {
 		rec.Holders = append(rec.Holders, id)
-		if p.averaged || id == p.root {
+		if p.continued || p.averaged || id == p.root {
 			rec.Reached[id] = spans
 		} else {
 			rec.Retrained[id] = spans

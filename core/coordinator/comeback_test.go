@@ -28,8 +28,9 @@ import (
 // started on the same address with Resume on the run takes the rank
 // workers back and the run completes. This is what `cohort run` does with
 // its coordinator. When the same worker.Run calls come back (they never
-// return meanwhile), the first round averages their models and every
-// sample of every epoch is trained exactly once. When rank 1's worker was
+// return meanwhile), they finish the window they were training, its
+// round takes their kept work in, and every sample of every epoch is
+// trained exactly once. When rank 1's worker was
 // replaced by a fresh one (which loads the checkpoint), the first round
 // broadcasts rank 0's kept model: rank 1's work since the consensus is
 // trained again, nothing is missing, and the other epochs are trained once.
@@ -155,7 +156,7 @@ func crashAndComeBack(t *testing.T, fresh bool) {
 	if len(recs) != 1 {
 		t.Fatalf("comeback records %v, want one", recs)
 	}
-	want := record.ComebackRecord{Mode: "average", Holders: []uint32{0, 1}}
+	want := record.ComebackRecord{Mode: "continue", Holders: []uint32{0, 1}}
 	if fresh {
 		want = record.ComebackRecord{Mode: "broadcast", Holders: []uint32{0}}
 	}

@@ -51,6 +51,9 @@ func (r *runner) tryForm() bool {
 	r.disp.Form(r.pickSpace, r.batch, cad)
 	r.emit(Progress{Kind: ProgressFormed})
 	r.role.Form(epoch)
+	if r.cb != nil && r.continueWindow() {
+		return true
+	}
 	// Every rank starts from rank 0's parameters (after a resume: from
 	// what rank 0 loaded; after a comeback: from the kept models).
 	r.issueRound(mode, root, true)

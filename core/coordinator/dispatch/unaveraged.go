@@ -1,6 +1,10 @@
 package dispatch
 
-import "slices"
+import (
+	"slices"
+
+	"github.com/cohortdl/cohort/core/config"
+)
 
 // What a rank trains reaches the cohort's model only through a round that
 // averages it: until then the rank's own model alone holds it, and dies
@@ -123,4 +127,61 @@ func (s Snapshot) Without(held []Range) Snapshot {
 	}
 	out.Pool = without(s.Pool, held)
 	return out
+}
+
+// ContinueWindow takes back the window a lost coordinator handed out
+// after the consensus the dispatcher was resumed from: held is what each
+// live rank kept of it (its spans since that consensus). It hands the
+// window again, as the lost coordinator did, less what each rank trained
+// already: that is the rank's unaveraged work, which the window's round
+// averages as if its reports had come. The plans returned are the rest of
+// each rank's window (none for a rank that trained all of it). ok is
+// false, and nothing changed, unless the policy partitions the epoch and
+// each rank's held work is exactly the start of its plan in this window:
+// then only a round can take it in.
+func (d *Dispatcher) ContinueWindow(live []uint32, held map[uint32][]Span) (plans map[uint32]*Plan, ok bool) {
+	if d.policy != config.PolicySync || d.work == nil {
+		return nil, false
+	}
+	want := d.ctl.window().Interval * d.batch
+	done := map[uint32]uint64{}
+	for _, id := range live {
+		if len(d.queues[id].outstanding) > 0 || len(d.queues[id].unaveraged) > 0 {
+			return nil, false
+		}
+		var rs []Range
+		for _, s := range held[id] {
+			if s.Epoch != d.epoch {
+				return nil, false
+			}
+			rs = append(rs, s.Range)
+		}
+		rs = joinRanges(rs)
+		if len(rs) == 0 {
+			continue
+		}
+		// takeFront leaves the partition as it is: this only looks.
+		c, _ := takeFront(d.work.parts[id], want)
+		if len(rs) > 1 || rs[0].Offset != c.Offset || rs[0].Size > c.Size {
+			return nil, false
+		}
+		done[id] = rs[0].Size
+	}
+	plans = d.WindowPlans(live, false)
+	for id, n := range done {
+		q := &d.queues[id]
+		p := plans[id]
+		p.rng = Range{Offset: p.rng.Offset + n, Size: p.rng.Size - n}
+		if p.rng.Size == 0 {
+			q.outstanding = slices.DeleteFunc(q.outstanding, func(o *Plan) bool { return o == p })
+			delete(plans, id)
+			delete(d.win.ranks, id)
+		}
+		for _, s := range held[id] {
+			q.unaveraged = append(q.unaveraged, s)
+			q.sinceRound += s.Batches
+			d.batches += s.Batches
+		}
+	}
+	return plans, true
 }

@@ -11,13 +11,15 @@ const ComebacksDir = "comebacks"
 // from which consensus, by which first round, and what each rank's kept
 // work became. Reached are the spans its first round took into the model
 // (counted as trained); Retrained the spans of kept models it replaced,
-// which are in the remaining work again and trained a second time.
+// which are in the remaining work again and trained a second time. Mode
+// "continue" has no first round: the ranks finished the window they were
+// training, and Round, the window's round, took every rank's kept work.
 type ComebackRecord struct {
 	// Consensus is the round whose consensus the holders kept; Round the
 	// first round of the coordinator that came back.
 	Consensus uint64                     `json:"consensus"`
 	Round     uint64                     `json:"round"`
-	Mode      string                     `json:"mode"` // "average" or "broadcast"
+	Mode      string                     `json:"mode"` // "continue", "average" or "broadcast"
 	Root      uint32                     `json:"root"`
 	Holders   []uint32                   `json:"holders"`
 	Reached   map[uint32][]dispatch.Span `json:"reached"`
