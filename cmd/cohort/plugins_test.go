@@ -100,7 +100,7 @@ func TestPluginPackageCommands(t *testing.T) {
 		code int
 		out  string
 	}{
-		{"version", []string{"version"}, exitCompleted, "plugin protocols 1-3\nplugin SDK github.com/cohortdl/cohort/shared@v" + plugin.SDKVersion},
+		{"version", []string{"version"}, exitCompleted, "plugin protocols 1-4\nplugin SDK github.com/cohortdl/cohort/shared@v" + plugin.SDKVersion},
 		{"keygen", []string{"plugins", "keygen", "-o", key}, exitCompleted, "k.pub (public)"},
 		{"keygen other", []string{"plugins", "keygen", "-o", other}, exitCompleted, ""},
 		{"keygen again", []string{"plugins", "keygen", "-o", key}, exitFailed, ""},

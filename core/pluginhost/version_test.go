@@ -62,7 +62,8 @@ func (nopRelay) Exchange(context.Context, string, []byte) (map[uint32][]byte, er
 	return nil, nil
 }
 
-// A host speaks protocols 1 to 3: a plugin serving them all gets 3, one
+// A host speaks protocols 1 to 4: a plugin serving them all gets 4, one
+// serving 1 to 3 gets 3, one
 // serving 1 and 2 gets 2 and the relay, an old plugin serving only 1 still
 // runs (without a relay), and a plugin from the future or the past is
 // refused with both sides' versions.
@@ -75,11 +76,12 @@ func TestProtocolNegotiation(t *testing.T) {
 		wantErr   string // for a refusal
 	}{
 		{"current", "", plugin.ProtocolVersion, ""},
-		{"all", "1,2,3", 3, ""},
+		{"all", "1,2,3,4", 4, ""},
+		{"load reason", "1,2,3", 3, ""},
 		{"relay", "1,2", 2, ""},
 		{"old plugin", "1", 1, ""},
-		{"too new", "4", 0, "plugin cohort-averaging-versioned speaks cohort plugin protocol 4; this cohort speaks 1-3"},
-		{"too old", "0", 0, "plugin cohort-averaging-versioned speaks cohort plugin protocol 0; this cohort speaks 1-3"},
+		{"too new", "5", 0, "plugin cohort-averaging-versioned speaks cohort plugin protocol 5; this cohort speaks 1-4"},
+		{"too old", "0", 0, "plugin cohort-averaging-versioned speaks cohort plugin protocol 0; this cohort speaks 1-4"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

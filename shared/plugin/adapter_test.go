@@ -625,9 +625,9 @@ func TestInvalidLayouts(t *testing.T) {
 	}
 }
 
-// TestTrainReportsPassThrough: every report reaches the host while the
-// plugin still trains, one by one and in order; merging them is the
-// worker's job, not the adapter's.
+// TestTrainReportsPassThrough: with no merging asked (Plan.ReportMerge),
+// every report reaches the host while the plugin still trains, one by one
+// and in order.
 func TestTrainReportsPassThrough(t *testing.T) {
 	var mu sync.Mutex
 	var got []BatchReport
@@ -669,6 +669,76 @@ func TestTrainReportsPassThrough(t *testing.T) {
 		if r.Batch != uint64(i) || r.Samples != 8 || r.Loss != float64(i) {
 			t.Errorf("report %d is %+v, want batch %d of 8 samples, loss %d", i, r, i, i)
 		}
+	}
+}
+
+// TestTrainReportMerge: from ProtocolMergedReports on, the host passes
+// Plan.ReportMerge and the adapter sends a plan's reports a message per
+// interval (and at most maxMergedReports a message), the rest before Train
+// returns, its error included; an older plugin, or a plan that asks for
+// nothing, gets a message per report. TrainGrouped hands the host each
+// message as one group.
+func TestTrainReportMerge(t *testing.T) {
+	errBoom := errors.New("boom")
+	for _, tc := range []struct {
+		name     string
+		protocol int
+		merge    time.Duration
+		batches  int
+		pauseAt  int // before this report the plugin waits pause (0: never)
+		pause    time.Duration
+		fail     error
+		sees     time.Duration
+		groups   []int
+	}{
+		{"protocol 4 merges", ProtocolMergedReports, time.Hour, 5, 0, 0, nil, time.Hour, []int{5}},
+		{"protocol 3 does not", ProtocolLoadReason, time.Hour, 3, 0, 0, nil, 0, []int{1, 1, 1}},
+		{"nothing asked", ProtocolMergedReports, 0, 3, 0, 0, nil, 0, []int{1, 1, 1}},
+		{"an interval passes", ProtocolMergedReports, 300 * time.Millisecond, 4, 2, 400 * time.Millisecond, nil, 300 * time.Millisecond, []int{3, 1}},
+		{"a full message goes at once", ProtocolMergedReports, time.Hour, maxMergedReports + 2, 0, 0, nil, time.Hour, []int{maxMergedReports, 2}},
+		{"reports before the error", ProtocolMergedReports, time.Hour, 2, 0, 0, errBoom, time.Hour, []int{2}},
+		{"a millisecond at least", ProtocolMergedReports, time.Microsecond, 1, 0, 0, nil, time.Millisecond, []int{1}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var sees time.Duration
+			conn := connect(t, newGRPCServer, dialOptions(), TrainerPlugin{Impl: &fakeTrainer{train: func(_ context.Context, p Plan, report func(BatchReport) error) error {
+				sees = p.ReportMerge
+				for i := range tc.batches {
+					if i == tc.pauseAt && tc.pause > 0 {
+						time.Sleep(tc.pause)
+					}
+					if err := report(BatchReport{Batch: uint64(i), Samples: 8}); err != nil {
+						return err
+					}
+				}
+				return tc.fail
+			}}})
+			raw, err := TrainerPlugin{Protocol: tc.protocol}.GRPCClient(context.Background(), nil, conn)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var groups []int
+			next := uint64(0)
+			err = raw.(GroupedTrainer).TrainGrouped(context.Background(), Plan{PartitionSize: 8 * uint64(tc.batches), ReportMerge: tc.merge}, func(g []BatchReport) error {
+				groups = append(groups, len(g))
+				for _, r := range g {
+					if r.Batch != next {
+						t.Errorf("report of batch %d, want %d", r.Batch, next)
+					}
+					next++
+				}
+				return nil
+			})
+			if tc.fail == nil && err != nil || tc.fail != nil && (err == nil || !strings.Contains(err.Error(), tc.fail.Error())) {
+				t.Errorf("Train returned %v, want %v", err, tc.fail)
+			}
+			if sees != tc.sees {
+				t.Errorf("the plugin saw ReportMerge %v, want %v", sees, tc.sees)
+			}
+			if !reflect.DeepEqual(groups, tc.groups) {
+				t.Errorf("the host got groups of %v reports, want %v", groups, tc.groups)
+			}
+		})
 	}
 }
 

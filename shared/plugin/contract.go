@@ -58,6 +58,15 @@ type EpochEnder interface {
 	EpochEnd(ctx context.Context, epoch uint64) (ran bool, err error)
 }
 
+// GroupedTrainer is an optional Trainer method, the host's side of
+// Plan.ReportMerge: TrainGrouped is Train with report called once per
+// group of reports as they arrive together (a plugin's merged message), in
+// training order, so the host forwards a group at once instead of holding
+// it for an interval of its own.
+type GroupedTrainer interface {
+	TrainGrouped(ctx context.Context, plan Plan, report func([]BatchReport) error) error
+}
+
 // CapDeviceBlock is the capability a plugin declares in
 // Description.Capabilities when it handles an arena.DeviceBlock: a
 // trainer that implements DeviceExporter, or an averager that averages the
@@ -147,6 +156,13 @@ type Plan struct {
 	// round carry the same scale, so the cohort changes rate at one step.
 	// 0 means 1.
 	LRScale float64
+	// ReportMerge, when not 0, lets a plugin process hold the plan's batch
+	// reports and send them together, a message at most every ReportMerge
+	// (protocol 4 on). Serve's adapter does the holding; a Trainer need
+	// not read it. The host sets it only for a plan whose reports no round
+	// waits on (a cohort of one rank): there a message per batch of a few
+	// milliseconds costs the host's CPU more than the step it reports.
+	ReportMerge time.Duration
 }
 
 // LRMultiplier is p's learning-rate scale as a trainer applies it: 1 when

@@ -3,6 +3,8 @@ package plugin
 import (
 	"encoding/json"
 	"fmt"
+	"math"
+	"time"
 
 	"github.com/cohortdl/cohort/shared/arena"
 	pb "github.com/cohortdl/cohort/shared/plugin/internal/pluginpb"
@@ -284,7 +286,17 @@ func toprotoPlan(p Plan) *pb.TrainRequest {
 		PickSpace:       p.PickSpace,
 		GlobalStep:      p.GlobalStep,
 		LrScale:         p.LRScale,
+		ReportMergeMs:   reportMergeMS(p.ReportMerge),
 	}
+}
+
+// reportMergeMS is d as TrainRequest.report_merge_ms: whole milliseconds,
+// at least 1 for any d above 0 (0 would ask for no merging), saturating.
+func reportMergeMS(d time.Duration) uint32 {
+	if d <= 0 {
+		return 0
+	}
+	return uint32(min(max(d/time.Millisecond, 1), math.MaxUint32))
 }
 
 func fromprotoPlan(m *pb.TrainRequest) Plan {
@@ -296,6 +308,7 @@ func fromprotoPlan(m *pb.TrainRequest) Plan {
 		PickSpace:       m.GetPickSpace(),
 		GlobalStep:      m.GetGlobalStep(),
 		LRScale:         m.GetLrScale(),
+		ReportMerge:     time.Duration(m.GetReportMergeMs()) * time.Millisecond,
 	}
 }
 

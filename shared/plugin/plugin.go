@@ -54,9 +54,15 @@ const (
 	// sends no reason, the plugin treats the load as a resume, and the host
 	// puts the arena's newer values back itself after a replacement's load.
 	ProtocolLoadReason = 3
+	// ProtocolMergedReports (4) is ProtocolLoadReason plus merged batch
+	// reports: the host may let a plan's reports merge in the plugin
+	// (Plan.ReportMerge), and the plugin then sends them a message per
+	// interval instead of one per batch. Under an older version the host
+	// asks for none, and every report is a message of its own.
+	ProtocolMergedReports = 4
 	// ProtocolVersion is the newest version, the one Serve serves by
 	// default.
-	ProtocolVersion = ProtocolLoadReason
+	ProtocolVersion = ProtocolMergedReports
 	// OldestProtocol is the oldest version a host still speaks.
 	OldestProtocol = ProtocolBase
 )
@@ -104,7 +110,8 @@ func Handshake() goplugin.HandshakeConfig {
 // TrainerPlugin is the go-plugin Plugin for the trainer kind. In a plugin
 // Impl is the implementation being served; on the host it is unused.
 // Protocol is the protocol version this value speaks (0: ProtocolVersion):
-// from ProtocolLoadReason on the host sends LoadCheckpoint's reason.
+// from ProtocolLoadReason on the host sends LoadCheckpoint's reason, from
+// ProtocolMergedReports on Plan.ReportMerge.
 type TrainerPlugin struct {
 	goplugin.NetRPCUnsupportedPlugin
 	Impl     Trainer
@@ -122,7 +129,11 @@ func (p TrainerPlugin) GRPCServer(_ *goplugin.GRPCBroker, s *grpc.Server) error 
 
 // GRPCClient returns a Trainer that calls the plugin over c.
 func (p TrainerPlugin) GRPCClient(_ context.Context, _ *goplugin.GRPCBroker, c *grpc.ClientConn) (any, error) {
-	return &trainerClient{rpc: pb.NewTrainerClient(c), reasons: p.Protocol == 0 || p.Protocol >= ProtocolLoadReason}, nil
+	return &trainerClient{
+		rpc:     pb.NewTrainerClient(c),
+		reasons: p.Protocol == 0 || p.Protocol >= ProtocolLoadReason,
+		merges:  p.Protocol == 0 || p.Protocol >= ProtocolMergedReports,
+	}, nil
 }
 
 // AveragerPlugin is the go-plugin Plugin for the averager kind. In a plugin

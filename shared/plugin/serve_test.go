@@ -336,7 +336,7 @@ func TestCheckProtocols(t *testing.T) {
 		{nil, Protocols(), ""},
 		{[]int{ProtocolBase}, []int{ProtocolBase}, ""},
 		{[]int{ProtocolVersion, ProtocolBase}, []int{ProtocolBase, ProtocolVersion}, ""},
-		{[]int{ProtocolVersion + 1}, nil, "not 4"},
+		{[]int{ProtocolVersion + 1}, nil, "not 5"},
 		{[]int{0}, nil, "not 0"},
 		{[]int{1, 1}, nil, "twice"},
 	}
@@ -359,16 +359,16 @@ func TestExplainStart(t *testing.T) {
 	if got := ExplainStart("cohort-averaging-x", other); got != other {
 		t.Errorf("ExplainStart(other) = %v, want it unchanged", got)
 	}
-	raw := errors.New("incompatible API version with plugin. Plugin version: 4, Client versions: [1 2 3]")
+	raw := errors.New("incompatible API version with plugin. Plugin version: 5, Client versions: [1 2 3 4]")
 	err := ExplainStart("cohort-averaging-x", raw)
-	want := "plugin cohort-averaging-x speaks cohort plugin protocol 4; this cohort speaks " + ProtocolRange()
+	want := "plugin cohort-averaging-x speaks cohort plugin protocol 5; this cohort speaks " + ProtocolRange()
 	if err == nil || err.Error() != want {
 		t.Errorf("ExplainStart = %v, want %q", err, want)
 	}
 	if !errors.Is(err, ErrProtocol) || !errors.Is(err, raw) {
 		t.Errorf("%v does not wrap ErrProtocol and go-plugin's error", err)
 	}
-	if ProtocolRange() != "1-3" || !reflect.DeepEqual(Protocols(), []int{1, 2, 3}) {
-		t.Errorf("Protocols %v (%s), want [1 2 3] (1-3)", Protocols(), ProtocolRange())
+	if ProtocolRange() != "1-4" || !reflect.DeepEqual(Protocols(), []int{1, 2, 3, 4}) {
+		t.Errorf("Protocols %v (%s), want [1 2 3 4] (1-4)", Protocols(), ProtocolRange())
 	}
 }

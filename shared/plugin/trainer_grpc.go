@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"sync"
+	"time"
 
 	"github.com/cohortdl/cohort/shared/arena"
 	pb "github.com/cohortdl/cohort/shared/plugin/internal/pluginpb"
@@ -55,12 +56,12 @@ func (s *trainerServer) Train(req *pb.TrainRequest, stream pb.Trainer_TrainServe
 	plan := fromprotoPlan(req)
 	// A stream may not be written from two goroutines at once, nor after
 	// the handler returned; an implementation that reports from a worker
-	// thread gets an error instead of a corrupted stream. Each report is
-	// sent as it comes: merging reports for the control channel is the
-	// worker's job, the one layer that sees in-process trainers too.
+	// thread gets an error instead of a corrupted stream. Reports go as
+	// they come unless the host let them merge (Plan.ReportMerge).
 	var (
 		mu   sync.Mutex
 		done bool
+		out  = reportSender{stream: stream, every: plan.ReportMerge, last: time.Now()}
 	)
 	report := func(r BatchReport) error {
 		mu.Lock()
@@ -68,13 +69,49 @@ func (s *trainerServer) Train(req *pb.TrainRequest, stream pb.Trainer_TrainServe
 		if done {
 			return errors.New("batch report after Train returned")
 		}
-		return stream.Send(&pb.TrainReports{Reports: []*pb.BatchReport{toprotoBatchReport(r)}})
+		return out.add(toprotoBatchReport(r))
 	}
 	err := s.impl.Train(stream.Context(), plan, report)
 	mu.Lock()
 	done = true
+	// What the trainer reported goes before its error, if any: the host
+	// counts every batch the model holds.
+	ferr := out.flush()
 	mu.Unlock()
+	if err == nil {
+		err = ferr
+	}
 	return statusError(err)
+}
+
+// maxMergedReports bounds one merged message: at most MaxScalars named
+// figures a report, it stays far below MaxMessageBytes.
+const maxMergedReports = 1024
+
+// reportSender sends a Train stream's reports: each as it comes, or, with
+// every set, those of one interval together.
+type reportSender struct {
+	stream  pb.Trainer_TrainServer
+	every   time.Duration
+	last    time.Time // the last send, or the plan's start
+	pending []*pb.BatchReport
+}
+
+func (s *reportSender) add(r *pb.BatchReport) error {
+	s.pending = append(s.pending, r)
+	if s.every > 0 && len(s.pending) < maxMergedReports && time.Since(s.last) < s.every {
+		return nil
+	}
+	return s.flush()
+}
+
+func (s *reportSender) flush() error {
+	if len(s.pending) == 0 {
+		return nil
+	}
+	err := s.stream.Send(&pb.TrainReports{Reports: s.pending})
+	s.pending, s.last = nil, time.Now()
+	return err
 }
 
 func (s *trainerServer) Publish(ctx context.Context, _ *pb.PublishRequest) (*pb.PublishResponse, error) {
@@ -159,14 +196,16 @@ func (s *trainerServer) Shutdown(ctx context.Context, _ *pb.ShutdownRequest) (*p
 type trainerClient struct {
 	rpc pb.TrainerClient
 	// reasons: the negotiated protocol carries LoadCheckpoint's reason
-	// (ProtocolLoadReason on).
-	reasons bool
+	// (ProtocolLoadReason on); merges: Plan.ReportMerge
+	// (ProtocolMergedReports on).
+	reasons, merges bool
 }
 
 var (
 	_ Trainer        = (*trainerClient)(nil)
 	_ EpochEnder     = (*trainerClient)(nil)
 	_ DeviceExporter = (*trainerClient)(nil)
+	_ GroupedTrainer = (*trainerClient)(nil)
 )
 
 func (c *trainerClient) Describe(ctx context.Context) (Description, error) {
@@ -207,10 +246,31 @@ func (c *trainerClient) Attach(ctx context.Context, d arena.Descriptor) (bool, e
 // the stream is cancelled (the plugin's Train sees its context done) and
 // report's error is returned as is.
 func (c *trainerClient) Train(ctx context.Context, plan Plan, report func(BatchReport) error) error {
+	if report == nil {
+		return c.TrainGrouped(ctx, plan, nil)
+	}
+	return c.TrainGrouped(ctx, plan, func(rs []BatchReport) error {
+		for _, r := range rs {
+			if err := report(r); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// TrainGrouped is Train with report called once per message of the
+// stream. From ProtocolMergedReports on the plan's ReportMerge goes to the
+// plugin; an older plugin sends a message per report.
+func (c *trainerClient) TrainGrouped(ctx context.Context, plan Plan, report func([]BatchReport) error) error {
 	const op = "Trainer.Train"
 	streamCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	stream, err := c.rpc.Train(streamCtx, toprotoPlan(plan))
+	req := toprotoPlan(plan)
+	if !c.merges {
+		req.ReportMergeMs = 0
+	}
+	stream, err := c.rpc.Train(streamCtx, req)
 	if err != nil {
 		return callError(ctx, op, err)
 	}
@@ -222,14 +282,16 @@ func (c *trainerClient) Train(ctx context.Context, plan Plan, report func(BatchR
 		if err != nil {
 			return callError(ctx, op, err)
 		}
-		if report == nil {
+		if report == nil || len(m.GetReports()) == 0 {
 			continue
 		}
+		group := make([]BatchReport, 0, len(m.GetReports()))
 		for _, r := range m.GetReports() {
-			if err := report(fromprotoBatchReport(r)); err != nil {
-				cancel()
-				return err
-			}
+			group = append(group, fromprotoBatchReport(r))
+		}
+		if err := report(group); err != nil {
+			cancel()
+			return err
 		}
 	}
 }

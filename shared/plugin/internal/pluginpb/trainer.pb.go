@@ -679,7 +679,15 @@ type TrainRequest struct {
 	PickSpace       uint64                 `protobuf:"varint,5,opt,name=pick_space,json=pickSpace,proto3" json:"pick_space,omitempty"`
 	GlobalStep      uint64                 `protobuf:"varint,6,opt,name=global_step,json=globalStep,proto3" json:"global_step,omitempty"`
 	// The coordinator's multiplier on the trainer's learning rate; 0 means 1.
-	LrScale       float64 `protobuf:"fixed64,8,opt,name=lr_scale,json=lrScale,proto3" json:"lr_scale,omitempty"`
+	LrScale float64 `protobuf:"fixed64,8,opt,name=lr_scale,json=lrScale,proto3" json:"lr_scale,omitempty"`
+	// When not 0 (protocol 4 on), the plugin may hold the plan's batch
+	// reports and send them together, one TrainReports at most every
+	// report_merge_ms, and sends what it holds before Train ends. The host
+	// asks it only for a plan whose reports no round waits on (a cohort of
+	// one rank), where a message per batch of a few milliseconds costs the
+	// host more CPU than the merged frames it forwards. 0, and every host
+	// before protocol 4: each report is sent as it comes.
+	ReportMergeMs uint32 `protobuf:"varint,9,opt,name=report_merge_ms,json=reportMergeMs,proto3" json:"report_merge_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -759,6 +767,13 @@ func (x *TrainRequest) GetGlobalStep() uint64 {
 func (x *TrainRequest) GetLrScale() float64 {
 	if x != nil {
 		return x.LrScale
+	}
+	return 0
+}
+
+func (x *TrainRequest) GetReportMergeMs() uint32 {
+	if x != nil {
+		return x.ReportMergeMs
 	}
 	return 0
 }
@@ -1696,7 +1711,7 @@ const file_shared_plugin_internal_pluginpb_trainer_proto_rawDesc = "" +
 	"\rAttachRequest\x120\n" +
 	"\x05arena\x18\x01 \x01(\v2\x1a.cohort.v1.ArenaDescriptorR\x05arena\"-\n" +
 	"\x0eAttachResponse\x12\x1b\n" +
-	"\tzero_copy\x18\x01 \x01(\bR\bzeroCopy\"\xff\x01\n" +
+	"\tzero_copy\x18\x01 \x01(\bR\bzeroCopy\"\xa7\x02\n" +
 	"\fTrainRequest\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12)\n" +
 	"\x10partition_offset\x18\x02 \x01(\x04R\x0fpartitionOffset\x12%\n" +
@@ -1706,7 +1721,8 @@ const file_shared_plugin_internal_pluginpb_trainer_proto_rawDesc = "" +
 	"pick_space\x18\x05 \x01(\x04R\tpickSpace\x12\x1f\n" +
 	"\vglobal_step\x18\x06 \x01(\x04R\n" +
 	"globalStep\x12\x19\n" +
-	"\blr_scale\x18\b \x01(\x01R\alrScaleJ\x04\b\a\x10\bR\x12report_interval_ms\"@\n" +
+	"\blr_scale\x18\b \x01(\x01R\alrScale\x12&\n" +
+	"\x0freport_merge_ms\x18\t \x01(\rR\rreportMergeMsJ\x04\b\a\x10\bR\x12report_interval_ms\"@\n" +
 	"\fTrainReports\x120\n" +
 	"\areports\x18\x01 \x03(\v2\x16.cohort.v1.BatchReportR\areports\"\xf6\x02\n" +
 	"\vBatchReport\x12\x14\n" +
