@@ -32,8 +32,8 @@ from ._pb import trainer_pb2_grpc
 MAGIC_COOKIE_KEY = "COHORT_PLUGIN_MAGIC_COOKIE"
 MAGIC_COOKIE_VALUE = "7c1d9e4a2f6b08e5d3a1c47b9f20e6d85a3c1b7e"
 # The cohort plugin protocol versions a Python trainer speaks (Go:
-# plugin.Protocols); 3 adds LoadCheckpoint's reason.
-PROTOCOLS = (1, 2, 3)
+# plugin.Protocols); 3 adds LoadCheckpoint's reason, 4 merged batch reports.
+PROTOCOLS = (1, 2, 3, 4)
 CORE_PROTOCOL_VERSION = 1  # go-plugin's own
 MAX_MESSAGE_BYTES = 64 << 20  # Go: plugin.MaxMessageBytes
 LOG_LEVEL_ENV = "COHORT_LOG_LEVEL"

@@ -9,6 +9,7 @@ INVALID_ARGUMENT, an optional method the trainer lacks as UNIMPLEMENTED.
 
 import math
 import threading
+import time
 
 import grpc
 
@@ -17,6 +18,9 @@ from ._pb import trainer_pb2
 # The most problems one CheckSettings answer lists (Go:
 # plugin.MaxSettingProblems).
 MAX_SETTING_PROBLEMS = 1024
+
+# The most reports one merged TrainReports holds (Go: maxMergedReports).
+MAX_MERGED_REPORTS = 1024
 
 # Why LoadCheckpoint is called (Go: plugin.LoadReason).
 LOAD_RESUME = trainer_pb2.LOAD_REASON_RESUME
@@ -32,11 +36,17 @@ class Config:
 
 
 class Plan:
-    """One slice of an epoch's shared permutation (Go: plugin.Plan)."""
+    """One slice of an epoch's shared permutation (Go: plugin.Plan).
 
-    def __init__(self, epoch, offset, size, seed, pick_space, global_step, lr_scale):
+    report_merge is how long, in seconds, TrainerService may hold the
+    plan's batch reports to send them together (protocol 4; 0: none); a
+    trainer need not read it.
+    """
+
+    def __init__(self, epoch, offset, size, seed, pick_space, global_step, lr_scale, report_merge=0.0):
         self.epoch, self.offset, self.size, self.seed = epoch, offset, size, seed
         self.pick_space, self.global_step, self.lr_scale = pick_space, global_step, lr_scale
+        self.report_merge = report_merge
 
     def lr_multiplier(self):
         s = self.lr_scale
@@ -127,8 +137,13 @@ class TrainerService:
 
     def Train(self, request, context):
         plan = Plan(request.epoch, request.partition_offset, request.partition_size, request.seed,
-                    request.pick_space, request.global_step, request.lr_scale)
+                    request.pick_space, request.global_step, request.lr_scale,
+                    request.report_merge_ms / 1000.0)
         reports = self._call(context, "Train", lambda: self.impl.train(plan))
+        # Reports go as they come unless the host let them merge
+        # (report_merge_ms, protocol 4): then one message an interval, and
+        # what is held goes before Train ends, its error included.
+        pending, last = [], time.monotonic()
         try:
             while True:
                 # Each batch under the lock: Shutdown is the only call that
@@ -137,8 +152,12 @@ class TrainerService:
                     with self.mu:
                         r = next(reports, None)
                 except Exception as e:  # noqa: BLE001
+                    if pending and context.is_active():
+                        yield trainer_pb2.TrainReports(reports=pending)
                     _fail(context, grpc.StatusCode.UNKNOWN, str(e) or type(e).__name__)
                 if r is None:
+                    if pending and context.is_active():
+                        yield trainer_pb2.TrainReports(reports=pending)
                     return
                 msg = trainer_pb2.BatchReport(
                     batch=r["batch"], samples=r["samples"], loss=r["loss"], batch_ms=r["batch_ms"],
@@ -149,7 +168,12 @@ class TrainerService:
                     msg.scalars[k] = v
                 if not context.is_active():
                     return
-                yield trainer_pb2.TrainReports(reports=[msg])
+                pending.append(msg)
+                if plan.report_merge > 0 and len(pending) < MAX_MERGED_REPORTS and \
+                        time.monotonic() - last < plan.report_merge:
+                    continue
+                yield trainer_pb2.TrainReports(reports=pending)
+                pending, last = [], time.monotonic()
         finally:
             reports.close()
 

@@ -14,7 +14,7 @@ _sym_db = _symbol_database.Default()
 from . import arena_pb2 as shared_dot_plugin_dot_internal_dot_pluginpb_dot_arena__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n-shared/plugin/internal/pluginpb/trainer.proto\x12\tcohort.v1\x1a+shared/plugin/internal/pluginpb/arena.proto\"\x11\n\x0f\x44\x65scribeRequest\"-\n\x14\x43heckSettingsRequest\x12\x15\n\rsettings_json\x18\x01 \x01(\x0c\"D\n\x15\x43heckSettingsResponse\x12+\n\x08problems\x18\x01 \x03(\x0b\x32\x19.cohort.v1.SettingProblem\".\n\x0eSettingProblem\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\"\x9e\x01\n\x11PluginDescription\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x14\n\x0c\x63\x61pabilities\x18\x03 \x03(\t\x12\x0f\n\x07meeting\x18\x04 \x01(\t\x12\x19\n\x11settings_declared\x18\x05 \x01(\x08\x12(\n\x08settings\x18\x06 \x03(\x0b\x32\x16.cohort.v1.SettingSpec\"G\n\x0bSettingSpec\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x0c\n\x04type\x18\x02 \x01(\t\x12\x10\n\x08required\x18\x03 \x01(\x08\x12\x0b\n\x03\x64oc\x18\x04 \x01(\t\"\x8d\x01\n\x17TrainerConfigureRequest\x12\x0c\n\x04rank\x18\x01 \x01(\r\x12\x12\n\nworld_size\x18\x02 \x01(\r\x12\x13\n\x0blocal_ranks\x18\x03 \x01(\r\x12\x0c\n\x04seed\x18\x04 \x01(\x04\x12\x15\n\rsettings_json\x18\x05 \x01(\x0c\x12\x16\n\x0eoverlap_rounds\x18\x06 \x01(\x08\"x\n\x18TrainerConfigureResponse\x12!\n\x06layout\x18\x01 \x01(\x0b\x32\x11.cohort.v1.Layout\x12\x0f\n\x07samples\x18\x02 \x01(\x04\x12\x14\n\x0c\x65val_samples\x18\x03 \x01(\x04\x12\x12\n\nbatch_size\x18\x04 \x01(\r\":\n\rAttachRequest\x12)\n\x05\x61rena\x18\x01 \x01(\x0b\x32\x1a.cohort.v1.ArenaDescriptor\"#\n\x0e\x41ttachResponse\x12\x11\n\tzero_copy\x18\x01 \x01(\x08\"\xb2\x01\n\x0cTrainRequest\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x18\n\x10partition_offset\x18\x02 \x01(\x04\x12\x16\n\x0epartition_size\x18\x03 \x01(\x04\x12\x0c\n\x04seed\x18\x04 \x01(\x04\x12\x12\n\npick_space\x18\x05 \x01(\x04\x12\x13\n\x0bglobal_step\x18\x06 \x01(\x04\x12\x10\n\x08lr_scale\x18\x08 \x01(\x01J\x04\x08\x07\x10\x08R\x12report_interval_ms\"7\n\x0cTrainReports\x12\'\n\x07reports\x18\x01 \x03(\x0b\x32\x16.cohort.v1.BatchReport\"\x97\x02\n\x0b\x42\x61tchReport\x12\r\n\x05\x62\x61tch\x18\x01 \x01(\x04\x12\x0f\n\x07samples\x18\x02 \x01(\r\x12\x0c\n\x04loss\x18\x03 \x01(\x01\x12\x10\n\x08\x62\x61tch_ms\x18\x04 \x01(\x01\x12\x0f\n\x07\x64\x61ta_ms\x18\x05 \x01(\x01\x12\x12\n\nstep_count\x18\x06 \x01(\x04\x12\x17\n\nparam_norm\x18\x07 \x01(\x01H\x00\x88\x01\x01\x12\x34\n\x07scalars\x18\x08 \x03(\x0b\x32#.cohort.v1.BatchReport.ScalarsEntry\x12\x15\n\rround_wait_ms\x18\t \x01(\x01\x1a.\n\x0cScalarsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x42\r\n\x0b_param_norm\"\x10\n\x0ePublishRequest\"a\n\x0fPublishResponse\x12\r\n\x05steps\x18\x01 \x01(\x04\x12\x12\n\nstep_count\x18\x02 \x01(\x04\x12\x12\n\nparam_norm\x18\x03 \x01(\x01\x12\x17\n\x0fhost_copy_bytes\x18\x04 \x01(\x04\"#\n\x0c\x41\x64optRequest\x12\x13\n\x0b\x62lend_alpha\x18\x01 \x01(\x01\"#\n\rAdoptResponse\x12\x12\n\nparam_norm\x18\x01 \x01(\x01\"\x11\n\x0f\x45valuateRequest\"U\n\x10\x45valuateResponse\x12\x0c\n\x04loss\x18\x01 \x01(\x01\x12\x15\n\x08\x61\x63\x63uracy\x18\x02 \x01(\x01H\x00\x88\x01\x01\x12\x0f\n\x07samples\x18\x03 \x01(\x04\x42\x0b\n\t_accuracy\"$\n\x15SaveCheckpointRequest\x12\x0b\n\x03\x64ir\x18\x01 \x01(\t\"\'\n\x16SaveCheckpointResponse\x12\r\n\x05\x66iles\x18\x01 \x03(\t\"K\n\x15LoadCheckpointRequest\x12\x0b\n\x03\x64ir\x18\x01 \x01(\t\x12%\n\x06reason\x18\x02 \x01(\x0e\x32\x15.cohort.v1.LoadReason\"G\n\x16LoadCheckpointResponse\x12\x12\n\nstep_count\x18\x01 \x01(\x04\x12\x19\n\x11\x63heckpoint_params\x18\x02 \x01(\x08\"\x11\n\x0fShutdownRequest\"\x12\n\x10ShutdownResponse\"\x15\n\x13\x45xportDeviceRequest\">\n\x14\x45xportDeviceResponse\x12&\n\x06\x64\x65vice\x18\x01 \x01(\x0b\x32\x16.cohort.v1.DeviceBlock\" \n\x0f\x45pochEndRequest\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\"\x1f\n\x10\x45pochEndResponse\x12\x0b\n\x03ran\x18\x01 \x01(\x08*^\n\nLoadReason\x12\x1b\n\x17LOAD_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12LOAD_REASON_RESUME\x10\x01\x12\x1b\n\x17LOAD_REASON_REPLACEMENT\x10\x02\x32\xc1\x07\n\x07Trainer\x12\x44\n\x08\x44\x65scribe\x12\x1a.cohort.v1.DescribeRequest\x1a\x1c.cohort.v1.PluginDescription\x12R\n\rCheckSettings\x12\x1f.cohort.v1.CheckSettingsRequest\x1a .cohort.v1.CheckSettingsResponse\x12T\n\tConfigure\x12\".cohort.v1.TrainerConfigureRequest\x1a#.cohort.v1.TrainerConfigureResponse\x12=\n\x06\x41ttach\x12\x18.cohort.v1.AttachRequest\x1a\x19.cohort.v1.AttachResponse\x12;\n\x05Train\x12\x17.cohort.v1.TrainRequest\x1a\x17.cohort.v1.TrainReports0\x01\x12@\n\x07Publish\x12\x19.cohort.v1.PublishRequest\x1a\x1a.cohort.v1.PublishResponse\x12:\n\x05\x41\x64opt\x12\x17.cohort.v1.AdoptRequest\x1a\x18.cohort.v1.AdoptResponse\x12\x43\n\x08\x45valuate\x12\x1a.cohort.v1.EvaluateRequest\x1a\x1b.cohort.v1.EvaluateResponse\x12U\n\x0eSaveCheckpoint\x12 .cohort.v1.SaveCheckpointRequest\x1a!.cohort.v1.SaveCheckpointResponse\x12U\n\x0eLoadCheckpoint\x12 .cohort.v1.LoadCheckpointRequest\x1a!.cohort.v1.LoadCheckpointResponse\x12\x43\n\x08\x45pochEnd\x12\x1a.cohort.v1.EpochEndRequest\x1a\x1b.cohort.v1.EpochEndResponse\x12O\n\x0c\x45xportDevice\x12\x1e.cohort.v1.ExportDeviceRequest\x1a\x1f.cohort.v1.ExportDeviceResponse\x12\x43\n\x08Shutdown\x12\x1a.cohort.v1.ShutdownRequest\x1a\x1b.cohort.v1.ShutdownResponseBEZCgithub.com/cohortdl/cohort/shared/plugin/internal/pluginpb;pluginpbb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n-shared/plugin/internal/pluginpb/trainer.proto\x12\tcohort.v1\x1a+shared/plugin/internal/pluginpb/arena.proto\"\x11\n\x0f\x44\x65scribeRequest\"-\n\x14\x43heckSettingsRequest\x12\x15\n\rsettings_json\x18\x01 \x01(\x0c\"D\n\x15\x43heckSettingsResponse\x12+\n\x08problems\x18\x01 \x03(\x0b\x32\x19.cohort.v1.SettingProblem\".\n\x0eSettingProblem\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\"\x9e\x01\n\x11PluginDescription\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x14\n\x0c\x63\x61pabilities\x18\x03 \x03(\t\x12\x0f\n\x07meeting\x18\x04 \x01(\t\x12\x19\n\x11settings_declared\x18\x05 \x01(\x08\x12(\n\x08settings\x18\x06 \x03(\x0b\x32\x16.cohort.v1.SettingSpec\"G\n\x0bSettingSpec\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x0c\n\x04type\x18\x02 \x01(\t\x12\x10\n\x08required\x18\x03 \x01(\x08\x12\x0b\n\x03\x64oc\x18\x04 \x01(\t\"\x8d\x01\n\x17TrainerConfigureRequest\x12\x0c\n\x04rank\x18\x01 \x01(\r\x12\x12\n\nworld_size\x18\x02 \x01(\r\x12\x13\n\x0blocal_ranks\x18\x03 \x01(\r\x12\x0c\n\x04seed\x18\x04 \x01(\x04\x12\x15\n\rsettings_json\x18\x05 \x01(\x0c\x12\x16\n\x0eoverlap_rounds\x18\x06 \x01(\x08\"x\n\x18TrainerConfigureResponse\x12!\n\x06layout\x18\x01 \x01(\x0b\x32\x11.cohort.v1.Layout\x12\x0f\n\x07samples\x18\x02 \x01(\x04\x12\x14\n\x0c\x65val_samples\x18\x03 \x01(\x04\x12\x12\n\nbatch_size\x18\x04 \x01(\r\":\n\rAttachRequest\x12)\n\x05\x61rena\x18\x01 \x01(\x0b\x32\x1a.cohort.v1.ArenaDescriptor\"#\n\x0e\x41ttachResponse\x12\x11\n\tzero_copy\x18\x01 \x01(\x08\"\xcb\x01\n\x0cTrainRequest\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x18\n\x10partition_offset\x18\x02 \x01(\x04\x12\x16\n\x0epartition_size\x18\x03 \x01(\x04\x12\x0c\n\x04seed\x18\x04 \x01(\x04\x12\x12\n\npick_space\x18\x05 \x01(\x04\x12\x13\n\x0bglobal_step\x18\x06 \x01(\x04\x12\x10\n\x08lr_scale\x18\x08 \x01(\x01\x12\x17\n\x0freport_merge_ms\x18\t \x01(\rJ\x04\x08\x07\x10\x08R\x12report_interval_ms\"7\n\x0cTrainReports\x12\'\n\x07reports\x18\x01 \x03(\x0b\x32\x16.cohort.v1.BatchReport\"\x97\x02\n\x0b\x42\x61tchReport\x12\r\n\x05\x62\x61tch\x18\x01 \x01(\x04\x12\x0f\n\x07samples\x18\x02 \x01(\r\x12\x0c\n\x04loss\x18\x03 \x01(\x01\x12\x10\n\x08\x62\x61tch_ms\x18\x04 \x01(\x01\x12\x0f\n\x07\x64\x61ta_ms\x18\x05 \x01(\x01\x12\x12\n\nstep_count\x18\x06 \x01(\x04\x12\x17\n\nparam_norm\x18\x07 \x01(\x01H\x00\x88\x01\x01\x12\x34\n\x07scalars\x18\x08 \x03(\x0b\x32#.cohort.v1.BatchReport.ScalarsEntry\x12\x15\n\rround_wait_ms\x18\t \x01(\x01\x1a.\n\x0cScalarsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x42\r\n\x0b_param_norm\"\x10\n\x0ePublishRequest\"a\n\x0fPublishResponse\x12\r\n\x05steps\x18\x01 \x01(\x04\x12\x12\n\nstep_count\x18\x02 \x01(\x04\x12\x12\n\nparam_norm\x18\x03 \x01(\x01\x12\x17\n\x0fhost_copy_bytes\x18\x04 \x01(\x04\"#\n\x0c\x41\x64optRequest\x12\x13\n\x0b\x62lend_alpha\x18\x01 \x01(\x01\"#\n\rAdoptResponse\x12\x12\n\nparam_norm\x18\x01 \x01(\x01\"\x11\n\x0f\x45valuateRequest\"U\n\x10\x45valuateResponse\x12\x0c\n\x04loss\x18\x01 \x01(\x01\x12\x15\n\x08\x61\x63\x63uracy\x18\x02 \x01(\x01H\x00\x88\x01\x01\x12\x0f\n\x07samples\x18\x03 \x01(\x04\x42\x0b\n\t_accuracy\"$\n\x15SaveCheckpointRequest\x12\x0b\n\x03\x64ir\x18\x01 \x01(\t\"\'\n\x16SaveCheckpointResponse\x12\r\n\x05\x66iles\x18\x01 \x03(\t\"K\n\x15LoadCheckpointRequest\x12\x0b\n\x03\x64ir\x18\x01 \x01(\t\x12%\n\x06reason\x18\x02 \x01(\x0e\x32\x15.cohort.v1.LoadReason\"G\n\x16LoadCheckpointResponse\x12\x12\n\nstep_count\x18\x01 \x01(\x04\x12\x19\n\x11\x63heckpoint_params\x18\x02 \x01(\x08\"\x11\n\x0fShutdownRequest\"\x12\n\x10ShutdownResponse\"\x15\n\x13\x45xportDeviceRequest\">\n\x14\x45xportDeviceResponse\x12&\n\x06\x64\x65vice\x18\x01 \x01(\x0b\x32\x16.cohort.v1.DeviceBlock\" \n\x0f\x45pochEndRequest\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\"\x1f\n\x10\x45pochEndResponse\x12\x0b\n\x03ran\x18\x01 \x01(\x08*^\n\nLoadReason\x12\x1b\n\x17LOAD_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12LOAD_REASON_RESUME\x10\x01\x12\x1b\n\x17LOAD_REASON_REPLACEMENT\x10\x02\x32\xc1\x07\n\x07Trainer\x12\x44\n\x08\x44\x65scribe\x12\x1a.cohort.v1.DescribeRequest\x1a\x1c.cohort.v1.PluginDescription\x12R\n\rCheckSettings\x12\x1f.cohort.v1.CheckSettingsRequest\x1a .cohort.v1.CheckSettingsResponse\x12T\n\tConfigure\x12\".cohort.v1.TrainerConfigureRequest\x1a#.cohort.v1.TrainerConfigureResponse\x12=\n\x06\x41ttach\x12\x18.cohort.v1.AttachRequest\x1a\x19.cohort.v1.AttachResponse\x12;\n\x05Train\x12\x17.cohort.v1.TrainRequest\x1a\x17.cohort.v1.TrainReports0\x01\x12@\n\x07Publish\x12\x19.cohort.v1.PublishRequest\x1a\x1a.cohort.v1.PublishResponse\x12:\n\x05\x41\x64opt\x12\x17.cohort.v1.AdoptRequest\x1a\x18.cohort.v1.AdoptResponse\x12\x43\n\x08\x45valuate\x12\x1a.cohort.v1.EvaluateRequest\x1a\x1b.cohort.v1.EvaluateResponse\x12U\n\x0eSaveCheckpoint\x12 .cohort.v1.SaveCheckpointRequest\x1a!.cohort.v1.SaveCheckpointResponse\x12U\n\x0eLoadCheckpoint\x12 .cohort.v1.LoadCheckpointRequest\x1a!.cohort.v1.LoadCheckpointResponse\x12\x43\n\x08\x45pochEnd\x12\x1a.cohort.v1.EpochEndRequest\x1a\x1b.cohort.v1.EpochEndResponse\x12O\n\x0c\x45xportDevice\x12\x1e.cohort.v1.ExportDeviceRequest\x1a\x1f.cohort.v1.ExportDeviceResponse\x12\x43\n\x08Shutdown\x12\x1a.cohort.v1.ShutdownRequest\x1a\x1b.cohort.v1.ShutdownResponseBEZCgithub.com/cohortdl/cohort/shared/plugin/internal/pluginpb;pluginpbb\x06proto3')
 
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, globals())
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'shared.plugin.internal.pluginpb.trainer_pb2', globals())
@@ -24,8 +24,8 @@ if _descriptor._USE_C_DESCRIPTORS == False:
   DESCRIPTOR._serialized_options = b'ZCgithub.com/cohortdl/cohort/shared/plugin/internal/pluginpb;pluginpb'
   _BATCHREPORT_SCALARSENTRY._options = None
   _BATCHREPORT_SCALARSENTRY._serialized_options = b'8\001'
-  _LOADREASON._serialized_start=2125
-  _LOADREASON._serialized_end=2219
+  _LOADREASON._serialized_start=2150
+  _LOADREASON._serialized_end=2244
   _DESCRIBEREQUEST._serialized_start=105
   _DESCRIBEREQUEST._serialized_end=122
   _CHECKSETTINGSREQUEST._serialized_start=124
@@ -47,45 +47,45 @@ if _descriptor._USE_C_DESCRIPTORS == False:
   _ATTACHRESPONSE._serialized_start=849
   _ATTACHRESPONSE._serialized_end=884
   _TRAINREQUEST._serialized_start=887
-  _TRAINREQUEST._serialized_end=1065
-  _TRAINREPORTS._serialized_start=1067
-  _TRAINREPORTS._serialized_end=1122
-  _BATCHREPORT._serialized_start=1125
-  _BATCHREPORT._serialized_end=1404
-  _BATCHREPORT_SCALARSENTRY._serialized_start=1343
-  _BATCHREPORT_SCALARSENTRY._serialized_end=1389
-  _PUBLISHREQUEST._serialized_start=1406
-  _PUBLISHREQUEST._serialized_end=1422
-  _PUBLISHRESPONSE._serialized_start=1424
-  _PUBLISHRESPONSE._serialized_end=1521
-  _ADOPTREQUEST._serialized_start=1523
-  _ADOPTREQUEST._serialized_end=1558
-  _ADOPTRESPONSE._serialized_start=1560
-  _ADOPTRESPONSE._serialized_end=1595
-  _EVALUATEREQUEST._serialized_start=1597
-  _EVALUATEREQUEST._serialized_end=1614
-  _EVALUATERESPONSE._serialized_start=1616
-  _EVALUATERESPONSE._serialized_end=1701
-  _SAVECHECKPOINTREQUEST._serialized_start=1703
-  _SAVECHECKPOINTREQUEST._serialized_end=1739
-  _SAVECHECKPOINTRESPONSE._serialized_start=1741
-  _SAVECHECKPOINTRESPONSE._serialized_end=1780
-  _LOADCHECKPOINTREQUEST._serialized_start=1782
-  _LOADCHECKPOINTREQUEST._serialized_end=1857
-  _LOADCHECKPOINTRESPONSE._serialized_start=1859
-  _LOADCHECKPOINTRESPONSE._serialized_end=1930
-  _SHUTDOWNREQUEST._serialized_start=1932
-  _SHUTDOWNREQUEST._serialized_end=1949
-  _SHUTDOWNRESPONSE._serialized_start=1951
-  _SHUTDOWNRESPONSE._serialized_end=1969
-  _EXPORTDEVICEREQUEST._serialized_start=1971
-  _EXPORTDEVICEREQUEST._serialized_end=1992
-  _EXPORTDEVICERESPONSE._serialized_start=1994
-  _EXPORTDEVICERESPONSE._serialized_end=2056
-  _EPOCHENDREQUEST._serialized_start=2058
-  _EPOCHENDREQUEST._serialized_end=2090
-  _EPOCHENDRESPONSE._serialized_start=2092
-  _EPOCHENDRESPONSE._serialized_end=2123
-  _TRAINER._serialized_start=2222
-  _TRAINER._serialized_end=3183
+  _TRAINREQUEST._serialized_end=1090
+  _TRAINREPORTS._serialized_start=1092
+  _TRAINREPORTS._serialized_end=1147
+  _BATCHREPORT._serialized_start=1150
+  _BATCHREPORT._serialized_end=1429
+  _BATCHREPORT_SCALARSENTRY._serialized_start=1368
+  _BATCHREPORT_SCALARSENTRY._serialized_end=1414
+  _PUBLISHREQUEST._serialized_start=1431
+  _PUBLISHREQUEST._serialized_end=1447
+  _PUBLISHRESPONSE._serialized_start=1449
+  _PUBLISHRESPONSE._serialized_end=1546
+  _ADOPTREQUEST._serialized_start=1548
+  _ADOPTREQUEST._serialized_end=1583
+  _ADOPTRESPONSE._serialized_start=1585
+  _ADOPTRESPONSE._serialized_end=1620
+  _EVALUATEREQUEST._serialized_start=1622
+  _EVALUATEREQUEST._serialized_end=1639
+  _EVALUATERESPONSE._serialized_start=1641
+  _EVALUATERESPONSE._serialized_end=1726
+  _SAVECHECKPOINTREQUEST._serialized_start=1728
+  _SAVECHECKPOINTREQUEST._serialized_end=1764
+  _SAVECHECKPOINTRESPONSE._serialized_start=1766
+  _SAVECHECKPOINTRESPONSE._serialized_end=1805
+  _LOADCHECKPOINTREQUEST._serialized_start=1807
+  _LOADCHECKPOINTREQUEST._serialized_end=1882
+  _LOADCHECKPOINTRESPONSE._serialized_start=1884
+  _LOADCHECKPOINTRESPONSE._serialized_end=1955
+  _SHUTDOWNREQUEST._serialized_start=1957
+  _SHUTDOWNREQUEST._serialized_end=1974
+  _SHUTDOWNRESPONSE._serialized_start=1976
+  _SHUTDOWNRESPONSE._serialized_end=1994
+  _EXPORTDEVICEREQUEST._serialized_start=1996
+  _EXPORTDEVICEREQUEST._serialized_end=2017
+  _EXPORTDEVICERESPONSE._serialized_start=2019
+  _EXPORTDEVICERESPONSE._serialized_end=2081
+  _EPOCHENDREQUEST._serialized_start=2083
+  _EPOCHENDREQUEST._serialized_end=2115
+  _EPOCHENDRESPONSE._serialized_start=2117
+  _EPOCHENDRESPONSE._serialized_end=2148
+  _TRAINER._serialized_start=2247
+  _TRAINER._serialized_end=3208
 # @@protoc_insertion_point(module_scope)
