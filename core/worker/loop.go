@@ -176,19 +176,30 @@ func (w *worker) runNextPlan(ctx context.Context) error {
 	}
 
 	var st planStats
-	reports := newBatchMerger(w, p, qp.reportEvery)
+	reports := newBatchMerger(w, p)
 	start := time.Now()
 	w.training = true
-	err := w.sup.Trainer().Train(w.connCtx, p, func(b plugin.BatchReport) error {
-		from := st.samples
-		w.roundHeld += st.add(b)
-		w.held.note(p, from, uint64(b.Samples))
-		w.held.stepped(b.StepCount)
-		if err := reports.add(b); err != nil {
+	onGroup := func(group []plugin.BatchReport) error {
+		for _, b := range group {
+			from := st.samples
+			w.roundHeld += st.add(b)
+			w.held.note(p, from, uint64(b.Samples))
+			w.held.stepped(b.StepCount)
+			reports.add(b)
+		}
+		if err := reports.groupDone(len(group)); err != nil {
 			return err
 		}
 		return w.pollOverlap(ctx)
-	})
+	}
+	var err error
+	if g, ok := w.sup.Trainer().(plugin.GroupedTrainer); ok {
+		err = g.TrainGrouped(w.connCtx, p, onGroup)
+	} else {
+		err = w.sup.Trainer().Train(w.connCtx, p, func(b plugin.BatchReport) error {
+			return onGroup([]plugin.BatchReport{b})
+		})
+	}
 	w.training = false
 	elapsed := time.Since(start)
 	if ferr := reports.flush(ctx); err == nil && ferr != nil {

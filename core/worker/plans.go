@@ -36,9 +36,6 @@ type planQueue struct {
 type queuedPlan struct {
 	plan      plugin.Plan
 	extension bool
-	// reportEvery, when not 0, lets the plan's Batch frames merge (see
-	// EpochPlan.report_interval_ms).
-	reportEvery time.Duration
 }
 
 // planShape is what an ExtendPartition of an epoch does not repeat: it
@@ -72,7 +69,10 @@ func (q *planQueue) add(p *wirepb.EpochPlan) {
 		Seed:            p.GetSeed(),
 		PickSpace:       p.GetPickSpace(),
 		LRScale:         p.GetLrScale(),
-	}, reportEvery: time.Duration(p.GetReportIntervalMs()) * time.Millisecond})
+		// The coordinator's interval for the Batch frames serves the
+		// plugin's messages too (plugin.Plan.ReportMerge).
+		ReportMerge: time.Duration(p.GetReportIntervalMs()) * time.Millisecond,
+	}})
 }
 
 // extend queues an ExtendPartition range as a plan of its own, to run right

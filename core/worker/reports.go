@@ -13,24 +13,27 @@ import (
 )
 
 // batchMerger turns a plan's batch reports into Batch frames. This is the
-// one place reports merge: the trainer, in process or behind the plugin
-// adapter, reports each batch. A plan that lets reports merge
-// (reportEvery > 0) sends one frame per interval and one before its
-// Metrics, counting the batches it holds (samples and times are sums, the
-// loss a mean); any other plan sends one frame per batch.
+// one place the control channel's frames merge: the trainer, in process or
+// behind the plugin adapter, reports each batch. A plan that lets reports
+// merge (plugin.Plan.ReportMerge) sends one frame per interval and one
+// before its Metrics, counting the batches it holds (samples and times are
+// sums, the loss a mean); any other plan sends one frame per batch. A
+// plugin that merged the reports itself delivers an interval's worth in
+// one group, which goes out as one frame at once rather than wait for an
+// interval of the worker's own.
 type batchMerger struct {
-	w           *worker
-	plan        plugin.Plan
-	reportEvery time.Duration
-	merged      *wirepb.Batch
-	lastSent    time.Time
+	w        *worker
+	plan     plugin.Plan
+	merged   *wirepb.Batch
+	lastSent time.Time
 }
 
-func newBatchMerger(w *worker, p plugin.Plan, reportEvery time.Duration) *batchMerger {
-	return &batchMerger{w: w, plan: p, reportEvery: reportEvery, lastSent: time.Now()}
+func newBatchMerger(w *worker, p plugin.Plan) *batchMerger {
+	return &batchMerger{w: w, plan: p, lastSent: time.Now()}
 }
 
-func (m *batchMerger) add(b plugin.BatchReport) error {
+// add counts b into the frame being built.
+func (m *batchMerger) add(b plugin.BatchReport) {
 	if m.merged == nil {
 		m.merged = &wirepb.Batch{Rank: m.w.o.Rank, Epoch: m.plan.Epoch, PartitionOffset: m.plan.PartitionOffset, PartitionSize: m.plan.PartitionSize}
 	}
@@ -44,7 +47,13 @@ func (m *batchMerger) add(b plugin.BatchReport) error {
 	if b.ParamNorm != nil {
 		f.ParamNorm = b.ParamNorm
 	}
-	if m.reportEvery > 0 && time.Since(m.lastSent) < m.reportEvery {
+}
+
+// groupDone sends the frame after a group of n reports that arrived
+// together, unless the plan merges and the group is one report within the
+// interval.
+func (m *batchMerger) groupDone(n int) error {
+	if every := m.plan.ReportMerge; every > 0 && n <= 1 && time.Since(m.lastSent) < every {
 		return nil
 	}
 	return m.flush(m.w.connCtx)
