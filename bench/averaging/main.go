@@ -61,7 +61,7 @@ func main() {
 	// default smoothing would add a pass over the parameters to each round.
 	settings := flag.String("settings", `{"smoothing": 0}`, "the averager's settings JSON")
 	python := flag.String("python", "/usr/bin/python3", "python with torch")
-	gloo := flag.String("gloo", "", "gloo peer script (default: ../shared/peers/gloo_allreduce.py from the repository root)")
+	gloo := flag.String("gloo", "", "gloo peer script (default: ../shared/peers/gloo_allreduce.py beside the repository, or beside the checkout a worktree or clone comes from)")
 	noGloo := flag.Bool("no-gloo", false, "skip the gloo peer")
 	flag.BoolVar(&verbose, "v", false, "print every rank's round timings")
 	netns := flag.Bool("netns", false, "instead, the rows of hosts as network namespaces with shaped links (root): 2 hosts × 2 ranks and 4 × 1, f32 and bf16 wires, against gloo and the link floor")
@@ -101,8 +101,8 @@ type result struct {
 }
 
 // resolve builds the plugin when pluginPath is empty (cleanup removes it)
-// and defaults gloo's script to the peers' copy beside the repository.
-func resolve(pluginPath, gloo string) (string, string, func(), error) {
+// and, unless noGloo, defaults gloo's script to the kit's (repo.GlooPeer).
+func resolve(pluginPath, gloo string, noGloo bool) (string, string, func(), error) {
 	root, err := repo.Root()
 	if err != nil {
 		return "", "", nil, err
@@ -124,14 +124,17 @@ func resolve(pluginPath, gloo string) (string, string, func(), error) {
 			return "", "", nil, fmt.Errorf("build the plugin: %w", err)
 		}
 	}
-	if gloo == "" {
-		gloo = filepath.Join(root, "..", "shared", "peers", "gloo_allreduce.py")
+	if gloo == "" && !noGloo {
+		if gloo, err = repo.GlooPeer(root); err != nil {
+			cleanup()
+			return "", "", nil, err
+		}
 	}
 	return pluginPath, gloo, cleanup, nil
 }
 
 func run(ranksFlag string, mb, crossMB float64, iters int, pluginPath, settings, python, gloo string, noGloo bool, nccl string) error {
-	pluginPath, gloo, cleanup, err := resolve(pluginPath, gloo)
+	pluginPath, gloo, cleanup, err := resolve(pluginPath, gloo, noGloo)
 	if err != nil {
 		return err
 	}

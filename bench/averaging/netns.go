@@ -203,7 +203,7 @@ func netnsRows(mb float64, iters int, rate, pluginPath, settings, python, gloo s
 	if err != nil {
 		return err
 	}
-	pluginPath, gloo, cleanup, err := resolve(pluginPath, gloo)
+	pluginPath, gloo, cleanup, err := resolve(pluginPath, gloo, noGloo)
 	if err != nil {
 		return err
 	}

@@ -106,7 +106,7 @@ func main() {
 	var o options
 	flag.StringVar(&o.cohort, "cohort", "bin/cohort", "the cohort binary (its plugins in plugins/ beside it)")
 	flag.StringVar(&o.python, "python", "/usr/bin/python3", "python with torch")
-	flag.StringVar(&o.peer, "peer", "", "the DDP peer (default: ../shared/peers/ddp_fashion_mnist.py from the repository root)")
+	flag.StringVar(&o.peer, "peer", "", "the DDP peer (default: ../shared/peers/ddp_fashion_mnist.py beside the repository, or beside the checkout a worktree or clone comes from)")
 	modelList := flag.String("models", "mlp=3,cnn=3,transformer=3,wide=3", "models and their epochs, in the order they run (mlp, cnn, transformer, wide)")
 	rateList := flag.String("rates", "1gbit,100mbit", "link rates (tc), in order; the first is where DDP's accuracy curve is read")
 	wireList := flag.String("wires", "f32,bf16", "averaging-cpu wires cohort tries on each row")
@@ -192,7 +192,9 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 	if o.peer == "" {
-		o.peer = repo.DDPPeer(root)
+		if o.peer, err = repo.DDPPeer(root); err != nil {
+			return err
+		}
 	}
 	tmp, err := os.MkdirTemp("", "cohort-bench-hosts-")
 	if err != nil {

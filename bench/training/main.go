@@ -141,7 +141,7 @@ func main() {
 	flag.IntVar(&o.syncEvery, "sync-every", 0, "cohort's batches between averaging rounds (default: the built-in one)")
 	threadsList := flag.String("single-threads", defaultSingleThreads(), "comma-separated threads of the 1-rank vs libtorch comparison")
 	flag.StringVar(&o.python, "python", "/usr/bin/python3", "python with torch")
-	flag.StringVar(&o.peer, "peer", "", "DDP peer script (default: ../shared/peers/ddp_fashion_mnist.py from the repository root)")
+	flag.StringVar(&o.peer, "peer", "", "DDP peer script (default: ../shared/peers/ddp_fashion_mnist.py beside the repository, or beside the checkout a worktree or clone comes from)")
 	flag.StringVar(&o.ref, "ref", "", "where to build the libtorch reference loop (default: bench/cohort-torch-ref-epoch next to the cohort binary)")
 	flag.BoolVar(&o.skipDDP, "skip-ddp", false, "skip the cohort vs DDP comparison")
 	flag.BoolVar(&o.skipSingle, "skip-single", false, "skip the 1-rank vs libtorch comparison")
@@ -252,8 +252,10 @@ func run(o options) error {
 	if o.cohort, err = repo.Cohort(o.cohort); err != nil {
 		return err
 	}
-	if o.peer == "" {
-		o.peer = repo.DDPPeer(root)
+	if o.peer == "" && !o.skipDDP {
+		if o.peer, err = repo.DDPPeer(root); err != nil {
+			return err
+		}
 	}
 	if o.ref == "" {
 		o.ref = filepath.Join(filepath.Dir(o.cohort), "bench", "cohort-torch-ref-epoch")
