@@ -187,7 +187,8 @@ func (c *comebackRun) processes(t *testing.T) map[int]string {
 
 // The comeback costs the model nothing: libtorch's MLP on Fashion-MNIST
 // (2 ranks, averaging-cpu, 3 epochs), its coordinator SIGKILLed and
-// brought back twice, at a random moment of epoch 2 and of epoch 3, ends
+// brought back twice, at a random moment of epoch 2 and of epoch 3 (in
+// the first three quarters of the clean run's time for the epoch), ends
 // within 0.2 points of the same run's accuracy without the kills. A kill
 // lands mid-window most of the time (a window of 10 batches takes several
 // times a round's time), else in a round or at an epoch's end; the log
@@ -202,11 +203,11 @@ func TestCoordinatorComebackAccuracy(t *testing.T) {
 		t.Skip("set COHORT_COMEBACK_ACCURACY=1 (make comeback-accuracy) to run it")
 	}
 	buildLibtorch(t)
-	accuracy := func(kills []time.Duration) float64 {
+	accuracy := func(kills []time.Duration) *record.Summary {
 		r := newTorchRun(t, 2, 3)
 		c := startComeback(t, r, nil)
 		for i, d := range kills {
-			c.coord.waitLine("checkpoint", 300*time.Second) // after epoch i+1
+			c.coord.waitLine(fmt.Sprintf("ckpt-%06d", i+1), 300*time.Second) // after epoch i+1
 			time.Sleep(d)
 			if i == len(kills)-1 {
 				c.comeback(t)
@@ -240,23 +241,22 @@ func TestCoordinatorComebackAccuracy(t *testing.T) {
 		if len(kills) > 0 && len(recs) != len(kills) {
 			t.Errorf("%d comeback records for %d kills", len(recs), len(kills))
 		}
-		return *last.Accuracy
+		return sum
 	}
+	cleanRun := accuracy(nil)
+	// Each kill lands at a random point of the first three quarters of
+	// its epoch, as long as the clean run took over it.
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 0))
-	kills := []time.Duration{killDelay(rng), killDelay(rng)}
+	var kills []time.Duration
+	for _, e := range cleanRun.Epochs[1:] {
+		kills = append(kills, time.Duration((0.05+0.7*rng.Float64())*e.Seconds*float64(time.Second)))
+	}
 	t.Logf("the coordinator is killed %v after epoch 1's checkpoint and %v after epoch 2's", kills[0], kills[1])
-	clean, back := accuracy(nil), accuracy(kills)
+	clean, back := *cleanRun.Epochs[2].Accuracy, *accuracy(kills).Epochs[2].Accuracy
 	t.Logf("final accuracy: %.2f%% clean, %.2f%% with the coordinator killed and brought back twice", 100*clean, 100*back)
 	if d := 100 * (back - clean); d < -0.2 || d > 0.2 {
 		t.Errorf("final accuracy %.2f%% after the comebacks, %.2f%% without: %.2f points apart, want at most 0.2", 100*back, 100*clean, d)
 	}
-}
-
-// killDelay is when, after an epoch's checkpoint, the accuracy test kills
-// the coordinator: anywhere in the first few seconds of the epoch (tens
-// of windows on a quiet machine, fewer on a loaded one).
-func killDelay(rng *rand.Rand) time.Duration {
-	return 200*time.Millisecond + time.Duration(rng.Int64N(int64(1800*time.Millisecond)))
 }
 
 // newTorchRun is a run of the built-in trainer and averager (libtorch's
