@@ -3,9 +3,13 @@
 // every epoch) for many epochs and checks that no process grows with the
 // length of the run. After every epoch it reads /proc/PID/smaps_rollup of
 // `cohort run` (which holds the coordinator), each rank's worker and each
-// plugin, and compares each process's figures at -first with its last ones
+// plugin, and compares each process's figures from -first to its last ones
 // (the last epoch whose sample found every process). It fails when any
-// process's own memory grew by more than -max-growth.
+// process's own memory or PSS grew by more than -max-growth along the
+// least-squares line through its samples: a leak climbs every epoch and
+// moves that line, where one sample taken as the garbage collector had
+// just run, or not yet, moves a figure by a few hundred kB either way and
+// decided a comparison of two samples.
 //
 // It prints two figures a process: its PSS, and its own memory, the part of
 // the PSS that is its anonymous memory and its share of shared memory (the
@@ -67,11 +71,11 @@ func main() {
 		os.Exit(1)
 	}
 	res.MaxGrowthAllowed = *maxGrowth
-	fmt.Printf("epoch %d -> epoch %d\n", res.FirstEpoch, res.LastEpoch)
+	fmt.Printf("epoch %d -> epoch %d (sampled figures; growth along each one's fitted line)\n", res.FirstEpoch, res.LastEpoch)
 	for _, p := range res.Processes {
 		fmt.Printf("%-31s pid %-7d PSS %6.1f -> %6.1f MB (%+6.2f%%)  own %6.1f -> %6.1f MB (%+6.2f%%)\n",
 			p.Name, p.PID, p.FirstMB, p.LastMB, 100*p.PSSGrowth, p.FirstOwnMB, p.LastOwnMB, 100*p.Growth)
-		if p.Growth > *maxGrowth {
+		if p.Growth > *maxGrowth || p.PSSGrowth > *maxGrowth {
 			res.Grew = append(res.Grew, p.Name)
 		}
 		res.MaxGrowth = max(res.MaxGrowth, p.Growth)
@@ -105,11 +109,12 @@ type process struct {
 	PID        int     `json:"pid"`
 	FirstMB    float64 `json:"first_pss_mb"`
 	LastMB     float64 `json:"last_pss_mb"`
-	PSSGrowth  float64 `json:"pss_growth"`
 	FirstOwnMB float64 `json:"first_own_mb"`
 	LastOwnMB  float64 `json:"last_own_mb"`
-	// Growth is the own memory's, which the gate reads.
-	Growth float64 `json:"growth"`
+	// PSSGrowth and Growth (the own memory's) are read off the fitted
+	// lines, from the first sampled epoch to the last; the gate reads both.
+	PSSGrowth float64 `json:"pss_growth"`
+	Growth    float64 `json:"growth"`
 }
 
 // epochLine is `cohort run`'s line at an epoch's end; its progress lines
@@ -141,6 +146,8 @@ func soak(ctx context.Context, bin, out string, epochs, first int) (*result, err
 	}
 	res := &result{Epochs: epochs, FirstEpoch: first, Grew: []string{}}
 	var firstSample, lastSample map[string]sample
+	var series []map[string]sample // every sample from first on, in order
+	var epochsSeen []float64
 	sc := bufio.NewScanner(stdout)
 	for sc.Scan() {
 		line := sc.Text()
@@ -164,7 +171,10 @@ func soak(ctx context.Context, bin, out string, epochs, first int) (*result, err
 			firstSample = s
 		case firstSample != nil && sameProcesses(firstSample, s):
 			lastSample, res.LastEpoch = s, epoch
+		default:
+			continue
 		}
+		series, epochsSeen = append(series, s), append(epochsSeen, float64(epoch))
 	}
 	io.Copy(io.Discard, stdout)
 	if err := cmd.Wait(); err != nil {
@@ -176,15 +186,44 @@ func soak(ctx context.Context, bin, out string, epochs, first int) (*result, err
 	}
 	for name, f := range firstSample {
 		l := lastSample[name]
+		var pss, own []float64
+		for _, s := range series {
+			pss, own = append(pss, float64(s[name].pss)), append(own, float64(s[name].own))
+		}
 		res.Processes = append(res.Processes, process{Name: name, PID: f.pid,
-			FirstMB: mb(f.pss), LastMB: mb(l.pss), PSSGrowth: float64(l.pss)/float64(f.pss) - 1,
-			FirstOwnMB: mb(f.own), LastOwnMB: mb(l.own), Growth: float64(l.own)/float64(f.own) - 1})
+			FirstMB: mb(f.pss), LastMB: mb(l.pss), PSSGrowth: trend(epochsSeen, pss),
+			FirstOwnMB: mb(f.own), LastOwnMB: mb(l.own), Growth: trend(epochsSeen, own)})
 	}
 	slices.SortFunc(res.Processes, func(a, b process) int { return a.PID - b.PID })
 	return res, nil
 }
 
 func mb(kb int64) float64 { return float64(kb) / 1024 }
+
+// trend is the growth, as a fraction, of the least-squares line through
+// (x, y) from its first x to its last: fit(last)/fit(first) - 1. Fewer than
+// two distinct x, or a line that starts at or below zero, give 0.
+func trend(x, y []float64) float64 {
+	n := float64(len(x))
+	if len(x) < 2 || len(x) != len(y) {
+		return 0
+	}
+	var sx, sy, sxx, sxy float64
+	for i := range x {
+		sx, sy, sxx, sxy = sx+x[i], sy+y[i], sxx+x[i]*x[i], sxy+x[i]*y[i]
+	}
+	d := n*sxx - sx*sx
+	if d == 0 {
+		return 0
+	}
+	slope := (n*sxy - sx*sy) / d
+	at := func(v float64) float64 { return (sy - slope*sx + slope*n*v) / n }
+	start := at(x[0])
+	if start <= 0 {
+		return 0
+	}
+	return at(x[len(x)-1])/start - 1
+}
 
 // trace is a sample's figures, by pid.
 func trace(s map[string]sample) string {

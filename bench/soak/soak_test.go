@@ -43,3 +43,43 @@ func TestName(t *testing.T) {
 		}
 	}
 }
+
+// The gate reads a trend: a steady leak fails it, while noise between
+// samples and a single low first sample do not.
+func TestTrend(t *testing.T) {
+	epochs := func(n int) []float64 {
+		x := make([]float64, n)
+		for i := range x {
+			x[i] = float64(10 + i)
+		}
+		return x
+	}
+	flat := make([]float64, 191)
+	leak := make([]float64, 191)
+	noisy := make([]float64, 191)
+	lowFirst := make([]float64, 191)
+	for i := range flat {
+		flat[i] = 7400
+		leak[i] = 7400 + 2.5*float64(i) // 0.33 kB an epoch: +6.4% over 190 epochs
+		noisy[i] = 7400 + []float64{-300, 200, 100, -150, 300}[i%5]
+		lowFirst[i] = 7500
+	}
+	lowFirst[0] = 7100
+	for _, c := range []struct {
+		name     string
+		y        []float64
+		min, max float64
+	}{
+		{"flat", flat, 0, 0},
+		{"a steady leak", leak, 0.06, 0.07},
+		{"noise around a level", noisy, -0.02, 0.02},
+		{"a low first sample", lowFirst, -0.02, 0.02},
+	} {
+		if g := trend(epochs(len(c.y)), c.y); g < c.min || g > c.max {
+			t.Errorf("%s: growth %.4f, want within [%.2f, %.2f]", c.name, g, c.min, c.max)
+		}
+	}
+	if g := trend([]float64{10}, []float64{1}); g != 0 {
+		t.Errorf("one sample: growth %v, want 0", g)
+	}
+}
