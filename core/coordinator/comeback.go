@@ -89,51 +89,69 @@ type comebackPlan struct {
 }
 
 // planComeback decides, once every rank is Ready, which models the first
-// round starts from. Ranks that kept a model of a consensus the file knows
-// hold it; the one round the file knows for all of them wins (the last
-// completed before the pending one). A rank that started fresh loaded the
-// checkpoint; when no rank kept a known consensus, the run resumes from
-// that checkpoint, broadcast from the lowest fresh rank.
+// round starts from (planComebackOf).
 func (r *runner) planComeback() *comebackPlan {
-	cons := r.c.comeback
+	live := r.ranks.Live()
+	kept := make(map[uint32]*wirepb.Kept, len(live))
+	for _, id := range live {
+		kept[id] = r.ranks.ReadyOf(id).GetKept()
+	}
+	return planComebackOf(r.c.comeback, r.c.runID, live, kept, r.log)
+}
+
+// planComebackOf picks the holders among the live ranks by what each kept
+// (nil: it started fresh and loaded the checkpoint). Ranks that kept a
+// model of a round the file knows hold it. The pending round wins when
+// any rank holds it: it succeeded there, so its average holds everything
+// the last completed round does plus every rank's work published into it,
+// and a rank whose copy of it was cut off (it kept the round before) has
+// nothing beyond that under a windowed policy. Starting from the older
+// round would train the pending round's work again. When no rank kept a
+// known round, the run resumes from the checkpoint, broadcast from the
+// lowest fresh rank.
+func planComebackOf(cons *checkpoint.Consensus, runID string, live []uint32, kept map[uint32]*wirepb.Kept, log hclog.Logger) *comebackPlan {
 	byRound := map[uint64][]uint32{}
 	var fresh []uint32
-	for _, id := range r.ranks.Live() {
-		k := r.ranks.ReadyOf(id).GetKept()
-		if k == nil || k.GetRunId() != r.c.runID {
+	for _, id := range live {
+		k := kept[id]
+		if k == nil || k.GetRunId() != runID {
 			fresh = append(fresh, id)
 			continue
 		}
 		if _, ok := cons.State(k.GetLastRound()); ok {
 			byRound[k.GetLastRound()] = append(byRound[k.GetLastRound()], id)
 		} else {
-			r.log.Warn("a rank kept a model of a round the consensus file does not know; it takes the others'", "rank", id,
+			log.Warn("a rank kept a model of a round the consensus file does not know; it takes the others'", "rank", id,
 				"last_round", k.GetLastRound(), "consensus_round", cons.Round)
 		}
 	}
-	round, holders := cons.Round, byRound[cons.Round]
-	if len(holders) == 0 && cons.Pending != nil {
+	var round uint64
+	var holders []uint32
+	if cons.Pending != nil {
 		round, holders = cons.Pending.Round, byRound[cons.Pending.Round]
+	}
+	if len(holders) == 0 {
+		round, holders = cons.Round, byRound[cons.Round]
 	}
 	if len(holders) == 0 {
 		root := uint32(0)
 		if len(fresh) > 0 {
 			root = fresh[0]
 		}
-		r.log.Warn("no rank kept the consensus; resuming from the checkpoint", "checkpoint", r.c.resume, "root", root)
+		log.Warn("no rank kept the consensus; resuming from the checkpoint", "checkpoint", cons.Base, "root", root)
 		return &comebackPlan{root: root}
 	}
 	state, _ := cons.State(round)
 	p := &comebackPlan{round: round, state: state, held: map[uint32][]dispatch.Span{}, root: slices.Min(holders),
-		all: len(holders) == len(r.ranks.Live())}
+		all: len(holders) == len(live)}
 	for _, id := range holders {
 		p.held[id] = nil // a holder, whatever it trained since
-		for _, s := range r.ranks.ReadyOf(id).GetKept().GetHeld() {
+		for _, s := range kept[id].GetHeld() {
 			p.held[id] = append(p.held[id], dispatch.Span{Epoch: s.GetEpoch(),
 				Range: dispatch.Range{Offset: s.GetOffset(), Size: s.GetSize()}, Batches: s.GetBatches()})
 		}
 	}
-	r.log.Info("the ranks kept the consensus", "round", round, "holders", holders, "root", p.root, "average_first", p.all)
+	log.Info("the ranks kept the consensus", "round", round, "holders", holders, "root", p.root, "average_first", p.all)
 	return p
 }
 

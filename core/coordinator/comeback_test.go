@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
@@ -19,6 +20,7 @@ import (
 	"github.com/cohortdl/cohort/core/coordinator/checkpoint"
 	"github.com/cohortdl/cohort/core/coordinator/record"
 	"github.com/cohortdl/cohort/core/wire"
+	"github.com/cohortdl/cohort/core/wire/wirepb"
 	"github.com/cohortdl/cohort/core/worker"
 	"github.com/cohortdl/cohort/shared/plugintest"
 )
@@ -165,5 +167,69 @@ func crashAndComeBack(t *testing.T, fresh bool) {
 	}
 	if c, _ := checkpoint.ReadConsensus(dir); c != nil {
 		t.Error("the consensus file outlived the completed run")
+	}
+}
+
+// Which ranks' models the first round after a comeback starts from. A
+// round in flight when the coordinator died may have succeeded on some
+// ranks and been cut off on others: its average holds every rank's work
+// of the window, so those ranks are the holders, and nothing of that
+// window is trained again.
+func TestComebackHolders(t *testing.T) {
+	const run = "run-a"
+	cons := &checkpoint.Consensus{Round: 108, Last: checkpoint.Meta{Epoch: 1, GlobalStep: 100},
+		Pending: &checkpoint.PendingConsensus{Round: 109, State: checkpoint.Meta{Epoch: 1, GlobalStep: 104}}}
+	noPending := *cons
+	noPending.Pending = nil
+	kept := func(round uint64) *wirepb.Kept {
+		return &wirepb.Kept{RunId: run, LastRound: round, Held: []*wirepb.Span{{Epoch: 1, Offset: round, Size: 16, Batches: 1}}}
+	}
+	for _, tc := range []struct {
+		name    string
+		cons    *checkpoint.Consensus
+		kept    []*wirepb.Kept // by rank; nil: started fresh
+		round   uint64         // 0: none kept, resume from the checkpoint
+		holders []uint32
+		root    uint32
+		all     bool
+	}{
+		{"every rank kept the last round", cons, []*wirepb.Kept{kept(108), kept(108)}, 108, []uint32{0, 1}, 0, true},
+		{"every rank kept the pending round", cons, []*wirepb.Kept{kept(109), kept(109)}, 109, []uint32{0, 1}, 0, true},
+		{"the pending round succeeded on rank 0 only", cons, []*wirepb.Kept{kept(109), kept(108)}, 109, []uint32{0}, 0, false},
+		{"the pending round succeeded on rank 1 only", cons, []*wirepb.Kept{kept(108), kept(109), kept(108)}, 109, []uint32{1}, 1, false},
+		{"rank 0 started fresh", cons, []*wirepb.Kept{nil, kept(108)}, 108, []uint32{1}, 1, false},
+		{"rank 1 kept another run's model", cons, []*wirepb.Kept{kept(108), {RunId: "run-b", LastRound: 109}}, 108, []uint32{0}, 0, false},
+		{"a round the file does not know", &noPending, []*wirepb.Kept{kept(109), kept(108)}, 108, []uint32{1}, 1, false},
+		{"nothing kept", cons, []*wirepb.Kept{kept(7), nil, nil}, 0, nil, 1, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			live := make([]uint32, len(tc.kept))
+			byRank := map[uint32]*wirepb.Kept{}
+			for i, k := range tc.kept {
+				live[i] = uint32(i)
+				byRank[uint32(i)] = k
+			}
+			p := planComebackOf(tc.cons, run, live, byRank, hclog.NewNullLogger())
+			holders := slices.Sorted(maps.Keys(p.held))
+			if p.round != tc.round || !slices.Equal(holders, tc.holders) || p.root != tc.root || p.all != tc.all {
+				t.Fatalf("plan: round %d, holders %v, root %d, all %v; want round %d, holders %v, root %d, all %v",
+					p.round, holders, p.root, p.all, tc.round, tc.holders, tc.root, tc.all)
+			}
+			if tc.round == 0 {
+				if p.state != nil {
+					t.Fatalf("no holder, yet the plan starts from state %+v", p.state)
+				}
+				return
+			}
+			want, _ := tc.cons.State(tc.round)
+			if p.state == nil || p.state.GlobalStep != want.GlobalStep {
+				t.Fatalf("plan state %+v, want round %d's %+v", p.state, tc.round, want)
+			}
+			for _, id := range holders {
+				if got := p.held[id]; len(got) != 1 || got[0].Offset != tc.kept[id].GetLastRound() {
+					t.Errorf("rank %d's held work %v, want what it kept", id, got)
+				}
+			}
+		})
 	}
 }
