@@ -32,7 +32,8 @@ type Snapshot struct {
 	SamplesPerSecond float64 `json:"samples_per_second"`
 	Totals           Totals  `json:"totals"`
 	Ranks            []Rank  `json:"ranks"`
-	// EpochCurve holds every finished epoch, RoundCurve the last
+	// EpochCurve holds the finished epochs, thinned beyond 1,024 to
+	// those at multiples of 2, 4, 8… and the latest; RoundCurve the last
 	// MaxRounds averaging rounds.
 	EpochCurve []EpochPoint `json:"epoch_curve"`
 	RoundCurve []RoundPoint `json:"round_curve"`

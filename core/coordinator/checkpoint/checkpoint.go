@@ -89,6 +89,10 @@ type Meta struct {
 	Controller       *dispatch.ControllerState  `json:"controller,omitempty"`
 	ControllerWindow *dispatch.ControllerWindow `json:"controller_window,omitempty"`
 	Finished         []record.EpochSummary      `json:"finished_epochs"`
+	// epochs, where set, are the finished epochs a checkpoint being
+	// written streams into its meta.json in place of Finished: the
+	// run's record, which keeps them on disk.
+	epochs record.EpochSource
 }
 
 // validate checks what a resumed run relies on.

@@ -89,14 +89,14 @@ type ConsensusAt struct {
 // not synced: it serves a coordinator that died, on a machine that did
 // not, and is rewritten every round.
 func (w *Writer) WriteConsensus(last ConsensusAt, pending *ConsensusAt, live []uint32, nextRound uint64) error {
-	if n := len(last.Totals.Finished); n != w.consEpochs {
+	if n := epochCount(last.Totals.Finished); n != w.consEpochs {
 		path := filepath.Join(w.store.dir, consensusEpochsFile)
 		if err := record.WriteJSONEpochs(path, &consensusEpochs{}, "finished_epochs", last.Totals.Finished); err != nil {
 			return fmt.Errorf("write the consensus state's epochs: %w", err)
 		}
 		w.consEpochs = n
 	}
-	c := Consensus{Base: w.last, Live: slices.Clone(live), NextRound: nextRound, Round: last.Round, Finished: len(last.Totals.Finished),
+	c := Consensus{Base: w.last, Live: slices.Clone(live), NextRound: nextRound, Round: last.Round, Finished: epochCount(last.Totals.Finished),
 		Last: *w.meta(&Wait{progress: last.Progress, reason: ReasonConsensus}, last.Totals)}
 	c.Last.Finished = nil
 	if pending != nil {
@@ -181,4 +181,11 @@ func (m *Meta) Holds(rank uint32, spans []dispatch.Span) {
 	for i := range m.Remaining {
 		m.Remaining[i].Ranges = p.Remaining[m.Remaining[i].Rank]
 	}
+}
+
+func epochCount(s record.EpochSource) int {
+	if s == nil {
+		return 0
+	}
+	return s.Len()
 }

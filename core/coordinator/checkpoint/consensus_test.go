@@ -27,7 +27,7 @@ func TestConsensusFileRoundTrip(t *testing.T) {
 			0: {{Offset: off, Size: 50 - off}}, 1: {{Offset: 50 + off, Size: 50 - off}}}}}
 	}
 	one := []record.EpochSummary{{Epoch: 1, Samples: 100}}
-	totals := Totals{PickSpace: 100, BatchSize: 10, Rounds: 7, GlobalStep: 9, Finished: one}
+	totals := Totals{PickSpace: 100, BatchSize: 10, Rounds: 7, GlobalStep: 9, Finished: record.EpochList(one)}
 	pend := ConsensusAt{Round: 8, Progress: progress(20), Totals: totals}
 	if err := w.WriteConsensus(ConsensusAt{Round: 7, Progress: progress(10), Totals: totals}, &pend, []uint32{0, 1}, 9); err != nil {
 		t.Fatal(err)
@@ -56,7 +56,7 @@ func TestConsensusFileRoundTrip(t *testing.T) {
 		t.Fatal(err)
 	}
 	two := append(slices.Clone(one), record.EpochSummary{Epoch: 2, Samples: 100})
-	if err := w.WriteConsensus(ConsensusAt{Round: 9, Progress: progress(0), Totals: Totals{PickSpace: 100, Finished: two}}, nil, []uint32{0, 1}, 10); err != nil {
+	if err := w.WriteConsensus(ConsensusAt{Round: 9, Progress: progress(0), Totals: Totals{PickSpace: 100, Finished: record.EpochList(two)}}, nil, []uint32{0, 1}, 10); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(filepath.Join(dir, ConsensusFile), before, 0o644); err != nil {

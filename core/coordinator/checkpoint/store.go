@@ -80,8 +80,12 @@ func rankDir(ckpt string, rank uint32) string {
 func (s *ckptStore) commit(tmp string, m *Meta) (string, error) {
 	final := filepath.Join(s.dir, fmt.Sprintf("%s%06d", ckptPrefix, m.Version))
 	head := *m
-	head.Finished = m.Finished[:0:0] // null or [], as m has it
-	if err := record.WriteJSONEpochs(filepath.Join(tmp, MetaFile), &head, "finished_epochs", m.Finished); err != nil {
+	head.Finished = []record.EpochSummary{}
+	var epochs record.EpochSource = record.EpochList(m.Finished)
+	if m.epochs != nil {
+		epochs = m.epochs
+	}
+	if err := record.WriteJSONEpochs(filepath.Join(tmp, MetaFile), &head, "finished_epochs", epochs); err != nil {
 		return "", fmt.Errorf("checkpoint %d: %w", m.Version, err)
 	}
 	if err := os.Rename(tmp, final); err != nil {
@@ -169,7 +173,7 @@ type Totals struct {
 	BatchSize  uint64
 	Rounds     uint64 // the whole run's, a resumed run's earlier ones included
 	GlobalStep uint64
-	Finished   []record.EpochSummary
+	Finished   record.EpochSource
 	Cadence    *dispatch.CadenceState
 }
 
@@ -355,8 +359,8 @@ func (w *Writer) meta(wt *Wait, t Totals) *Meta {
 		Partial:       p.Partial,
 		Rounds:        t.Rounds,
 		GlobalStep:    t.GlobalStep,
-		Finished:      t.Finished,
 		Cadence:       t.Cadence,
+		epochs:        t.Finished,
 	}
 	ctl, win := p.Controller, p.Window
 	m.Controller, m.ControllerWindow = &ctl, &win

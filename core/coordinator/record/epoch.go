@@ -311,7 +311,10 @@ func (r *Recorder) EndEpoch() EpochSummary {
 		}
 		s.Ranks = append(s.Ranks, er)
 	}
-	r.finished = append(r.finished, s)
+	if err := r.epochs.add(s); err != nil {
+		r.log.Warn("keeping the finished epochs", "error", err)
+	}
+	r.lv.epochs.add(epochPoint(s))
 	r.log.Info("epoch finished", "epoch", a.epoch+1, "loss", s.Loss, "seconds", s.Seconds,
 		"samples", s.Samples, "rounds", s.Rounds, "wait_at_sync_ms", s.WaitAtSyncMS)
 	return s

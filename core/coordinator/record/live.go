@@ -27,7 +27,7 @@ const PublishEvery = 250 * time.Millisecond
 type liveState struct {
 	journal    *os.File // metrics.jsonl; nil when it could not be opened
 	rounds     roundHistory
-	epochs     []status.EpochPoint
+	epochs     epochCurve
 	membership []status.Membership
 	hist       status.Histogram
 	deaths     uint64
@@ -117,8 +117,8 @@ func (r *Recorder) noteRound(num, epoch uint64, d time.Duration, bytes float64) 
 // and summary.json rewritten as the run stands.
 func (r *Recorder) NoteEpoch(s EpochSummary) {
 	r.writeJournal(journalEpoch{"epoch", epochPoint(s)})
-	sum := r.Summary()
-	if err := WriteSummary(filepath.Join(r.cfg.Out, SummaryFile), sum); err != nil {
+	head := r.summaryHead()
+	if err := WriteJSONEpochs(filepath.Join(r.cfg.Out, SummaryFile), head, "epochs", r.epochs); err != nil {
 		r.log.Warn("rewriting the run summary after the epoch failed", "epoch", s.Epoch, "error", err)
 	}
 	r.Publish(true)
@@ -156,9 +156,6 @@ func (r *Recorder) Publish(force bool) {
 	}
 	r.lv.published = now
 	run := r.cfg.Source.Now()
-	for len(r.lv.epochs) < len(r.finished) {
-		r.lv.epochs = append(r.lv.epochs, epochPoint(r.finished[len(r.lv.epochs)]))
-	}
 	s := &status.Snapshot{
 		RunID:      r.cfg.RunID,
 		Status:     run.Phase,
@@ -181,7 +178,7 @@ func (r *Recorder) Publish(force bool) {
 			Departures:     r.lv.departures,
 			PluginRestarts: r.lv.pluginRestarts,
 		},
-		EpochCurve:   r.lv.epochs[:len(r.lv.epochs):len(r.lv.epochs)],
+		EpochCurve:   r.lv.epochs.points(),
 		Membership:   r.lv.membership[:len(r.lv.membership):len(r.lv.membership)],
 		RoundSeconds: r.lv.hist.Clone(),
 	}
@@ -242,10 +239,10 @@ func resourcesOf(m *wirepb.ResourceSample) *status.Resources {
 	return out
 }
 
-// WriteCurves draws OUT/curves.png from every epoch of the run and its
+// WriteCurves draws OUT/curves.png from the page's epoch curve and its
 // rounds' loss (in buckets of several rounds once they are many).
 func (r *Recorder) WriteCurves() error {
-	if err := status.WriteCurves(filepath.Join(r.cfg.Out, status.CurvesFile), r.lv.epochs, r.lv.rounds.curve()); err != nil {
+	if err := status.WriteCurves(filepath.Join(r.cfg.Out, status.CurvesFile), r.lv.epochs.points(), r.lv.rounds.curve()); err != nil {
 		return fmt.Errorf("coordinator: %w", err)
 	}
 	return nil

@@ -98,7 +98,7 @@ type Recorder struct {
 
 	ranks        []rankRecord
 	agg          *epochAgg
-	finished     []EpochSummary
+	epochs       *epochLog
 	memberEvents []MembershipEvent
 	roles        []RoleElection
 
@@ -139,10 +139,11 @@ type rankRecord struct {
 // New starts a run's record; every rank is absent.
 func New(cfg Config) *Recorder {
 	r := &Recorder{
-		cfg:   cfg,
-		log:   cfg.Logger,
-		ranks: make([]rankRecord, cfg.World),
-		lv:    liveState{hist: status.NewHistogram(status.RoundBounds)},
+		cfg:    cfg,
+		log:    cfg.Logger,
+		ranks:  make([]rankRecord, cfg.World),
+		lv:     liveState{hist: status.NewHistogram(status.RoundBounds)},
+		epochs: newEpochLog(cfg.Out),
 	}
 	for i := range r.ranks {
 		r.ranks[i].state = RankAbsent
@@ -154,12 +155,18 @@ func New(cfg Config) *Recorder {
 // rounds before it and the epochs it finished.
 func (r *Recorder) Resumed(rounds uint64, finished []EpochSummary) {
 	r.roundsBefore = rounds
-	r.finished = finished
+	if err := r.epochs.reset(finished); err != nil {
+		r.log.Warn("keeping the finished epochs", "error", err)
+	}
+	r.lv.epochs.reset()
+	for _, e := range finished {
+		r.lv.epochs.add(epochPoint(e))
+	}
 }
 
 // Finished is every finished epoch of the run, a resumed run's inherited
-// ones included. The caller must not change it.
-func (r *Recorder) Finished() []EpochSummary { return r.finished }
+// ones included, as the record keeps them (EpochsFile).
+func (r *Recorder) Finished() EpochSource { return r.epochs }
 
 // RoundsTotal counts the run's rounds, those before a resume included.
 func (r *Recorder) RoundsTotal() uint64 { return r.roundsBefore + r.rounds }

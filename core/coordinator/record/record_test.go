@@ -43,7 +43,7 @@ func TestEpochCountsUnclosedPlansOfItsEpoch(t *testing.T) {
 	if want := (4.0 + 4 + 3) / (1 + 4 + 2); s.Loss != want {
 		t.Errorf("loss %v, want %v", s.Loss, want)
 	}
-	if got := r.Finished(); len(got) != 1 || got[0].Samples != 80 {
+	if got, err := Epochs(r.Finished()); err != nil || len(got) != 1 || got[0].Samples != 80 {
 		t.Errorf("finished epochs %+v", got)
 	}
 }

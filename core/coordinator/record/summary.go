@@ -232,12 +232,12 @@ func WriteJSON(path string, v any) error {
 // epoch, and encoding every epoch at once took a buffer as large as the
 // file, which the JSON encoder keeps for its next use, so the process
 // held more memory the longer it ran.
-func WriteJSONEpochs(path string, v any, field string, epochs []EpochSummary) error {
+func WriteJSONEpochs(path string, v any, field string, epochs EpochSource) error {
 	head, err := json.MarshalIndent(v, "", "  ")
 	if err != nil {
 		return fmt.Errorf("encode %s: %w", filepath.Base(path), err)
 	}
-	if len(epochs) == 0 {
+	if epochs == nil || epochs.Len() == 0 {
 		return atomicfile.WriteBytes(path, append(head, '\n'))
 	}
 	key := []byte("\n  " + strconv.Quote(field) + ": ")
@@ -259,42 +259,30 @@ func WriteJSONEpochs(path string, v any, field string, epochs []EpochSummary) er
 		if _, err := w.Write(head[:at]); err != nil {
 			return err
 		}
-		// One encoder for every epoch: it reuses its buffers, where
-		// MarshalIndent made two new ones an epoch, so a rewrite's garbage
-		// grew with the run and each epoch's end raised the process's
-		// peak heap, which its resident memory kept.
-		lw := &lineWriter{w: w}
-		enc := json.NewEncoder(lw)
-		enc.SetIndent("    ", "  ")
+		// One buffer for every epoch: a rewrite's garbage does not grow
+		// with the run, nor each epoch's end raise the process's peak
+		// heap, which its resident memory would keep.
+		var buf bytes.Buffer
 		sep := "[\n    "
-		for _, e := range epochs {
-			if _, err := io.WriteString(w, sep); err != nil {
-				return err
-			}
-			if err := enc.Encode(e); err != nil {
-				return fmt.Errorf("encode epoch %d: %w", e.Epoch, err)
+		err := epochs.Each(func(e []byte) error {
+			buf.Reset()
+			buf.WriteString(sep)
+			if err := json.Indent(&buf, e, "    ", "  "); err != nil {
+				return fmt.Errorf("encode a finished epoch: %w", err)
 			}
 			sep = ",\n    "
+			_, err := w.Write(buf.Bytes())
+			return err
+		})
+		if err != nil {
+			return err
 		}
 		if _, err := io.WriteString(w, "\n  ]"); err != nil {
 			return err
 		}
-		_, err := w.Write(append(head[at+empty:], '\n'))
+		_, err = w.Write(append(head[at+empty:], '\n'))
 		return err
 	})
-}
-
-// lineWriter passes each of a json.Encoder's writes on without the
-// newline it ends the value with, so an encoded epoch is MarshalIndent's
-// bytes.
-type lineWriter struct{ w io.Writer }
-
-func (l *lineWriter) Write(b []byte) (int, error) {
-	n, err := l.w.Write(bytes.TrimSuffix(b, []byte("\n")))
-	if err == nil {
-		n = len(b)
-	}
-	return n, err
 }
 
 // WriteSummary writes s to path as WriteJSON does, its epochs one by one
@@ -302,11 +290,25 @@ func (l *lineWriter) Write(b []byte) (int, error) {
 func WriteSummary(path string, s *Summary) error {
 	head := *s
 	head.Epochs = s.Epochs[:0:0] // null or [], as s has it
-	return WriteJSONEpochs(path, &head, "epochs", s.Epochs)
+	return WriteJSONEpochs(path, &head, "epochs", EpochList(s.Epochs))
 }
 
-// Summary builds the run's Summary as it stands now.
+// Summary builds the run's Summary as it stands now, every finished
+// epoch read into it.
 func (r *Recorder) Summary() *Summary {
+	s := r.summaryHead()
+	eps, err := Epochs(r.epochs)
+	if err != nil {
+		r.log.Warn("the run summary lacks finished epochs", "error", err)
+	}
+	if len(eps) > 0 {
+		s.Epochs = eps
+	}
+	return s
+}
+
+// summaryHead is the Summary but its epochs ([]).
+func (r *Recorder) summaryHead() *Summary {
 	now := r.cfg.Source.Now()
 	status := now.Status
 	if !now.Done {
@@ -323,7 +325,7 @@ func (r *Recorder) Summary() *Summary {
 		Started:          r.cfg.Started.UTC(),
 		Seconds:          time.Since(r.cfg.Started).Seconds(),
 		GlobalStep:       r.cfg.Dispatch.GlobalStep(),
-		Epochs:           r.finished,
+		Epochs:           []EpochSummary{},
 		MembershipEvents: r.memberEvents,
 		Controller:       r.cfg.Dispatch.ControllerSummary(),
 		Roles:            r.roles,
@@ -337,9 +339,6 @@ func (r *Recorder) Summary() *Summary {
 	}
 	if now.Err != nil {
 		s.Error = now.Err.Error()
-	}
-	if s.Epochs == nil {
-		s.Epochs = []EpochSummary{}
 	}
 	if s.MembershipEvents == nil {
 		s.MembershipEvents = []MembershipEvent{}

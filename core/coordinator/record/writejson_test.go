@@ -65,7 +65,7 @@ func TestWriteJSONEpochsNeedsAnEmptyField(t *testing.T) {
 			} `json:"inner"`
 		}{},
 	} {
-		if err := WriteJSONEpochs(path, v, "epochs", es); err == nil {
+		if err := WriteJSONEpochs(path, v, "epochs", EpochList(es)); err == nil {
 			t.Errorf("%s: written", name)
 		}
 	}
