@@ -159,9 +159,10 @@ scale:
 # epoch, and fails when any of its processes (cohort run with its
 # coordinator, each worker, each plugin) grew its PSS or its own memory
 # (PSS less its share of mapped files, which moves with other processes) by
-# more than 5% between epoch 10 and the end, read off the least-squares
-# line through every epoch's sample so that one sample's garbage-collector
-# timing cannot decide it; it prints each one's figures at both points and
+# more than 5% between epoch 10 and the end (the own memory also by more
+# than 1 MB, the band a Go runtime's resident heap moves in), read off the
+# least-squares line through every epoch's sample so that one sample's
+# garbage-collector timing cannot decide it; it prints each one's figures at both points and
 # a JSON line. 5-10 minutes on 2 cores on a quiet machine; not part of
 # `make test`.
 soak: build

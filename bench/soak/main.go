@@ -13,13 +13,19 @@
 //
 // It prints two figures a process: its PSS, and its own memory, the part of
 // the PSS that is its anonymous memory and its share of shared memory (the
-// arena): Pss_Anon + Pss_Shmem. The gate is on the second. PSS also holds
-// the process's share of the files it maps (its binary, libtorch), and
-// that share moves when other processes map or unmap the same files: on a
-// shared machine a trainer's PSS fell from 385 to 335 MB as libtorch's
-// other users came and went, and `cohort run`'s jumped between 14.7 and
-// 17.5 MB as other runs of the same binary did, neither of them growing.
-// A leak is memory the process holds, which the second figure counts.
+// arena): Pss_Anon + Pss_Shmem. PSS, the issue's figure, is gated at
+// -max-growth. It also holds the process's share of the files it maps (its
+// binary, libtorch), and that share moves when other processes map or
+// unmap the same files: on a shared machine a trainer's PSS fell from 385
+// to 335 MB as libtorch's other users came and went. A leak is memory the
+// process holds, which the second figure counts; it is gated at
+// -max-growth too, once its fitted rise also passes -min-rise-mb. Below
+// that a Go process's own memory moves without a leak: its runtime keeps
+// heap pages resident up to about its heap goal, and reuses pages it had
+// released, so a worker whose live heap (runtime/metrics'
+// /gc/heap/live:bytes) stayed at 2.60-2.65 MB over 200 epochs gained
+// 0.3-0.4 MB of resident heap in one step midway, which a 7 MB process
+// reads as +6%. A leak of 5 kB an epoch passes 1 MB in 200 epochs.
 //
 //	go run ./bench/soak -cohort bin/cohort              # 200 epochs
 //	go run ./bench/soak -cohort bin/cohort -epochs 30   # a quicker look
@@ -53,7 +59,8 @@ func main() {
 	bin := flag.String("cohort", "bin/cohort", "the cohort binary")
 	epochs := flag.Int("epochs", 200, "epochs to train")
 	first := flag.Int("first", 10, "the epoch of the first sample")
-	maxGrowth := flag.Float64("max-growth", 0.05, "largest growth of a process's own memory allowed between -first and the end, as a fraction")
+	maxGrowth := flag.Float64("max-growth", 0.05, "largest growth of a process's PSS and own memory allowed between -first and the end, as a fraction")
+	minRise := flag.Float64("min-rise-mb", 1, "own memory fails -max-growth only when it also rose by more than this many MB")
 	out := flag.String("out", "", "the run's output directory (default: a temporary one, removed after)")
 	timeout := flag.Duration("timeout", 2*time.Hour, "longest the run may take")
 	flag.Parse()
@@ -71,11 +78,12 @@ func main() {
 		os.Exit(1)
 	}
 	res.MaxGrowthAllowed = *maxGrowth
+	res.MinOwnRiseMB = *minRise
 	fmt.Printf("epoch %d -> epoch %d (sampled figures; growth along each one's fitted line)\n", res.FirstEpoch, res.LastEpoch)
 	for _, p := range res.Processes {
 		fmt.Printf("%-31s pid %-7d PSS %6.1f -> %6.1f MB (%+6.2f%%)  own %6.1f -> %6.1f MB (%+6.2f%%)\n",
 			p.Name, p.PID, p.FirstMB, p.LastMB, 100*p.PSSGrowth, p.FirstOwnMB, p.LastOwnMB, 100*p.Growth)
-		if p.Growth > *maxGrowth || p.PSSGrowth > *maxGrowth {
+		if p.PSSGrowth > *maxGrowth || p.Growth > *maxGrowth && p.OwnRiseMB > *minRise {
 			res.Grew = append(res.Grew, p.Name)
 		}
 		res.MaxGrowth = max(res.MaxGrowth, p.Growth)
@@ -100,6 +108,7 @@ type result struct {
 	Processes        []process `json:"processes"`
 	MaxGrowth        float64   `json:"max_growth"`
 	MaxGrowthAllowed float64   `json:"max_growth_allowed"`
+	MinOwnRiseMB     float64   `json:"min_own_rise_mb"`
 	// Grew names the processes past the limit; empty when the soak holds.
 	Grew []string `json:"grew"`
 }
@@ -115,6 +124,8 @@ type process struct {
 	// lines, from the first sampled epoch to the last; the gate reads both.
 	PSSGrowth float64 `json:"pss_growth"`
 	Growth    float64 `json:"growth"`
+	// OwnRiseMB is the own memory's rise along its fitted line.
+	OwnRiseMB float64 `json:"own_rise_mb"`
 }
 
 // epochLine is `cohort run`'s line at an epoch's end; its progress lines
@@ -190,9 +201,11 @@ func soak(ctx context.Context, bin, out string, epochs, first int) (*result, err
 		for _, s := range series {
 			pss, own = append(pss, float64(s[name].pss)), append(own, float64(s[name].own))
 		}
+		pssGrowth, _ := trend(epochsSeen, pss)
+		ownGrowth, ownRise := trend(epochsSeen, own)
 		res.Processes = append(res.Processes, process{Name: name, PID: f.pid,
-			FirstMB: mb(f.pss), LastMB: mb(l.pss), PSSGrowth: trend(epochsSeen, pss),
-			FirstOwnMB: mb(f.own), LastOwnMB: mb(l.own), Growth: trend(epochsSeen, own)})
+			FirstMB: mb(f.pss), LastMB: mb(l.pss), PSSGrowth: pssGrowth,
+			FirstOwnMB: mb(f.own), LastOwnMB: mb(l.own), Growth: ownGrowth, OwnRiseMB: ownRise / 1024})
 	}
 	slices.SortFunc(res.Processes, func(a, b process) int { return a.PID - b.PID })
 	return res, nil
@@ -200,13 +213,14 @@ func soak(ctx context.Context, bin, out string, epochs, first int) (*result, err
 
 func mb(kb int64) float64 { return float64(kb) / 1024 }
 
-// trend is the growth, as a fraction, of the least-squares line through
-// (x, y) from its first x to its last: fit(last)/fit(first) - 1. Fewer than
-// two distinct x, or a line that starts at or below zero, give 0.
-func trend(x, y []float64) float64 {
+// trend is the growth of the least-squares line through (x, y) from its
+// first x to its last, as a fraction, fit(last)/fit(first) - 1, and in y's
+// units, fit(last) - fit(first). Fewer than two distinct x, or a line that
+// starts at or below zero, give 0.
+func trend(x, y []float64) (growth, rise float64) {
 	n := float64(len(x))
 	if len(x) < 2 || len(x) != len(y) {
-		return 0
+		return 0, 0
 	}
 	var sx, sy, sxx, sxy float64
 	for i := range x {
@@ -214,15 +228,15 @@ func trend(x, y []float64) float64 {
 	}
 	d := n*sxx - sx*sx
 	if d == 0 {
-		return 0
+		return 0, 0
 	}
 	slope := (n*sxy - sx*sy) / d
 	at := func(v float64) float64 { return (sy - slope*sx + slope*n*v) / n }
-	start := at(x[0])
+	start, end := at(x[0]), at(x[len(x)-1])
 	if start <= 0 {
-		return 0
+		return 0, 0
 	}
-	return at(x[len(x)-1])/start - 1
+	return end/start - 1, end - start
 }
 
 // trace is a sample's figures, by pid.

@@ -75,11 +75,14 @@ func TestTrend(t *testing.T) {
 		{"noise around a level", noisy, -0.02, 0.02},
 		{"a low first sample", lowFirst, -0.02, 0.02},
 	} {
-		if g := trend(epochs(len(c.y)), c.y); g < c.min || g > c.max {
+		if g, _ := trend(epochs(len(c.y)), c.y); g < c.min || g > c.max {
 			t.Errorf("%s: growth %.4f, want within [%.2f, %.2f]", c.name, g, c.min, c.max)
 		}
 	}
-	if g := trend([]float64{10}, []float64{1}); g != 0 {
+	if _, rise := trend(epochs(len(leak)), leak); rise < 470 || rise > 480 {
+		t.Errorf("a steady leak of 2.5 kB an epoch: rise %.1f kB over 190 epochs, want 475", rise)
+	}
+	if g, _ := trend([]float64{10}, []float64{1}); g != 0 {
 		t.Errorf("one sample: growth %v, want 0", g)
 	}
 }
