@@ -133,3 +133,36 @@ func loadMock(t *testing.T, dir string, settings map[string]any) {
 		t.Fatalf("load %s: %v", dir, err)
 	}
 }
+
+// `cohort run` of one rank, interrupted (SIGINT) mid-epoch and resumed:
+// a lone rank trains solo plans, whose trainer process merges its batch
+// reports for up to 100 ms, and a report merged but not sent when a stop
+// cancels Train would leave batches in the saved model that the save
+// counts as still to train. The interrupt lets the plans in flight
+// finish, every report arrives, and the resumed run trains every sample
+// of every epoch exactly once.
+func TestLoneRankInterruptResumesExactlyOnce(t *testing.T) {
+	r := newRun(t, 1, 2, 4096, "  checkpoint_every = 1", "", map[string]any{"sleep_per_batch": "2ms"}, nil)
+	p := r.launch(false)
+	p.waitLine("cohort formed", 30*time.Second)
+	time.Sleep(150 * time.Millisecond) // into epoch 1: 256 batches of 2 ms
+	if err := p.cmd.Process.Signal(os.Interrupt); err != nil {
+		t.Fatal(err)
+	}
+	if code := p.exit(20 * time.Second); code == 0 {
+		t.Fatal("the run ended before the interrupt reached it")
+	}
+	p = r.launch(true)
+	if code := p.exit(60 * time.Second); code != 0 {
+		t.Fatalf("the resumed run exited %d", code)
+	}
+	r.checkCompleted()
+	led := readLedger(t, r.ledger)
+	for e := range uint64(r.epochs) {
+		for i, ranks := range led[e] {
+			if len(ranks) != 1 {
+				t.Fatalf("epoch %d: sample %d trained %d times", e+1, i, len(ranks))
+			}
+		}
+	}
+}
