@@ -372,17 +372,30 @@ func (c *fakeComm) collective(ctx context.Context, name string, buf Memory, comb
 		c.b.f.mu.Unlock()
 		done = o.done
 	}
+	var stop error // why the wait ended without the result
+	abort := true  // this rank aborts its communicator with it
+	select {
+	case <-done:
+	case <-c.aborted:
+		stop, abort = ErrAborted, false
+	case <-c.g.broken:
+		stop = fmt.Errorf("%w: a peer aborted (%s)", ErrAborted, c.g.breakCause)
+	case <-ctx.Done():
+		stop = fmt.Errorf("%w: %w", ErrAborted, ctx.Err())
+	}
+	// A collective every rank completed has its result, as NCCL's has,
+	// whatever ended the group a moment later: a peer that acted on the
+	// same result first and aborted must not take it from this rank.
 	select {
 	case <-done:
 		copy(fb.a.b[:fb.Len()], o.result)
 		return nil
-	case <-c.aborted:
-		return fmt.Errorf("fake nccl: %s: %w", name, ErrAborted)
-	case <-c.g.broken:
-		return fmt.Errorf("fake nccl: %s: %w", name, errors.Join(fmt.Errorf("%w: a peer aborted (%s)", ErrAborted, c.g.breakCause), c.Abort()))
-	case <-ctx.Done():
-		return fmt.Errorf("fake nccl: %s: %w", name, errors.Join(fmt.Errorf("%w: %w", ErrAborted, ctx.Err()), c.Abort()))
+	default:
 	}
+	if abort {
+		stop = errors.Join(stop, c.Abort())
+	}
+	return fmt.Errorf("fake nccl: %s: %w", name, stop)
 }
 
 // sum adds the buffers elementwise in rank order, in dt's precision, as
