@@ -199,17 +199,13 @@ type epochCurve struct {
 	pts    []status.EpochPoint
 	stride uint64 // the epochs kept are the multiples of stride, and the latest
 	tail   bool   // the last point is the latest epoch, off the stride
-	max    int
 }
 
-func (c *epochCurve) reset() { *c = epochCurve{max: c.max} }
+func (c *epochCurve) reset() { *c = epochCurve{} }
 
 func (c *epochCurve) add(p status.EpochPoint) {
 	if c.stride == 0 {
 		c.stride = 1
-	}
-	if c.max == 0 {
-		c.max = maxEpochPoints
 	}
 	if c.tail {
 		// The old latest point gives way: on a new array, since a
@@ -218,9 +214,9 @@ func (c *epochCurve) add(p status.EpochPoint) {
 	}
 	c.pts = append(c.pts, p)
 	c.tail = p.Epoch%c.stride != 0
-	for len(c.pts) > c.max {
+	for len(c.pts) > maxEpochPoints {
 		c.stride *= 2
-		kept := make([]status.EpochPoint, 0, c.max)
+		kept := make([]status.EpochPoint, 0, maxEpochPoints)
 		for i, q := range c.pts {
 			if q.Epoch%c.stride == 0 || i == len(c.pts)-1 {
 				kept = append(kept, q)

@@ -285,14 +285,6 @@ func WriteJSONEpochs(path string, v any, field string, epochs EpochSource) error
 	})
 }
 
-// WriteSummary writes s to path as WriteJSON does, its epochs one by one
-// (WriteJSONEpochs).
-func WriteSummary(path string, s *Summary) error {
-	head := *s
-	head.Epochs = s.Epochs[:0:0] // null or [], as s has it
-	return WriteJSONEpochs(path, &head, "epochs", EpochList(s.Epochs))
-}
-
 // Summary builds the run's Summary as it stands now, every finished
 // epoch read into it.
 func (r *Recorder) Summary() *Summary {
