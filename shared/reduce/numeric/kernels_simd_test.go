@@ -217,3 +217,68 @@ func sameBits16(t *testing.T, what string, got, want []uint16) {
 		}
 	}
 }
+
+// BenchmarkKernels runs each vector kernel beside the scalar one it
+// replaces, on 4M elements (16 MB an array, past the caches): a vector
+// kernel slower than its scalar twin is a regression (the dirty-upper-half
+// stalls kernels_simd.go's VZEROUPPERs prevent made some 12-38× slower).
+func BenchmarkKernels(b *testing.B) {
+	if Vector == "" {
+		b.Skip("this CPU has no AVX2")
+	}
+	const n = 1 << 22
+	mk := func() []float32 {
+		y := make([]float32, n)
+		for i := range y {
+			y[i] = float32(i%977)*1e-3 + 0.5
+		}
+		return y
+	}
+	y0, y1, y2, y3, v := mk(), mk(), mk(), mk(), mk()
+	u0, u1 := make([]uint16, n), make([]uint16, n)
+	encodeBF16Go(u0, y0)
+	encodeBF16Go(u1, y1)
+	blocks := func(f func(lo, hi int)) {
+		for o := 0; o < n; o += blk {
+			f(o, min(o+blk, n))
+		}
+	}
+	type k struct {
+		name   string
+		vec, s func()
+	}
+	st := NewStats(4)
+	ks := []k{
+		{"single1", func() { blocks(func(lo, hi int) { singleAVX2(y0[lo:hi], v[lo:hi], 1) }) }, func() { blocks(func(lo, hi int) { singleGo(y0[lo:hi], v[lo:hi], 1) }) }},
+		{"single.5", func() { blocks(func(lo, hi int) { singleAVX2(y0[lo:hi], v[lo:hi], .5) }) }, func() { blocks(func(lo, hi int) { singleGo(y0[lo:hi], v[lo:hi], .5) }) }},
+		{"pair", func() { blocks(func(lo, hi int) { pairAVX2(y0[lo:hi], y1[lo:hi], v[lo:hi]) }) }, func() { blocks(func(lo, hi int) { pairGo(y0[lo:hi], y1[lo:hi], v[lo:hi]) }) }},
+		{"fused2", func() { fused2AVX2(y0, y1, 1, 1, .5, &st) }, func() { fused2Go(y0, y1, 1, 1, .5, &st) }},
+		{"fused4", func() { fused4AVX2([4][]float32{y0, y1, y2, y3}, [4]float32{1, 1, 1, 1}, .25, &st) }, func() {
+			a := Apply{Dst: [][]float32{y0, y1, y2, y3}, Weights: []float64{1, 1, 1, 1}, Scale: .25}
+			f := fused4
+			fused4 = nil
+			a.Run(&st)
+			fused4 = f
+		}},
+		{"scaleSq", func() { blocks(func(lo, hi int) { scaleSquaresAVX2(v[lo:hi], 1) }) }, func() { blocks(func(lo, hi int) { scaleSquaresGo(v[lo:hi], 1) }) }},
+		{"blockSq", func() { blocks(func(lo, hi int) { blockSquaresAVX2(v[lo:hi]) }) }, func() { blocks(func(lo, hi int) { blockSquaresGo(v[lo:hi]) }) }},
+		{"slowMo", func() { slowMoAVX2(y0, y1, y2, 0.7, 0.5) }, func() { slowMoGo(y0, y1, y2, 0.7, 0.5) }},
+		{"combine2", func() { combine2AVX2(y3, y1, y2, 1) }, func() { combine2Go(y3, y1, y2, 1) }},
+		{"decode", func() { decodeBF16AVX2(y3, u0) }, func() { decodeBF16Go(y3, u0) }},
+		{"encode", func() { encodeBF16(u1, y2) }, func() { encodeBF16Go(u1, y2) }},
+		{"combineBF16", func() { combine2BF16(u1, u0, u1, 1) }, func() { combine2BF16Go(u1, u0, u1, 1) }},
+		{"combineBF16.5", func() { combine2BF16(u1, u0, u1, .5) }, func() { combine2BF16Go(u1, u0, u1, .5) }},
+	}
+	for _, x := range ks {
+		b.Run(x.name+"/vector", func(b *testing.B) {
+			for b.Loop() {
+				x.vec()
+			}
+		})
+		b.Run(x.name+"/scalar", func(b *testing.B) {
+			for b.Loop() {
+				x.s()
+			}
+		})
+	}
+}
