@@ -130,6 +130,10 @@ func (g *wideGHash) sum(data []byte) [16]byte {
 		y = reduce(fold4(lo), fold4(hi), fold4(mid))
 		data = data[16*wideBlocks:]
 	}
+	// Clean upper halves before the tail's copies: legacy-SSE code after
+	// dirty 512-bit state stalls (shared/reduce/numeric's kernels measured
+	// 12-38x slower for it).
+	archsimd.ClearAVXUpperBits()
 	h1 := archsimd.LoadUint64x2Slice(g.pow[2*(wideBlocks-1):])
 	for len(data) > 0 {
 		var b [16]byte
