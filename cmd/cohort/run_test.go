@@ -25,6 +25,7 @@ import (
 
 	"github.com/cohortdl/cohort/core/coordinator"
 	"github.com/cohortdl/cohort/core/coordinator/checkpoint"
+	"github.com/cohortdl/cohort/core/coordinator/dispatch"
 	"github.com/cohortdl/cohort/core/coordinator/record"
 	"github.com/cohortdl/cohort/core/testutil/arenacheck"
 	"github.com/cohortdl/cohort/shared/arena"
@@ -1005,5 +1006,25 @@ func TestEpochLine(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// A trainer that reports an adaptive optimizer reaches the coordinator
+// through its worker's Ready: with no divergence_target in the config, the
+// run aims at the adaptive default, and at SGD's default otherwise.
+func TestRunTargetFollowsTheTrainersOptimizer(t *testing.T) {
+	for _, tc := range []struct {
+		adaptive bool
+		want     float64
+	}{{false, dispatch.DivergenceTarget}, {true, dispatch.AdaptiveDivergenceTarget}} {
+		trainer := map[string]any{"samples": 256, "batch_size": 16, "adaptive": tc.adaptive}
+		cfg := writeRunConfigAveraging(t, `run { seed = 3 }`, trainer, `averager "mock" {}`)
+		out := filepath.Join(t.TempDir(), "out")
+		if code := startCohort(t, "run", "--config", cfg, "--ranks", "2", "--epochs", "1", "--out", out).wait(60 * time.Second); code != 0 {
+			t.Fatalf("adaptive %v: exit %d", tc.adaptive, code)
+		}
+		if got := readSummary(t, out).Controller.DivergenceTarget; got != tc.want {
+			t.Errorf("adaptive %v: the run aimed at %g, want %g", tc.adaptive, got, tc.want)
+		}
 	}
 }

@@ -99,10 +99,13 @@ type Coordinator struct {
 	// move the sync interval (sync, async) between SyncEveryMin and
 	// SyncEveryMax: tighter when ranks drift past DivergenceTarget, looser
 	// when they stay well inside it.
-	AdaptiveSync     bool
-	SyncEveryMin     int     // at least 1
-	SyncEveryMax     int     // 0: SyncEvery (the interval only tightens)
-	DivergenceTarget float64 // the relative distance from the average the interval aims at, > 0
+	AdaptiveSync bool
+	SyncEveryMin int // at least 1
+	SyncEveryMax int // 0: SyncEvery (the interval only tightens)
+	// DivergenceTarget is the relative distance from the average the
+	// interval aims at; 0: 0.05, or 0.01 where the trainer's optimizer is
+	// adaptive (dispatch.DivergenceTarget, AdaptiveDivergenceTarget).
+	DivergenceTarget float64
 	// GuardFactor: a round whose divergence exceeds GuardFactor times the
 	// running mean is a spike: the interval drops to SyncEveryMin and the
 	// learning rate is scaled by GuardLRFactor until divergence settles.

@@ -29,7 +29,8 @@ coordinator {
   adaptive_sync     = true          # sync, async: the ranks' divergence moves the interval
   sync_every_min    = 1             #   between these bounds (max 0: sync_every, so it only tightens),
   sync_every_max    = 0
-  divergence_target = 0.05          #   aiming at this distance of a rank from the average
+  divergence_target = 0             #   aiming at this distance of a rank from the average
+                                    #   (0: 0.05, or 0.01 where the trainer's optimizer is adaptive: Adam…)
   guard_factor      = 3             # a divergence spike (this × its running mean; 0: off) drops
   guard_lr_factor   = 0.5           #   the interval to its minimum and scales the rate by this
   lr_plateau_patience = 0           # epochs without a better eval loss before the rate

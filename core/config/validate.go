@@ -93,8 +93,8 @@ func (c *Config) Validate() error {
 	if co.SyncEveryMin > co.SyncEvery && co.SyncEvery >= 1 {
 		bad("coordinator.sync_every_min", "%d is above sync_every (%d)", co.SyncEveryMin, co.SyncEvery)
 	}
-	if !(co.DivergenceTarget > 0) || math.IsInf(co.DivergenceTarget, 0) {
-		bad("coordinator.divergence_target", "%g is not a finite number above 0", co.DivergenceTarget)
+	if !(co.DivergenceTarget >= 0) || math.IsInf(co.DivergenceTarget, 0) {
+		bad("coordinator.divergence_target", "%g: want 0 (the default for the trainer's optimizer) or a finite number above 0", co.DivergenceTarget)
 	}
 	if !(co.GuardFactor == 0 || co.GuardFactor > 1) || math.IsInf(co.GuardFactor, 0) {
 		bad("coordinator.guard_factor", "%g: want 0 (no guard) or a finite number above 1", co.GuardFactor)

@@ -77,6 +77,36 @@ func TestAdaptiveSyncTightensOnDrift(t *testing.T) {
 	}
 }
 
+// With no divergence_target in the config, ranks whose trainer reports an
+// adaptive optimizer are held to the tighter default: a divergence that
+// SGD's default leaves alone halves their interval twice, and the summary
+// names the target the run used.
+func TestAdaptiveOptimizerTightensByDefault(t *testing.T) {
+	for _, adaptive := range []bool{false, true} {
+		cfg := testConfig(t)
+		cfg.Coordinator.SyncEvery = 4
+		cfg.Coordinator.GuardFactor = 0
+		const samples = 960
+		h := newHarness(t, cfg, nil)
+		h.startAll(func(uint32) rankScript {
+			return rankScript{msPerBatch: time.Millisecond, samples: samples, adaptive: adaptive,
+				divergence: func(uint64) float64 { return 0.022 }}
+		})
+		sum := h.mustComplete()
+		h.ledger.checkExactlyOnce(t, 2, samples)
+		want, rules := dispatch.DivergenceTarget, []string(nil)
+		if adaptive {
+			want, rules = dispatch.AdaptiveDivergenceTarget, []string{dispatch.RuleTighten, dispatch.RuleTighten}
+		}
+		if got := decisionRules(sum.Controller); !slices.Equal(got, rules) {
+			t.Errorf("adaptive %v: decisions %v, want %v", adaptive, got, rules)
+		}
+		if sum.Controller.DivergenceTarget != want {
+			t.Errorf("adaptive %v: summary target %g, want %g", adaptive, sum.Controller.DivergenceTarget, want)
+		}
+	}
+}
+
 // A divergence spike trips the guard: from the next window every rank's
 // plans carry half the learning rate, all from the same round; once the
 // divergence settles the rate is restored, again for every rank at once.

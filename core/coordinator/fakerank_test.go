@@ -178,6 +178,7 @@ func (g *fakeGroup) poke() {
 // rankScript is how a scripted rank behaves.
 type rankScript struct {
 	msPerBatch time.Duration
+	adaptive   bool   // Ready says the trainer's optimizer is adaptive
 	batch      uint32 // default 8
 	samples    uint64 // default 96
 	digest     []byte // default "model-a"
@@ -605,7 +606,7 @@ func (f *fakeRank) play(ctx context.Context) error {
 				}
 			}
 			ready := &wirepb.Ready{Rank: f.id, Samples: samples, EvalSamples: 32, LayoutDigest: digest, BatchSize: uint32(batch),
-				Trainer: "scripted", Averager: "scripted", SoloIdentity: s.solo}
+				Trainer: "scripted", Averager: "scripted", SoloIdentity: s.solo, AdaptiveOptimizer: s.adaptive}
 			if s.noEval {
 				ready.EvalSamples = 0
 			}

@@ -41,14 +41,15 @@ func (r *runner) tryForm() bool {
 	}
 	r.phase = phTraining
 	r.log.Info("cohort formed", "ranks", r.world, "samples", r.pickSpace, "batch_size", r.batch,
-		"trainer", ref.GetTrainer(), "averager", ref.GetAverager(), "seconds", time.Since(r.started).Seconds())
+		"trainer", ref.GetTrainer(), "averager", ref.GetAverager(), "adaptive_optimizer", ref.GetAdaptiveOptimizer(),
+		"seconds", time.Since(r.started).Seconds())
 	var cad *dispatch.CadenceState
 	epoch := uint64(1)
 	if m := r.c.meta; m != nil {
 		cad = m.Cadence
 		epoch = m.Epoch + 1 // the resumed epoch is restored after formation
 	}
-	r.disp.Form(r.pickSpace, r.batch, cad)
+	r.disp.Form(r.pickSpace, r.batch, ref.GetAdaptiveOptimizer(), cad)
 	r.emit(Progress{Kind: ProgressFormed})
 	r.role.Form(epoch)
 	if r.cb != nil && r.continueWindow() {

@@ -387,17 +387,18 @@ func (w *worker) sendReady(ctx context.Context, kept *wirepb.Kept) error {
 	}
 	digest := l.Digest()
 	err := w.link.Send(ctx, &wirepb.Ready{
-		Rank:           w.o.Rank,
-		Samples:        setup.Samples,
-		EvalSamples:    setup.EvalSamples,
-		ParameterCount: params,
-		ParameterBytes: l.Size,
-		LayoutDigest:   digest[:],
-		Trainer:        w.o.Trainer.Name,
-		Averager:       w.o.Averager.Name,
-		BatchSize:      setup.BatchSize,
-		SoloIdentity:   w.sup.AveragerTraits().SoloIdentity,
-		Kept:           kept,
+		Rank:              w.o.Rank,
+		Samples:           setup.Samples,
+		EvalSamples:       setup.EvalSamples,
+		ParameterCount:    params,
+		ParameterBytes:    l.Size,
+		LayoutDigest:      digest[:],
+		Trainer:           w.o.Trainer.Name,
+		Averager:          w.o.Averager.Name,
+		BatchSize:         setup.BatchSize,
+		SoloIdentity:      w.sup.AveragerTraits().SoloIdentity,
+		AdaptiveOptimizer: setup.AdaptiveOptimizer,
+		Kept:              kept,
 	})
 	if err != nil {
 		return err

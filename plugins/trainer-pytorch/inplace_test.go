@@ -148,3 +148,31 @@ func TestBuffersAndOtherDTypesInTheArena(t *testing.T) {
 		t.Errorf("the arena's num_batches_tracked is %d after 3 batches, want 3", n)
 	}
 }
+
+// Configure says whether the user's optimizer is one of torch's adaptive
+// ones, which the coordinator's default divergence target follows.
+func TestAdaptiveOptimizerReported(t *testing.T) {
+	file, err := filepath.Abs("testdata/small.py")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		optimizer string
+		want      bool
+	}{{"sgd", false}, {"adamw", true}} {
+		tr, err := conformance.TrainerBinary(buildPlugin(t))(conformance.Testing(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		setup, err := tr.Configure(ctx, plugin.TrainerConfig{WorldSize: 1, LocalRanks: 1, Seed: 3,
+			Settings: settings(t, map[string]any{"file": file, "args": map[string]any{"optimizer": tc.optimizer}})})
+		cancel()
+		if err != nil {
+			t.Fatalf("%s: %v", tc.optimizer, err)
+		}
+		if setup.AdaptiveOptimizer != tc.want {
+			t.Errorf("%s: Configure says adaptive optimizer %v, want %v", tc.optimizer, setup.AdaptiveOptimizer, tc.want)
+		}
+	}
+}

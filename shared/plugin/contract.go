@@ -136,6 +136,13 @@ type TrainerSetup struct {
 	Samples     uint64
 	EvalSamples uint64
 	BatchSize   uint32
+	// AdaptiveOptimizer says the optimizer scales each element's step by
+	// that element's own gradient history (Adam, AdamW, RMSprop, Adagrad,
+	// …). Each rank's such steps drift apart between rounds further than
+	// SGD's do for the same distance from the average, so where the config
+	// sets no divergence_target the coordinator aims five times tighter
+	// (averaging-cpu's README has the measurements).
+	AdaptiveOptimizer bool
 }
 
 // Plan is one contiguous slice of an epoch's shared permutation of

@@ -257,10 +257,11 @@ func toprotoTrainerSetup(s TrainerSetup) (*pb.TrainerConfigureResponse, error) {
 		return nil, err
 	}
 	return &pb.TrainerConfigureResponse{
-		Layout:      l,
-		Samples:     s.Samples,
-		EvalSamples: s.EvalSamples,
-		BatchSize:   s.BatchSize,
+		Layout:            l,
+		Samples:           s.Samples,
+		EvalSamples:       s.EvalSamples,
+		BatchSize:         s.BatchSize,
+		AdaptiveOptimizer: s.AdaptiveOptimizer,
 	}, nil
 }
 
@@ -270,10 +271,11 @@ func fromprotoTrainerSetup(m *pb.TrainerConfigureResponse) (TrainerSetup, error)
 		return TrainerSetup{}, err
 	}
 	return TrainerSetup{
-		Layout:      l,
-		Samples:     m.GetSamples(),
-		EvalSamples: m.GetEvalSamples(),
-		BatchSize:   m.GetBatchSize(),
+		Layout:            l,
+		Samples:           m.GetSamples(),
+		EvalSamples:       m.GetEvalSamples(),
+		BatchSize:         m.GetBatchSize(),
+		AdaptiveOptimizer: m.GetAdaptiveOptimizer(),
 	}, nil
 }
 

@@ -37,6 +37,10 @@ type TrainerSettings struct {
 	// Momentum is SGD's momentum, in [0, 1): the optimizer keeps a velocity
 	// per parameter, state a checkpoint holds and the arena does not.
 	Momentum float64 `json:"momentum,omitempty" doc:"SGD momentum in [0, 1)"`
+	// Adaptive makes Configure say its optimizer is adaptive
+	// (TrainerSetup.AdaptiveOptimizer), as an Adam trainer's does; the
+	// mock's own steps stay SGD's.
+	Adaptive bool `json:"adaptive,omitempty" doc:"report an adaptive optimizer (the steps stay SGD's)"`
 	// ZeroCopy makes the model live in the arena: Attach makes its tensors
 	// views of it (zeroCopy true), so training writes the arena in place,
 	// as a vendor's zero-copy trainer does. Ignored when the rank runs

@@ -154,7 +154,8 @@ func (t *Trainer) Configure(_ context.Context, cfg plugin.TrainerConfig) (plugin
 	t.steps, t.lastPub, t.sched, t.trained, t.batches = 0, 0, 0, 0, 0
 	t.ledger = ledger
 	t.logger.Debug("configured", "rank", cfg.Rank, "world", cfg.WorldSize, "features", s.Features, "samples", s.Samples)
-	return plugin.TrainerSetup{Layout: layout, Samples: s.Samples, EvalSamples: s.EvalSamples, BatchSize: s.BatchSize}, nil
+	return plugin.TrainerSetup{Layout: layout, Samples: s.Samples, EvalSamples: s.EvalSamples, BatchSize: s.BatchSize,
+		AdaptiveOptimizer: s.Adaptive}, nil
 }
 
 // Train runs the plan's slice of the epoch's permutation in batches of

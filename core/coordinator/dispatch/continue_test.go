@@ -47,7 +47,7 @@ func TestContinueWindow(t *testing.T) {
 				cfg.Coordinator.Policy = tc.policy
 			}
 			d := New(cfg, hclog.NewNullLogger())
-			d.Form(1000, 10, nil)
+			d.Form(1000, 10, false, nil)
 			live := []uint32{0, 1}
 			d.Resume(Resumed{Epoch: 1, Remaining: []RankRanges{{Rank: 0, Ranges: []Range{{0, 500}}}, {Rank: 1, Ranges: []Range{{500, 500}}}}}, live)
 			d.RestoreController(nil, &ControllerWindow{Interval: 4, LRScale: 1})

@@ -5,6 +5,8 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/hashicorp/go-hclog"
+
 	"github.com/cohortdl/cohort/core/config"
 )
 
@@ -80,6 +82,43 @@ func TestControllerRules(t *testing.T) {
 			}
 			if s := c.summary(); len(s.Decisions) != len(tc.rules) {
 				t.Errorf("summary lists %d decisions, the log %d", len(s.Decisions), len(tc.rules))
+			}
+		})
+	}
+}
+
+// The default target follows the optimizer the ranks report at formation
+// (the dispatcher's Form), and a target the config names holds whatever
+// the optimizer. The divergence the transformer of `make bench` reads
+// under AdamW (about 0.022) tightens the interval only where it is the
+// adaptive default's.
+func TestControllerTargetForOptimizer(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		target   float64 // the config's
+		adaptive bool
+		want     float64
+		rules    []string
+	}{
+		{name: "SGD, default", want: DivergenceTarget},
+		{name: "adaptive, default", adaptive: true, want: AdaptiveDivergenceTarget, rules: []string{RuleTighten, RuleTighten}},
+		{name: "adaptive, the config's target", target: 0.05, adaptive: true, want: 0.05},
+		{name: "SGD, the config's target", target: 0.01, want: 0.01, rules: []string{RuleTighten, RuleTighten}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var rules []string
+			d := New(&config.Config{Run: config.Run{Ranks: 2}, Coordinator: ctlConfig(func(c *config.Coordinator) { c.DivergenceTarget = tc.target })}, hclog.NewNullLogger())
+			d.ctl.log = func(c ControllerDecision) { rules = append(rules, c.Rule) }
+			d.Form(1000, 10, tc.adaptive, nil)
+			for i := range 2 * (cooldownRounds + 1) {
+				d.ctl.observeRound(uint64(i+1), 1, []float64{0.022, 0.022})
+			}
+			s := d.ctl.summary()
+			if s.DivergenceTarget != tc.want {
+				t.Errorf("target %g, want %g", s.DivergenceTarget, tc.want)
+			}
+			if !slices.Equal(rules, tc.rules) {
+				t.Errorf("decisions %v, want %v", rules, tc.rules)
 			}
 		})
 	}

@@ -96,11 +96,13 @@ func New(cfg *config.Config, log hclog.Logger) *Dispatcher {
 }
 
 // Form takes the cohort's data set (pickSpace samples in batches of
-// batch) at formation, when the epoch's batch count is known, and builds
-// the cadence policy's sizing; a resumed run continues from the
-// checkpoint's window sizes (cad, nil for a fresh run).
-func (d *Dispatcher) Form(pickSpace, batch uint64, cad *CadenceState) {
+// batch) and whether its optimizer is adaptive at formation, when the
+// epoch's batch count is known, and builds the cadence policy's sizing; a
+// resumed run continues from the checkpoint's window sizes (cad, nil for a
+// fresh run).
+func (d *Dispatcher) Form(pickSpace, batch uint64, adaptive bool, cad *CadenceState) {
 	d.pickSpace, d.batch = pickSpace, batch
+	d.ctl.form(adaptive)
 	if d.policy != config.PolicyCadence {
 		return
 	}

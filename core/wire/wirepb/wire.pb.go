@@ -1562,9 +1562,12 @@ type Ready struct {
 	SoloIdentity bool `protobuf:"varint,10,opt,name=solo_identity,json=soloIdentity,proto3" json:"solo_identity,omitempty"`
 	// Set when the rank's plugins outlived the coordinator it lost and it
 	// keeps its model (Admit.comeback): what that model holds.
-	Kept          *Kept `protobuf:"bytes,11,opt,name=kept,proto3" json:"kept,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Kept *Kept `protobuf:"bytes,11,opt,name=kept,proto3" json:"kept,omitempty"`
+	// The trainer's optimizer is adaptive (TrainerSetup.AdaptiveOptimizer):
+	// with no divergence_target set, the controller aims tighter.
+	AdaptiveOptimizer bool `protobuf:"varint,12,opt,name=adaptive_optimizer,json=adaptiveOptimizer,proto3" json:"adaptive_optimizer,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *Ready) Reset() {
@@ -1672,6 +1675,13 @@ func (x *Ready) GetKept() *Kept {
 		return x.Kept
 	}
 	return nil
+}
+
+func (x *Ready) GetAdaptiveOptimizer() bool {
+	if x != nil {
+		return x.AdaptiveOptimizer
+	}
+	return false
 }
 
 // Kept is what a rank's model holds after it lost its coordinator: the
@@ -3315,7 +3325,7 @@ const file_core_wire_wirepb_wire_proto_rawDesc = "" +
 	"\x05error\x18\x03 \x01(\tR\x05error\"3\n" +
 	"\tRelayBlob\x12\x12\n" +
 	"\x04rank\x18\x01 \x01(\rR\x04rank\x12\x12\n" +
-	"\x04blob\x18\x02 \x01(\fR\x04blob\"\xf3\x02\n" +
+	"\x04blob\x18\x02 \x01(\fR\x04blob\"\xa2\x03\n" +
 	"\x05Ready\x12\x12\n" +
 	"\x04rank\x18\x01 \x01(\rR\x04rank\x12\x18\n" +
 	"\asamples\x18\x02 \x01(\x04R\asamples\x12!\n" +
@@ -3329,7 +3339,8 @@ const file_core_wire_wirepb_wire_proto_rawDesc = "" +
 	"batch_size\x18\t \x01(\rR\tbatchSize\x12#\n" +
 	"\rsolo_identity\x18\n" +
 	" \x01(\bR\fsoloIdentity\x12(\n" +
-	"\x04kept\x18\v \x01(\v2\x14.cohort.wire.v1.KeptR\x04kept\"f\n" +
+	"\x04kept\x18\v \x01(\v2\x14.cohort.wire.v1.KeptR\x04kept\x12-\n" +
+	"\x12adaptive_optimizer\x18\f \x01(\bR\x11adaptiveOptimizer\"f\n" +
 	"\x04Kept\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x1d\n" +
 	"\n" +

@@ -19,6 +19,8 @@ def model(cfg):
 
 
 def optimizer(params, cfg):
+    if cfg.args.get("optimizer") == "adamw":
+        return torch.optim.AdamW(params, lr=cfg.args.get("lr", 0.01))
     return torch.optim.SGD(params, lr=cfg.args.get("lr", 0.1), momentum=0.9)
 
 

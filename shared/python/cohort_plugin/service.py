@@ -69,7 +69,8 @@ class Trainer:
 
     describe() -> dict(name, version, capabilities, settings: [SettingSpec])
     check_settings(settings_json) -> [(key, message)] (optional)
-    configure(Config) -> dict(entries, size, samples, eval_samples, batch_size)
+    configure(Config) -> dict(entries, size, samples, eval_samples, batch_size,
+                              adaptive_optimizer: optional, False when absent)
     attach(path, layout) -> zero_copy
     train(Plan) -> iterator of BatchReport dicts; closing it stops training
     publish() -> dict(steps, step_count, param_norm, host_copy_bytes)
@@ -127,7 +128,8 @@ class TrainerService:
         from .arena import layout_pb
         return trainer_pb2.TrainerConfigureResponse(
             layout=layout_pb(s["entries"], s["size"]), samples=s["samples"],
-            eval_samples=s["eval_samples"], batch_size=s["batch_size"])
+            eval_samples=s["eval_samples"], batch_size=s["batch_size"],
+            adaptive_optimizer=bool(s.get("adaptive_optimizer", False)))
 
     def Attach(self, request, context):
         if not request.HasField("arena") or not request.arena.path:

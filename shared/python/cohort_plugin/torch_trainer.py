@@ -314,7 +314,8 @@ class TorchTrainer(Trainer):
         self.zero_copy = False
         self.mapping = None
         return {"entries": self.entries, "size": self.size, "samples": n,
-                "eval_samples": _dataset_len(evals) if evals is not None else 0, "batch_size": bs}
+                "eval_samples": _dataset_len(evals) if evals is not None else 0, "batch_size": bs,
+                "adaptive_optimizer": adaptive_optimizer(self.optimizer)}
 
     def _probe(self, model, x, y, o):
         """One forward and loss on two samples: the output must fit the targets."""
@@ -573,3 +574,20 @@ class TorchTrainer(Trainer):
 
     def shutdown(self):
         sys.stderr.flush()
+
+
+# torch's optimizers that scale each element's step by its own gradient
+# history; getattr, since older torch lacks some of them.
+_ADAPTIVE = tuple(c for c in (getattr(torch.optim, n, None) for n in (
+    "Adam", "AdamW", "Adamax", "NAdam", "RAdam", "RMSprop", "Adagrad", "Adadelta", "SparseAdam", "Adafactor"))
+    if isinstance(c, type))
+
+
+def adaptive_optimizer(opt):
+    """Whether opt is one of torch's adaptive optimizers (the coordinator
+    aims its adaptive interval tighter for them); a user's own optimizer
+    class says so with a truthy `cohort_adaptive` attribute."""
+    flag = getattr(opt, "cohort_adaptive", None)
+    if flag is not None:
+        return bool(flag)
+    return isinstance(opt, _ADAPTIVE)

@@ -192,7 +192,8 @@ func (t *Trainer) Configure(ctx context.Context, cfg plugin.TrainerConfig) (plug
 	t.logger.Info("configured", "model", s.Model, "tensors", len(layout.Entries), "arena_bytes", layout.Size,
 		"samples", train.N(), "eval_samples", evalN, "threads", threads, "device", s.Device,
 		"optimizer", s.Optimizer, "data_load", loadTime.Round(time.Millisecond).String())
-	return plugin.TrainerSetup{Layout: layout, Samples: uint64(train.N()), EvalSamples: evalN, BatchSize: s.BatchSize}, nil
+	return plugin.TrainerSetup{Layout: layout, Samples: uint64(train.N()), EvalSamples: evalN, BatchSize: s.BatchSize,
+		AdaptiveOptimizer: s.Optimizer == "adam" || s.Optimizer == "adamw"}, nil
 }
 
 // defaultThreads is cores / local ranks, at least 1.

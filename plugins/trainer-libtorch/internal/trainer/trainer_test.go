@@ -347,6 +347,10 @@ func TestCheckpointRestoresBitwise(t *testing.T) {
 			kv = merge(data, kv, map[string]any{"threads": 1})
 			tr := newTestTrainer(t)
 			setup := configure(t, tr, kv)
+			// The coordinator's default divergence target follows this.
+			if want := kv["optimizer"] == "adam" || kv["optimizer"] == "adamw"; setup.AdaptiveOptimizer != want {
+				t.Errorf("Configure says adaptive optimizer %v, want %v", setup.AdaptiveOptimizer, want)
+			}
 			d, _ := attach(t, tr, setup)
 			m := openMapping(t, d)
 			trainPlan(t, tr, fullPlan(0, setup.Samples))

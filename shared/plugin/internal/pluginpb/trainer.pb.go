@@ -513,13 +513,17 @@ func (x *TrainerConfigureRequest) GetOverlapRounds() bool {
 }
 
 type TrainerConfigureResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Layout        *Layout                `protobuf:"bytes,1,opt,name=layout,proto3" json:"layout,omitempty"`
-	Samples       uint64                 `protobuf:"varint,2,opt,name=samples,proto3" json:"samples,omitempty"`
-	EvalSamples   uint64                 `protobuf:"varint,3,opt,name=eval_samples,json=evalSamples,proto3" json:"eval_samples,omitempty"`
-	BatchSize     uint32                 `protobuf:"varint,4,opt,name=batch_size,json=batchSize,proto3" json:"batch_size,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Layout      *Layout                `protobuf:"bytes,1,opt,name=layout,proto3" json:"layout,omitempty"`
+	Samples     uint64                 `protobuf:"varint,2,opt,name=samples,proto3" json:"samples,omitempty"`
+	EvalSamples uint64                 `protobuf:"varint,3,opt,name=eval_samples,json=evalSamples,proto3" json:"eval_samples,omitempty"`
+	BatchSize   uint32                 `protobuf:"varint,4,opt,name=batch_size,json=batchSize,proto3" json:"batch_size,omitempty"`
+	// The optimizer scales each element's step by that element's own
+	// gradient history (Adam, AdamW, RMSprop, Adagrad): the coordinator's
+	// default divergence target is tighter for it (TrainerSetup).
+	AdaptiveOptimizer bool `protobuf:"varint,5,opt,name=adaptive_optimizer,json=adaptiveOptimizer,proto3" json:"adaptive_optimizer,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *TrainerConfigureResponse) Reset() {
@@ -578,6 +582,13 @@ func (x *TrainerConfigureResponse) GetBatchSize() uint32 {
 		return x.BatchSize
 	}
 	return 0
+}
+
+func (x *TrainerConfigureResponse) GetAdaptiveOptimizer() bool {
+	if x != nil {
+		return x.AdaptiveOptimizer
+	}
+	return false
 }
 
 type AttachRequest struct {
@@ -1701,13 +1712,14 @@ const file_shared_plugin_internal_pluginpb_trainer_proto_rawDesc = "" +
 	"localRanks\x12\x12\n" +
 	"\x04seed\x18\x04 \x01(\x04R\x04seed\x12#\n" +
 	"\rsettings_json\x18\x05 \x01(\fR\fsettingsJson\x12%\n" +
-	"\x0eoverlap_rounds\x18\x06 \x01(\bR\roverlapRounds\"\xa1\x01\n" +
+	"\x0eoverlap_rounds\x18\x06 \x01(\bR\roverlapRounds\"\xd0\x01\n" +
 	"\x18TrainerConfigureResponse\x12)\n" +
 	"\x06layout\x18\x01 \x01(\v2\x11.cohort.v1.LayoutR\x06layout\x12\x18\n" +
 	"\asamples\x18\x02 \x01(\x04R\asamples\x12!\n" +
 	"\feval_samples\x18\x03 \x01(\x04R\vevalSamples\x12\x1d\n" +
 	"\n" +
-	"batch_size\x18\x04 \x01(\rR\tbatchSize\"A\n" +
+	"batch_size\x18\x04 \x01(\rR\tbatchSize\x12-\n" +
+	"\x12adaptive_optimizer\x18\x05 \x01(\bR\x11adaptiveOptimizer\"A\n" +
 	"\rAttachRequest\x120\n" +
 	"\x05arena\x18\x01 \x01(\v2\x1a.cohort.v1.ArenaDescriptorR\x05arena\"-\n" +
 	"\x0eAttachResponse\x12\x1b\n" +
