@@ -320,13 +320,23 @@ func ompWaitPolicy() string {
 	return "PASSIVE"
 }
 
+// openBLASThreadTimeout is what the reference runs with: the
+// environment's, else what trainer-libtorch's shim package sets for itself
+// in the same case (its OpenBLASThreadTimeout).
+func openBLASThreadTimeout() string {
+	if v := os.Getenv("OPENBLAS_THREAD_TIMEOUT"); v != "" {
+		return v
+	}
+	return "18"
+}
+
 // refRun runs the reference loop for the comparison's epochs on cpus (any
 // when empty) and returns its seconds per epoch.
 func (h *harness) refRun(images, labels string, n, features, threads int, cpus []int) ([]float64, error) {
 	o := h.o
 	cmd := exec.Command(o.ref, images, labels, strconv.Itoa(n), strconv.Itoa(features), strconv.Itoa(o.epochs),
 		strconv.Itoa(threads), strconv.Itoa(o.batch))
-	cmd.Env = append(os.Environ(), "OMP_WAIT_POLICY="+ompWaitPolicy())
+	cmd.Env = append(os.Environ(), "OMP_WAIT_POLICY="+ompWaitPolicy(), "OPENBLAS_THREAD_TIMEOUT="+openBLASThreadTimeout())
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := startOn(cmd, cpus)
