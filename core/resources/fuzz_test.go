@@ -55,3 +55,15 @@ func FuzzParseProcStat(f *testing.F) {
 		_, _ = ParseProcStat(bytes.NewReader(in))
 	})
 }
+
+func FuzzParseStatm(f *testing.F) {
+	f.Add([]byte("1000 408 100 10 0 300 0\n"))
+	f.Add([]byte("1 18446744073709551615"))
+	f.Fuzz(func(t *testing.T, in []byte) {
+		if _, err := statmRSS(bytes.NewReader(in)); err == nil {
+			if _, err := ParseStatm(bytes.NewReader(in)); err != nil {
+				t.Fatalf("statmRSS accepted %q that ParseStatm refuses: %v", in, err)
+			}
+		}
+	})
+}

@@ -97,8 +97,8 @@ func (s *Sampler) SampleProcesses(ps []Process) []ProcessUse {
 			}
 			s.procs[p.PID] = procTime{ticks: t, at: now}
 		}
-		if m, err := readWith(filepath.Join(dir, "smaps_rollup"), ParseSmapsRollup); s.ok("process smaps_rollup", err) {
-			u.RSS = &m.RSS
+		if rss, err := readWith(filepath.Join(dir, "statm"), statmRSS); s.ok("process statm", err) {
+			u.RSS = &rss
 		}
 		out = append(out, u)
 	}

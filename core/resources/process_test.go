@@ -46,13 +46,42 @@ func sprintf(format string, a, b string) string {
 	return strings.Replace(strings.Replace(format, "%s", a, 1), "%s", b, 1)
 }
 
+func TestParseStatm(t *testing.T) {
+	for _, tc := range []struct {
+		in    string
+		pages uint64
+		err   string
+	}{
+		{"1000 408 100 10 0 300 0\n", 408, ""},
+		{"7 0", 0, ""},
+		{"", 0, "0 fields"},
+		{"1000", 0, "1 fields"},
+		{"1000 -4 1", 0, "resident"},
+		{"1000 99999999999999999999 1", 0, "resident"},
+	} {
+		got, err := ParseStatm(strings.NewReader(tc.in))
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("%q: %v, want an error with %q", tc.in, err, tc.err)
+			}
+			continue
+		}
+		if err != nil || got != tc.pages {
+			t.Errorf("%q: %d, %v; want %d", tc.in, got, err, tc.pages)
+		}
+	}
+	if _, err := statmRSS(strings.NewReader("1 18446744073709551615")); err == nil {
+		t.Error("a resident count whose bytes overflow was accepted")
+	}
+}
+
 func TestSampleProcessesFixedProc(t *testing.T) {
 	proc := t.TempDir()
 	stat := func(ticks string) string {
 		return "42 (cohort-trainer-mock)" + sprintf(" S 1 2 3 4 5 6 7 8 9 10 %s %s 0 0 20 0 1 0", ticks, "0")
 	}
 	writeFile(t, filepath.Join(proc, "42", "stat"), stat("1000"))
-	writeFile(t, filepath.Join(proc, "42", "smaps_rollup"), readTestdata(t, "smaps_rollup.txt"))
+	writeFile(t, filepath.Join(proc, "42", "statm"), "1000 408 100 10 0 300 0\n")
 	s := &Sampler{log: hclog.NewNullLogger(), proc: proc, failed: map[string]bool{}}
 	ps := []Process{{Role: "trainer", Name: "mock", PID: 42}, {Role: "averager", Name: "gone", PID: 43}, {Role: "averager", PID: 0}}
 
@@ -63,8 +92,8 @@ func TestSampleProcessesFixedProc(t *testing.T) {
 	if first[0].CPUPercent != nil {
 		t.Errorf("first reading has CPU %v, want nil (baseline)", *first[0].CPUPercent)
 	}
-	if first[0].RSS == nil || *first[0].RSS != 1632<<10 {
-		t.Errorf("RSS %v, want %d", first[0].RSS, 1632<<10)
+	if want := uint64(408 * os.Getpagesize()); first[0].RSS == nil || *first[0].RSS != want {
+		t.Errorf("RSS %v, want %d", first[0].RSS, want)
 	}
 	for _, u := range first[1:] {
 		if u.CPUPercent != nil || u.RSS != nil {

@@ -1,8 +1,9 @@
 // Package resources samples this process's host: CPU from /proc/stat,
-// memory from /proc/meminfo, the process's own memory from
-// /proc/self/smaps_rollup, named processes' CPU and memory from
-// /proc/PID/stat and smaps_rollup, and GPUs through NVML when a driver is
-// present.
+// memory from /proc/meminfo, the process's own resident size from
+// /proc/self/statm, named processes' CPU and resident size from
+// /proc/PID/stat and statm, and GPUs through NVML when a driver is
+// present. SelfMemory and ProcessMemory read smaps_rollup (PSS and the
+// rest) for callers that want them once, not every sample.
 //
 // NVML (libnvidia-ml.so.1) is loaded at run time: a host without the
 // library or driver, or a binary built without cgo, samples without GPUs.
@@ -93,8 +94,8 @@ func (s *Sampler) Sample() Sample {
 		used := m.Used()
 		out.RAMTotal, out.RAMUsed = &m.Total, &used
 	}
-	if m, err := readWith(filepath.Join(s.proc, "self", "smaps_rollup"), ParseSmapsRollup); s.ok("smaps_rollup", err) {
-		out.RSS = &m.RSS
+	if rss, err := readWith(filepath.Join(s.proc, "self", "statm"), statmRSS); s.ok("statm", err) {
+		out.RSS = &rss
 	}
 	if s.gpus != nil {
 		out.GPUs = s.gpus.sample()

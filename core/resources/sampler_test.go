@@ -31,7 +31,7 @@ func TestSamplerFixedProc(t *testing.T) {
 	proc := t.TempDir()
 	writeFile(t, filepath.Join(proc, "stat"), "cpu  100 0 100 700 100 0 0 0 0 0\n")
 	writeFile(t, filepath.Join(proc, "meminfo"), readTestdata(t, "meminfo.txt"))
-	writeFile(t, filepath.Join(proc, "self", "smaps_rollup"), readTestdata(t, "smaps_rollup.txt"))
+	writeFile(t, filepath.Join(proc, "self", "statm"), "1000 408 100 10 0 300 0\n")
 	util, used, total := float32(87), uint64(3<<30), uint64(80<<30)
 	gpus := &fakeGPUs{gpus: []GPU{{Index: 0, Name: "H200", UtilPercent: &util, MemUsed: &used, MemTotal: &total}}}
 	s := &Sampler{log: hclog.NewNullLogger(), proc: proc, gpus: gpus, failed: map[string]bool{}}
@@ -43,7 +43,7 @@ func TestSamplerFixedProc(t *testing.T) {
 	if first.RAMTotal == nil || *first.RAMTotal != 24684084<<10 || *first.RAMUsed != (24684084-24164412)<<10 {
 		t.Errorf("RAM %v / %v", first.RAMUsed, first.RAMTotal)
 	}
-	if first.RSS == nil || *first.RSS != 1632<<10 {
+	if first.RSS == nil || *first.RSS != uint64(408*os.Getpagesize()) {
 		t.Errorf("RSS %v", first.RSS)
 	}
 	if len(first.GPUs) != 1 || first.GPUs[0].Name != "H200" || *first.GPUs[0].UtilPercent != 87 {
@@ -61,7 +61,7 @@ func TestSamplerFixedProc(t *testing.T) {
 	// What cannot be read is nil, and the next good read carries on.
 	os.Remove(filepath.Join(proc, "meminfo"))
 	writeFile(t, filepath.Join(proc, "stat"), "garbage\n")
-	writeFile(t, filepath.Join(proc, "self", "smaps_rollup"), "Rss: x kB\n")
+	writeFile(t, filepath.Join(proc, "self", "statm"), "1000 x\n")
 	bad := s.Sample()
 	if bad.CPUPercent != nil || bad.RAMTotal != nil || bad.RAMUsed != nil || bad.RSS != nil {
 		t.Errorf("unreadable files gave %+v", bad)
