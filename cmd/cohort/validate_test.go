@@ -69,8 +69,8 @@ func TestValidate(t *testing.T) {
 			"cohort.hcl:2,3-8: run.ranks: must be at least 1, got 0",
 			`cohort.hcl:5,3-5: trainer.lr: a number, got the string "fast"`,
 			"cohort.hcl:6,3-13: trainer.batch_size: an integer, got the number 1.5",
-			`cohort.hcl:7,3-9: trainer.sample: unknown key; did you mean "samples"? trainer "mock" takes batch_size, epoch_end_file, eval_samples,`,
-			`cohort.hcl:8,3-12: trainer.optimizer: unknown key; trainer "mock" takes batch_size,`,
+			`cohort.hcl:7,3-9: trainer.sample: unknown key; did you mean "samples"? trainer "mock" takes adaptive, batch_size, epoch_end_file, eval_samples,`,
+			`cohort.hcl:8,3-12: trainer.optimizer: unknown key; trainer "mock" takes adaptive, batch_size,`,
 			`cohort.hcl:11,3-18: averager.sleep_per_round: "soon" is not a duration like "30s" or "1m30s"`,
 		}},
 		{"plugin settings of the right types", "trainer \"mock\" {\n  lr = 0.5\n  batch_size = 8.0\n  sleep_per_batch = \"1ms\"\n  sleep_per_batch_by_rank = { \"1\" = \"2ms\" }\n}\n" +
