@@ -330,6 +330,25 @@ func openBLASThreadTimeout() string {
 	return "18"
 }
 
+// refMalloc is the glibc malloc settings the reference runs with: the
+// environment's where it names any of those the plugin would make (it then
+// makes none), else the ones trainer-libtorch's shim package makes for
+// itself (its MallocMmapThreshold and MallocTrimThreshold), as variables.
+func refMalloc() []string {
+	for _, kv := range os.Environ() {
+		k, v, _ := strings.Cut(kv, "=")
+		switch k {
+		case "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_":
+			return nil
+		case "GLIBC_TUNABLES":
+			if strings.Contains(v, "glibc.malloc.mmap_") || strings.Contains(v, "glibc.malloc.trim_threshold") || strings.Contains(v, "glibc.malloc.top_pad") {
+				return nil
+			}
+		}
+	}
+	return []string{"MALLOC_MMAP_THRESHOLD_=" + strconv.Itoa(32<<20), "MALLOC_TRIM_THRESHOLD_=" + strconv.Itoa(64<<20)}
+}
+
 // refRun runs the reference loop for the comparison's epochs on cpus (any
 // when empty) and returns its seconds per epoch.
 func (h *harness) refRun(images, labels string, n, features, threads int, cpus []int) ([]float64, error) {
@@ -337,6 +356,7 @@ func (h *harness) refRun(images, labels string, n, features, threads int, cpus [
 	cmd := exec.Command(o.ref, images, labels, strconv.Itoa(n), strconv.Itoa(features), strconv.Itoa(o.epochs),
 		strconv.Itoa(threads), strconv.Itoa(o.batch))
 	cmd.Env = append(os.Environ(), "OMP_WAIT_POLICY="+ompWaitPolicy(), "OPENBLAS_THREAD_TIMEOUT="+openBLASThreadTimeout())
+	cmd.Env = append(cmd.Env, refMalloc()...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := startOn(cmd, cpus)

@@ -30,3 +30,27 @@ func TestThreadingEnvironment(t *testing.T) {
 		}
 	}
 }
+
+// A user's own glibc malloc settings keep the plugin's away; anything else
+// in the environment does not.
+func TestMallocChosen(t *testing.T) {
+	for _, tc := range []struct {
+		env  []string
+		want bool
+	}{
+		{nil, false},
+		{[]string{"PATH=/usr/bin", "MALLOC_ARENA_MAX=2", "OMP_NUM_THREADS=4"}, false},
+		{[]string{"MALLOC_TRIM_THRESHOLD_=0"}, true},
+		{[]string{"MALLOC_MMAP_THRESHOLD_=131072"}, true},
+		{[]string{"MALLOC_TOP_PAD_=0"}, true},
+		{[]string{"MALLOC_MMAP_MAX_=0"}, true},
+		{[]string{"GLIBC_TUNABLES=glibc.malloc.arena_max=2"}, false},
+		{[]string{"GLIBC_TUNABLES=glibc.pthread.rseq=0:glibc.malloc.trim_threshold=1048576"}, true},
+		{[]string{"GLIBC_TUNABLES=glibc.malloc.mmap_threshold=65536"}, true},
+		{[]string{"XMALLOC_TRIM_THRESHOLD_=1"}, false},
+	} {
+		if got := mallocChosen(tc.env); got != tc.want {
+			t.Errorf("mallocChosen(%q) = %v, want %v", tc.env, got, tc.want)
+		}
+	}
+}

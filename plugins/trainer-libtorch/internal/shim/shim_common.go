@@ -10,6 +10,7 @@ package shim
 import (
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/cohortdl/cohort/shared/arena"
 )
@@ -35,6 +36,30 @@ func Candidates() []string {
 		out = append(out, filepath.Join(filepath.Dir(exe), File))
 	}
 	return append(out, filepath.Join("bin", "plugins", File))
+}
+
+// mallocChosen says whether env (as os.Environ) sets any of the glibc
+// malloc settings the plugin would make, as a variable of its own
+// (MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_, MALLOC_TOP_PAD_,
+// MALLOC_MMAP_MAX_) or in GLIBC_TUNABLES: the user's choice then stands
+// whole.
+func mallocChosen(env []string) bool {
+	for _, kv := range env {
+		k, v, _ := strings.Cut(kv, "=")
+		switch k {
+		case "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_":
+			return true
+		case "GLIBC_TUNABLES":
+			for _, t := range strings.Split(v, ":") {
+				name, _, _ := strings.Cut(t, "=")
+				switch name {
+				case "glibc.malloc.mmap_threshold", "glibc.malloc.trim_threshold", "glibc.malloc.top_pad", "glibc.malloc.mmap_max":
+					return true
+				}
+			}
+		}
+	}
+	return false
 }
 
 // ModelSpec is what the shim builds; see ct_config.

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/cohortdl/cohort/plugins/trainer-libtorch/internal/dataset"
+	"github.com/cohortdl/cohort/plugins/trainer-libtorch/internal/shim"
 	"github.com/cohortdl/cohort/shared/plugin"
 )
 
@@ -102,8 +103,13 @@ func runReference(b *testing.B, tr *Trainer, epochs int) (float64, error) {
 	if err := os.WriteFile(lab, labels, 0o600); err != nil {
 		return 0, err
 	}
-	out, err := exec.Command(refBin, img, lab, fmt.Sprint(d.N()), fmt.Sprint(d.Features()), fmt.Sprint(epochs),
-		fmt.Sprint(tr.threads), fmt.Sprint(tr.s.BatchSize)).Output()
+	cmd := exec.Command(refBin, img, lab, fmt.Sprint(d.N()), fmt.Sprint(d.Features()), fmt.Sprint(epochs),
+		fmt.Sprint(tr.threads), fmt.Sprint(tr.s.BatchSize))
+	// The threading settings the shim made for this process reach the
+	// reference through the environment; its malloc settings go the same way.
+	cmd.Env = append(os.Environ(), fmt.Sprint("MALLOC_MMAP_THRESHOLD_=", shim.MallocMmapThreshold),
+		fmt.Sprint("MALLOC_TRIM_THRESHOLD_=", shim.MallocTrimThreshold))
+	out, err := cmd.Output()
 	if err != nil {
 		return 0, fmt.Errorf("%s: %v", refBin, err)
 	}
