@@ -75,7 +75,11 @@ int main(int argc, char **argv) try {
     }
     auto xb = xb_all.slice(0, 0, rows);
     auto yb = yb_all.slice(0, 0, rows);
-    opt.zero_grad();
+    // Gradients dropped, not zeroed, as the plugin does (and torch.optim
+    // by default since PyTorch 2.0).
+    for (auto &p : model->parameters()) {
+      p.mutable_grad().reset();
+    }
     auto loss = torch::nn::functional::cross_entropy(model->forward(xb), yb);
     loss.backward();
     opt.step();
