@@ -206,9 +206,10 @@ func (t *Trainer) step(gen uint64, data *dataset.Set, b *batchBuf, start time.Ti
 		time.Sleep(d) // a slower device: the batch takes longer
 	}
 	rep := plugin.BatchReport{Samples: uint32(n), Loss: loss, StepCount: t.steps, Scalars: map[string]float64{"lr": lr}}
-	if t.steps%paramNormEvery == 0 {
+	if now := time.Now(); now.Sub(t.normAt) >= paramNormEvery {
 		if norm, err := t.model.Norm(); err == nil {
 			rep.ParamNorm = &norm
+			t.normAt = now
 		}
 	}
 	rep.DataMS = plugin.Milliseconds(dataTime)

@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
 
@@ -25,9 +26,11 @@ import (
 const (
 	pluginName    = "libtorch"
 	pluginVersion = "0.1.0"
-	// paramNormEvery is how often (in steps) a batch report carries the
-	// parameter norm.
-	paramNormEvery = 10
+	// paramNormEvery is how often a batch report carries the parameter
+	// norm: a monitoring figure (the host reads a round's norms from
+	// Publish), and a pass over every parameter, 43 µs for the default MLP
+	// at 2 threads, which every 10 steps cost 0.5% of its step time.
+	paramNormEvery = time.Second
 	// maxPickSpace bounds a plan's permutation (8 bytes a pick).
 	maxPickSpace = 1 << 28
 )
@@ -75,8 +78,9 @@ type Trainer struct {
 	// published: Publish ran since the last Attach, so an Adopt can credit
 	// the steps trained since.
 	published bool
-	steps     uint64 // optimizer steps in total
-	lastPub   uint64 // steps at the last Publish
+	steps     uint64    // optimizer steps in total
+	lastPub   uint64    // steps at the last Publish
+	normAt    time.Time // when a batch report last carried the norm
 	// hostCopy counts arena bytes copied between device and host since
 	// the last Publish, for PublishResult.HostCopyBytes.
 	hostCopy  uint64

@@ -4,6 +4,7 @@ import (
 	"context"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/cohortdl/cohort/shared/plugin"
 )
@@ -50,4 +51,37 @@ func minorFaults(t *testing.T) int64 {
 		t.Fatal(err)
 	}
 	return ru.Minflt
+}
+
+// The parameter norm rides on a batch report about once a second, the
+// first batch's included: the norm is a pass over every parameter, and
+// nothing needs it more often.
+func TestParamNormCadence(t *testing.T) {
+	tr := newTestTrainer(t)
+	data := synthData(t, 20*64, 16, 3)
+	setup := configure(t, tr, merge(data, map[string]any{"threads": 1, "batch_size": 64}))
+	attach(t, tr, setup)
+	var withNorm, batches int
+	start := time.Now()
+	for epoch := range uint64(10) {
+		err := tr.Train(context.Background(), fullPlan(epoch, setup.Samples), func(r plugin.BatchReport) error {
+			if batches == 0 && r.ParamNorm == nil {
+				t.Error("the first batch report carries no parameter norm")
+			}
+			if r.ParamNorm != nil {
+				withNorm++
+				if !(*r.ParamNorm > 0) {
+					t.Errorf("batch %d: parameter norm %v", batches, *r.ParamNorm)
+				}
+			}
+			batches++
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if most := 1 + int(time.Since(start)/paramNormEvery); withNorm > most {
+		t.Errorf("%d of %d batch reports carry the norm in %v, want at most %d", withNorm, batches, time.Since(start), most)
+	}
 }
