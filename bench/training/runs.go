@@ -353,8 +353,10 @@ func refMalloc() []string {
 // when empty) and returns its seconds per epoch.
 func (h *harness) refRun(images, labels string, n, features, threads int, cpus []int) ([]float64, error) {
 	o := h.o
+	// No warm-up batches: cohort's run starts cold, and its first epoch
+	// holds its first batches.
 	cmd := exec.Command(o.ref, images, labels, strconv.Itoa(n), strconv.Itoa(features), strconv.Itoa(o.epochs),
-		strconv.Itoa(threads), strconv.Itoa(o.batch))
+		strconv.Itoa(threads), strconv.Itoa(o.batch), "0")
 	cmd.Env = append(os.Environ(), "OMP_WAIT_POLICY="+ompWaitPolicy(), "OPENBLAS_THREAD_TIMEOUT="+openBLASThreadTimeout())
 	cmd.Env = append(cmd.Env, refMalloc()...)
 	var stdout, stderr bytes.Buffer

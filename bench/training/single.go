@@ -58,12 +58,13 @@ func (h *harness) single() (*singleReport, error) {
 	fmt.Println("reference run's; the verdict is the median of the pairs' ratios (timings on a small shared machine jump between fast and")
 	fmt.Println("slow modes lasting seconds). Pairs \"at once\": both sides run together, each confined to one half of the CPUs (swapped")
 	fmt.Println("every pair), where each half holds threads+1 CPUs; \"in turn\": back to back, alternating which side goes first. cohort trains on the training files only")
-	fmt.Println("(no t10k files: no evaluation), so its epoch seconds are training plus whatever rounds it runs; the reference warms up")
+	fmt.Println("(no t10k files: no evaluation), so its epoch seconds are training plus whatever rounds it runs. Both sides start cold:")
+	fmt.Println("each side's first epoch holds its first batches (thread pools and the heap growing), as a run's does; the reference")
 	malloc := "the environment's malloc settings"
 	if m := refMalloc(); m != nil {
 		malloc = strings.Join(m, " ")
 	}
-	fmt.Printf("50 batches first and runs with OMP_WAIT_POLICY=%s, OPENBLAS_THREAD_TIMEOUT=%s and %s, as the plugin does. \"training\" is the share of cohort's epoch its\n", ompWaitPolicy(), openBLASThreadTimeout(), malloc)
+	fmt.Printf("runs with OMP_WAIT_POLICY=%s, OPENBLAS_THREAD_TIMEOUT=%s and %s, as the plugin does. \"training\" is the share of cohort's epoch its\n", ompWaitPolicy(), openBLASThreadTimeout(), malloc)
 	fmt.Println("trainer spent in batches by its own clock (gather and libtorch step; the median over epochs): the rest is the boundary's")
 	fmt.Println("time outside the steps, measured within each epoch, so the machine's drift cancels.")
 

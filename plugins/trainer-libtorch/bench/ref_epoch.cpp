@@ -4,9 +4,10 @@
 // shuffled batch, forward, cross entropy, backward, step, read the loss) as
 // one epoch through the plugin, in one C++ process with no plugin boundary.
 //
-//   cohort-torch-ref-epoch IMAGES LABELS N FEATURES EPOCHS THREADS BATCH
+//   cohort-torch-ref-epoch IMAGES LABELS N FEATURES EPOCHS THREADS BATCH [WARMUP]
 //
-// IMAGES is N*FEATURES raw uint8 pixels, LABELS N raw uint8 labels. Prints
+// IMAGES is N*FEATURES raw uint8 pixels, LABELS N raw uint8 labels. WARMUP
+// batches (50 unless given) train before the first timed epoch. Prints
 // one JSON line: {"ms_per_epoch": [...], "threads": T, "final_loss": L}.
 
 #include <dlfcn.h>
@@ -35,10 +36,11 @@ std::vector<uint8_t> read_all(const std::string &path, size_t want) {
 } // namespace
 
 int main(int argc, char **argv) try {
-  if (argc != 8) {
-    std::cerr << "usage: " << argv[0] << " IMAGES LABELS N FEATURES EPOCHS THREADS BATCH\n";
+  if (argc != 8 && argc != 9) {
+    std::cerr << "usage: " << argv[0] << " IMAGES LABELS N FEATURES EPOCHS THREADS BATCH [WARMUP]\n";
     return 2;
   }
+  const int64_t warmup = argc == 9 ? std::stoll(argv[8]) : 50;
   const int64_t n = std::stoll(argv[3]), features = std::stoll(argv[4]);
   const int epochs = std::stoi(argv[5]), threads = std::stoi(argv[6]);
   const int64_t batch = std::stoll(argv[7]);
@@ -86,9 +88,10 @@ int main(int argc, char **argv) try {
     return loss.item<double>();
   };
 
-  // Warm up thread pools and allocators, as the plugin benchmark does.
+  // Warm up thread pools and allocators, as the plugin benchmark does
+  // (the comparison with a whole cohort run, which starts cold, asks none).
   auto warm = torch::randperm(n, torch::kLong);
-  for (int64_t b = 0; b < 50 * batch && b < n; b += batch) {
+  for (int64_t b = 0; b < warmup * batch && b < n; b += batch) {
     step(warm.slice(0, b, std::min(b + batch, n)));
   }
 
