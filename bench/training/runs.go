@@ -330,10 +330,10 @@ func openBLASThreadTimeout() string {
 	return "18"
 }
 
-// refMalloc is the glibc malloc settings the reference runs with: the
-// environment's where it names any of those the plugin would make (it then
-// makes none), else the ones trainer-libtorch's shim package makes for
-// itself (its MallocMmapThreshold and MallocTrimThreshold), as variables.
+// refMalloc is the glibc malloc settings the reference runs with: what
+// trainer-libtorch's shim package makes for itself (its MallocEnv, which
+// this package cannot import; the same rule and values), so nil where the
+// environment chose its own and the plugin then makes none.
 func refMalloc() []string {
 	for _, kv := range os.Environ() {
 		k, v, _ := strings.Cut(kv, "=")
@@ -341,8 +341,11 @@ func refMalloc() []string {
 		case "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_":
 			return nil
 		case "GLIBC_TUNABLES":
-			if strings.Contains(v, "glibc.malloc.mmap_") || strings.Contains(v, "glibc.malloc.trim_threshold") || strings.Contains(v, "glibc.malloc.top_pad") {
-				return nil
+			for _, t := range strings.Split(v, ":") {
+				switch name, _, _ := strings.Cut(t, "="); name {
+				case "glibc.malloc.mmap_threshold", "glibc.malloc.trim_threshold", "glibc.malloc.top_pad", "glibc.malloc.mmap_max":
+					return nil
+				}
 			}
 		}
 	}

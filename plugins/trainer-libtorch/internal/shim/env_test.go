@@ -4,6 +4,7 @@ package shim
 
 import (
 	"os"
+	"slices"
 	"testing"
 )
 
@@ -52,5 +53,17 @@ func TestMallocChosen(t *testing.T) {
 		if got := mallocChosen(tc.env); got != tc.want {
 			t.Errorf("mallocChosen(%q) = %v, want %v", tc.env, got, tc.want)
 		}
+	}
+}
+
+// MallocEnv hands another process the plugin's settings, or nothing where
+// the environment chose its own.
+func TestMallocEnv(t *testing.T) {
+	want := []string{"MALLOC_MMAP_THRESHOLD_=33554432", "MALLOC_TRIM_THRESHOLD_=67108864"}
+	if got := MallocEnv([]string{"PATH=/usr/bin"}); !slices.Equal(got, want) {
+		t.Errorf("MallocEnv without a choice = %q, want %q", got, want)
+	}
+	if got := MallocEnv([]string{"MALLOC_TOP_PAD_=0"}); got != nil {
+		t.Errorf("MallocEnv with MALLOC_TOP_PAD_ set = %q, want nothing", got)
 	}
 }

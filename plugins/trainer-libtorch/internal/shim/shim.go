@@ -202,23 +202,6 @@ func briefOpenBLASSpin() {
 	}
 }
 
-// MallocMmapThreshold and MallocTrimThreshold are the glibc malloc settings
-// the plugin makes unless the environment made its own (mallocChosen).
-// glibc's defaults adapt the first and derive the second from it, and with
-// libtorch's pattern of per-step tensors (a batch's activations and
-// gradients, freed and allocated again every step) the heap's free top
-// crosses the derived trim threshold over and over: it is given back to
-// the kernel after one step and faulted in again, page by page, in the
-// next. A lone rank at 2 threads took about 200,000 page faults a second
-// and 1.15 s an epoch of the default MLP that way, and 300 a second and
-// 0.80 s with these settings. Blocks below 32 MiB (glibc's largest mmap
-// threshold) come from the heap, and up to 64 MiB of its free top stays
-// mapped between steps.
-const (
-	MallocMmapThreshold = 32 << 20
-	MallocTrimThreshold = 64 << 20
-)
-
 // steadyHeap makes the malloc settings above, unless the environment
 // chose glibc's own.
 func steadyHeap() {

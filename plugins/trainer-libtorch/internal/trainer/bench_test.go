@@ -107,8 +107,7 @@ func runReference(b *testing.B, tr *Trainer, epochs int) (float64, error) {
 		fmt.Sprint(tr.threads), fmt.Sprint(tr.s.BatchSize))
 	// The threading settings the shim made for this process reach the
 	// reference through the environment; its malloc settings go the same way.
-	cmd.Env = append(os.Environ(), fmt.Sprint("MALLOC_MMAP_THRESHOLD_=", shim.MallocMmapThreshold),
-		fmt.Sprint("MALLOC_TRIM_THRESHOLD_=", shim.MallocTrimThreshold))
+	cmd.Env = append(os.Environ(), shim.MallocEnv(os.Environ())...)
 	out, err := cmd.Output()
 	if err != nil {
 		return 0, fmt.Errorf("%s: %v", refBin, err)
