@@ -12,6 +12,10 @@ import (
 // Attach maps the arena, copies the parameters into it and (on the CPU)
 // makes every tensor a view of it.
 func (t *Trainer) Attach(_ context.Context, d arena.Descriptor) (bool, error) {
+	return onCalls(t, func() (bool, error) { return t.attach(d) })
+}
+
+func (t *Trainer) attach(d arena.Descriptor) (bool, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.model == nil {
@@ -52,6 +56,10 @@ func (t *Trainer) Attach(_ context.Context, d arena.Descriptor) (bool, error) {
 // live there (zero-copy), a copy otherwise. In both cases the values are
 // kept for a blending Adopt.
 func (t *Trainer) Publish(context.Context) (plugin.PublishResult, error) {
+	return onCalls(t, t.publish)
+}
+
+func (t *Trainer) publish() (plugin.PublishResult, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if err := t.attachedLocked("Publish"); err != nil {
@@ -76,6 +84,10 @@ func (t *Trainer) Adopt(_ context.Context, blendAlpha float64) (float64, error) 
 	if !(blendAlpha >= 0 && blendAlpha <= 1) {
 		return 0, fmt.Errorf("libtorch trainer: blend alpha %v is outside [0, 1]", blendAlpha)
 	}
+	return onCalls(t, func() (float64, error) { return t.adopt(blendAlpha) })
+}
+
+func (t *Trainer) adopt(blendAlpha float64) (float64, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if err := t.attachedLocked("Adopt"); err != nil {

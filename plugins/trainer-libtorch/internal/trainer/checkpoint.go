@@ -61,6 +61,10 @@ type checkpointMeta struct {
 // (created if missing). Each file is written to a temporary name, synced
 // and renamed; the metadata file goes last.
 func (t *Trainer) SaveCheckpoint(_ context.Context, dir string) ([]string, error) {
+	return onCalls(t, func() ([]string, error) { return t.saveCheckpoint(dir) })
+}
+
+func (t *Trainer) saveCheckpoint(dir string) ([]string, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.model == nil {
@@ -138,6 +142,10 @@ func (t *Trainer) saveLocked(dir string) ([]string, error) {
 // bytes go back after it; a model that copies takes them at the Adopt
 // that follows.
 func (t *Trainer) LoadCheckpoint(_ context.Context, dir string, reason plugin.LoadReason) (plugin.LoadResult, error) {
+	return onCalls(t, func() (plugin.LoadResult, error) { return t.loadCheckpoint(dir, reason) })
+}
+
+func (t *Trainer) loadCheckpoint(dir string, reason plugin.LoadReason) (plugin.LoadResult, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.model == nil {

@@ -152,18 +152,32 @@ func (t *Trainer) Configure(ctx context.Context, cfg plugin.TrainerConfig) (plug
 			spec.CohortRanks = cfg.WorldSize
 		}
 	}
-	m, err := t.shim.NewModel(spec)
+	type built struct {
+		m      *shim.Model
+		layout arena.Layout
+	}
+	bm, err := onCalls(t, func() (built, error) {
+		m, err := t.shim.NewModel(spec)
+		if err != nil {
+			return built{}, err
+		}
+		layout, err := modelLayout(m)
+		if err == nil {
+			err = probe(m, &s, train, eval)
+		}
+		if err != nil {
+			m.Close()
+			return built{}, err
+		}
+		return built{m, layout}, nil
+	})
+	if errors.Is(err, errAfterShutdown) {
+		return plugin.TrainerSetup{}, errors.New("libtorch trainer: Configure after Shutdown")
+	}
 	if err != nil {
 		return plugin.TrainerSetup{}, fmt.Errorf("libtorch trainer: model %q: %w", s.Model, err)
 	}
-	layout, err := modelLayout(m)
-	if err == nil {
-		err = probe(m, &s, train, eval)
-	}
-	if err != nil {
-		m.Close()
-		return plugin.TrainerSetup{}, fmt.Errorf("libtorch trainer: model %q: %w", s.Model, err)
-	}
+	m, layout := bm.m, bm.layout
 
 	t.mu.Lock()
 	defer t.mu.Unlock()

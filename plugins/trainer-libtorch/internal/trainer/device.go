@@ -31,6 +31,18 @@ type deviceBlock struct {
 // keeps its parameters apart for rounds beside training, stays on the
 // arena.
 func (t *Trainer) ExportDevice(context.Context) (arena.DeviceBlock, bool, error) {
+	type exported struct {
+		block arena.DeviceBlock
+		ok    bool
+	}
+	r, err := onCalls(t, func() (exported, error) {
+		b, ok, err := t.exportDevice()
+		return exported{b, ok}, err
+	})
+	return r.block, r.ok, err
+}
+
+func (t *Trainer) exportDevice() (arena.DeviceBlock, bool, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if err := t.attachedLocked("ExportDevice"); err != nil {

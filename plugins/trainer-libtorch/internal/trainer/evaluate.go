@@ -13,6 +13,10 @@ var errNoEval = errors.New("libtorch trainer: no test split to evaluate on (data
 // Evaluate reports the mean loss (and, for cross_entropy, the accuracy)
 // over the whole test split, in eval mode without gradients.
 func (t *Trainer) Evaluate(ctx context.Context) (plugin.EvalResult, error) {
+	return onCalls(t, func() (plugin.EvalResult, error) { return t.evaluate(ctx) })
+}
+
+func (t *Trainer) evaluate(ctx context.Context) (plugin.EvalResult, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.model == nil {
@@ -56,6 +60,10 @@ func (t *Trainer) Evaluate(ctx context.Context) (plugin.EvalResult, error) {
 // has one, between plans: the user's code at an epoch's end
 // (plugin.EpochEnder).
 func (t *Trainer) EpochEnd(_ context.Context, epoch uint64) (bool, error) {
+	return onCalls(t, func() (bool, error) { return t.epochEnd(epoch) })
+}
+
+func (t *Trainer) epochEnd(epoch uint64) (bool, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.model == nil {

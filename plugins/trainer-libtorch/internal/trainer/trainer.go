@@ -47,12 +47,21 @@ type Trainer struct {
 	forceCopy bool
 	// traceBatch, when set, sees every batch's sample indices (tests).
 	traceBatch func(epoch uint64, samples []uint64)
+	// traceCall, when set, runs on t.calls before each call there (tests).
+	traceCall func()
 
 	// trainMu is held by Train for its whole run.
 	trainMu sync.Mutex
-	// thread runs every Train's batch loop (see shim.Thread); Shutdown
-	// stops it.
+	// thread runs every Train's batch loop (see shim.Thread), and calls
+	// every other call into libtorch (onCalls); Shutdown stops both. Two
+	// threads, kept for the trainer's life, because libtorch starts
+	// per-thread state on each new OS thread that calls it: an OpenMP
+	// team, and a pthreadpool whose worker spins for some 25 ms on a core
+	// training needs. gRPC serves each call on whatever thread the Go
+	// scheduler picks, so every epoch's checkpoint and round used to pay
+	// for a new one.
 	thread *shim.Thread
+	calls  *shim.Thread
 	// picker is Train's (under trainMu): an epoch's plans share a shuffle.
 	picker plugin.Picker
 
@@ -118,8 +127,28 @@ func New(logger hclog.Logger) (*Trainer, error) {
 		return nil, err
 	}
 	logger.Debug("loaded the libtorch shim", "path", s.Path, "libtorch", s.TorchVersion, "cuda_devices", s.CUDADevices)
-	return &Trainer{logger: logger, shim: s, errBuf: make([]byte, shim.ErrBufLen), thread: shim.NewThread()}, nil
+	return &Trainer{logger: logger, shim: s, errBuf: make([]byte, shim.ErrBufLen), thread: shim.NewThread(), calls: shim.NewThread()}, nil
 }
+
+// onCalls runs f, a call into libtorch from outside the batch loop, on
+// t.calls. f takes t.mu itself: Train's loop holds it for each step.
+func onCalls[T any](t *Trainer, f func() (T, error)) (T, error) {
+	var (
+		v   T
+		err error
+	)
+	if rerr := t.calls.Run(func() {
+		if t.traceCall != nil {
+			t.traceCall()
+		}
+		v, err = f()
+	}); rerr != nil {
+		return v, errAfterShutdown
+	}
+	return v, err
+}
+
+var errAfterShutdown = errors.New("libtorch trainer: called after Shutdown")
 
 // Describe names the plugin and its libtorch.
 func (t *Trainer) Describe(context.Context) (plugin.Description, error) {
@@ -162,6 +191,7 @@ func (t *Trainer) Shutdown(context.Context) error {
 	// A running Train stops at its next batch (gen changed) and the thread
 	// exits after it.
 	t.thread.Stop()
+	t.calls.Stop()
 	if err := errors.Join(t.releaseLocked(), t.releaseImage()); err != nil {
 		return fmt.Errorf("libtorch trainer: shutdown: %w", err)
 	}

@@ -926,6 +926,76 @@ func TestTrainThreadOwnership(t *testing.T) {
 	}
 }
 
+// TestLibtorchCallsShareOneThread: every call into libtorch other than
+// the batch loop's runs on one OS thread of the trainer's own, the same for
+// its whole life, whichever thread the caller is on (gRPC serves each call
+// on its own) and not the batch loop's. libtorch starts an OpenMP team and
+// a pthreadpool, whose worker spins for some 25 ms, on each new OS thread
+// that calls it.
+func TestLibtorchCallsShareOneThread(t *testing.T) {
+	tr := newTestTrainer(t)
+	// Written on the trainer's threads only, read after the call that wrote
+	// them returned.
+	var calls []int
+	tr.traceCall = func() { calls = append(calls, unix.Gettid()) }
+	batchTIDs := map[int]bool{}
+	tr.traceBatch = func(uint64, []uint64) { batchTIDs[unix.Gettid()] = true }
+	ctx := context.Background()
+	ckpt := t.TempDir()
+	cfg := plugin.TrainerConfig{WorldSize: 1, LocalRanks: 1, Seed: 7,
+		Settings: settingsJSON(t, merge(synthData(t, 64, 8, 3), map[string]any{"threads": 2, "batch_size": 8}))}
+	var (
+		setup plugin.TrainerSetup
+		d     arena.Descriptor // made between Configure and Attach
+	)
+	steps := []struct {
+		name string
+		call func() error
+	}{
+		{"Configure", func() (err error) { setup, err = tr.Configure(ctx, cfg); return err }},
+		{"Attach", func() error { _, err := tr.Attach(ctx, d); return err }},
+		{"Train", func() error {
+			return tr.Train(ctx, fullPlan(0, 64), func(plugin.BatchReport) error { return nil })
+		}},
+		{"Publish", func() error { _, err := tr.Publish(ctx); return err }},
+		{"Adopt", func() error { _, err := tr.Adopt(ctx, 0.5); return err }},
+		{"Evaluate", func() error { _, err := tr.Evaluate(ctx); return err }},
+		{"EpochEnd", func() error { _, err := tr.EpochEnd(ctx, 1); return err }},
+		{"SaveCheckpoint", func() error { _, err := tr.SaveCheckpoint(ctx, ckpt); return err }},
+		{"LoadCheckpoint", func() error { _, err := tr.LoadCheckpoint(ctx, ckpt, plugin.LoadResume); return err }},
+		{"ExportDevice", func() error { _, _, err := tr.ExportDevice(ctx); return err }},
+	}
+	callers := map[int]bool{}
+	for _, st := range steps {
+		if st.name == "Attach" {
+			d = newArena(t, setup.Layout)
+		}
+		before := len(calls)
+		done := make(chan error, 1)
+		go func() {
+			// Locked and never unlocked: the thread ends with the call, so
+			// each call comes from a thread libtorch has not seen.
+			runtime.LockOSThread()
+			callers[unix.Gettid()] = true
+			done <- st.call()
+		}()
+		if err := <-done; err != nil {
+			t.Fatalf("%s: %v", st.name, err)
+		}
+		if st.name != "Train" && len(calls) == before {
+			t.Fatalf("%s did not run on the trainer's call thread", st.name)
+		}
+	}
+	for _, tid := range calls {
+		if tid != calls[0] {
+			t.Fatalf("libtorch calls ran on threads %v, want one", calls)
+		}
+	}
+	if callers[calls[0]] || batchTIDs[calls[0]] || len(batchTIDs) != 1 {
+		t.Fatalf("call thread %d; callers %v; batches on %v", calls[0], callers, batchTIDs)
+	}
+}
+
 // A plan's LRScale reaches the optimizer step: 0 trains as 1 does, 0.5
 // trains differently, and a scale that is not a finite positive number is
 // refused before any batch.
