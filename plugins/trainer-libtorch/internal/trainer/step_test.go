@@ -85,3 +85,52 @@ func TestParamNormCadence(t *testing.T) {
 		t.Errorf("%d of %d batch reports carry the norm in %v, want at most %d", withNorm, batches, time.Since(start), most)
 	}
 }
+
+// TestGoRuntimeLeavesTheLoopAlone: while a 1-thread rank trains, the
+// process's threads hardly sleep and wake. Nothing in it has work but the
+// batch loop, yet Go's sysmon, which preempts a goroutine that ran 10 ms
+// without yielding and then polls every 20 µs to see it back, woke some
+// 2,000 times a second beside a locked loop of cgo calls; where libtorch's
+// threads fill the cores, each wake-up takes one from them.
+func TestGoRuntimeLeavesTheLoopAlone(t *testing.T) {
+	tr := newTestTrainer(t)
+	data := synthData(t, 64*64, 784, 10)
+	setup := configure(t, tr, merge(data, map[string]any{"threads": 1, "batch_size": 64}))
+	attach(t, tr, setup)
+	// The loop gathers its own batches, as on a machine without a spare
+	// core: a prefetching goroutine wakes a thread every batch.
+	tr.prefetch = false
+	noop := func(plugin.BatchReport) error { return nil }
+	ctx := context.Background()
+	if err := tr.Train(ctx, fullPlan(0, setup.Samples), noop); err != nil {
+		t.Fatal(err)
+	}
+	// One long Train: between two, the loop's goroutine waits for work.
+	var batches int
+	before, start := switches(t), time.Now()
+	if err := tr.Train(ctx, fullPlan(1, 1500*64), func(plugin.BatchReport) error { batches++; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	took := time.Since(start)
+	// About 2,300 a second when the runtime preempts the loop (sysmon's
+	// polling), 500 with the loop yielding first (a hand-off each time).
+	const most = 1200
+	rate := float64(switches(t)-before) / took.Seconds()
+	if rate > most {
+		t.Errorf("%.0f voluntary context switches a second in a 1-thread batch loop (%d batches in %v), want at most %d: the Go runtime keeps waking up beside it",
+			rate, batches, took.Round(time.Millisecond), most)
+	} else {
+		t.Logf("%.0f voluntary context switches a second, %d batches in %v", rate, batches, took.Round(time.Millisecond))
+	}
+}
+
+// switches is how often the process's threads went to sleep so far
+// (voluntary context switches): preemptions by other processes do not count.
+func switches(t *testing.T) int64 {
+	t.Helper()
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		t.Fatal(err)
+	}
+	return ru.Nvcsw
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
 	"time"
 
@@ -155,11 +156,20 @@ func (t *Trainer) trainOnThread(ctx context.Context, plan plugin.Plan, report fu
 		release = func(b *batchBuf) { free <- b }
 	}
 
+	yielded, last := time.Now(), time.Now()
 	for n := uint64(0); ; n++ {
+		start := time.Now()
+		// Yield before the next step, as long as the last, could carry the
+		// loop past the Go runtime's own preemption (see yieldWithin).
+		if start.Sub(yielded)+start.Sub(last) >= yieldWithin {
+			runtime.Gosched()
+			start = time.Now()
+			yielded = start
+		}
+		last = start
 		if err := ctx.Err(); err != nil {
 			return fmt.Errorf("libtorch trainer: stopped before batch %d: %w", n, err)
 		}
-		start := time.Now()
 		b, ok := next()
 		if !ok {
 			return nil

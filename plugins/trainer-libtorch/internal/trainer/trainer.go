@@ -31,6 +31,15 @@ const (
 	// Publish), and a pass over every parameter, 43 µs for the default MLP
 	// at 2 threads, which every 10 steps cost 0.5% of its step time.
 	paramNormEvery = time.Second
+	// yieldWithin bounds the batch loop's time between two yields to the
+	// Go scheduler, the next step included, as far as the last one
+	// foretells it. Go's sysmon preempts a goroutine that ran 10 ms without
+	// yielding (forcePreemptNS), a locked one's cgo calls included, and
+	// then polls every 20 µs for about a millisecond, then less often, to
+	// see it back: some 2,000 wake-ups a second beside a loop of short
+	// steps, each taking a core from libtorch's threads where they fill
+	// the machine. A yield costs one hand-off of the locked thread instead.
+	yieldWithin = 8 * time.Millisecond
 	// maxPickSpace bounds a plan's permutation (8 bytes a pick).
 	maxPickSpace = 1 << 28
 )
