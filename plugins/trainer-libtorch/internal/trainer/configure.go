@@ -179,6 +179,14 @@ func (t *Trainer) Configure(ctx context.Context, cfg plugin.TrainerConfig) (plug
 	}
 	m, layout := bm.m, bm.layout
 
+	// Runs after the unlock below: a Train of the model this one replaces
+	// may hold the batch loop's thread until its next batch.
+	var warm func()
+	defer func() {
+		if warm != nil {
+			warm()
+		}
+	}()
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.shutdown {
@@ -189,6 +197,8 @@ func (t *Trainer) Configure(ctx context.Context, cfg plugin.TrainerConfig) (plug
 	t.releaseImage()
 	t.image, configured = img, true
 	t.gen++
+	gen := t.gen
+	warm = func() { t.warmTrainThread(gen) }
 	t.cfg = cfg
 	t.cfg.Settings = append([]byte(nil), cfg.Settings...)
 	t.s, t.threads, t.model, t.train, t.eval, t.layout = s, threads, m, train, eval, layout
@@ -323,4 +333,20 @@ func probe(m *shim.Model, s *Settings, train, eval *dataset.Set) error {
 		return fmt.Errorf("the model outputs %v for %d samples, but the targets have %d values per sample: its output does not fit the targets", shape, rows, train.Width())
 	}
 	return nil
+}
+
+// warmTrainThread starts libtorch's per-thread state on the batch loop's
+// thread (its pthreadpool, whose new worker spins for some 25 ms, and its
+// OpenMP team) with a pass over the parameters, so that they start while
+// the run starts and not in its first batches. Started there, the spinning
+// worker and the new team shared a core with the training thread for the
+// first second of a lone rank's first epoch (5,000 preemptions of it).
+func (t *Trainer) warmTrainThread(gen uint64) {
+	t.thread.Run(func() {
+		t.mu.Lock()
+		defer t.mu.Unlock()
+		if t.model != nil && t.gen == gen {
+			t.model.Norm()
+		}
+	})
 }

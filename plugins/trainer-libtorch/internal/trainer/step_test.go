@@ -2,6 +2,9 @@ package trainer
 
 import (
 	"context"
+	"os"
+	"runtime"
+	"strconv"
 	"syscall"
 	"testing"
 	"time"
@@ -133,4 +136,46 @@ func switches(t *testing.T) int64 {
 		t.Fatal(err)
 	}
 	return ru.Nvcsw
+}
+
+// TestFirstBatchFindsTheThreadWarm: Configure starts libtorch's per-thread
+// state on the batch loop's thread (a pthreadpool worker and an OpenMP
+// worker at 2 threads), so the first batch starts no thread: a new
+// pthreadpool worker spins for some 25 ms on a core training needs.
+func TestFirstBatchFindsTheThreadWarm(t *testing.T) {
+	tr := newTestTrainer(t)
+	setup := configure(t, tr, merge(synthData(t, 256, 784, 10), map[string]any{"threads": 2, "batch_size": 64}))
+	attach(t, tr, setup)
+	tr.prefetch = false // its goroutine may take a thread of its own
+	runtime.GC()        // nor start its workers meanwhile
+	before := threadIDs(t)
+	if err := tr.Train(context.Background(), fullPlan(0, 64), func(plugin.BatchReport) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	var started []int
+	for id := range threadIDs(t) {
+		if !before[id] {
+			started = append(started, id)
+		}
+	}
+	// The Go runtime may start a thread of its own at any time.
+	if len(started) > 1 {
+		t.Errorf("the first batch started threads %v: libtorch's per-thread state was not started at Configure", started)
+	}
+}
+
+// threadIDs are the process's threads.
+func threadIDs(t *testing.T) map[int]bool {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/task")
+	if err != nil {
+		t.Skipf("no /proc: %v", err)
+	}
+	ids := map[int]bool{}
+	for _, e := range ents {
+		if id, err := strconv.Atoi(e.Name()); err == nil {
+			ids[id] = true
+		}
+	}
+	return ids
 }
