@@ -18,7 +18,8 @@ import (
 // its own level (raised by -v) unless the rank's environment already does.
 const LogLevelEnv = "COHORT_LOG_LEVEL"
 
-// parentPollInterval is how often a plugin checks that its host is alive.
+// parentPollInterval is how often a plugin checks that its host is alive
+// where it cannot wait for the host's exit (see parentExit).
 const parentPollInterval = 300 * time.Millisecond
 
 // ServeOptions say what a plugin binary serves. Exactly one of Trainer and
@@ -75,7 +76,8 @@ func Serve(o ServeOptions) {
 	}
 	logger := newLogger(name, os.Stderr)
 
-	go watchParent(ppid, os.Getppid, parentPollInterval, func() {
+	waitExit, _ := parentExit(ppid)
+	go watchParent(ppid, os.Getppid, waitExit, parentPollInterval, func() {
 		logger.Warn("host process is gone; exiting", "parent_pid", ppid)
 		os.Exit(1)
 	})
@@ -172,9 +174,19 @@ func newLogger(name string, w io.Writer) hclog.Logger {
 	return logger
 }
 
-// watchParent calls gone once getppid stops returning ppid, checking every
-// interval. It never returns otherwise: a plugin lives as long as its host.
-func watchParent(ppid int, getppid func() int, interval time.Duration, gone func()) {
+// watchParent calls gone once getppid stops returning ppid: once
+// waitExit returns (see parentExit), or polling every interval where
+// waitExit is nil or fails. It never returns otherwise: a plugin lives as
+// long as its host.
+func watchParent(ppid int, getppid func() int, waitExit func() error, interval time.Duration, gone func()) {
+	if waitExit != nil {
+		// Checked after the pidfd was opened: a host gone before that left
+		// a recycled pid, or none.
+		if getppid() != ppid || waitExit() == nil {
+			gone()
+			return
+		}
+	}
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for range t.C {

@@ -270,7 +270,7 @@ func TestWatchParent(t *testing.T) {
 		return 4242
 	}
 	gone := make(chan struct{})
-	go watchParent(1, getppid, time.Millisecond, func() { close(gone) })
+	go watchParent(1, getppid, nil, time.Millisecond, func() { close(gone) })
 	select {
 	case <-gone:
 	case <-time.After(10 * time.Second):
@@ -278,6 +278,25 @@ func TestWatchParent(t *testing.T) {
 	}
 	if n := calls.Load(); n != 4 {
 		t.Errorf("noticed after %d polls, want 4", n)
+	}
+}
+
+// A host whose exit cannot be waited for after all is polled for.
+func TestWatchParentFallsBackToPolling(t *testing.T) {
+	var calls atomic.Int32
+	getppid := func() int {
+		if calls.Add(1) < 3 {
+			return 1
+		}
+		return 4242
+	}
+	gone := make(chan struct{})
+	wait := func() error { return errors.New("no poller") }
+	go watchParent(1, getppid, wait, time.Millisecond, func() { close(gone) })
+	select {
+	case <-gone:
+	case <-time.After(10 * time.Second):
+		t.Fatal("parent change not noticed after the wait failed")
 	}
 }
 

@@ -30,3 +30,39 @@ func protectStdout(stdoutFD, stderrFD int) (*os.File, error) {
 	}
 	return os.NewFile(uintptr(private), "handshake-stdout"), nil
 }
+
+// parentExit returns a function that waits until process ppid exits, or
+// false where the kernel offers no pollable pidfd (before Linux 5.10). It
+// waits in Go's poller on a pidfd, which turns readable when its process
+// has exited: nothing wakes before that. A 300 ms getppid poll woke a quiet
+// plugin's Go runtime three times a second, and each time its sysmon thread
+// then polled every 20 µs for milliseconds, on cores that a rank's training
+// threads fill. The function returns an error if it cannot wait after all.
+func parentExit(ppid int) (func() error, bool) {
+	fd, err := unix.PidfdOpen(ppid, unix.PIDFD_NONBLOCK)
+	if err != nil {
+		return nil, false
+	}
+	// Non-blocking, so os.NewFile hands it to the poller.
+	f := os.NewFile(uintptr(fd), fmt.Sprintf("pidfd of process %d", ppid))
+	return func() error {
+		defer f.Close()
+		rc, err := f.SyscallConn()
+		if err != nil {
+			return err
+		}
+		var exited bool
+		// The callback runs before the first wait and after each
+		// readiness; a pidfd polls readable once its process has exited.
+		err = rc.Read(func(fd uintptr) bool {
+			fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+			n, perr := unix.Poll(fds, 0)
+			exited = perr == nil && n > 0
+			return exited || perr != nil
+		})
+		if err == nil && !exited {
+			err = fmt.Errorf("polling the pidfd of process %d failed", ppid)
+		}
+		return err
+	}, true
+}

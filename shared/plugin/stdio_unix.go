@@ -26,3 +26,6 @@ func protectStdout(stdoutFD, stderrFD int) (*os.File, error) {
 	}
 	return os.NewFile(uintptr(private), "handshake-stdout"), nil
 }
+
+// parentExit has no pidfd to wait on here: Serve polls getppid instead.
+func parentExit(int) (func() error, bool) { return nil, false }
