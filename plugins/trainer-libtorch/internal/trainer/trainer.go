@@ -61,8 +61,8 @@ type Trainer struct {
 
 	// trainMu is held by Train for its whole run.
 	trainMu sync.Mutex
-	// thread runs every Train's batch loop (see shim.Thread), and calls
-	// every other call into libtorch (onCalls); Shutdown stops both. Two
+	// thread runs every Train's batch loop (see shim.Thread); calls runs
+	// every other call into libtorch (onCalls). Shutdown stops both. Two
 	// threads, kept for the trainer's life, because libtorch starts
 	// per-thread state on each new OS thread that calls it: an OpenMP
 	// team, and a pthreadpool whose worker spins for some 25 ms on a core
