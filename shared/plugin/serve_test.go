@@ -259,44 +259,37 @@ func TestLogger(t *testing.T) {
 	}
 }
 
+// watchParent notices the recorded parent change: by polling, and by
+// polling still when the wait for the parent's exit fails.
 func TestWatchParent(t *testing.T) {
-	// The recorded parent is compared, not pid 1: a host may itself be
-	// pid 1 in a container, and a subreaper adopts orphans.
-	var calls atomic.Int32
-	getppid := func() int {
-		if calls.Add(1) < 4 {
-			return 1
-		}
-		return 4242
-	}
-	gone := make(chan struct{})
-	go watchParent(1, getppid, nil, time.Millisecond, func() { close(gone) })
-	select {
-	case <-gone:
-	case <-time.After(10 * time.Second):
-		t.Fatal("parent change not noticed")
-	}
-	if n := calls.Load(); n != 4 {
-		t.Errorf("noticed after %d polls, want 4", n)
-	}
-}
-
-// A host whose exit cannot be waited for after all is polled for.
-func TestWatchParentFallsBackToPolling(t *testing.T) {
-	var calls atomic.Int32
-	getppid := func() int {
-		if calls.Add(1) < 3 {
-			return 1
-		}
-		return 4242
-	}
-	gone := make(chan struct{})
-	wait := func() error { return errors.New("no poller") }
-	go watchParent(1, getppid, wait, time.Millisecond, func() { close(gone) })
-	select {
-	case <-gone:
-	case <-time.After(10 * time.Second):
-		t.Fatal("parent change not noticed after the wait failed")
+	for _, tc := range []struct {
+		name string
+		wait func() error
+	}{
+		{"polling", nil},
+		{"wait failed", func() error { return errors.New("no poller") }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			// The recorded parent is compared, not pid 1: a host may itself
+			// be pid 1 in a container, and a subreaper adopts orphans.
+			var calls atomic.Int32
+			getppid := func() int {
+				if calls.Add(1) < 4 {
+					return 1
+				}
+				return 4242
+			}
+			gone := make(chan struct{})
+			go watchParent(1, getppid, tc.wait, time.Millisecond, func() { close(gone) })
+			select {
+			case <-gone:
+			case <-time.After(10 * time.Second):
+				t.Fatal("parent change not noticed")
+			}
+			if n := calls.Load(); n != 4 {
+				t.Errorf("noticed after %d getppid calls, want 4", n)
+			}
+		})
 	}
 }
 

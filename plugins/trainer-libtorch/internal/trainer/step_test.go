@@ -33,27 +33,27 @@ func TestStepsDoNotFaultTheHeap(t *testing.T) {
 	var before int64
 	for epoch := range uint64(1 + steps/100) {
 		if epoch == 1 {
-			before = minorFaults(t)
+			before = usage(t).Minflt
 		}
 		if err := tr.Train(ctx, fullPlan(epoch, setup.Samples), noop); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if per := float64(minorFaults(t)-before) / steps; per > maxEach {
+	if per := float64(usage(t).Minflt-before) / steps; per > maxEach {
 		t.Errorf("%.1f page faults a training step (2 threads, batch %d), want at most %d: freed tensors go back to the kernel between steps", per, batch, maxEach)
 	} else {
 		t.Logf("%.2f page faults a training step", per)
 	}
 }
 
-// minorFaults is the process's minor page faults so far.
-func minorFaults(t *testing.T) int64 {
+// usage is the process's resource usage so far.
+func usage(t *testing.T) syscall.Rusage {
 	t.Helper()
 	var ru syscall.Rusage
 	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
 		t.Fatal(err)
 	}
-	return ru.Minflt
+	return ru
 }
 
 // The parameter norm rides on a batch report about once a second, the
@@ -109,8 +109,10 @@ func TestGoRuntimeLeavesTheLoopAlone(t *testing.T) {
 		t.Fatal(err)
 	}
 	// One long Train: between two, the loop's goroutine waits for work.
+	// Voluntary context switches: the process's threads going to sleep;
+	// preemptions by other processes do not count.
 	var batches int
-	before, start := switches(t), time.Now()
+	before, start := usage(t).Nvcsw, time.Now()
 	if err := tr.Train(ctx, fullPlan(1, 1500*64), func(plugin.BatchReport) error { batches++; return nil }); err != nil {
 		t.Fatal(err)
 	}
@@ -118,24 +120,13 @@ func TestGoRuntimeLeavesTheLoopAlone(t *testing.T) {
 	// About 2,300 a second when the runtime preempts the loop (sysmon's
 	// polling), 500 with the loop yielding first (a hand-off each time).
 	const most = 1200
-	rate := float64(switches(t)-before) / took.Seconds()
+	rate := float64(usage(t).Nvcsw-before) / took.Seconds()
 	if rate > most {
 		t.Errorf("%.0f voluntary context switches a second in a 1-thread batch loop (%d batches in %v), want at most %d: the Go runtime keeps waking up beside it",
 			rate, batches, took.Round(time.Millisecond), most)
 	} else {
 		t.Logf("%.0f voluntary context switches a second, %d batches in %v", rate, batches, took.Round(time.Millisecond))
 	}
-}
-
-// switches is how often the process's threads went to sleep so far
-// (voluntary context switches): preemptions by other processes do not count.
-func switches(t *testing.T) int64 {
-	t.Helper()
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		t.Fatal(err)
-	}
-	return ru.Nvcsw
 }
 
 // TestFirstBatchFindsTheThreadWarm: Configure starts libtorch's per-thread
