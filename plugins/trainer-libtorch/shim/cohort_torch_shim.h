@@ -34,7 +34,7 @@
 extern "C" {
 #endif
 
-#define COHORT_TORCH_SHIM_ABI 7u
+#define COHORT_TORCH_SHIM_ABI 8u
 
 /* Element types: the values of arena.DType in shared/arena. */
 #define CT_DTYPE_F32 1
@@ -101,6 +101,30 @@ typedef struct ct_config {
    * which is how the shim counts them. 0: off. */
   uint32_t cohort_ranks;
 } ct_config;
+
+/* The training split as train_steps reads it: n samples of features
+ * values each, as bytes (each read as b / 255.0f, as the plugin's own
+ * gather does) or as float32, and n class labels or n * width float
+ * targets. Exactly one of u8 and f32 is set, and one of labels and
+ * targets. The memory is read during the call only. */
+typedef struct ct_data {
+  uint32_t struct_size; /* sizeof(ct_data), checked */
+  int64_t n;
+  int64_t features;
+  int64_t width; /* targets per sample (mse); 0 with labels */
+  const uint8_t *u8;
+  const float *f32;
+  const int64_t *labels;
+  const float *targets;
+} ct_data;
+
+/* What train_steps reports of one step. */
+typedef struct ct_step {
+  double loss;
+  double gather_ms; /* copying the batch out of the data set */
+  double step_ms;   /* the gather and the optimizer step */
+  int64_t rows;
+} ct_step;
 
 /* One tensor of the model, in layout order (parameters, then buffers).
  * name and shape belong to the model and live until ct_destroy. */
@@ -188,6 +212,27 @@ typedef struct ct_api {
    * them. Tensors with offset -1 stay as attach left them. */
   int (*attach_device)(ct_model *m, void *base, uint64_t size, const int64_t *offsets, int64_t n,
                        char *err, size_t errlen);
+  /* train_steps_start starts a run of steps on the model's own training
+   * thread (started at the first run, joined by destroy) and returns at
+   * once: 0 when it started, -1 with a message in err when it did not.
+   * The run trains the samples rows names (indices into d, in order) in
+   * batches of batch rows, the last one possibly short, one optimizer
+   * step each, gathering each batch itself. lrs[i] is step i's learning
+   * rate; there are max_steps of them, and out has room for as many
+   * reports. It stops after max_steps steps, when the rows run out, once
+   * the steps so far took budget_ms, or when *waiting or *cancel is
+   * nonzero (both read atomically before every step, the first included:
+   * another thread sets them while the run goes on). Then it stores the
+   * number of steps it trained in *done (also on failure), out[0..*done)
+   * describing them, with want_norm set and a step trained the
+   * parameters' L2 norm in *norm, and 0 or -1 in *rc (with a message in
+   * err, errlen bytes), and last writes one byte to notify_fd. Everything
+   * the pointers reach must stay valid, and the model untouched by other
+   * calls, until that byte is read. One run at a time. */
+  int (*train_steps_start)(ct_model *m, int notify_fd, const ct_data *d, const uint64_t *rows, int64_t nrows,
+                           int64_t batch, const double *lrs, int64_t max_steps, double budget_ms,
+                           const int32_t *waiting, const int32_t *cancel, ct_step *out, int64_t *done,
+                           int32_t want_norm, double *norm, int32_t *rc, char *err, size_t errlen);
 } ct_api;
 
 uint32_t cohort_torch_shim_abi_version(void);

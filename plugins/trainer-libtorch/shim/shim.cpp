@@ -9,10 +9,20 @@
 #include "cohort_torch_shim.h"
 
 #include <dlfcn.h>
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <array>
+#include <cerrno>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
 #include <cstring>
 #include <functional>
+#include <future>
 #include <memory>
 #include <sstream>
 #include <stdexcept>
@@ -308,6 +318,78 @@ torch::Device pick_device(const std::string &spec, uint32_t rank) {
 
 } // namespace
 
+// TrainThread is a model's own thread for its runs of steps
+// (train_steps_start): one OS thread for the model's life, so libtorch's
+// per-thread state (its OpenMP team, its pthreadpool) starts once, and no
+// Go code, nor the Go scheduler, runs beside the steps. Signals are
+// blocked on it: the Go runtime handles the process's on its own threads.
+class TrainThread {
+ public:
+  ~TrainThread() { stop(); }
+
+  // start hands f to the thread; a run must have ended before the next.
+  void start(std::function<void()> f) {
+    std::lock_guard<std::mutex> l(mu_);
+    if (quit_) {
+      fail("train steps: the model is being destroyed");
+    }
+    if (job_) {
+      fail("train steps: a run is already waiting to start");
+    }
+    job_ = std::move(f);
+    if (!th_.joinable()) {
+      th_ = std::thread([this] { loop(); });
+    }
+    cv_.notify_one();
+  }
+
+  // run runs f on the thread and waits for it, rethrowing what it threw.
+  void run(std::function<void()> f) {
+    std::packaged_task<void()> task(std::move(f));
+    auto done = task.get_future();
+    start([&task] { task(); });
+    done.get();
+  }
+
+  // stop joins the thread after the run it is in, if any.
+  void stop() {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      quit_ = true;
+    }
+    cv_.notify_one();
+    if (th_.joinable()) {
+      th_.join();
+    }
+  }
+
+ private:
+  void loop() {
+    sigset_t all;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, nullptr);
+    for (;;) {
+      std::function<void()> f;
+      {
+        std::unique_lock<std::mutex> l(mu_);
+        cv_.wait(l, [this] { return quit_ || job_; });
+        if (!job_) {
+          return;
+        }
+        f = std::move(job_);
+        job_ = nullptr;
+      }
+      f();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::function<void()> job_;
+  bool quit_ = false;
+  std::thread th_;
+};
+
 struct ct_model {
   std::shared_ptr<torch::nn::Module> native;
   std::function<torch::Tensor(const torch::Tensor &)> native_forward;
@@ -328,6 +410,11 @@ struct ct_model {
   int64_t members = -1; // index of the "optimizer.cohort_members" entry; -1: none
   int64_t rank = 0;      // this rank's element of it
   double beta1 = 0, beta2 = 0;
+  // A run's batch, gathered from the data set (kept between runs).
+  std::vector<float> batch_x, batch_t;
+  std::vector<int64_t> batch_y;
+  // Last, so that it is destroyed (and joined) first.
+  TrainThread trainer;
 
   // bind_moments ties the layout's moment entries to the optimizer's state
   // (after create, and after a load replaced the state).
@@ -646,6 +733,14 @@ ct_model *create(const ct_config *cfg, char *err, size_t errlen) {
       m->beta1 = cfg->beta1;
       m->beta2 = cfg->beta2;
     }
+    // Start the training thread's libtorch state (its OpenMP team, and a
+    // pthreadpool whose new worker spins for some 25 ms) with a pass over
+    // the parameters now, not in the first steps.
+    ct_model *raw = m.get();
+    m->trainer.run([raw] {
+      use_threads(raw->threads);
+      raw->norm();
+    });
     out = m.release();
   });
   return out;
@@ -860,23 +955,127 @@ void drop_grads(torch::optim::Optimizer &opt) {
   }
 }
 
+// step trains one batch of rows on the calling thread and returns its loss.
+double step(ct_model *m, const float *x, int64_t rows, const int64_t *labels, const float *targets, int64_t width,
+            double lr) {
+  m->set_training(true);
+  auto out = m->forward(m->input(x, rows));
+  auto l = m->loss_of(out, labels, targets, rows, width, false);
+  drop_grads(*m->opt);
+  l.backward();
+  if (m->max_grad_norm > 0) {
+    torch::nn::utils::clip_grad_norm_(m->trainable, m->max_grad_norm);
+  }
+  for (auto &g : m->opt->param_groups()) {
+    g.options().set_lr(lr);
+  }
+  m->opt->step();
+  return l.item<double>();
+}
+
 int train_step(ct_model *m, const float *x, int64_t batch, const int64_t *labels, const float *targets,
                int64_t width, double lr, double *loss, char *err, size_t errlen) {
   return guard(err, errlen, [&] {
     use_threads(m->threads);
-    m->set_training(true);
-    auto out = m->forward(m->input(x, batch));
-    auto l = m->loss_of(out, labels, targets, batch, width, false);
-    drop_grads(*m->opt);
-    l.backward();
-    if (m->max_grad_norm > 0) {
-      torch::nn::utils::clip_grad_norm_(m->trainable, m->max_grad_norm);
+    *loss = step(m, x, batch, labels, targets, width, lr);
+  });
+}
+
+// u8_scale maps a byte to b / 255.0f, the value the plugin's own gather
+// (and torch's x.float().div(255)) gives it.
+const std::array<float, 256> &u8_scale() {
+  static const std::array<float, 256> t = [] {
+    std::array<float, 256> v{};
+    for (int i = 0; i < 256; ++i) {
+      v[i] = static_cast<float>(i) / 255.0f;
     }
-    for (auto &g : m->opt->param_groups()) {
-      g.options().set_lr(lr);
+    return v;
+  }();
+  return t;
+}
+
+double ms_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
+}
+
+// run_steps is a run of train_steps_start, on the model's training thread.
+void run_steps(ct_model *m, const ct_data *d, const uint64_t *rows, int64_t nrows, int64_t batch, const double *lrs,
+               int64_t max_steps, double budget_ms, const int32_t *waiting, const int32_t *cancel, ct_step *out,
+               int64_t *done) {
+  if (d == nullptr || d->struct_size != sizeof(ct_data)) {
+    fail("train steps: the data description's size does not match this shim's");
+  }
+  const int64_t f = d->features, w = d->width;
+  if (d->n <= 0 || f <= 0 || (d->u8 == nullptr) == (d->f32 == nullptr) ||
+      (d->labels == nullptr) == (d->targets == nullptr) || (d->targets != nullptr && w <= 0)) {
+    fail("train steps: the data description is incomplete");
+  }
+  if (batch <= 0 || nrows < 0 || max_steps < 0 || rows == nullptr || lrs == nullptr || out == nullptr) {
+    fail("train steps: bad arguments");
+  }
+  use_threads(m->threads);
+  const auto &scale = u8_scale();
+  const auto start = std::chrono::steady_clock::now();
+  m->batch_x.resize(static_cast<size_t>(batch * f));
+  m->batch_y.resize(d->labels ? static_cast<size_t>(batch) : 0);
+  m->batch_t.resize(d->targets ? static_cast<size_t>(batch * w) : 0);
+  for (int64_t k = 0, pos = 0; k < max_steps && pos < nrows; ++k) {
+    if (__atomic_load_n(waiting, __ATOMIC_ACQUIRE) != 0 || __atomic_load_n(cancel, __ATOMIC_ACQUIRE) != 0 ||
+        (k > 0 && ms_since(start) >= budget_ms)) {
+      return;
     }
-    m->opt->step();
-    *loss = l.item<double>();
+    const auto t0 = std::chrono::steady_clock::now();
+    const int64_t n = std::min(batch, nrows - pos);
+    for (int64_t r = 0; r < n; ++r) {
+      const uint64_t i = rows[pos + r];
+      if (i >= static_cast<uint64_t>(d->n)) {
+        fail("train steps: sample " + std::to_string(i) + " is outside the data set's " + std::to_string(d->n));
+      }
+      float *x = m->batch_x.data() + r * f;
+      if (d->f32) {
+        std::memcpy(x, d->f32 + i * f, static_cast<size_t>(f) * sizeof(float));
+      } else {
+        const uint8_t *b = d->u8 + i * f;
+        for (int64_t j = 0; j < f; ++j) {
+          x[j] = scale[b[j]];
+        }
+      }
+      if (d->labels) {
+        m->batch_y[r] = d->labels[i];
+      } else {
+        std::memcpy(m->batch_t.data() + r * w, d->targets + i * w, static_cast<size_t>(w) * sizeof(float));
+      }
+    }
+    const double gather = ms_since(t0);
+    const double loss = step(m, m->batch_x.data(), n, d->labels ? m->batch_y.data() : nullptr,
+                             d->targets ? m->batch_t.data() : nullptr, w, lrs[k]);
+    out[k] = ct_step{loss, gather, ms_since(t0), n};
+    *done = k + 1;
+    pos += n;
+  }
+}
+
+int train_steps_start(ct_model *m, int notify_fd, const ct_data *d, const uint64_t *rows, int64_t nrows,
+                      int64_t batch, const double *lrs, int64_t max_steps, double budget_ms, const int32_t *waiting,
+                      const int32_t *cancel, ct_step *out, int64_t *done, int32_t want_norm, double *norm,
+                      int32_t *rc, char *err, size_t errlen) {
+  return guard(err, errlen, [&] {
+    if (notify_fd < 0 || done == nullptr || rc == nullptr || waiting == nullptr || cancel == nullptr) {
+      fail("train steps: bad arguments");
+    }
+    m->trainer.start([=] {
+      *done = 0;
+      int r = guard(err, errlen, [&] {
+        run_steps(m, d, rows, nrows, batch, lrs, max_steps, budget_ms, waiting, cancel, out, done);
+        if (want_norm && *done > 0 && norm != nullptr) {
+          *norm = m->norm();
+        }
+      });
+      *rc = r;
+      const char b = 1;
+      while (write(notify_fd, &b, 1) < 0 && (errno == EINTR || errno == EAGAIN)) {
+      }
+    });
   });
 }
 
@@ -1116,6 +1315,7 @@ const ct_api api_table = {
     epoch_end,
     device_index,
     attach_device,
+    train_steps_start,
 };
 
 } // namespace

@@ -138,6 +138,18 @@ func (d *Set) Gather(idx []uint64, x []float32, y []int64, t []float32) {
 	d.keepMapped()
 }
 
+// Arrays are the set's features (bytes, read as u8Scale's floats, or
+// float32: one is nil), its labels or targets (one is nil), for a gather
+// outside Go (the shim's). Keep the Set reachable while they are read: a
+// set read from an image maps memory that its release unmaps (call
+// KeepMapped after).
+func (d *Set) Arrays() (u8 []uint8, f32 []float32, labels []int64, targets []float32) {
+	return d.u8, d.f32, d.labels, d.targets
+}
+
+// KeepMapped holds the memory Arrays returned until here.
+func (d *Set) KeepMapped() { d.keepMapped() }
+
 // widenWithin turns byte features into u8Scale's floats when they take at
 // most limit bytes so: the batch gather, on the training thread's path,
 // then copies rows (30 µs for 64 Fashion-MNIST images, against 52 µs

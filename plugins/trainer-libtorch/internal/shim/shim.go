@@ -62,16 +62,24 @@ static int go_ct_save(const ct_api *a, ct_model *m, const char *mp, const char *
 static int go_ct_load(const ct_api *a, ct_model *m, const char *mp, const char *op, char *e, size_t n) {
 	return a->load(m, mp, op, e, n);
 }
+static int go_ct_train_steps_start(const ct_api *a, ct_model *m, int fd, const ct_data *d, const uint64_t *rows,
+		int64_t nrows, int64_t batch, const double *lrs, int64_t max, double budget, const int32_t *waiting,
+		const int32_t *cancel, ct_step *out, int64_t *done, int32_t want_norm, double *norm, int32_t *rc, char *e, size_t n) {
+	return a->train_steps_start(m, fd, d, rows, nrows, batch, lrs, max, budget, waiting, cancel, out, done, want_norm, norm, rc, e, n);
+}
 */
 import "C"
 
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
+	"time"
 	"unsafe"
 
 	"github.com/cohortdl/cohort/shared/arena"
@@ -242,6 +250,12 @@ func errPtr(buf []byte) (*C.char, C.size_t) {
 type Model struct {
 	s *Shim
 	m *C.ct_model
+	// steps is TrainSteps' array of reports, kept between runs; wake
+	// (read) and wakeW (written by the shim's thread) signal a run's end.
+	steps       []C.ct_step
+	wake, wakeW *os.File
+	// stuck holds a run's pins forever once its end could not be read.
+	stuck *runtime.Pinner
 }
 
 // cInt64s copies v into C memory; the caller frees it.
@@ -296,9 +310,18 @@ func (s *Shim) NewModel(spec ModelSpec) (*Model, error) {
 }
 
 func (m *Model) Close() {
-	if m != nil && m.m != nil {
+	if m == nil {
+		return
+	}
+	if m.m != nil {
+		// Joins the model's training thread, after its run if any.
 		C.go_ct_destroy(m.s.api, m.m)
 		m.m = nil
+	}
+	if m.wake != nil {
+		m.wake.Close()
+		m.wakeW.Close()
+		m.wake, m.wakeW = nil, nil
 	}
 }
 
@@ -437,6 +460,91 @@ func (m *Model) TrainStep(x []float32, rows int, labels []int64, targets []float
 	}
 	return float64(loss), nil
 }
+
+// TrainSteps trains rows (indices into d, in order) in batches of batch,
+// one optimizer step each at lrs[i], on the model's own thread in the shim,
+// which gathers each batch: a run of steps with no Go code, and so no Go
+// scheduler, beside them, while this goroutine waits on a pipe, which
+// leaves the Go runtime idle. It trains at most len(lrs) steps (out holds
+// as many reports) and returns early, after at least one step, once
+// budget has passed, and before any step while *waiting or *cancel is
+// nonzero (other goroutines set them with sync/atomic while it runs).
+// With wantNorm it also returns the parameters' norm after the steps. It
+// returns the number of steps trained, also with an error.
+func (m *Model) TrainSteps(d *Data, rows []uint64, batch int, lrs []float64, budget time.Duration, waiting, cancel *int32,
+	wantNorm bool, out []Step, buf []byte) (int, float64, error) {
+	if len(out) < len(lrs) || len(rows) == 0 || len(lrs) == 0 || len(buf) == 0 {
+		return 0, 0, fmt.Errorf("libtorch train steps: %d rows, %d learning rates, room for %d reports", len(rows), len(lrs), len(out))
+	}
+	if m.wake == nil {
+		r, w, err := os.Pipe()
+		if err != nil {
+			return 0, 0, fmt.Errorf("libtorch train steps: %w", err)
+		}
+		m.wake, m.wakeW = r, w
+	}
+	if cap(m.steps) < len(lrs) {
+		m.steps = make([]C.ct_step, len(lrs))
+	}
+	// The shim's thread reads and writes all of this after the cgo call
+	// returns, until it writes to the pipe: pinned until then.
+	res := &stepsResult{}
+	cd := &C.ct_data{struct_size: C.uint32_t(unsafe.Sizeof(C.ct_data{})), n: C.int64_t(d.N), features: C.int64_t(d.Features), width: C.int64_t(d.Width)}
+	var pin runtime.Pinner
+	ptr := func(p unsafe.Pointer) unsafe.Pointer { pin.Pin(p); return p }
+	if len(d.U8) > 0 {
+		cd.u8 = (*C.uint8_t)(ptr(unsafe.Pointer(&d.U8[0])))
+	}
+	if len(d.F32) > 0 {
+		cd.f32 = (*C.float)(ptr(unsafe.Pointer(&d.F32[0])))
+	}
+	if len(d.Labels) > 0 {
+		cd.labels = (*C.int64_t)(ptr(unsafe.Pointer(&d.Labels[0])))
+	}
+	if len(d.Targets) > 0 {
+		cd.targets = (*C.float)(ptr(unsafe.Pointer(&d.Targets[0])))
+	}
+	want := C.int32_t(0)
+	if wantNorm {
+		want = 1
+	}
+	rc := C.go_ct_train_steps_start(m.s.api, m.m, C.int(m.wakeW.Fd()), (*C.ct_data)(ptr(unsafe.Pointer(cd))),
+		(*C.uint64_t)(ptr(unsafe.Pointer(&rows[0]))), C.int64_t(len(rows)), C.int64_t(batch),
+		(*C.double)(ptr(unsafe.Pointer(&lrs[0]))), C.int64_t(len(lrs)), C.double(float64(budget)/float64(time.Millisecond)),
+		(*C.int32_t)(ptr(unsafe.Pointer(waiting))), (*C.int32_t)(ptr(unsafe.Pointer(cancel))),
+		(*C.ct_step)(ptr(unsafe.Pointer(&m.steps[0]))), (*C.int64_t)(ptr(unsafe.Pointer(&res.done))), want,
+		(*C.double)(ptr(unsafe.Pointer(&res.norm))), (*C.int32_t)(ptr(unsafe.Pointer(&res.rc))),
+		(*C.char)(ptr(unsafe.Pointer(&buf[0]))), C.size_t(len(buf)))
+	if rc != 0 {
+		pin.Unpin()
+		return 0, 0, shimError("train steps", buf)
+	}
+	var b [1]byte
+	if _, err := io.ReadFull(m.wake, b[:]); err != nil {
+		// The run may still write into the pinned memory: keep it pinned
+		// for good, and the model unusable.
+		m.stuck = &pin
+		return 0, 0, fmt.Errorf("libtorch train steps: waiting for the run: %w", err)
+	}
+	pin.Unpin()
+	k := min(max(int(res.done), 0), len(lrs))
+	for i, s := range m.steps[:k] {
+		out[i] = Step{Loss: float64(s.loss), Gather: msDuration(float64(s.gather_ms)), Total: msDuration(float64(s.step_ms)), Rows: int(s.rows)}
+	}
+	if res.rc != 0 {
+		return k, 0, shimError("train steps", buf)
+	}
+	return k, float64(res.norm), nil
+}
+
+// stepsResult is what a run of steps stores when it ends.
+type stepsResult struct {
+	done C.int64_t
+	norm C.double
+	rc   C.int32_t
+}
+
+func msDuration(ms float64) time.Duration { return time.Duration(ms * float64(time.Millisecond)) }
 
 // Evaluate adds the summed loss and correct count of rows samples.
 func (m *Model) Evaluate(x []float32, rows int, labels []int64, targets []float32, width int, buf []byte) (float64, int64, error) {

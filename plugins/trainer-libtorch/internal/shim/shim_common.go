@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/cohortdl/cohort/shared/arena"
 )
@@ -127,4 +128,25 @@ type TensorInfo struct {
 	Role  arena.Role
 	Shape []int64
 	Bytes uint64
+}
+
+// Data is a training split as Model.TrainSteps reads it: N samples of
+// Features values, as bytes (read as b/255) or float32, and N class labels
+// or N*Width float targets. One of U8 and F32 is set, and one of Labels
+// and Targets.
+type Data struct {
+	N, Features, Width int
+	U8                 []uint8
+	F32                []float32
+	Labels             []int64
+	Targets            []float32
+}
+
+// Step is what Model.TrainSteps reports of one optimizer step.
+type Step struct {
+	Loss float64
+	// Gather is the time the shim took to copy the batch out of the data
+	// set; Total adds the step's.
+	Gather, Total time.Duration
+	Rows          int
 }

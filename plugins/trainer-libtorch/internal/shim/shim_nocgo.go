@@ -2,7 +2,10 @@
 
 package shim
 
-import "errors"
+import (
+	"errors"
+	"time"
+)
 
 // Without cgo the plugin cannot dlopen the shim; it builds (so `go build
 // ./...` and `go vet ./...` pass with CGO_ENABLED=0) and refuses to start.
@@ -38,6 +41,9 @@ func (m *Model) Export(string) error                                { return err
 func (m *Model) EpochEnd(uint64) (bool, error)                      { return false, errNoCgo }
 func (m *Model) TrainStep([]float32, int, []int64, []float32, int, float64, []byte) (float64, error) {
 	return 0, errNoCgo
+}
+func (m *Model) TrainSteps(*Data, []uint64, int, []float64, time.Duration, *int32, *int32, bool, []Step, []byte) (int, float64, error) {
+	return 0, 0, errNoCgo
 }
 func (m *Model) Evaluate([]float32, int, []int64, []float32, int, []byte) (float64, int64, error) {
 	return 0, 0, errNoCgo

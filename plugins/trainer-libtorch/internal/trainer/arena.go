@@ -16,7 +16,7 @@ func (t *Trainer) Attach(_ context.Context, d arena.Descriptor) (bool, error) {
 }
 
 func (t *Trainer) attach(d arena.Descriptor) (bool, error) {
-	t.mu.Lock()
+	t.lock()
 	defer t.mu.Unlock()
 	if t.model == nil {
 		return false, errors.New("libtorch trainer: Attach before Configure")
@@ -60,7 +60,7 @@ func (t *Trainer) Publish(context.Context) (plugin.PublishResult, error) {
 }
 
 func (t *Trainer) publish() (plugin.PublishResult, error) {
-	t.mu.Lock()
+	t.lock()
 	defer t.mu.Unlock()
 	if err := t.attachedLocked("Publish"); err != nil {
 		return plugin.PublishResult{}, err
@@ -88,7 +88,7 @@ func (t *Trainer) Adopt(_ context.Context, blendAlpha float64) (float64, error) 
 }
 
 func (t *Trainer) adopt(blendAlpha float64) (float64, error) {
-	t.mu.Lock()
+	t.lock()
 	defer t.mu.Unlock()
 	if err := t.attachedLocked("Adopt"); err != nil {
 		return 0, err

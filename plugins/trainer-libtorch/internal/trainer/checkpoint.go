@@ -65,7 +65,7 @@ func (t *Trainer) SaveCheckpoint(_ context.Context, dir string) ([]string, error
 }
 
 func (t *Trainer) saveCheckpoint(dir string) ([]string, error) {
-	t.mu.Lock()
+	t.lock()
 	defer t.mu.Unlock()
 	if t.model == nil {
 		return nil, errors.New("libtorch trainer: SaveCheckpoint before Configure")
@@ -146,7 +146,7 @@ func (t *Trainer) LoadCheckpoint(_ context.Context, dir string, reason plugin.Lo
 }
 
 func (t *Trainer) loadCheckpoint(dir string, reason plugin.LoadReason) (plugin.LoadResult, error) {
-	t.mu.Lock()
+	t.lock()
 	defer t.mu.Unlock()
 	if t.model == nil {
 		return plugin.LoadResult{}, errors.New("libtorch trainer: LoadCheckpoint before Configure")

@@ -187,7 +187,7 @@ func (t *Trainer) Configure(ctx context.Context, cfg plugin.TrainerConfig) (plug
 			warm()
 		}
 	}()
-	t.mu.Lock()
+	t.lock()
 	defer t.mu.Unlock()
 	if t.shutdown {
 		m.Close()
@@ -343,7 +343,7 @@ func probe(m *shim.Model, s *Settings, train, eval *dataset.Set) error {
 // first second of a lone rank's first epoch (5,000 preemptions of it).
 func (t *Trainer) warmTrainThread(gen uint64) {
 	t.thread.Run(func() {
-		t.mu.Lock()
+		t.lock()
 		defer t.mu.Unlock()
 		if t.model != nil && t.gen == gen {
 			t.model.Norm()

@@ -43,7 +43,7 @@ func (t *Trainer) ExportDevice(context.Context) (arena.DeviceBlock, bool, error)
 }
 
 func (t *Trainer) exportDevice() (arena.DeviceBlock, bool, error) {
-	t.mu.Lock()
+	t.lock()
 	defer t.mu.Unlock()
 	if err := t.attachedLocked("ExportDevice"); err != nil {
 		return arena.DeviceBlock{}, false, err

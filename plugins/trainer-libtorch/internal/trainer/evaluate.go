@@ -17,7 +17,7 @@ func (t *Trainer) Evaluate(ctx context.Context) (plugin.EvalResult, error) {
 }
 
 func (t *Trainer) evaluate(ctx context.Context) (plugin.EvalResult, error) {
-	t.mu.Lock()
+	t.lock()
 	defer t.mu.Unlock()
 	if t.model == nil {
 		return plugin.EvalResult{}, errors.New("libtorch trainer: Evaluate before Configure")
@@ -64,7 +64,7 @@ func (t *Trainer) EpochEnd(_ context.Context, epoch uint64) (bool, error) {
 }
 
 func (t *Trainer) epochEnd(epoch uint64) (bool, error) {
-	t.mu.Lock()
+	t.lock()
 	defer t.mu.Unlock()
 	if t.model == nil {
 		return false, errors.New("libtorch trainer: EpochEnd before Configure")

@@ -6,15 +6,18 @@ import (
 	"fmt"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cohortdl/cohort/plugins/trainer-libtorch/internal/dataset"
+	"github.com/cohortdl/cohort/plugins/trainer-libtorch/internal/shim"
 	"github.com/cohortdl/cohort/shared/plugin"
 )
 
 // Train runs the plan's picks (plugin.Picker; pick p trains sample
 // p % samples) in batches of batch_size, the last one possibly short,
-// reporting after every batch. ctx is checked between batches.
+// reporting every batch: after it, or after its run of steps where the
+// plan lets reports merge (trainRuns). ctx is checked between batches.
 func (t *Trainer) Train(ctx context.Context, plan plugin.Plan, report func(plugin.BatchReport) error) error {
 	if !t.trainMu.TryLock() {
 		return errors.New("libtorch trainer: Train is already running")
@@ -82,6 +85,7 @@ func (t *Trainer) trainOnThread(ctx context.Context, plan plugin.Plan, report fu
 		return errors.New("libtorch trainer: Train before Configure")
 	}
 	data, bufs, batch, gen, prefetch := t.train, t.bufs, uint64(t.s.BatchSize), t.gen, t.prefetch
+	onCPU := t.s.Device == "cpu"
 	if plan.GlobalStep != 0 {
 		t.schedStep = plan.GlobalStep
 	}
@@ -100,6 +104,11 @@ func (t *Trainer) trainOnThread(ctx context.Context, plan plugin.Plan, report fu
 	}
 	if len(picks) == 0 {
 		return nil
+	}
+	// A CUDA model's steps queue kernels: the wake-ups a run saves cost it
+	// little, and it keeps the loop the GPU check exercised.
+	if plan.ReportMerge > 0 && !prefetch && onCPU && t.s.sleepFor(t.cfg.Rank) == 0 {
+		return t.trainRuns(ctx, gen, data, plan, picks, int(batch), scale, report)
 	}
 
 	// take cuts the next batch's picks.
@@ -187,6 +196,97 @@ func (t *Trainer) trainOnThread(ctx context.Context, plan plugin.Plan, report fu
 			return err
 		}
 	}
+}
+
+// trainRuns is Train's batch loop where the plan lets reports merge
+// (plan.ReportMerge: a rank training alone) and no core is spare for a
+// gather beside the training: the shim gathers and trains a run of steps
+// as long as the merge interval in each call (shim.Model.TrainSteps),
+// with no Go code between them. Go's sysmon preempts a goroutine that ran
+// 10 ms, and a locked thread takes two context switches and a second
+// thread's wake-up to get back its P, whether preempted or yielding: some
+// 125 hand-offs a second beside a loop of short steps, each taking a core
+// from libtorch's threads, which wait for each other at every parallel
+// region. A run of steps pays for one. Reports go after each run, and
+// whoever else wants the model (a Publish, a checkpoint, Shutdown: see
+// lock) or a stop ends the run after the step in progress.
+func (t *Trainer) trainRuns(ctx context.Context, gen uint64, data *dataset.Set, plan plugin.Plan, picks []uint64, batch int, scale float64, report func(plugin.BatchReport) error) error {
+	var cancel int32
+	defer context.AfterFunc(ctx, func() { atomic.StoreInt32(&cancel, 1) })()
+	rows := make([]uint64, len(picks))
+	for i, p := range picks {
+		rows[i] = p % uint64(data.N())
+	}
+	u8, f32, labels, targets := data.Arrays()
+	defer data.KeepMapped()
+	d := &shim.Data{N: data.N(), Features: data.Features(), Width: data.Width(), U8: u8, F32: f32, Labels: labels, Targets: targets}
+	batches := (len(rows) + batch - 1) / batch
+	lrs, out := make([]float64, batches), make([]shim.Step, batches)
+	for n := uint64(0); len(rows) > 0; {
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("libtorch trainer: stopped before batch %d: %w", n, err)
+		}
+		locking := time.Now()
+		t.mu.Lock()
+		held := time.Since(locking)
+		if t.model == nil || t.gen != gen {
+			t.mu.Unlock()
+			return fmt.Errorf("libtorch trainer: epoch %d batch %d: the trainer was shut down or reconfigured while training", plan.Epoch, n)
+		}
+		left := (len(rows) + batch - 1) / batch
+		for i := range left {
+			lrs[i] = t.s.lrAt(t.schedStep+uint64(i)) * scale
+		}
+		wantNorm := time.Since(t.normAt) >= paramNormEvery
+		k, v, err := t.model.TrainSteps(d, rows, batch, lrs[:left], plan.ReportMerge, &t.waiting, &cancel, wantNorm, out, t.errBuf)
+		t.runs++
+		first := t.steps
+		t.steps += uint64(k)
+		t.schedStep += uint64(k)
+		var norm *float64
+		if wantNorm && k > 0 && err == nil {
+			norm, t.normAt = &v, time.Now()
+		}
+		t.mu.Unlock()
+		for i, st := range out[:k] {
+			if t.traceBatch != nil {
+				t.traceBatch(plan.Epoch, rows[:st.Rows])
+			}
+			rep := plugin.BatchReport{Batch: n, Samples: uint32(st.Rows), Loss: st.Loss, StepCount: first + uint64(i) + 1,
+				Scalars: map[string]float64{"lr": lrs[i]}, DataMS: plugin.Milliseconds(st.Gather), BatchMS: plugin.Milliseconds(st.Total)}
+			if i == 0 {
+				// What the run waited for the model is what a round (or
+				// another caller) held training.
+				rep.RoundWaitMS = plugin.Milliseconds(held)
+				rep.BatchMS += rep.RoundWaitMS
+			}
+			if i == k-1 {
+				rep.ParamNorm = norm
+			}
+			rows, n = rows[st.Rows:], n+1
+			if err := report(rep); err != nil {
+				return err
+			}
+		}
+		if err != nil {
+			return fmt.Errorf("libtorch trainer: epoch %d batch %d: %w", plan.Epoch, n, err)
+		}
+		if k == 0 {
+			// Someone waiting for the model stopped the run before its
+			// first step: let them have it.
+			runtime.Gosched()
+		}
+	}
+	return nil
+}
+
+// lock takes t.mu for a call from outside the batch loop. A run of steps
+// in the shim (trainRuns) holds it for up to a merge interval; the count
+// it reads makes it return after the step in progress.
+func (t *Trainer) lock() {
+	atomic.AddInt32(&t.waiting, 1)
+	t.mu.Lock()
+	atomic.AddInt32(&t.waiting, -1)
 }
 
 // step trains one gathered batch; start is when the training thread began

@@ -74,7 +74,10 @@ type Trainer struct {
 	// picker is Train's (under trainMu): an epoch's plans share a shuffle.
 	picker plugin.Picker
 
-	mu      sync.Mutex
+	mu sync.Mutex
+	// waiting counts callers in lock: a run of steps in the shim reads it
+	// before every step (sync/atomic only).
+	waiting int32
 	cfg     plugin.TrainerConfig
 	s       Settings
 	threads int
@@ -97,6 +100,7 @@ type Trainer struct {
 	// the steps trained since.
 	published bool
 	steps     uint64    // optimizer steps in total
+	runs      uint64    // runs of steps in the shim (trainRuns) started
 	lastPub   uint64    // steps at the last Publish
 	normAt    time.Time // when a batch report last carried the norm
 	// hostCopy counts arena bytes copied between device and host since
@@ -193,7 +197,7 @@ func (t *Trainer) releaseLocked() error {
 // Shutdown frees the model and unmaps the arena; the trainer cannot be
 // used afterwards. It waits for a running batch, not for the whole Train.
 func (t *Trainer) Shutdown(context.Context) error {
-	t.mu.Lock()
+	t.lock()
 	defer t.mu.Unlock()
 	t.shutdown = true
 	t.gen++
