@@ -25,13 +25,18 @@ func (d *Dispatcher) asyncChunk() uint64 {
 // soloPlanTime is about how much training a solo plan holds. With no round
 // to bound it, a plan's size only bounds how soon a stop takes effect (the
 // plan in training and the one queued behind it finish first), while each
-// plan costs a Train call through the plugin boundary.
-const soloPlanTime = 200 * time.Millisecond
+// plan costs a Train call through the plugin boundary and wakes the
+// trainer, the rank and the coordinator: on a machine whose cores all
+// train, every wake-up takes a core from training threads that wait for
+// each other at every parallel region.
+const soloPlanTime = 500 * time.Millisecond
 
 // soloReportMS is how often a solo rank reports its batches: with no peer
 // to hand its unreported batches to, per-batch frames buy nothing, and on
-// a machine whose cores all train they cost it 15-20% of its speed.
-const soloReportMS = 100
+// a machine whose cores all train they cost it 15-20% of its speed. A
+// trainer may train a whole interval between two reports in one call
+// (trainer-libtorch does), so the interval is as long as a plan.
+const soloReportMS = 500
 
 // window is a set of plans handed out together under a windowed policy;
 // it closes when every one of them has its Metrics.
