@@ -166,7 +166,8 @@ func (r *runner) run(parent context.Context) (*record.Summary, error) {
 	defer deadline.Stop()
 	r.rep.OpenJournal()
 	defer r.rep.CloseJournal()
-	pub := time.NewTicker(record.PublishEvery)
+	pub := time.NewTimer(time.Hour)
+	pub.Stop()
 	defer pub.Stop()
 	r.rep.Publish(true)
 	timer := r.c.opts.LoopTimer
@@ -205,7 +206,7 @@ func (r *runner) run(parent context.Context) (*record.Summary, error) {
 var ErrCrashed = errors.New("coordinator: crashed")
 
 // loop is the run's event loop, until the run is done.
-func (r *runner) loop(parent context.Context, hb *time.Ticker, deadline *time.Timer, pub *time.Ticker, timer func(string, time.Duration)) {
+func (r *runner) loop(parent context.Context, hb *time.Ticker, deadline *time.Timer, pub *time.Timer, timer func(string, time.Duration)) {
 	stopCh := r.c.stopCh
 	for r.phase != phDone {
 		if next, ok := r.nextDeadline(); ok {
@@ -236,6 +237,11 @@ func (r *runner) loop(parent context.Context, hb *time.Ticker, deadline *time.Ti
 		}
 		r.advance()
 		r.rep.Publish(r.phase == phDone)
+		if wait, ok := r.rep.PublishDue(); ok {
+			pub.Reset(wait)
+		} else {
+			pub.Stop()
+		}
 		if timer != nil && !start.IsZero() {
 			if what == "" {
 				what = ev.String()

@@ -19,8 +19,12 @@ const MetricsFile = "metrics.jsonl"
 // rewritten after every epoch.
 const StatusRunning = "running"
 
-// PublishEvery bounds how stale the published snapshot is while events
-// keep the loop busy; the loop's ticker covers idle spells.
+// PublishEvery bounds how stale the published snapshot is: an event within
+// it of the last snapshot is published when it has passed (PublishDue).
+// The loop's heartbeat tick and the ranks' heartbeats publish too, so an
+// idle spell's snapshot is at most about a second old, with no timer of
+// its own: each wakes the coordinator, and on a machine whose cores all
+// train each wake-up takes one from them.
 const PublishEvery = 250 * time.Millisecond
 
 // liveState is what the Recorder keeps for the snapshot and the live files.
@@ -37,6 +41,7 @@ type liveState struct {
 	roundLoss      float64 // batch losses since the last round, summed
 	roundLossN     uint64
 	published      time.Time
+	deferred       bool // Publish skipped a snapshot since the last
 	rate           float64
 	rateAt         time.Time
 	rateSamples    uint64
@@ -152,9 +157,10 @@ func epochPoint(s EpochSummary) status.EpochPoint {
 func (r *Recorder) Publish(force bool) {
 	now := time.Now()
 	if !force && now.Sub(r.lv.published) < PublishEvery {
+		r.lv.deferred = true
 		return
 	}
-	r.lv.published = now
+	r.lv.published, r.lv.deferred = now, false
 	run := r.cfg.Source.Now()
 	s := &status.Snapshot{
 		RunID:      r.cfg.RunID,
@@ -213,6 +219,12 @@ func (r *Recorder) Publish(force bool) {
 	}
 	s.SamplesPerSecond = r.lv.rate
 	r.cfg.Publish(s)
+}
+
+// PublishDue says whether Publish skipped a snapshot since the last one,
+// and how long until it may make one.
+func (r *Recorder) PublishDue() (time.Duration, bool) {
+	return max(0, PublishEvery-time.Since(r.lv.published)), r.lv.deferred
 }
 
 // resourcesOf copies a rank's ResourceSample into the snapshot's terms.

@@ -111,3 +111,27 @@ func TestSummaryRoundTrips(t *testing.T) {
 		t.Error("a missing summary read without error")
 	}
 }
+
+// TestPublishDue: a Publish within PublishEvery of the last snapshot is
+// deferred, and PublishDue says so until one is made; with nothing
+// deferred the loop sets no timer.
+func TestPublishDue(t *testing.T) {
+	src := &fixed{}
+	var snaps int
+	r := New(Config{Out: t.TempDir(), RunID: "r", World: 1, Policy: "sync", Epochs: 2, Started: time.Now(),
+		Source: src, Dispatch: src, Bulk: src, Publish: func(*status.Snapshot) { snaps++ }, Logger: hclog.NewNullLogger()})
+	r.Publish(true)
+	if _, due := r.PublishDue(); due || snaps != 1 {
+		t.Fatalf("after a forced Publish: due %v, %d snapshots", due, snaps)
+	}
+	r.Publish(false)
+	wait, due := r.PublishDue()
+	if !due || wait <= 0 || wait > PublishEvery || snaps != 1 {
+		t.Fatalf("after a Publish within PublishEvery: due %v in %v, %d snapshots", due, wait, snaps)
+	}
+	time.Sleep(wait)
+	r.Publish(false)
+	if _, due := r.PublishDue(); due || snaps != 2 {
+		t.Fatalf("after PublishEvery: due %v, %d snapshots", due, snaps)
+	}
+}
