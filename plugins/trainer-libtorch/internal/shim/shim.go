@@ -476,6 +476,9 @@ func (m *Model) TrainSteps(d *Data, rows []uint64, batch int, lrs []float64, bud
 	if len(out) < len(lrs) || len(rows) == 0 || len(lrs) == 0 || len(buf) == 0 {
 		return 0, 0, fmt.Errorf("libtorch train steps: %d rows, %d learning rates, room for %d reports", len(rows), len(lrs), len(out))
 	}
+	if m.stuck != nil {
+		return 0, 0, errors.New("libtorch train steps: an earlier run's end was never read")
+	}
 	if m.wake == nil {
 		r, w, err := os.Pipe()
 		if err != nil {
