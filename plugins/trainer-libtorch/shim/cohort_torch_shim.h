@@ -213,7 +213,8 @@ typedef struct ct_api {
   int (*attach_device)(ct_model *m, void *base, uint64_t size, const int64_t *offsets, int64_t n,
                        char *err, size_t errlen);
   /* train_steps_start starts a run of steps on the model's own training
-   * thread (started at the first run, joined by destroy) and returns at
+   * thread (create starts and warms it for a CPU model, else the first
+   * run starts it; destroy joins it) and returns at
    * once: 0 when it started, -1 with a message in err when it did not.
    * The run trains the samples rows names (indices into d, in order) in
    * batches of batch rows, the last one possibly short, one optimizer

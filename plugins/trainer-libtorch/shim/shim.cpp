@@ -18,15 +18,15 @@
 #include <cerrno>
 #include <chrono>
 #include <condition_variable>
-#include <mutex>
-#include <thread>
 #include <cstring>
 #include <functional>
 #include <future>
 #include <memory>
+#include <mutex>
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -345,9 +345,10 @@ class TrainThread {
 
   // run runs f on the thread and waits for it, rethrowing what it threw.
   void run(std::function<void()> f) {
-    std::packaged_task<void()> task(std::move(f));
-    auto done = task.get_future();
-    start([&task] { task(); });
+    // Shared: the thread may still be inside the task when get returns.
+    auto task = std::make_shared<std::packaged_task<void()>>(std::move(f));
+    auto done = task->get_future();
+    start([task] { (*task)(); });
     done.get();
   }
 
@@ -735,12 +736,15 @@ ct_model *create(const ct_config *cfg, char *err, size_t errlen) {
     }
     // Start the training thread's libtorch state (its OpenMP team, and a
     // pthreadpool whose new worker spins for some 25 ms) with a pass over
-    // the parameters now, not in the first steps.
-    ct_model *raw = m.get();
-    m->trainer.run([raw] {
-      use_threads(raw->threads);
-      raw->norm();
-    });
+    // the parameters now, not in the first steps. CUDA models train in the
+    // plugin's own loop (train_step), and start no such thread.
+    if (!m->device.is_cuda()) {
+      ct_model *raw = m.get();
+      m->trainer.run([raw] {
+        use_threads(raw->threads);
+        raw->norm();
+      });
+    }
     out = m.release();
   });
   return out;
