@@ -102,11 +102,11 @@ typedef struct ct_config {
   uint32_t cohort_ranks;
 } ct_config;
 
-/* The training split as train_steps reads it: n samples of features
- * values each, as bytes (each read as b / 255.0f, as the plugin's own
- * gather does) or as float32, and n class labels or n * width float
- * targets. Exactly one of u8 and f32 is set, and one of labels and
- * targets. The memory is read during the call only. */
+/* The training split as a run of train_steps_start reads it: n samples
+ * of features values each, as bytes (each read as b / 255.0f, as the
+ * plugin's own gather does) or as float32, and n class labels or
+ * n * width float targets. Exactly one of u8 and f32 is set, and one of
+ * labels and targets. It is read until the run ends. */
 typedef struct ct_data {
   uint32_t struct_size; /* sizeof(ct_data), checked */
   int64_t n;
@@ -118,7 +118,7 @@ typedef struct ct_data {
   const float *targets;
 } ct_data;
 
-/* What train_steps reports of one step. */
+/* What a run of train_steps_start reports of one step. */
 typedef struct ct_step {
   double loss;
   double gather_ms; /* copying the batch out of the data set */

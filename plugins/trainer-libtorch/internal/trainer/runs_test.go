@@ -113,6 +113,30 @@ func longPlan() plugin.Plan {
 	return p
 }
 
+// inRun waits until tr's batch loop has held the model for 50 ms on end,
+// which only a run of steps in the shim does, so that a test's stop or
+// call lands inside a run however long the plan's setup took.
+func inRun(t *testing.T, tr *Trainer) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	var since time.Time
+	for {
+		switch {
+		case tr.mu.TryLock():
+			tr.mu.Unlock()
+			since = time.Time{}
+		case since.IsZero():
+			since = time.Now()
+		case time.Since(since) >= 50*time.Millisecond:
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no run of steps started in 30 s")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
 // TestRunYieldsToOtherCalls: a Publish during a run of steps waits for a
 // step, not for the run, and the run goes on after it, counting the wait
 // as the round's.
@@ -135,7 +159,7 @@ func TestRunYieldsToOtherCalls(t *testing.T) {
 			return nil
 		})
 	}()
-	time.Sleep(300 * time.Millisecond)
+	inRun(t, tr)
 	called := time.Now()
 	if _, err := tr.Publish(context.Background()); err != nil {
 		t.Fatal(err)
@@ -180,7 +204,7 @@ func TestRunStops(t *testing.T) {
 			go func() {
 				done <- tr.Train(ctx, longPlan(), func(plugin.BatchReport) error { batches++; return nil })
 			}()
-			time.Sleep(300 * time.Millisecond)
+			inRun(t, tr)
 			stopped := time.Now()
 			tc.stop(tr, cancel)
 			err := <-done
