@@ -34,7 +34,7 @@
 extern "C" {
 #endif
 
-#define COHORT_TORCH_SHIM_ABI 8u
+#define COHORT_TORCH_SHIM_ABI 9u
 
 /* Element types: the values of arena.DType in shared/arena. */
 #define CT_DTYPE_F32 1
@@ -102,11 +102,11 @@ typedef struct ct_config {
   uint32_t cohort_ranks;
 } ct_config;
 
-/* The training split as a run of train_steps_start reads it: n samples
- * of features values each, as bytes (each read as b / 255.0f, as the
- * plugin's own gather does) or as float32, and n class labels or
+/* The training split as a run of train_steps_start and gather read it:
+ * n samples of features values each, as bytes (each read as b / 255.0f,
+ * as the plugin's own gather does) or as float32, and n class labels or
  * n * width float targets. Exactly one of u8 and f32 is set, and one of
- * labels and targets. It is read until the run ends. */
+ * labels and targets. A run reads it until it ends. */
 typedef struct ct_data {
   uint32_t struct_size; /* sizeof(ct_data), checked */
   int64_t n;
@@ -234,6 +234,13 @@ typedef struct ct_api {
                            int64_t batch, const double *lrs, int64_t max_steps, double budget_ms,
                            const int32_t *waiting, const int32_t *cancel, ct_step *out, int64_t *done,
                            int32_t want_norm, double *norm, int32_t *rc, char *err, size_t errlen);
+  /* gather copies samples idx[0..n) of d into x (n * features float32)
+   * and their labels into labels or their targets into targets (n * width
+   * float32), whichever d has (the other may be NULL), as a run of steps
+   * gathers each batch. It touches no model: any thread may call it. 0,
+   * or -1 with a message in err (an index outside d). */
+  int (*gather)(const ct_data *d, const uint64_t *idx, int64_t n, float *x, int64_t *labels, float *targets,
+                char *err, size_t errlen);
 } ct_api;
 
 uint32_t cohort_torch_shim_abi_version(void);

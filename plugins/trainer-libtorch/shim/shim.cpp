@@ -34,6 +34,10 @@
 #include <torch/script.h>
 #include <torch/torch.h>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 namespace {
 
 namespace F = torch::nn::functional;
@@ -998,27 +1002,124 @@ const std::array<float, 256> &u8_scale() {
   return t;
 }
 
+#if defined(__x86_64__)
+// scale_row_avx2 is scale_row eight bytes at a time. A division, not a
+// multiplication by 1/255: IEEE division rounds exactly as the table's
+// does, so the two agree bit for bit.
+__attribute__((target("avx2"))) void scale_row_avx2(const uint8_t *b, float *x, int64_t f) {
+  const __m256 d = _mm256_set1_ps(255.0f);
+  int64_t j = 0;
+  for (; j + 8 <= f; j += 8) {
+    const __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i *>(b + j));
+    _mm256_storeu_ps(x + j, _mm256_div_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)), d));
+  }
+  const auto &scale = u8_scale();
+  for (; j < f; ++j) {
+    x[j] = scale[b[j]];
+  }
+}
+#endif
+
+// scale_row writes f bytes as u8_scale's floats. The batch gather runs on
+// the training thread between two steps; a table lookup per byte made a
+// 64-image Fashion-MNIST batch cost more than copying it widened to
+// float32, AVX2 makes it cost no more, reading a quarter of the memory.
+void scale_row(const uint8_t *b, float *x, int64_t f) {
+#if defined(__x86_64__)
+  static const bool avx2 = __builtin_cpu_supports("avx2");
+  if (avx2) {
+    scale_row_avx2(b, x, f);
+    return;
+  }
+#endif
+  const auto &scale = u8_scale();
+  for (int64_t j = 0; j < f; ++j) {
+    x[j] = scale[b[j]];
+  }
+}
+
 double ms_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
+}
+
+// check_data refuses a data description this shim cannot read.
+void check_data(const ct_data *d) {
+  if (d == nullptr || d->struct_size != sizeof(ct_data)) {
+    fail("the data description's size does not match this shim's");
+  }
+  if (d->n <= 0 || d->features <= 0 || (d->u8 == nullptr) == (d->f32 == nullptr) ||
+      (d->labels == nullptr) == (d->targets == nullptr) || (d->targets != nullptr && d->width <= 0)) {
+    fail("the data description is incomplete");
+  }
+}
+
+// gatherAhead is how many rows ahead of the one it copies gather_rows asks
+// the memory for: the rows of a shuffled batch lie anywhere in the data
+// set, and one at a time each waits its own trip to memory (a 64-image
+// Fashion-MNIST batch of bytes, between a lone rank's steps: 52-58 µs,
+// against 39-41 µs fetching 8 ahead).
+constexpr int64_t gatherAhead = 8;
+
+// gather_rows copies samples idx[0..n) of d into x (as floats), y or t.
+void gather_rows(const ct_data *d, const uint64_t *idx, int64_t n, float *x, int64_t *y, float *t) {
+  const int64_t f = d->features, w = d->width;
+  const size_t rowBytes = static_cast<size_t>(f) * (d->u8 ? 1 : sizeof(float));
+  auto row = [&](uint64_t i) {
+    return d->u8 ? static_cast<const void *>(d->u8 + i * f) : static_cast<const void *>(d->f32 + i * f);
+  };
+  for (int64_t r = 0; r < n; ++r) {
+    if (idx[r] >= static_cast<uint64_t>(d->n)) {
+      fail("sample " + std::to_string(idx[r]) + " is outside the data set's " + std::to_string(d->n));
+    }
+  }
+  auto fetch = [&](uint64_t i) {
+    const char *p = static_cast<const char *>(row(i));
+    for (size_t o = 0; o < rowBytes; o += 64) {
+      __builtin_prefetch(p + o);
+    }
+  };
+  for (int64_t r = 0; r < std::min(n, gatherAhead); ++r) {
+    fetch(idx[r]);
+  }
+  for (int64_t r = 0; r < n; ++r) {
+    if (r + gatherAhead < n) {
+      fetch(idx[r + gatherAhead]);
+    }
+    const uint64_t i = idx[r];
+    if (d->f32) {
+      std::memcpy(x + r * f, d->f32 + i * f, static_cast<size_t>(f) * sizeof(float));
+    } else {
+      scale_row(d->u8 + i * f, x + r * f, f);
+    }
+    if (d->labels) {
+      y[r] = d->labels[i];
+    } else {
+      std::memcpy(t + r * w, d->targets + i * w, static_cast<size_t>(w) * sizeof(float));
+    }
+  }
+}
+
+int gather(const ct_data *d, const uint64_t *idx, int64_t n, float *x, int64_t *labels, float *targets, char *err,
+           size_t errlen) {
+  return guard(err, errlen, [&] {
+    check_data(d);
+    if (n < 0 || (n > 0 && (idx == nullptr || x == nullptr || (d->labels ? labels == nullptr : targets == nullptr)))) {
+      fail("gather: bad arguments");
+    }
+    gather_rows(d, idx, n, x, labels, targets);
+  });
 }
 
 // run_steps is a run of train_steps_start, on the model's training thread.
 void run_steps(ct_model *m, const ct_data *d, const uint64_t *rows, int64_t nrows, int64_t batch, const double *lrs,
                int64_t max_steps, double budget_ms, const int32_t *waiting, const int32_t *cancel, ct_step *out,
                int64_t *done) {
-  if (d == nullptr || d->struct_size != sizeof(ct_data)) {
-    fail("train steps: the data description's size does not match this shim's");
-  }
+  check_data(d);
   const int64_t f = d->features, w = d->width;
-  if (d->n <= 0 || f <= 0 || (d->u8 == nullptr) == (d->f32 == nullptr) ||
-      (d->labels == nullptr) == (d->targets == nullptr) || (d->targets != nullptr && w <= 0)) {
-    fail("train steps: the data description is incomplete");
-  }
   if (batch <= 0 || nrows < 0 || max_steps < 0 || rows == nullptr || lrs == nullptr || out == nullptr) {
     fail("train steps: bad arguments");
   }
   use_threads(m->threads);
-  const auto &scale = u8_scale();
   const auto start = std::chrono::steady_clock::now();
   m->batch_x.resize(static_cast<size_t>(batch * f));
   m->batch_y.resize(d->labels ? static_cast<size_t>(batch) : 0);
@@ -1030,26 +1131,7 @@ void run_steps(ct_model *m, const ct_data *d, const uint64_t *rows, int64_t nrow
     }
     const auto t0 = std::chrono::steady_clock::now();
     const int64_t n = std::min(batch, nrows - pos);
-    for (int64_t r = 0; r < n; ++r) {
-      const uint64_t i = rows[pos + r];
-      if (i >= static_cast<uint64_t>(d->n)) {
-        fail("train steps: sample " + std::to_string(i) + " is outside the data set's " + std::to_string(d->n));
-      }
-      float *x = m->batch_x.data() + r * f;
-      if (d->f32) {
-        std::memcpy(x, d->f32 + i * f, static_cast<size_t>(f) * sizeof(float));
-      } else {
-        const uint8_t *b = d->u8 + i * f;
-        for (int64_t j = 0; j < f; ++j) {
-          x[j] = scale[b[j]];
-        }
-      }
-      if (d->labels) {
-        m->batch_y[r] = d->labels[i];
-      } else {
-        std::memcpy(m->batch_t.data() + r * w, d->targets + i * w, static_cast<size_t>(w) * sizeof(float));
-      }
-    }
+    gather_rows(d, rows + pos, n, m->batch_x.data(), m->batch_y.data(), m->batch_t.data());
     const double gather = ms_since(t0);
     const double loss = step(m, m->batch_x.data(), n, d->labels ? m->batch_y.data() : nullptr,
                              d->targets ? m->batch_t.data() : nullptr, w, lrs[k]);
@@ -1320,6 +1402,7 @@ const ct_api api_table = {
     device_index,
     attach_device,
     train_steps_start,
+    gather,
 };
 
 } // namespace

@@ -62,6 +62,10 @@ static int go_ct_save(const ct_api *a, ct_model *m, const char *mp, const char *
 static int go_ct_load(const ct_api *a, ct_model *m, const char *mp, const char *op, char *e, size_t n) {
 	return a->load(m, mp, op, e, n);
 }
+static int go_ct_gather(const ct_api *a, const ct_data *d, const uint64_t *idx, int64_t n, float *x, int64_t *y,
+		float *t, char *e, size_t en) {
+	return a->gather(d, idx, n, x, y, t, e, en);
+}
 static int go_ct_train_steps_start(const ct_api *a, ct_model *m, int fd, const ct_data *d, const uint64_t *rows,
 		int64_t nrows, int64_t batch, const double *lrs, int64_t max, double budget, const int32_t *waiting,
 		const int32_t *cancel, ct_step *out, int64_t *done, int32_t want_norm, double *norm, int32_t *rc, char *e, size_t n) {
@@ -492,21 +496,9 @@ func (m *Model) TrainSteps(d *Data, rows []uint64, batch int, lrs []float64, bud
 	// The shim's thread reads and writes all of this after the cgo call
 	// returns, until it writes to the pipe: pinned until then.
 	res := &stepsResult{}
-	cd := &C.ct_data{struct_size: C.uint32_t(unsafe.Sizeof(C.ct_data{})), n: C.int64_t(d.N), features: C.int64_t(d.Features), width: C.int64_t(d.Width)}
 	var pin runtime.Pinner
 	ptr := func(p unsafe.Pointer) unsafe.Pointer { pin.Pin(p); return p }
-	if len(d.U8) > 0 {
-		cd.u8 = (*C.uint8_t)(ptr(unsafe.Pointer(&d.U8[0])))
-	}
-	if len(d.F32) > 0 {
-		cd.f32 = (*C.float)(ptr(unsafe.Pointer(&d.F32[0])))
-	}
-	if len(d.Labels) > 0 {
-		cd.labels = (*C.int64_t)(ptr(unsafe.Pointer(&d.Labels[0])))
-	}
-	if len(d.Targets) > 0 {
-		cd.targets = (*C.float)(ptr(unsafe.Pointer(&d.Targets[0])))
-	}
+	cd := d.c(&pin)
 	want := C.int32_t(0)
 	if wantNorm {
 		want = 1
@@ -538,6 +530,51 @@ func (m *Model) TrainSteps(d *Data, rows []uint64, batch int, lrs []float64, bud
 		return k, 0, shimError("train steps", buf)
 	}
 	return k, float64(res.norm), nil
+}
+
+// c is d as the shim reads it, its arrays pinned by pin (cd itself too).
+func (d *Data) c(pin *runtime.Pinner) *C.ct_data {
+	cd := &C.ct_data{struct_size: C.uint32_t(unsafe.Sizeof(C.ct_data{})), n: C.int64_t(d.N), features: C.int64_t(d.Features), width: C.int64_t(d.Width)}
+	ptr := func(p unsafe.Pointer) unsafe.Pointer { pin.Pin(p); return p }
+	if len(d.U8) > 0 {
+		cd.u8 = (*C.uint8_t)(ptr(unsafe.Pointer(&d.U8[0])))
+	}
+	if len(d.F32) > 0 {
+		cd.f32 = (*C.float)(ptr(unsafe.Pointer(&d.F32[0])))
+	}
+	if len(d.Labels) > 0 {
+		cd.labels = (*C.int64_t)(ptr(unsafe.Pointer(&d.Labels[0])))
+	}
+	if len(d.Targets) > 0 {
+		cd.targets = (*C.float)(ptr(unsafe.Pointer(&d.Targets[0])))
+	}
+	pin.Pin(cd)
+	return cd
+}
+
+// Gather copies the samples idx names out of d into x, and their labels
+// into labels or their targets into targets (whichever d has), as a run
+// of TrainSteps gathers each batch: rows further on are fetched from
+// memory while earlier ones are copied, and bytes are scaled eight at a
+// time where the CPU can (AVX2). Any goroutine may call it; buf holds the
+// message of a failure and must not be in use elsewhere meanwhile.
+func (s *Shim) Gather(d *Data, idx []uint64, x []float32, labels []int64, targets []float32, buf []byte) error {
+	n := len(idx)
+	if n == 0 {
+		return nil
+	}
+	if len(x) < n*d.Features || (len(d.Labels) > 0 && len(labels) < n) || (len(d.Targets) > 0 && len(targets) < n*d.Width) || len(buf) == 0 {
+		return fmt.Errorf("libtorch gather: %d samples of %d features into %d floats, %d labels, %d targets", n, d.Features, len(x), len(labels), len(targets))
+	}
+	var pin runtime.Pinner
+	defer pin.Unpin()
+	cd := d.c(&pin)
+	xp, yp, tp := batchPtrs(x, labels, targets)
+	e, en := errPtr(buf)
+	if C.go_ct_gather(s.api, cd, (*C.uint64_t)(unsafe.Pointer(&idx[0])), C.int64_t(n), xp, yp, tp, e, en) != 0 {
+		return shimError("gather", buf)
+	}
+	return nil
 }
 
 // stepsResult is what a run of steps stores when it ends.

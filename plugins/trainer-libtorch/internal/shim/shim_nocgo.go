@@ -26,6 +26,8 @@ func Load() (*Shim, error) { return nil, errNoCgo }
 
 func (s *Shim) NewModel(ModelSpec) (*Model, error) { return nil, errNoCgo }
 
+func (s *Shim) Gather(*Data, []uint64, []float32, []int64, []float32, []byte) error { return errNoCgo }
+
 type Model struct{}
 
 func (m *Model) Close()                                             {}

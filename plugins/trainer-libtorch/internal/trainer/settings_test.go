@@ -21,7 +21,7 @@ func TestSettingsDefaults(t *testing.T) {
 		}
 		if s.Model != "mlp" || !slices.Equal(s.Hidden, []int64{256}) || s.Loss != "cross_entropy" || s.Data != DefaultData ||
 			s.BatchSize != 64 || s.Optimizer != "sgd" || *s.LR != 0.05 || *s.Momentum != 0.9 || *s.WeightDecay != 0 ||
-			s.LRSchedule != "constant" || s.Threads != 0 || s.Device != "cpu" || *s.WidenMB != 512 {
+			s.LRSchedule != "constant" || s.Threads != 0 || s.Device != "cpu" || *s.WidenMB != defaultWidenMB() {
 			t.Fatalf("%q: defaults %+v", raw, s)
 		}
 	}

@@ -34,17 +34,21 @@ func (t *Trainer) Train(ctx context.Context, plan plugin.Plan, report func(plugi
 	return err
 }
 
-// batchBuf is one gathered batch: features, and labels or targets.
+// batchBuf is one gathered batch: features, and labels or targets. err is
+// its gather's failure; ebuf the shim's message buffer for it, one per
+// batch buffer since the prefetching goroutine gathers beside a step.
 type batchBuf struct {
-	idx []uint64
-	x   []float32
-	y   []int64
-	tg  []float32
-	n   int
+	idx  []uint64
+	x    []float32
+	y    []int64
+	tg   []float32
+	n    int
+	err  error
+	ebuf []byte
 }
 
 func newBatchBuf(d *dataset.Set, batch int) *batchBuf {
-	b := &batchBuf{idx: make([]uint64, batch), x: make([]float32, batch*d.Features())}
+	b := &batchBuf{idx: make([]uint64, batch), x: make([]float32, batch*d.Features()), ebuf: make([]byte, shim.ErrBufLen)}
 	if d.Labels() != nil {
 		b.y = make([]int64, batch)
 	} else {
@@ -53,15 +57,26 @@ func newBatchBuf(d *dataset.Set, batch int) *batchBuf {
 	return b
 }
 
-// fill gathers the samples picks name (modulo the set's size) into b.
-func (b *batchBuf) fill(d *dataset.Set, picks []uint64) {
+// shimData is d's arrays as the shim reads them. Keep d reachable (its
+// KeepMapped) while the shim reads them.
+func shimData(d *dataset.Set) *shim.Data {
+	u8, f32, labels, targets := d.Arrays()
+	return &shim.Data{N: d.N(), Features: d.Features(), Width: d.Width(), U8: u8, F32: f32, Labels: labels, Targets: targets}
+}
+
+// fill gathers the samples picks name (modulo the set's size) into b,
+// through the shim's gather (sd is d's shimData): the one a run of steps
+// uses, whose byte scaling and fetching ahead make a batch of bytes no
+// dearer to gather than one of floats, and either cheaper than row by row.
+func (b *batchBuf) fill(s *shim.Shim, d *dataset.Set, sd *shim.Data, picks []uint64) {
 	n := len(picks)
 	b.n = n
 	for i, p := range picks {
 		b.idx[i] = p % uint64(d.N())
 	}
 	y, tg := b.targets(d.Width())
-	d.Gather(b.idx[:n], b.x[:n*d.Features()], y, tg)
+	b.err = s.Gather(sd, b.idx[:n], b.x[:n*d.Features()], y, tg, b.ebuf)
+	d.KeepMapped()
 }
 
 // targets are the batch's labels or, for a regression set, its width-wide
@@ -85,6 +100,7 @@ func (t *Trainer) trainOnThread(ctx context.Context, plan plugin.Plan, report fu
 		return errors.New("libtorch trainer: Train before Configure")
 	}
 	data, bufs, batch, gen, prefetch := t.train, t.bufs, uint64(t.s.BatchSize), t.gen, t.prefetch
+	sd := shimData(data)
 	onCPU := t.s.Device == "cpu"
 	if plan.GlobalStep != 0 {
 		t.schedStep = plan.GlobalStep
@@ -123,7 +139,7 @@ func (t *Trainer) trainOnThread(ctx context.Context, plan plugin.Plan, report fu
 		if len(picks) == 0 {
 			return nil, false
 		}
-		bufs[0].fill(data, take())
+		bufs[0].fill(t.shim, data, sd, take())
 		return bufs[0], true
 	}
 	release := func(*batchBuf) {}
@@ -146,7 +162,7 @@ func (t *Trainer) trainOnThread(ctx context.Context, plan plugin.Plan, report fu
 				case <-stop:
 					return
 				}
-				b.fill(data, take())
+				b.fill(t.shim, data, sd, take())
 				select {
 				case ready <- b:
 				case <-stop:
@@ -183,6 +199,9 @@ func (t *Trainer) trainOnThread(ctx context.Context, plan plugin.Plan, report fu
 		if !ok {
 			return nil
 		}
+		if b.err != nil {
+			return fmt.Errorf("libtorch trainer: epoch %d batch %d: %w", plan.Epoch, n, b.err)
+		}
 		if t.traceBatch != nil {
 			t.traceBatch(plan.Epoch, b.idx[:b.n])
 		}
@@ -217,9 +236,8 @@ func (t *Trainer) trainRuns(ctx context.Context, gen uint64, data *dataset.Set, 
 	for i, p := range picks {
 		rows[i] = p % uint64(data.N())
 	}
-	u8, f32, labels, targets := data.Arrays()
+	d := shimData(data)
 	defer data.KeepMapped()
-	d := &shim.Data{N: data.N(), Features: data.Features(), Width: data.Width(), U8: u8, F32: f32, Labels: labels, Targets: targets}
 	batches := (len(rows) + batch - 1) / batch
 	lrs, out := make([]float64, batches), make([]shim.Step, batches)
 	for n := uint64(0); len(rows) > 0; {
