@@ -130,7 +130,7 @@ func main() {
 	flag.StringVar(&o.cohort, "cohort", "bin/cohort", "the cohort binary (its plugins are looked up in plugins/ next to it)")
 	flag.IntVar(&o.ranks, "ranks", 4, "ranks of the cohort vs DDP comparison")
 	flag.IntVar(&o.epochs, "epochs", 3, "epochs of the 1-rank runs; final accuracy of the DDP comparison is read after this many")
-	flag.IntVar(&o.repeats, "repeats", 9, "pairs of runs (one of each side) in the 1-rank comparison; single pairs on a small machine range ±20%, so the median needs several")
+	flag.IntVar(&o.repeats, "repeats", 15, "pairs of runs (one of each side) in the 1-rank comparison; single pairs on a small machine range ±25%, and the median of 9 still moved ±0.05 from run to run")
 	flag.IntVar(&o.targetEpochs, "target-epochs", 6, "epochs of the DDP comparison's runs, in which each side's time to the target is read")
 	flag.Float64Var(&o.target, "target", 0.85, "target test accuracy")
 	matrixList := flag.String("matrix", "mlp=5,cnn=5,transformer=3", "models of the cohort vs DDP comparison, each with its seeds 1..N (mlp, cnn, transformer)")
