@@ -124,7 +124,7 @@ func (t *Trainer) trainOnThread(ctx context.Context, plan plugin.Plan, report fu
 	// A CUDA model's steps queue kernels: the wake-ups a run saves cost it
 	// little, and it keeps the loop the GPU check exercised.
 	if plan.ReportMerge > 0 && !prefetch && onCPU && t.s.sleepFor(t.cfg.Rank) == 0 {
-		return t.trainRuns(ctx, gen, data, plan, picks, int(batch), scale, report)
+		return t.trainRuns(ctx, gen, data, sd, plan, picks, int(batch), scale, report)
 	}
 
 	// take cuts the next batch's picks.
@@ -228,15 +228,15 @@ func (t *Trainer) trainOnThread(ctx context.Context, plan plugin.Plan, report fu
 // from libtorch's threads, which wait for each other at every parallel
 // region. A run of steps pays for one. Reports go after each run, and
 // whoever else wants the model (a Publish, a checkpoint, Shutdown: see
-// lock) or a stop ends the run after the step in progress.
-func (t *Trainer) trainRuns(ctx context.Context, gen uint64, data *dataset.Set, plan plugin.Plan, picks []uint64, batch int, scale float64, report func(plugin.BatchReport) error) error {
+// lock) or a stop ends the run after the step in progress. d is data as
+// the shim reads it (shimData).
+func (t *Trainer) trainRuns(ctx context.Context, gen uint64, data *dataset.Set, d *shim.Data, plan plugin.Plan, picks []uint64, batch int, scale float64, report func(plugin.BatchReport) error) error {
 	var cancel int32
 	defer context.AfterFunc(ctx, func() { atomic.StoreInt32(&cancel, 1) })()
 	rows := make([]uint64, len(picks))
 	for i, p := range picks {
 		rows[i] = p % uint64(data.N())
 	}
-	d := shimData(data)
 	defer data.KeepMapped()
 	batches := (len(rows) + batch - 1) / batch
 	lrs, out := make([]float64, batches), make([]shim.Step, batches)
