@@ -122,8 +122,11 @@ func (t *Trainer) trainOnThread(ctx context.Context, plan plugin.Plan, report fu
 		return nil
 	}
 	// A CUDA model's steps queue kernels: the wake-ups a run saves cost it
-	// little, and it keeps the loop the GPU check exercised.
-	if plan.ReportMerge > 0 && !prefetch && onCPU && t.s.sleepFor(t.cfg.Rank) == 0 {
+	// little, and it keeps the loop the GPU check exercised. A spare core
+	// does not send a lone rank to the prefetching loop: the shim's gather
+	// costs a step less than the loop's hand-offs to its goroutine do
+	// (trainRuns).
+	if plan.ReportMerge > 0 && onCPU && t.s.sleepFor(t.cfg.Rank) == 0 {
 		return t.trainRuns(ctx, gen, data, sd, plan, picks, int(batch), scale, report)
 	}
 
@@ -218,8 +221,7 @@ func (t *Trainer) trainOnThread(ctx context.Context, plan plugin.Plan, report fu
 }
 
 // trainRuns is Train's batch loop where the plan lets reports merge
-// (plan.ReportMerge: a rank training alone) and no core is spare for a
-// gather beside the training: the shim gathers and trains a run of steps
+// (plan.ReportMerge: a rank training alone): the shim gathers and trains a run of steps
 // as long as the merge interval in each call (shim.Model.TrainSteps),
 // with no Go code between them. Go's sysmon preempts a goroutine that ran
 // 10 ms, and a locked thread takes two context switches and a second
@@ -228,8 +230,13 @@ func (t *Trainer) trainOnThread(ctx context.Context, plan plugin.Plan, report fu
 // from libtorch's threads, which wait for each other at every parallel
 // region. A run of steps pays for one. Reports go after each run, and
 // whoever else wants the model (a Publish, a checkpoint, Shutdown: see
-// lock) or a stop ends the run after the step in progress. d is data as
-// the shim reads it (shimData).
+// lock) or a stop ends the run after the step in progress. It gathers on
+// the training thread even with a core to spare: at 1 thread on 2 cores,
+// epochs alternating between a run and the prefetching loop within one
+// lone-rank run came out up to 6% faster as runs (paired medians over
+// 20-30 pairs): the shim's gather (some 40 µs of a 1.4 ms step) costs the
+// training thread less than the loop's hand-offs to its goroutine and Go
+// code between the steps. d is data as the shim reads it (shimData).
 func (t *Trainer) trainRuns(ctx context.Context, gen uint64, data *dataset.Set, d *shim.Data, plan plugin.Plan, picks []uint64, batch int, scale float64, report func(plugin.BatchReport) error) error {
 	var cancel int32
 	defer context.AfterFunc(ctx, func() { atomic.StoreInt32(&cancel, 1) })()
