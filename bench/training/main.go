@@ -101,6 +101,7 @@ type options struct {
 	cohort        string
 	ranks         int
 	epochs        int
+	singleEpochs  int
 	targetEpochs  int
 	repeats       int
 	target        float64
@@ -129,7 +130,8 @@ func main() {
 	var o options
 	flag.StringVar(&o.cohort, "cohort", "bin/cohort", "the cohort binary (its plugins are looked up in plugins/ next to it)")
 	flag.IntVar(&o.ranks, "ranks", 4, "ranks of the cohort vs DDP comparison")
-	flag.IntVar(&o.epochs, "epochs", 3, "epochs of the 1-rank runs; final accuracy of the DDP comparison is read after this many")
+	flag.IntVar(&o.epochs, "epochs", 3, "epochs after which the DDP comparison reads final accuracy, and of the slow-rank comparison's runs")
+	flag.IntVar(&o.singleEpochs, "single-epochs", 5, "epochs of each run in the 1-rank comparison, a pair's ratio being of the runs' median epochs; with 3, the cold first epoch was one in three and the median of 15 pairs moved ±0.05 from run to run")
 	flag.IntVar(&o.repeats, "repeats", 15, "pairs of runs (one of each side) in the 1-rank comparison; single pairs on a small machine range ±25%, and the median of 9 still moved ±0.05 from run to run")
 	flag.IntVar(&o.targetEpochs, "target-epochs", 6, "epochs of the DDP comparison's runs, in which each side's time to the target is read")
 	flag.Float64Var(&o.target, "target", 0.85, "target test accuracy")
@@ -223,8 +225,8 @@ func parseMatrix(s string) ([]matrixModel, error) {
 
 func (o *options) check() error {
 	switch {
-	case o.ranks < 1, o.epochs < 1, o.batch < 1, o.threads < 1, o.repeats < 1, o.heteroSeeds < 1:
-		return errors.New("-ranks, -epochs, -hetero-seeds, -batch, -threads and -repeats must be at least 1")
+	case o.ranks < 1, o.epochs < 1, o.singleEpochs < 1, o.batch < 1, o.threads < 1, o.repeats < 1, o.heteroSeeds < 1:
+		return errors.New("-ranks, -epochs, -single-epochs, -hetero-seeds, -batch, -threads and -repeats must be at least 1")
 	case !(o.slowFactor >= 1):
 		return errors.New("-slow-factor must be at least 1")
 	case !(o.slowCPU >= 0.1):
@@ -275,7 +277,7 @@ func run(o options) error {
 	h := &harness{o: o, root: root, tmp: tmp}
 
 	rep := report{Bench: "training", Settings: settingsJSON{
-		Ranks: o.ranks, Epochs: o.epochs, TargetEpochs: o.targetEpochs, Target: o.target, LR: o.lr, Momentum: momentum,
+		Ranks: o.ranks, Epochs: o.epochs, SingleEpochs: o.singleEpochs, TargetEpochs: o.targetEpochs, Target: o.target, LR: o.lr, Momentum: momentum,
 		Batch: o.batch, Threads: o.threads, Averager: averager,
 		Policy: policyName(o.policy), SyncEvery: syncEveryValue(o.syncEvery), BuiltInPolicy: o.policy == "" && o.syncEvery == 0,
 		Data: dataDir,

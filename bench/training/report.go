@@ -21,6 +21,7 @@ type report struct {
 type settingsJSON struct {
 	Ranks        int     `json:"ranks"`
 	Epochs       int     `json:"epochs"`
+	SingleEpochs int     `json:"single_epochs"`
 	TargetEpochs int     `json:"target_epochs"`
 	Target       float64 `json:"target"`
 	LR           float64 `json:"lr"`

@@ -358,7 +358,7 @@ func (h *harness) refRun(images, labels string, n, features, threads int, cpus [
 	o := h.o
 	// No warm-up batches: cohort's run starts cold, and its first epoch
 	// holds its first batches.
-	cmd := exec.Command(o.ref, images, labels, strconv.Itoa(n), strconv.Itoa(features), strconv.Itoa(o.epochs),
+	cmd := exec.Command(o.ref, images, labels, strconv.Itoa(n), strconv.Itoa(features), strconv.Itoa(o.singleEpochs),
 		strconv.Itoa(threads), strconv.Itoa(o.batch), "0")
 	cmd.Env = append(os.Environ(), "OMP_WAIT_POLICY="+ompWaitPolicy(), "OPENBLAS_THREAD_TIMEOUT="+openBLASThreadTimeout())
 	cmd.Env = append(cmd.Env, refMalloc()...)
@@ -378,8 +378,8 @@ func (h *harness) refRun(images, labels string, n, features, threads int, cpus [
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", o.ref, err)
 	}
-	if len(ms) != o.epochs {
-		return nil, fmt.Errorf("%s: %d epochs timed, want %d", o.ref, len(ms), o.epochs)
+	if len(ms) != o.singleEpochs {
+		return nil, fmt.Errorf("%s: %d epochs timed, want %d", o.ref, len(ms), o.singleEpochs)
 	}
 	s := make([]float64, len(ms))
 	for i, v := range ms {

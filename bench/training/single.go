@@ -53,7 +53,7 @@ func (h *harness) single() (*singleReport, error) {
 	o := h.o
 	rep := &singleReport{Averager: averager, Goal: goalSingleRatio, Pass: true}
 	fmt.Printf("cohort on 1 rank vs plain libtorch in one process (%s): MLP 784-256-10, batch %d, SGD lr %g momentum %g, %d epochs, seed 1, averager %s, policy %s\n",
-		filepath.Base(h.o.ref), o.batch, o.lr, momentum, o.epochs, averager, describePolicy(o.policy, o.syncEvery))
+		filepath.Base(h.o.ref), o.batch, o.lr, momentum, o.singleEpochs, averager, describePolicy(o.policy, o.syncEvery))
 	fmt.Printf("%d pairs of runs, one of each side. A pair's ratio is its cohort run's median training seconds per epoch over its\n", o.repeats)
 	fmt.Println("reference run's; the verdict is the median of the pairs' ratios (timings on a small shared machine jump between fast and")
 	fmt.Println("slow modes lasting seconds). Pairs \"at once\": both sides run together, each confined to one half of the CPUs (swapped")
@@ -93,7 +93,7 @@ func (h *harness) single() (*singleReport, error) {
 		var roundMS float64
 		var shares []float64
 		cohortSide := func(cpus []int) ([]float64, error) {
-			sum, _, err := h.cohortRun(cfg, 1, o.epochs, cpus)
+			sum, _, err := h.cohortRun(cfg, 1, o.singleEpochs, cpus)
 			if err != nil {
 				return nil, fmt.Errorf("1 rank, %d threads: %w", th, err)
 			}
