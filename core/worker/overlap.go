@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/cohortdl/cohort/core/pluginhost"
 	"github.com/cohortdl/cohort/core/wire/wirepb"
 )
 
@@ -119,28 +120,42 @@ func (w *worker) finishOverlap(ctx context.Context, out roundOutcome) error {
 
 // abortOverlap ends the round in flight without taking its result (the
 // trainer it would adopt into is lost, and its Train has returned): the
-// coordinator runs it again.
-func (w *worker) abortOverlap(ctx context.Context, why error) error {
+// coordinator runs it again. With finish, the round's averaging runs to
+// its end first, so that the peers' rounds get this rank's part (see
+// releaseLost); else it is cancelled.
+func (w *worker) abortOverlap(ctx context.Context, why error, finish bool) error {
 	defer w.holdTraining(time.Now())
 	o := w.ovl
 	w.ovl = nil
+	if !finish {
+		o.cancel(why)
+	}
+	select {
+	case <-o.done:
+	case <-ctx.Done():
+		o.cancel(why)
+		<-o.done
+	}
 	o.cancel(why)
-	<-o.done
 	return w.abortedAck(ctx, o.rr.ack, o.rr.start, fmt.Errorf("%w: %v", errRoundLostTrainer, why))
 }
 
 // errRoundLostTrainer aborts an overlapped round whose trainer was lost.
 var errRoundLostTrainer = errors.New("the trainer was lost while the round ran")
 
-// releaseLost ends what still uses a lost plugin before the supervisor
-// replaces it: a round running beside the training the trainer was lost
-// in (it would adopt into the lost trainer), which the coordinator runs
-// again.
-func (w *worker) releaseLost(ctx context.Context, cause error) error {
+// releaseLost ends what still uses a lost plugin of kind before the
+// supervisor replaces it: a round running beside the training the trainer
+// was lost in (it would adopt into the lost trainer), which the
+// coordinator runs again. A lost trainer's round finishes its averaging
+// first: the averager works on the arena, not on the trainer, and the
+// peers wait in the round's exchange for this rank's part, which a round
+// cancelled before posting it never sends (nothing but a death or a stop
+// ends a round). A lost averager's round is cancelled: its calls fail.
+func (w *worker) releaseLost(ctx context.Context, kind pluginhost.Kind, cause error) error {
 	if w.ovl == nil {
 		return nil
 	}
-	return w.abortOverlap(ctx, cause)
+	return w.abortOverlap(ctx, cause, kind == pluginhost.Trainer)
 }
 
 // joinOverlap stops and waits for a round still in flight as the main

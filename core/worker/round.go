@@ -81,27 +81,62 @@ func (w *worker) beginRound(ctx context.Context, m *wirepb.Sync) (*roundRun, err
 		})
 	}
 	if err != nil {
-		return nil, fmt.Errorf("round %d: publish parameters: %w", n, err)
+		err = fmt.Errorf("round %d: publish parameters: %w", n, err)
+		if w.training && w.sup.Lost(pluginhost.Trainer, err) {
+			// Train replaces the trainer once this returns; the round
+			// goes on without it (partakeLost).
+			if aerr := w.partakeLost(ctx, m, start, err); aerr != nil {
+				return nil, aerr
+			}
+		}
+		return nil, err
 	}
 	w.pendingSteps += pub.Steps
 	w.held.publish(pub.StepCount)
 	if err := w.send(ctx, &wirepb.SnapshotReady{Rank: w.o.Rank, Round: n}); err != nil {
 		return nil, err
 	}
-	rr := &roundRun{m: m, n: n, start: start,
-		ack: &wirepb.SyncAck{Rank: w.o.Rank, Round: n, StepCount: pub.StepCount, PreNorm: &pub.ParamNorm, HostCopyBytes: pub.HostCopyBytes},
-		req: plugin.Round{Round: n, Steps: w.pendingSteps}, members: slices.Clone(w.members)}
+	rr, err := w.roundRequest(m, start, &wirepb.SyncAck{Rank: w.o.Rank, Round: n, StepCount: pub.StepCount, PreNorm: &pub.ParamNorm, HostCopyBytes: pub.HostCopyBytes}, w.pendingSteps)
+	if err != nil {
+		return nil, w.abortedAck(ctx, rr.ack, start, err)
+	}
+	w.log.Debug("round begins", "round", n, "steps", rr.req.Steps, "broadcast", rr.req.Broadcast)
+	return rr, nil
+}
+
+// roundRequest is m's round as the averager is asked it, with steps
+// trained since the last round; an error says why it cannot run here.
+func (w *worker) roundRequest(m *wirepb.Sync, start time.Time, ack *wirepb.SyncAck, steps uint64) (*roundRun, error) {
+	rr := &roundRun{m: m, n: m.GetRound(), start: start, ack: ack,
+		req: plugin.Round{Round: m.GetRound(), Steps: steps}, members: slices.Clone(w.members)}
 	if m.GetMode() == wirepb.SyncMode_SYNC_MODE_BROADCAST {
 		// Sync names the root by global rank; the averager counts in the
 		// session's ranks.
 		idx := slices.Index(w.members, m.GetRoot())
 		if idx < 0 {
-			return nil, w.abortedAck(ctx, rr.ack, start, fmt.Errorf("broadcast root %d is not a member of the session %v", m.GetRoot(), w.members))
+			return rr, fmt.Errorf("broadcast root %d is not a member of the session %v", m.GetRoot(), w.members)
 		}
 		rr.req.Broadcast, rr.req.Root = true, uint32(idx)
 	}
-	w.log.Debug("round begins", "round", n, "steps", rr.req.Steps, "broadcast", rr.req.Broadcast)
 	return rr, nil
+}
+
+// partakeLost is this rank's part in m's round when the trainer was lost
+// (lost, the error) before it published: the peers' averagers wait in the
+// round for this rank's, and only a death or a stop would end their wait.
+// The averager takes part with the arena as it is (the last round's
+// values) at no weight, so the round adds nothing of this rank's, and the
+// round is acknowledged as aborted: the coordinator runs it again.
+func (w *worker) partakeLost(ctx context.Context, m *wirepb.Sync, start time.Time, lost error) error {
+	ack := &wirepb.SyncAck{Rank: w.o.Rank, Round: m.GetRound()}
+	why := fmt.Errorf("%w: %v", errRoundLostTrainer, lost)
+	rr, err := w.roundRequest(m, start, ack, 0)
+	if err == nil {
+		if out := w.average(w.connCtx, rr); out.err != nil {
+			w.log.Debug("averaging without the lost trainer failed", "round", rr.n, "error", out.err)
+		}
+	}
+	return w.abortedAck(ctx, ack, start, why)
 }
 
 // average runs the averager's part of rr. It may run on a goroutine of its

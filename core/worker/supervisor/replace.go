@@ -41,7 +41,7 @@ func (s *Supervisor) Recover(ctx context.Context, kind pluginhost.Kind, err erro
 	if !s.Lost(kind, err) {
 		return false, nil
 	}
-	if rerr := s.hooks.Release(ctx, err); rerr != nil {
+	if rerr := s.hooks.Release(ctx, kind, err); rerr != nil {
 		return true, rerr
 	}
 	if kind == pluginhost.Trainer {

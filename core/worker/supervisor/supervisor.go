@@ -55,9 +55,10 @@ type Config struct {
 type Hooks struct {
 	// Send tells the coordinator (PluginRestarted).
 	Send func(context.Context, proto.Message) error
-	// Release ends what still uses a lost plugin before it is replaced: a
-	// round running beside the training the trainer was lost in.
-	Release func(ctx context.Context, cause error) error
+	// Release ends what still uses the lost plugin of kind before it is
+	// replaced: a round running beside the training the trainer was lost
+	// in.
+	Release func(ctx context.Context, kind pluginhost.Kind, cause error) error
 	// TrainerReplaced re-arms what a fresh trainer must be told again:
 	// the cohort's global step.
 	TrainerReplaced func()
