@@ -123,9 +123,7 @@ func (t *Trainer) trainOnThread(ctx context.Context, plan plugin.Plan, report fu
 	}
 	// A CUDA model's steps queue kernels: the wake-ups a run saves cost it
 	// little, and it keeps the loop the GPU check exercised. A spare core
-	// does not send a lone rank to the prefetching loop: the shim's gather
-	// costs a step less than the loop's hand-offs to its goroutine do
-	// (trainRuns).
+	// changes nothing here (trainRuns says why).
 	if plan.ReportMerge > 0 && onCPU && t.s.sleepFor(t.cfg.Rank) == 0 {
 		return t.trainRuns(ctx, gen, data, sd, plan, picks, int(batch), scale, report)
 	}
@@ -221,9 +219,9 @@ func (t *Trainer) trainOnThread(ctx context.Context, plan plugin.Plan, report fu
 }
 
 // trainRuns is Train's batch loop where the plan lets reports merge
-// (plan.ReportMerge: a rank training alone): the shim gathers and trains a run of steps
-// as long as the merge interval in each call (shim.Model.TrainSteps),
-// with no Go code between them. Go's sysmon preempts a goroutine that ran
+// (plan.ReportMerge: a rank training alone): the shim gathers and trains
+// a run of steps as long as the merge interval in each call
+// (shim.Model.TrainSteps), with no Go code between them. Go's sysmon preempts a goroutine that ran
 // 10 ms, and a locked thread takes two context switches and a second
 // thread's wake-up to get back its P, whether preempted or yielding: some
 // 125 hand-offs a second beside a loop of short steps, each taking a core
