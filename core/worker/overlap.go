@@ -133,9 +133,10 @@ func (w *worker) abortOverlap(ctx context.Context, why error, finish bool) error
 	select {
 	case <-o.done:
 	case <-ctx.Done():
+		o.cancel(why)
+		<-o.done
 	}
-	o.cancel(why)
-	<-o.done
+	o.cancel(why) // releases the round's context; the round is over
 	return w.abortedAck(ctx, o.rr.ack, o.rr.start, fmt.Errorf("%w: %v", errRoundLostTrainer, why))
 }
 

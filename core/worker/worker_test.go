@@ -1061,8 +1061,18 @@ func (d *deviceTrainer) ExportDevice(context.Context) (sharena.DeviceBlock, bool
 type deviceAverager struct {
 	*plugintest.Averager
 	takes bool
+	delay time.Duration // each Average takes at least this long
 	mu    sync.Mutex
 	got   sharena.Descriptor
+}
+
+func (d *deviceAverager) Average(ctx context.Context, r plugin.Round) (plugin.RoundResult, error) {
+	select {
+	case <-time.After(d.delay):
+	case <-ctx.Done():
+		return plugin.RoundResult{}, ctx.Err()
+	}
+	return d.Averager.Average(ctx, r)
 }
 
 func (d *deviceAverager) Describe(ctx context.Context) (plugin.Description, error) {
@@ -1114,15 +1124,18 @@ func TestDeviceBlockReachesTheAverager(t *testing.T) {
 }
 
 // lostTrainer is a deviceTrainer whose process "dies" after dieAfter
-// batches of a plan (its calls fail as a lost gRPC connection does), and
-// that counts what the worker asks of it.
+// batches of a plan, or with dieAfterPublish at the first batch after a
+// Publish (its calls fail as a lost gRPC connection does), and that
+// counts what the worker asks of it.
 type lostTrainer struct {
 	deviceTrainer
-	dieAfter      int
-	gone          *atomic.Bool
-	adopts, loads atomic.Int32
-	loadedFrom    atomic.Value
-	loadReason    atomic.Value
+	dieAfter        int
+	dieAfterPublish bool
+	published       atomic.Bool
+	gone            *atomic.Bool
+	adopts, loads   atomic.Int32
+	loadedFrom      atomic.Value
+	loadReason      atomic.Value
 	// atDeath is the model's weights when the trainer "died".
 	atDeath []float32
 }
@@ -1131,7 +1144,7 @@ func (d *lostTrainer) Train(ctx context.Context, p plugin.Plan, report func(plug
 	n := 0
 	errGone := status.Error(codes.Unavailable, "mock trainer process gone")
 	err := d.Trainer.Train(ctx, p, func(b plugin.BatchReport) error {
-		if d.dieAfter > 0 && n == d.dieAfter {
+		if d.dieAfter > 0 && n == d.dieAfter || d.dieAfterPublish && d.published.Load() {
 			d.atDeath, _, _, _ = d.Snapshot()
 			d.gone.Store(true)
 			return errGone
@@ -1143,6 +1156,14 @@ func (d *lostTrainer) Train(ctx context.Context, p plugin.Plan, report func(plug
 		return errGone
 	}
 	return err
+}
+
+func (d *lostTrainer) Publish(ctx context.Context) (plugin.PublishResult, error) {
+	if d.gone.Load() {
+		return plugin.PublishResult{}, status.Error(codes.Unavailable, "mock trainer process gone")
+	}
+	d.published.Store(true)
+	return d.Trainer.Publish(ctx)
 }
 
 func (d *lostTrainer) Adopt(ctx context.Context, alpha float64) (float64, error) {
@@ -1161,6 +1182,10 @@ func (d *lostTrainer) LoadCheckpoint(ctx context.Context, dir string, reason plu
 // makes a fresh trainer or averager, and a trainer that died says so.
 type swapPlugins struct {
 	averagerTakes bool
+	// dieAfterPublish: the first trainer dies at the first batch after
+	// a Publish, not after 3 batches.
+	dieAfterPublish bool
+	roundDelay      time.Duration // each averager's rounds take this long
 
 	mu        sync.Mutex
 	trainers  []*lostTrainer
@@ -1173,7 +1198,10 @@ func (s *swapPlugins) StartTrainer(context.Context, string) (plugin.Trainer, err
 	defer s.mu.Unlock()
 	tr := &lostTrainer{deviceTrainer: deviceTrainer{Trainer: plugintest.NewTrainer(nil)}, gone: new(atomic.Bool)}
 	if len(s.trainers) == 0 {
-		tr.dieAfter = 3
+		tr.dieAfter, tr.dieAfterPublish = 3, s.dieAfterPublish
+		if s.dieAfterPublish {
+			tr.dieAfter = 0
+		}
 	}
 	tr.id = byte(len(s.trainers) + 1)
 	s.trainers = append(s.trainers, tr)
@@ -1183,7 +1211,7 @@ func (s *swapPlugins) StartTrainer(context.Context, string) (plugin.Trainer, err
 func (s *swapPlugins) StartAverager(context.Context, string) (plugin.Averager, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	av := &deviceAverager{Averager: plugintest.NewAverager(nil), takes: s.averagerTakes}
+	av := &deviceAverager{Averager: plugintest.NewAverager(nil), takes: s.averagerTakes, delay: s.roundDelay}
 	s.averagers = append(s.averagers, av)
 	return av, nil
 }
@@ -1315,6 +1343,70 @@ func copyFile(t *testing.T, src, dst string) {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(dst, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A trainer lost while a round runs beside its plan leaves the round's
+// averaging to finish (the peers wait in it for this rank's part), then
+// the round is acknowledged as aborted, the trainer replaced, and the
+// round run again completes.
+func TestTrainerLostWhileARoundAverages(t *testing.T) {
+	c := newCoordinator(t)
+	ts := trainerSettings()
+	ts.SleepPerBatch = "5ms"
+	o := c.options(0, 1, ts)
+	o.PluginRestarts = 1
+	sp := &swapPlugins{dieAfterPublish: true, roundDelay: 150 * time.Millisecond}
+	o.Plugins = sp
+	run := start(t, o)
+	l := c.accept(&wirepb.Admit{RunId: "lost-averaging", Seed: 1, OverlapRounds: true})
+	expect[*wirepb.Ready](l)
+
+	l.send(&wirepb.StartEpoch{Plan: plan(0, 0, 256, 1, 256)})
+	expect[*wirepb.Batch](l)
+	l.send(&wirepb.Sync{Round: 1, Mode: wirepb.SyncMode_SYNC_MODE_AVERAGE, Overlap: true})
+	var ack *wirepb.SyncAck
+	var pr *wirepb.PluginRestarted
+	for ack == nil || pr == nil {
+		switch m := l.next(frameWait).(type) {
+		case *wirepb.Batch, *wirepb.SnapshotReady:
+		case *wirepb.SyncAck:
+			ack = m
+		case *wirepb.PluginRestarted:
+			if ack == nil {
+				t.Fatalf("PluginRestarted before the round's SyncAck: %v", m)
+			}
+			pr = m
+		case nil:
+			t.Fatalf("no more frames: SyncAck %v, PluginRestarted %v", ack, pr)
+		default:
+			t.Fatalf("got %s, want the round's SyncAck and PluginRestarted", describe(m))
+		}
+	}
+	if !ack.GetAborted() || !strings.Contains(ack.GetError(), "trainer was lost") {
+		t.Fatalf("SyncAck = %v, want round 1 aborted for the lost trainer", ack)
+	}
+	if held := ack.GetRoundMs(); held < 150 {
+		t.Errorf("the aborted round took %.1f ms: its averaging (150 ms) was cut short", held)
+	}
+	if pr.GetKind() != "trainer" || !pr.GetPlanLost() {
+		t.Fatalf("PluginRestarted = %v, want the trainer with its plan lost", pr)
+	}
+	l.send(&wirepb.Sync{Round: 2, Mode: wirepb.SyncMode_SYNC_MODE_AVERAGE})
+	for {
+		m := l.next(frameWait)
+		if _, ok := m.(*wirepb.SnapshotReady); ok {
+			continue
+		}
+		if again, ok := m.(*wirepb.SyncAck); !ok || again.GetAborted() || again.GetRound() != 2 {
+			t.Fatalf("the round run again: got %s, want round 2's SyncAck", describe(m))
+		}
+		break
+	}
+	l.send(&wirepb.Shutdown{})
+	expect[*wirepb.Exiting](l)
+	if err := run.wait(frameWait); err != nil {
 		t.Fatal(err)
 	}
 }
