@@ -7,6 +7,7 @@ import (
 	"os/signal"
 	"sync"
 	"syscall"
+	"time"
 )
 
 // onSignals hands SIGINT and SIGTERM (or sigs, when given) to a command
@@ -61,5 +62,36 @@ func stopRun(prog *progressPrinter, stop func(), again string) func(os.Signal) {
 	return func(sig os.Signal) {
 		prog.line(fmt.Sprintf("%v: stopping after the plans in flight; saving a checkpoint (again to %s)", sig, again))
 		stop()
+	}
+}
+
+// stopWatchdog bounds how long a signalled command takes to stop: once ctx
+// ends, giveUp runs unless the returned stop is called within grace. A
+// worker whose launcher died (Pdeathsig) must not outlive it, even when a
+// bug holds its teardown. stop joins the watchdog; call it once the work
+// has returned.
+func stopWatchdog(ctx context.Context, grace time.Duration, giveUp func()) (stop func()) {
+	stopped, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		select {
+		case <-stopped:
+			return
+		case <-ctx.Done():
+		}
+		t := time.NewTimer(grace)
+		defer t.Stop()
+		select {
+		case <-stopped:
+		case <-t.C:
+			giveUp()
+		}
+	}()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			close(stopped)
+			<-done
+		})
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"syscall"
 
 	"github.com/hashicorp/go-hclog"
@@ -16,6 +17,10 @@ import (
 // launcher handles Ctrl-C for the whole run, so its workers ignore SIGINT
 // and wait for the coordinator's ShutdownWithSave.
 const envRunChild = "COHORT_RUN_CHILD"
+
+// stopGraceFactor: a signalled worker that has not stopped within this
+// many shutdown graces (30 s by default) exits anyway.
+const stopGraceFactor = 6
 
 // A worker logs at Info by default; at Trace it also logs its time and
 // memory profile at exit.
@@ -100,6 +105,18 @@ At start it removes the arenas in /dev/shm of cohort workers that are gone.`,
 		}
 		ctx, release := onSignals(context.Background(), nil, sigs...)
 		defer release()
+		// A signalled worker's teardown makes a few plugin calls, each
+		// bounded by the shutdown grace; past a generous multiple of it
+		// something is stuck, and the worker must still go (its launcher
+		// may be dead). The goroutines' stacks say where it was stuck.
+		grace := stopGraceFactor * max(o.ShutdownGrace, worker.DefaultShutdownGrace)
+		stopWatch := stopWatchdog(ctx, grace, func() {
+			logger.Error("the worker did not stop within the grace after a signal; exiting", "rank", p.rank, "grace", grace)
+			pprof.Lookup("goroutine").WriteTo(os.Stderr, 2)
+			cleanup()
+			os.Exit(exitFailed)
+		})
+		defer stopWatch()
 		if err := worker.Run(ctx, o); err != nil {
 			logger.Error("worker failed", "rank", p.rank, "error", err)
 			return failed(nil)
