@@ -215,6 +215,48 @@ func expectPlanRest(l *link, read, n int) *wirepb.Metrics {
 	return m
 }
 
+// expectLostRound reads past Batch and SnapshotReady frames to the
+// round's SyncAck and then the PluginRestarted of a trainer lost while
+// the round ran: the coordinator must hear of the round first.
+func expectLostRound(l *link) (*wirepb.SyncAck, *wirepb.PluginRestarted) {
+	l.t.Helper()
+	var ack *wirepb.SyncAck
+	var pr *wirepb.PluginRestarted
+	for ack == nil || pr == nil {
+		switch m := l.next(frameWait).(type) {
+		case *wirepb.Batch, *wirepb.SnapshotReady:
+		case *wirepb.SyncAck:
+			ack = m
+		case *wirepb.PluginRestarted:
+			if ack == nil {
+				l.t.Fatalf("PluginRestarted before the round's SyncAck: %v", m)
+			}
+			pr = m
+		case nil:
+			l.t.Fatalf("no more frames: SyncAck %v, PluginRestarted %v", ack, pr)
+		default:
+			l.t.Fatalf("got %s, want the round's SyncAck and PluginRestarted", describe(m))
+		}
+	}
+	return ack, pr
+}
+
+// expectRoundDone reads past SnapshotReady frames to round's SyncAck,
+// which must not be aborted.
+func expectRoundDone(l *link, round uint64) {
+	l.t.Helper()
+	for {
+		m := l.next(frameWait)
+		if _, ok := m.(*wirepb.SnapshotReady); ok {
+			continue
+		}
+		if ack, ok := m.(*wirepb.SyncAck); !ok || ack.GetAborted() || ack.GetRound() != round {
+			l.t.Fatalf("got %s, want round %d's SyncAck", describe(m), round)
+		}
+		return
+	}
+}
+
 // drain reads until the rank closes the link and returns every frame
 // received on it, periodic ones included.
 func (l *link) drain() []proto.Message {

@@ -388,24 +388,7 @@ func TestTrainerLostTakingARoundBesideTraining(t *testing.T) {
 	l.send(&wirepb.StartEpoch{Plan: plan(0, 0, 256, 1, 256)}) // 16 batches
 	expect[*wirepb.Batch](l)
 	l.send(&wirepb.Sync{Round: 1, Mode: wirepb.SyncMode_SYNC_MODE_AVERAGE, Overlap: true})
-	var ack *wirepb.SyncAck
-	var pr *wirepb.PluginRestarted
-	for ack == nil || pr == nil {
-		switch m := l.next(frameWait).(type) {
-		case *wirepb.Batch, *wirepb.SnapshotReady:
-		case *wirepb.SyncAck:
-			ack = m
-		case *wirepb.PluginRestarted:
-			if ack == nil {
-				t.Fatalf("PluginRestarted before the round's SyncAck: %v", m)
-			}
-			pr = m
-		case nil:
-			t.Fatalf("no more frames: SyncAck %v, PluginRestarted %v", ack, pr)
-		default:
-			t.Fatalf("got %s, want the round's SyncAck and PluginRestarted", describe(m))
-		}
-	}
+	ack, pr := expectLostRound(l)
 	if !ack.GetAborted() || ack.GetRound() != 1 {
 		t.Fatalf("SyncAck = %v, want round 1 aborted", ack)
 	}
@@ -417,16 +400,7 @@ func TestTrainerLostTakingARoundBesideTraining(t *testing.T) {
 	}
 	// The coordinator runs the round again, and the rank trains on.
 	l.send(&wirepb.Sync{Round: 2, Mode: wirepb.SyncMode_SYNC_MODE_AVERAGE})
-	for {
-		m := l.next(frameWait)
-		if _, ok := m.(*wirepb.SnapshotReady); ok {
-			continue
-		}
-		if again, ok := m.(*wirepb.SyncAck); !ok || again.GetAborted() || again.GetRound() != 2 {
-			t.Fatalf("the round run again: got %s, want round 2's SyncAck", describe(m))
-		}
-		break
-	}
+	expectRoundDone(l, 2)
 	l.send(&wirepb.StartEpoch{Plan: plan(0, 0, 64, 1, 256)})
 	expectPlan(l, 4)
 	l.send(&wirepb.Shutdown{})

@@ -1140,27 +1140,29 @@ type lostTrainer struct {
 	atDeath []float32
 }
 
+// errTrainerGone is what a lostTrainer's calls fail with once it "died".
+var errTrainerGone = status.Error(codes.Unavailable, "mock trainer process gone")
+
 func (d *lostTrainer) Train(ctx context.Context, p plugin.Plan, report func(plugin.BatchReport) error) error {
 	n := 0
-	errGone := status.Error(codes.Unavailable, "mock trainer process gone")
 	err := d.Trainer.Train(ctx, p, func(b plugin.BatchReport) error {
 		if d.dieAfter > 0 && n == d.dieAfter || d.dieAfterPublish && d.published.Load() {
 			d.atDeath, _, _, _ = d.Snapshot()
 			d.gone.Store(true)
-			return errGone
+			return errTrainerGone
 		}
 		n++
 		return report(b)
 	})
 	if d.gone.Load() {
-		return errGone
+		return errTrainerGone
 	}
 	return err
 }
 
 func (d *lostTrainer) Publish(ctx context.Context) (plugin.PublishResult, error) {
 	if d.gone.Load() {
-		return plugin.PublishResult{}, status.Error(codes.Unavailable, "mock trainer process gone")
+		return plugin.PublishResult{}, errTrainerGone
 	}
 	d.published.Store(true)
 	return d.Trainer.Publish(ctx)
@@ -1198,9 +1200,9 @@ func (s *swapPlugins) StartTrainer(context.Context, string) (plugin.Trainer, err
 	defer s.mu.Unlock()
 	tr := &lostTrainer{deviceTrainer: deviceTrainer{Trainer: plugintest.NewTrainer(nil)}, gone: new(atomic.Bool)}
 	if len(s.trainers) == 0 {
-		tr.dieAfter, tr.dieAfterPublish = 3, s.dieAfterPublish
-		if s.dieAfterPublish {
-			tr.dieAfter = 0
+		tr.dieAfterPublish = s.dieAfterPublish
+		if !s.dieAfterPublish {
+			tr.dieAfter = 3
 		}
 	}
 	tr.id = byte(len(s.trainers) + 1)
@@ -1366,24 +1368,7 @@ func TestTrainerLostWhileARoundAverages(t *testing.T) {
 	l.send(&wirepb.StartEpoch{Plan: plan(0, 0, 256, 1, 256)})
 	expect[*wirepb.Batch](l)
 	l.send(&wirepb.Sync{Round: 1, Mode: wirepb.SyncMode_SYNC_MODE_AVERAGE, Overlap: true})
-	var ack *wirepb.SyncAck
-	var pr *wirepb.PluginRestarted
-	for ack == nil || pr == nil {
-		switch m := l.next(frameWait).(type) {
-		case *wirepb.Batch, *wirepb.SnapshotReady:
-		case *wirepb.SyncAck:
-			ack = m
-		case *wirepb.PluginRestarted:
-			if ack == nil {
-				t.Fatalf("PluginRestarted before the round's SyncAck: %v", m)
-			}
-			pr = m
-		case nil:
-			t.Fatalf("no more frames: SyncAck %v, PluginRestarted %v", ack, pr)
-		default:
-			t.Fatalf("got %s, want the round's SyncAck and PluginRestarted", describe(m))
-		}
-	}
+	ack, pr := expectLostRound(l)
 	if !ack.GetAborted() || !strings.Contains(ack.GetError(), "trainer was lost") {
 		t.Fatalf("SyncAck = %v, want round 1 aborted for the lost trainer", ack)
 	}
@@ -1394,16 +1379,7 @@ func TestTrainerLostWhileARoundAverages(t *testing.T) {
 		t.Fatalf("PluginRestarted = %v, want the trainer with its plan lost", pr)
 	}
 	l.send(&wirepb.Sync{Round: 2, Mode: wirepb.SyncMode_SYNC_MODE_AVERAGE})
-	for {
-		m := l.next(frameWait)
-		if _, ok := m.(*wirepb.SnapshotReady); ok {
-			continue
-		}
-		if again, ok := m.(*wirepb.SyncAck); !ok || again.GetAborted() || again.GetRound() != 2 {
-			t.Fatalf("the round run again: got %s, want round 2's SyncAck", describe(m))
-		}
-		break
-	}
+	expectRoundDone(l, 2)
 	l.send(&wirepb.Shutdown{})
 	expect[*wirepb.Exiting](l)
 	if err := run.wait(frameWait); err != nil {
